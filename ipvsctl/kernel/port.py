@@ -1,0 +1,82 @@
+"""The IPVS kernel interface the engine programs, and the errors every implementation raises.
+
+Implementations translate their own errors (NetlinkError, ...) into these at the boundary,
+so nothing above `kernel/` ever sees a foreign exception.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+
+
+class KernelError(Exception):
+    """Base of every kernel error; `operation` names the call that failed."""
+
+    def __init__(self, message: str, operation: str = "") -> None:
+        super().__init__(message)
+        self.operation = operation
+
+
+class KernelNotFound(KernelError):
+    """The virtual or real server does not exist (ENOENT/ESRCH)."""
+
+
+class KernelExists(KernelError):
+    """The virtual or real server already exists (EEXIST)."""
+
+
+class KernelTransient(KernelError):
+    """Any other failure; the operation may succeed when retried."""
+
+
+class KernelUnavailable(KernelError):
+    """IPVS is not in the kernel (module missing): fatal at start-up."""
+
+
+class KernelPermissionDenied(KernelError):
+    """No CAP_NET_ADMIN: fatal at start-up."""
+
+
+class IPVSKernel(Protocol):
+    """What the engine needs from IPVS. All methods are synchronous and idempotent-safe:
+    callers handle KernelExists/KernelNotFound themselves."""
+
+    def list_virtual_servers(self) -> list[VirtualServer]:
+        """Every virtual server in the table (one dump)."""
+        ...
+
+    def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
+        """The real servers of one virtual server with weights and connection counts (one
+        dump). KernelNotFound if the virtual server does not exist."""
+        ...
+
+    def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
+        """Create the virtual server; with bind_address, also put its address on the dummy
+        interface (idempotent)."""
+        ...
+
+    def update_virtual_server(self, vs: VirtualServer) -> None:
+        """Change scheduler/persistence in place (never delete and re-add)."""
+        ...
+
+    def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
+        """Delete the virtual server; with bind_address, drop its address from the dummy
+        interface once no other virtual server uses it."""
+        ...
+
+    def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        """Add a real server with NAT (masquerade) forwarding."""
+        ...
+
+    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        ...
+
+    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
+        ...
+
+    def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
+        """Remove conntrack entries of connections from this virtual to this real server
+        (UDP/SCTP removal), so clients move to a live backend."""
+        ...

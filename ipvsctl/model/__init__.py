@@ -1,0 +1,50 @@
+"""Plain values shared by every layer: IPVS keys, Kubernetes references, desired state.
+
+No I/O and no third-party imports live here.
+"""
+
+from ipvsctl.model.desired import (
+    DesiredService,
+    DesiredVirtualServer,
+    EndpointMeta,
+    NodeContext,
+    VirtualServerKind,
+)
+from ipvsctl.model.drain import DrainEntry, DrainReason, DeadlineSource
+from ipvsctl.model.ipvs import (
+    AppliedVirtualServer,
+    RealServerStatus,
+    VirtualServer,
+    VirtualServerStatus,
+)
+from ipvsctl.model.keys import (
+    PodRef,
+    Protocol,
+    RealServerKey,
+    ServiceKey,
+    ServiceRef,
+    family_of,
+    normalize_ip,
+)
+
+__all__ = [
+    "AppliedVirtualServer",
+    "DeadlineSource",
+    "DesiredService",
+    "DesiredVirtualServer",
+    "DrainEntry",
+    "DrainReason",
+    "EndpointMeta",
+    "NodeContext",
+    "PodRef",
+    "Protocol",
+    "RealServerKey",
+    "RealServerStatus",
+    "ServiceKey",
+    "ServiceRef",
+    "VirtualServer",
+    "VirtualServerKind",
+    "VirtualServerStatus",
+    "family_of",
+    "normalize_ip",
+]

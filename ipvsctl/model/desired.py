@@ -1,0 +1,63 @@
+"""Desired state: what a node should program for one Service."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.model.ipvs import VirtualServer
+
+
+class VirtualServerKind(StrEnum):
+    CLUSTER_IP = "ClusterIP"
+    EXTERNAL_IP = "ExternalIP"
+    LOAD_BALANCER = "LoadBalancer"
+    NODE_PORT = "NodePort"
+
+    @property
+    def binds_address(self) -> bool:
+        """Node IPs are the node's own; every other address goes on the dummy interface."""
+        return self is not VirtualServerKind.NODE_PORT
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """What desired state depends on besides the objects: this node."""
+
+    node_name: str
+    node_ips: tuple[str, ...] = ()
+    default_scheduler: str = "rr"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMeta:
+    """What draining needs to know of an endpoint address: its pod and conditions."""
+
+    pod: PodRef | None = None
+    node_name: str | None = None
+    ready: bool = True
+    terminating: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredVirtualServer:
+    vs: VirtualServer
+    kind: VirtualServerKind
+    port_name: str
+    real_servers: frozenset[RealServerKey] = frozenset()
+
+    @property
+    def key(self) -> ServiceKey:
+        return self.vs.key
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredService:
+    """Everything one Service asks of this node; compared by value to skip no-op events."""
+
+    ref: ServiceRef
+    virtual_servers: Mapping[ServiceKey, DesiredVirtualServer] = field(default_factory=dict)
+    drain_timeout: float | None = None  # ipvsctl.io/drain-timeout, seconds
+    endpoints: Mapping[str, EndpointMeta] = field(default_factory=dict)  # by address

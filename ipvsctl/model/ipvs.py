@@ -1,0 +1,51 @@
+"""IPVS state as the kernel holds it: virtual servers and their real servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ipvsctl.model.keys import RealServerKey, ServiceKey
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    """The attributes of a virtual server that ipvsctl programs."""
+
+    key: ServiceKey
+    scheduler: str = "rr"
+    persistent_timeout: int = 0  # seconds; 0 = no persistence
+
+    def __str__(self) -> str:
+        persist = f" persistent {self.persistent_timeout}" if self.persistent_timeout else ""
+        return f"{self.key} {self.scheduler}{persist}"
+
+
+@dataclass(frozen=True, slots=True)
+class RealServerStatus:
+    """One real server as read back from the kernel."""
+
+    key: RealServerKey
+    weight: int
+    active_conns: int = 0
+    inactive_conns: int = 0
+
+    @property
+    def connections(self) -> int:
+        return self.active_conns + self.inactive_conns
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServerStatus:
+    """One virtual server as read back from the kernel, with its real servers."""
+
+    vs: VirtualServer
+    real_servers: tuple[RealServerStatus, ...] = ()
+
+
+@dataclass(slots=True)
+class AppliedVirtualServer:
+    """What ipvsctl last programmed (or found) for one virtual server: mutable bookkeeping."""
+
+    vs: VirtualServer
+    bind_address: bool
+    weights: dict[RealServerKey, int] = field(default_factory=dict)

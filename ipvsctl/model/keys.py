@@ -1,0 +1,95 @@
+"""Identities: IPVS virtual/real server keys and Kubernetes object references."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Protocol(StrEnum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+    @property
+    def connectionless(self) -> bool:
+        """UDP and SCTP real servers are deleted at once instead of drained (as kube-proxy)."""
+        return self is not Protocol.TCP
+
+
+def normalize_ip(text: str) -> str:
+    """The compressed form of an IPv4/IPv6 address; ValueError if it is not one."""
+    return ipaddress.ip_address(text.strip()).compressed
+
+
+def family_of(address: str) -> int:
+    """4 or 6."""
+    return 6 if ":" in address else 4
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    """An IPVS virtual server: protocol, address, port. Orders as the plan JSON is sorted."""
+
+    protocol: Protocol
+    address: str
+    port: int
+
+    @property
+    def family(self) -> int:
+        return family_of(self.address)
+
+    def __str__(self) -> str:
+        return f"{_hostport(self.address, self.port)}/{self.protocol.value}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RealServerKey:
+    """An IPVS real server (destination) inside one virtual server."""
+
+    address: str
+    port: int
+
+    @property
+    def family(self) -> int:
+        return family_of(self.address)
+
+    def __str__(self) -> str:
+        return _hostport(self.address, self.port)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceRef:
+    """namespace/name of a Kubernetes Service."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> ServiceRef:
+        namespace, _, name = text.partition("/")
+        return cls(namespace, name)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PodRef:
+    """namespace/name of a Pod (an endpoint's targetRef)."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> PodRef:
+        namespace, _, name = text.partition("/")
+        return cls(namespace, name)

@@ -1,0 +1,1 @@
+"""Kubernetes objects -> model: the events sources emit, pure conversion, the object store."""

@@ -1,0 +1,100 @@
+"""What every object source (API server watch, manifest folder) emits, and the port it
+implements. Sources pass raw JSON-like dicts (trimmed to the fields ipvsctl reads); parsing
+and validation happen once, in `source.convert`, on the engine's side.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from ipvsctl.model import PodRef
+
+RawObject = dict[str, Any]
+
+
+class ObjectKind(StrEnum):
+    SERVICE = "Service"
+    ENDPOINT_SLICE = "EndpointSlice"
+    POD = "Pod"
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    """An object was added or modified (watch ADDED/MODIFIED, a pod GET)."""
+
+    kind: ObjectKind
+    obj: RawObject
+    received: float  # time.monotonic() when the source got it
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """An object was deleted (watch DELETED, a pod GET answering 404)."""
+
+    kind: ObjectKind
+    namespace: str
+    name: str
+    received: float
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """The complete current set of one kind (initial list or relist after 410 / a broken
+    stream). Applied as a diff against what is known: objects absent are deleted, unchanged
+    ones cause no work. The first Replace of Services and of EndpointSlices marks the source
+    as synced."""
+
+    kind: ObjectKind
+    objects: list[RawObject]
+    received: float
+
+
+SourceEvent = Upsert | Delete | Replace
+EventSink = Callable[[SourceEvent], None]
+
+
+class ObjectSource(Protocol):
+    """A source of Services, EndpointSlices and (optionally) Pods."""
+
+    def run(self, sink: EventSink, stop: threading.Event) -> None:
+        """Emit a Replace for Services and one for EndpointSlices, then changes, until
+        `stop` is set. Blocking; transient failures are retried inside with backoff and
+        never end the call. Raises SourceConfigError only for a fatal configuration error
+        found at start-up."""
+        ...
+
+    def request_pod(self, ref: PodRef) -> None:
+        """Ask for the pod's current state (its deletionTimestamp is a drain deadline): the
+        answer arrives later through the sink as an Upsert/Delete of kind Pod. Non-blocking;
+        repeated requests for the same pod may be coalesced or served from a cache."""
+        ...
+
+
+class SourceConfigError(Exception):
+    """A source cannot start: bad kubeconfig, unreadable manifest folder, ..."""
+
+
+def pod_ref_of(obj: RawObject) -> PodRef | None:
+    meta = obj.get("metadata") or {}
+    if not meta.get("name"):
+        return None
+    return PodRef(meta.get("namespace") or "default", meta["name"])
+
+
+__all__ = [
+    "Delete",
+    "EventSink",
+    "ObjectKind",
+    "ObjectSource",
+    "RawObject",
+    "Replace",
+    "SourceConfigError",
+    "SourceEvent",
+    "Upsert",
+    "pod_ref_of",
+]
+_ = threading  # used in the Protocol's signature
