@@ -1,0 +1,1 @@
+"""The Kubernetes API adapter: the only package that may import the `kubernetes` client."""

@@ -1,0 +1,23 @@
+"""Every Kubernetes API call the daemon makes, as RBAC rules.
+
+The client (`kube.client`) may only make these calls, and `daemonset/` grants exactly these;
+tests check both directions, so RBAC stays least-privilege as the code changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    api_group: str  # "" is the core group
+    resource: str
+    verbs: tuple[str, ...]
+
+
+REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("", "services", ("list", "watch")),
+    Permission("discovery.k8s.io", "endpointslices", ("list", "watch")),
+    Permission("", "pods", ("get",)),  # deletionTimestamp of terminating endpoints' pods
+)
