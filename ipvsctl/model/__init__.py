@@ -10,7 +10,7 @@ from ipvsctl.model.desired import (
     NodeContext,
     VirtualServerKind,
 )
-from ipvsctl.model.drain import DrainEntry, DrainReason, DeadlineSource
+from ipvsctl.model.drain import DeadlineSource, DrainEntry, DrainReason
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
     RealServerStatus,
@@ -26,6 +26,7 @@ from ipvsctl.model.keys import (
     family_of,
     normalize_ip,
 )
+from ipvsctl.model.queue import DrainQueue
 
 __all__ = [
     "AppliedVirtualServer",
@@ -33,6 +34,7 @@ __all__ = [
     "DesiredService",
     "DesiredVirtualServer",
     "DrainEntry",
+    "DrainQueue",
     "DrainReason",
     "EndpointMeta",
     "NodeContext",

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.model.ipvs import VirtualServer
+from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, ServiceRef
 
 
 class VirtualServerKind(StrEnum):

@@ -1,0 +1,3 @@
+from ipvsctl.shell.cli import main
+
+main()

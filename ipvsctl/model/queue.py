@@ -1,0 +1,82 @@
+"""The drain queue: entries indexed by (VS, RS), by VS and by pod, so every lookup the
+engine makes costs O(the entries involved), never O(queue)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ipvsctl.model.drain import DeadlineSource, DrainEntry
+from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey
+
+
+class DrainQueue:
+    def __init__(self, entries: list[DrainEntry] | None = None) -> None:
+        self._by_vs: dict[ServiceKey, dict[RealServerKey, DrainEntry]] = {}
+        self._by_pod: dict[PodRef, set[tuple[ServiceKey, RealServerKey]]] = {}
+        self.version = 0  # bumped on every change: tells the state file it must be written
+        self._count = 0
+        for e in entries or ():
+            self.add(e)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[DrainEntry]:
+        for vs in sorted(self._by_vs):
+            d = self._by_vs[vs]
+            for rs in sorted(d):
+                yield d[rs]
+
+    def __contains__(self, key: tuple[ServiceKey, RealServerKey]) -> bool:
+        return key[1] in self._by_vs.get(key[0], {})
+
+    def get(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
+        return self._by_vs.get(vs, {}).get(rs)
+
+    def for_vs(self, vs: ServiceKey) -> Mapping[RealServerKey, DrainEntry]:
+        return self._by_vs.get(vs, {})
+
+    def virtual_servers(self) -> list[ServiceKey]:
+        return sorted(self._by_vs)
+
+    def add(self, entry: DrainEntry) -> None:
+        self.remove(entry.vs, entry.rs)
+        self._by_vs.setdefault(entry.vs, {})[entry.rs] = entry
+        self._count += 1
+        if entry.pod is not None:
+            self._by_pod.setdefault(entry.pod, set()).add(entry.key)
+        self.version += 1
+
+    def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
+        d = self._by_vs.get(vs)
+        entry = d.pop(rs, None) if d else None
+        if entry is None:
+            return None
+        self._count -= 1
+        if not d:
+            del self._by_vs[vs]
+        if entry.pod is not None:
+            keys = self._by_pod.get(entry.pod)
+            if keys:
+                keys.discard(entry.key)
+                if not keys:
+                    del self._by_pod[entry.pod]
+        self.version += 1
+        return entry
+
+    def remove_vs(self, vs: ServiceKey) -> list[DrainEntry]:
+        return [e for rs in list(self._by_vs.get(vs, {})) if (e := self.remove(vs, rs))]
+
+    def apply_pod_deadline(self, pod: PodRef, deadline: float) -> list[DrainEntry]:
+        """A pod's deletion deadline became known: entries of that pod that only had the
+        default deadline take it. An annotation deadline stays (it is the Service's word)."""
+        changed = []
+        for key in sorted(self._by_pod.get(pod, ())):
+            e = self._by_vs[key[0]][key[1]]
+            if e.deadline_source is DeadlineSource.DEFAULT and e.deadline != deadline:
+                new = e.with_deadline(deadline, DeadlineSource.POD)
+                self._by_vs[key[0]][key[1]] = new
+                changed.append(new)
+        if changed:
+            self.version += 1
+        return changed

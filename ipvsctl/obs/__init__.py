@@ -1,0 +1,1 @@
+"""Metrics and logging: the only place besides shell/ that imports prometheus_client."""

@@ -1,0 +1,60 @@
+"""Structured logging: fixed messages, variable data as key=value fields.
+
+    log.info("drain started", extra=fields(vs=..., rs=..., reason=...))
+
+`--log-format text` prints `msg key=value ...`; `json` prints one object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+
+def fields(**kw: Any) -> dict[str, Any]:
+    """The `extra=` argument carrying structured fields."""
+    return {"fields": kw}
+
+
+def _value(v: Any) -> str:
+    s = str(v)
+    return json.dumps(s) if (" " in s or s == "" or '"' in s) else s
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        data = getattr(record, "fields", None) or {}
+        kv = " ".join(f"{k}={_value(v)}" for k, v in data.items())
+        line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: "
+        line += record.getMessage() + (f" {kv}" if kv else "")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in (getattr(record, "fields", None) or {}).items():
+            out[k] = v if isinstance(v, int | float | bool) or v is None else str(v)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup(fmt: str = "text", level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,32 @@
+"""Desired state for a whole set of objects at once (`ipvsctl plan`). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
+from ipvsctl.plan.desired import build_desired_service
+from ipvsctl.source.events import ObjectKind, RawObject, Replace
+from ipvsctl.source.store import ObjectStore, Problem
+
+
+def plan_objects(
+    objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
+) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
+    """Every virtual server the objects ask for, sorted by key, with the problems found.
+    A virtual server two Services want goes to the first in namespace/name order."""
+    store = ObjectStore(node.default_scheduler)
+    problems: list[Problem] = []
+    for kind in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
+        problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
+    chosen: dict[ServiceKey, tuple[DesiredService, DesiredVirtualServer]] = {}
+    for ref in sorted(store.services):
+        desired = build_desired_service(store.services[ref], store.slices_of(ref), node)
+        for key, dvs in desired.virtual_servers.items():
+            if key in chosen:
+                problems.append(Problem(
+                    ObjectKind.SERVICE, str(ref),
+                    f"virtual server {key} is already {chosen[key][0].ref}'s", fatal=False))
+                continue
+            chosen[key] = (desired, dvs)
+    return [chosen[k] for k in sorted(chosen)], problems

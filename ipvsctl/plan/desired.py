@@ -1,0 +1,116 @@
+"""What one Service asks of this node (CONTRACT.md "What becomes a virtual server").
+
+Pure and deterministic: the same Service, slices and node always give the same value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ipvsctl.model import (
+    DesiredService,
+    DesiredVirtualServer,
+    EndpointMeta,
+    NodeContext,
+    Protocol,
+    RealServerKey,
+    ServiceKey,
+    VirtualServer,
+    VirtualServerKind,
+    family_of,
+)
+from ipvsctl.source.convert import EndpointInfo, ServiceInfo, SliceInfo
+
+
+def _rank(ep: EndpointInfo) -> tuple[bool, bool, bool]:
+    return (ep.ready, ep.serving, not ep.terminating)
+
+
+def collect_endpoints(
+    slices: Iterable[SliceInfo], family: int, port_name: str, protocol: Protocol
+) -> dict[RealServerKey, EndpointInfo]:
+    """Endpoints of one Service port and family; an address:port in several slices counts
+    once, with its best conditions (slices are read in name order, so this is stable)."""
+    found: dict[RealServerKey, EndpointInfo] = {}
+    for sl in slices:
+        if sl.family != family:
+            continue
+        for p in sl.ports:
+            if p.name != port_name or p.protocol is not protocol:
+                continue
+            for ep in sl.endpoints:
+                key = RealServerKey(ep.address, p.port)
+                old = found.get(key)
+                if old is None or _rank(ep) > _rank(old):
+                    found[key] = ep
+    return found
+
+
+def select_endpoints(
+    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str
+) -> frozenset[RealServerKey]:
+    """kube-proxy's CategorizeEndpoints: the ready ones; if none is ready, those serving and
+    terminating (KEP-1669), so a Service whose pods are all terminating still answers."""
+    if local_only:
+        endpoints = {k: e for k, e in endpoints.items() if e.node_name == node_name}
+    ready = frozenset(k for k, e in endpoints.items() if e.ready)
+    if ready:
+        return ready
+    return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
+
+
+def build_desired_service(
+    svc: ServiceInfo, slices: Iterable[SliceInfo], node: NodeContext
+) -> DesiredService:
+    slices = list(slices)
+    endpoints_meta: dict[str, EndpointMeta] = {}
+    for sl in slices:
+        for ep in sl.endpoints:
+            meta = EndpointMeta(ep.pod, ep.node_name, ep.ready, ep.terminating)
+            old = endpoints_meta.get(ep.address)
+            if old is None or (meta.ready, not meta.terminating) > (old.ready, not old.terminating):
+                endpoints_meta[ep.address] = meta
+
+    if svc.type == "ExternalName":
+        return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
+
+    scheduler = svc.scheduler or node.default_scheduler
+    wanted: dict[ServiceKey, DesiredVirtualServer] = {}
+
+    def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,
+            real_servers: dict[int, frozenset[RealServerKey]]) -> None:
+        key = ServiceKey(proto, address, port)
+        if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
+            return
+        vs = VirtualServer(key, scheduler, svc.affinity_timeout)
+        wanted[key] = DesiredVirtualServer(
+            vs, kind, port_name, real_servers.get(family_of(address), frozenset())
+        )
+
+    for p in svc.ports:
+        cluster: dict[int, frozenset[RealServerKey]] = {}
+        external: dict[int, frozenset[RealServerKey]] = {}
+        for family in (4, 6):
+            eps = collect_endpoints(slices, family, p.name, p.protocol)
+            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name)
+            external[family] = (
+                select_endpoints(eps, True, node.node_name)
+                if svc.external_local
+                else select_endpoints(eps, False, node.node_name)
+            )
+        for ip in svc.cluster_ips:
+            add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)
+        for ip in svc.external_ips:
+            add(VirtualServerKind.EXTERNAL_IP, ip, p.port, p.protocol, p.name, external)
+        if svc.type == "LoadBalancer":
+            for ip in svc.load_balancer_ips:
+                add(VirtualServerKind.LOAD_BALANCER, ip, p.port, p.protocol, p.name, external)
+        if svc.type in ("NodePort", "LoadBalancer") and p.node_port:
+            for ip in node.node_ips:
+                if family_of(ip) in svc.families:
+                    add(VirtualServerKind.NODE_PORT, ip, p.node_port, p.protocol, p.name,
+                        external)
+
+    return DesiredService(
+        svc.ref, dict(sorted(wanted.items())), svc.drain_timeout, endpoints_meta
+    )

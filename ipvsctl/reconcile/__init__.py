@@ -1,0 +1,1 @@
+"""The stateful core: apply source events, plan per Service, program the kernel, drain."""

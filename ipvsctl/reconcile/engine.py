@@ -1,0 +1,594 @@
+"""The engine: source events in, kernel operations out, one Service at a time.
+
+Single-threaded by design (the loop owns it; the HTTP thread reads status under the loop's
+lock). Every event path costs O(the Services it touches): the store reports which Services
+changed, each is rebuilt and diffed against what was applied for it alone.
+
+Nothing is pruned and nothing touches the kernel before the first full list of Services and
+EndpointSlices has arrived (`ready`): a restart must never program a half-known cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsctl.kernel.port import (
+    IPVSKernel,
+    KernelError,
+    KernelExists,
+    KernelNotFound,
+)
+from ipvsctl.model import (
+    AppliedVirtualServer,
+    DeadlineSource,
+    DesiredService,
+    DrainEntry,
+    DrainQueue,
+    DrainReason,
+    NodeContext,
+    PodRef,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceRef,
+    VirtualServer,
+)
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.desired import build_desired_service
+from ipvsctl.plan.diff import DrainPolicy, diff_service
+from ipvsctl.plan.drain import check_drains
+from ipvsctl.plan.ops import (
+    AddRealServer,
+    AddVirtualServer,
+    DeleteRealServer,
+    DeleteVirtualServer,
+    DeletionReason,
+    DrainRealServer,
+    ForgetDrain,
+    Op,
+    RestoreRealServer,
+    UpdateVirtualServer,
+)
+from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.source.events import ObjectKind, SourceEvent
+from ipvsctl.source.store import ObjectStore, Problem
+
+log = logging.getLogger("ipvsctl.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    node: NodeContext
+    drain_timeout: float = 30.0  # --drain-timeout
+    audit_batch: int = 200  # virtual servers re-read per audit step
+
+
+@dataclass(slots=True)
+class SyncResult:
+    services: int = 0  # Services synced
+    ops: int = 0  # kernel operations applied
+    failed: set[ServiceRef] = field(default_factory=set)
+
+
+class Engine:
+    def __init__(
+        self,
+        kernel: IPVSKernel,
+        config: EngineConfig,
+        *,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+        owned: Callable[[ServiceKey], bool] = lambda key: True,
+        request_pod: Callable[[PodRef], None] = lambda ref: None,
+        restored_queue: Iterable[DrainEntry] = (),
+    ) -> None:
+        self.kernel = kernel
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or Metrics()
+        self.owned = owned
+        self.request_pod = request_pod
+        self.store = ObjectStore(config.node.default_scheduler)
+        self.queue = DrainQueue()
+        self.applied: dict[ServiceRef, dict[ServiceKey, AppliedVirtualServer]] = {}
+        self.desired: dict[ServiceRef, DesiredService] = {}
+        self.vs_owner: dict[ServiceKey, ServiceRef] = {}
+        self.dirty: set[ServiceRef] = set()
+        self.started = False
+        self._restored = list(restored_queue)
+        self._arrivals: dict[ServiceRef, list[float]] = {}
+        self._pods_requested: set[PodRef] = set()
+        self._conflicts: dict[ServiceKey, set[ServiceRef]] = {}
+        self._n_vs = 0
+        self._n_rs = 0
+        self._failing: set[ServiceRef] = set()
+        self._audit_cursor: list[ServiceKey] = []
+        self._metrics_gauges()
+
+    # --- events -------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """The first full list of Services and EndpointSlices has arrived."""
+        return {ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= self.store.synced
+
+    def handle(self, event: SourceEvent) -> None:
+        change = self.store.apply(event)
+        for problem in change.problems:
+            self._report_problem(problem)
+        for ref in change.services:
+            self.dirty.add(ref)
+            self._arrivals.setdefault(ref, []).append(event.received)
+        deadlines = self.store.pod_deadlines()
+        for pod in change.pods:
+            self._pods_requested.discard(pod)
+            deadline = deadlines.get(pod)
+            if deadline is None:
+                continue
+            for entry in self.queue.apply_pod_deadline(pod, deadline):
+                log.info("drain deadline from pod", extra=fields(
+                    vs=entry.vs, rs=entry.rs, pod=pod, deadline=round(deadline, 3)))
+
+    def _report_problem(self, p: Problem) -> None:
+        self.metrics.invalid_objects.labels(p.kind.value).inc()
+        msg = "invalid object skipped" if p.fatal else "invalid field ignored"
+        log.warning(msg, extra=fields(kind=p.kind.value, object=p.name, reason=p.reason))
+
+    # --- sync ---------------------------------------------------------------------
+    def sync(self) -> SyncResult:
+        """Bring the kernel in line for every changed Service (all of them, the first
+        time). Failed Services stay dirty; the caller retries with backoff."""
+        if not self.ready:
+            return SyncResult()
+        if not self.started:
+            return self._initial_sync()
+        result = SyncResult()
+        t0 = self.clock.monotonic()
+        for ref in sorted(self.dirty):
+            self._sync_service(ref, result)
+        self.dirty = set(result.failed)
+        self._finish_sync(result, t0)
+        return result
+
+    def _finish_sync(self, result: SyncResult, t0: float) -> None:
+        if result.services:
+            self.metrics.sync_duration.observe(self.clock.monotonic() - t0)
+        if not result.failed:
+            self.metrics.last_sync_timestamp.set(self.clock.wall())
+
+    def _policy(self) -> DrainPolicy:
+        return DrainPolicy(self.clock.wall(), self.config.drain_timeout,
+                           self.store.pod_deadlines())
+
+    def _build(self, ref: ServiceRef) -> DesiredService | None:
+        svc = self.store.services.get(ref)
+        if svc is None:
+            return None
+        desired = build_desired_service(svc, self.store.slices_of(ref), self.config.node)
+        return self._resolve_conflicts(ref, desired)
+
+    def _resolve_conflicts(self, ref: ServiceRef, desired: DesiredService) -> DesiredService:
+        """Two Services wanting one virtual server (say the same external IP and port): the
+        one that programmed it first keeps it; the other waits until it is released."""
+        taken = [k for k in desired.virtual_servers
+                 if self.vs_owner.get(k, ref) != ref]
+        if not taken:
+            return desired
+        for key in taken:
+            if ref not in self._conflicts.setdefault(key, set()):
+                self._conflicts[key].add(ref)
+                self.metrics.invalid_objects.labels(ObjectKind.SERVICE.value).inc()
+                log.warning("virtual server claimed by another service", extra=fields(
+                    service=ref, vs=key, owner=self.vs_owner[key]))
+        kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}
+        return DesiredService(ref, kept, desired.drain_timeout, desired.endpoints)
+
+    def _sync_service(self, ref: ServiceRef, result: SyncResult) -> None:
+        new = self._build(ref)
+        old = self.desired.get(ref)
+        applied = self.applied.get(ref, {})
+        ops = diff_service(
+            ref, new, applied, {k: self.queue.for_vs(k) for k in applied}, self._policy(),
+            previous_endpoints=old.endpoints if old else None,
+        )
+        self._request_pods(new)
+        resync = self._apply(ref, ops, result)
+        result.services += 1
+        if ref in result.failed:
+            return
+        if new is None:
+            self.desired.pop(ref, None)
+            self.applied.pop(ref, None)
+        else:
+            self.desired[ref] = new
+        now = self.clock.monotonic()
+        for t in self._arrivals.pop(ref, ()):
+            self.metrics.event_to_kernel.observe(max(0.0, now - t))
+        if resync:  # the kernel held something we did not know: one more pass sees it
+            result.failed.add(ref)
+
+    def _request_pods(self, desired: DesiredService | None) -> None:
+        if desired is None:
+            return
+        deadlines = self.store.pod_deadlines()
+        for meta in desired.endpoints.values():
+            pod = meta.pod
+            if (meta.terminating and pod is not None and pod not in deadlines
+                    and pod not in self._pods_requested):
+                self._pods_requested.add(pod)
+                self.request_pod(pod)
+
+    # --- applying ops -------------------------------------------------------------
+    def _apply(self, ref: ServiceRef | None, ops: list[Op], result: SyncResult) -> bool:
+        """Apply in order; stop at the first failure (the Service stays dirty). Returns
+        True when the kernel turned out to differ from what was applied."""
+        surprised = False
+        for op in ops:
+            try:
+                surprised |= self._apply_op(ref, op)
+            except KernelError as exc:
+                operation = exc.operation or type(op).__name__
+                self.metrics.netlink_errors.labels(operation).inc()
+                self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
+                if ref is not None:
+                    result.failed.add(ref)
+                    if ref not in self._failing:  # one line per failing streak
+                        self._failing.add(ref)
+                        log.error("kernel operation failed", extra=fields(
+                            service=ref, op=op, operation=operation, error=exc))
+                return surprised
+            result.ops += 1
+            self.metrics.kernel_ops.labels(type(op).__name__, "ok").inc()
+            log.debug("applied", extra=fields(service=ref, op=op))
+        if ref is not None and ref in self._failing:
+            self._failing.discard(ref)
+            log.info("kernel operations recovered", extra=fields(service=ref))
+        return surprised
+
+    def _vs_state(self, ref: ServiceRef | None, key: ServiceKey) -> AppliedVirtualServer | None:
+        if ref is None:
+            ref = self.vs_owner.get(key)
+        return self.applied.get(ref, {}).get(key) if ref is not None else None
+
+    def _set_weight(self, state: AppliedVirtualServer | None, rs: RealServerKey,
+                    weight: int | None) -> None:
+        if state is None:
+            return
+        before = state.weights.get(rs)
+        if weight is None:
+            state.weights.pop(rs, None)
+        else:
+            state.weights[rs] = weight
+        self._n_rs += (weight is not None) - (before is not None)
+
+    def _apply_op(self, ref: ServiceRef | None, op: Op) -> bool:
+        k = self.kernel
+        surprised = False
+        if isinstance(op, AddVirtualServer):
+            bind = op.kind.binds_address
+            try:
+                k.add_virtual_server(op.vs, bind)
+                weights: dict[RealServerKey, int] = {}
+            except KernelExists:
+                # Left by an earlier run or another tool: adopt it as it is.
+                k.update_virtual_server(op.vs)
+                weights = {s.key: s.weight for s in k.list_real_servers(op.vs.key)}
+                surprised = bool(weights)
+            assert ref is not None
+            self.applied.setdefault(ref, {})[op.vs.key] = AppliedVirtualServer(op.vs, bind)
+            self._n_vs += 1
+            for rs, w in weights.items():
+                self._set_weight(self.applied[ref][op.vs.key], rs, w)
+            self.vs_owner[op.vs.key] = ref
+        elif isinstance(op, UpdateVirtualServer):
+            state = self._vs_state(ref, op.vs.key)
+            try:
+                k.update_virtual_server(op.vs)
+            except KernelNotFound:
+                k.add_virtual_server(op.vs, state.bind_address if state else True)
+                if state:
+                    for rs in list(state.weights):
+                        self._set_weight(state, rs, None)
+                surprised = True
+            if state:
+                state.vs = op.vs
+        elif isinstance(op, DeleteVirtualServer):
+            with contextlib.suppress(KernelNotFound):
+                k.delete_virtual_server(op.key, op.bind_address)
+            self._forget_vs(ref, op.key, op.real_servers)
+        elif isinstance(op, AddRealServer):
+            try:
+                k.add_real_server(op.vs, op.rs, 1)
+            except KernelExists:
+                k.set_real_server_weight(op.vs, op.rs, 1)
+            self._set_weight(self._vs_state(ref, op.vs), op.rs, 1)
+        elif isinstance(op, RestoreRealServer):
+            try:
+                k.set_real_server_weight(op.vs, op.rs, 1)
+            except KernelNotFound:
+                k.add_real_server(op.vs, op.rs, 1)
+            self._set_weight(self._vs_state(ref, op.vs), op.rs, 1)
+            if self.queue.remove(op.vs, op.rs):
+                log.info("drain cancelled, endpoint back", extra=fields(
+                    service=ref, vs=op.vs, rs=op.rs))
+        elif isinstance(op, DrainRealServer):
+            e = op.entry
+            state = self._vs_state(ref, e.vs)
+            try:
+                if state is None or state.weights.get(e.rs) != 0:
+                    k.set_real_server_weight(e.vs, e.rs, 0)
+            except KernelNotFound:
+                self._set_weight(state, e.rs, None)  # nothing left to drain
+                return False
+            self._set_weight(state, e.rs, 0)
+            self.queue.add(e)
+            log.info("drain started", extra=fields(
+                service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
+                deadline_in=round(e.deadline - e.since, 3), deadline_from=e.deadline_source))
+        elif isinstance(op, DeleteRealServer):
+            with contextlib.suppress(KernelNotFound):
+                k.delete_real_server(op.vs, op.rs)
+            if op.flush_conntrack:
+                try:
+                    k.flush_conntrack(op.vs, op.rs)
+                except KernelError as exc:  # the real server is gone either way
+                    self.metrics.netlink_errors.labels(exc.operation or "flush_conntrack").inc()
+                    log.warning("conntrack flush failed", extra=fields(
+                        vs=op.vs, rs=op.rs, error=exc))
+            self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
+            entry = self.queue.remove(op.vs, op.rs)
+            self.metrics.real_server_deletions.labels(op.reason.value).inc()
+            log.info("real server deleted", extra=fields(
+                service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
+                reason=op.reason,
+                drained_for=round(self.clock.wall() - entry.since, 3) if entry else None))
+        elif isinstance(op, ForgetDrain):
+            self.queue.remove(op.vs, op.rs)
+            self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
+        return surprised
+
+    def _forget_vs(self, ref: ServiceRef | None, key: ServiceKey, real_servers: int) -> None:
+        owner = ref if ref is not None else self.vs_owner.get(key)
+        state = self.applied.get(owner, {}).pop(key, None) if owner is not None else None
+        if state is not None:
+            self._n_vs -= 1
+            self._n_rs -= len(state.weights)
+        if self.vs_owner.get(key) == owner:
+            self.vs_owner.pop(key, None)
+        self.queue.remove_vs(key)
+        if real_servers:
+            self.metrics.real_server_deletions.labels(
+                DeletionReason.SERVICE_DELETED.value).inc(real_servers)
+        log.info("virtual server deleted", extra=fields(
+            service=owner, vs=key, real_servers=real_servers))
+        # A Service that wanted this key while another held it can have it now.
+        for waiting in self._conflicts.pop(key, ()):
+            self.dirty.add(waiting)
+
+    # --- start-up -----------------------------------------------------------------
+    def _initial_sync(self) -> SyncResult:
+        """The first sync: adopt what the kernel holds, then diff every Service against it.
+        Wanted real servers found at weight 0 go back to 1 (kubernetes#92019); unwanted
+        ones at weight 0 are adopted into the queue with their persisted deadline, never
+        deleted abruptly; owned virtual servers nobody wants are deleted."""
+        t0 = self.clock.monotonic()
+        now = self.clock.wall()
+        observed: dict[ServiceKey, tuple[VirtualServer, list[RealServerStatus]]] = {}
+        for vs in self.kernel.list_virtual_servers():
+            if self.owned(vs.key):
+                observed[vs.key] = (vs, self.kernel.list_real_servers(vs.key))
+
+        wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
+        for ref in sorted(self.store.services):
+            desired = self._build(ref)
+            if desired is None:
+                continue
+            for key, dvs in desired.virtual_servers.items():
+                wanted_rs[key] = dvs.real_servers
+                self.vs_owner[key] = ref
+                if key in observed:
+                    vs, dests = observed[key]
+                    state = AppliedVirtualServer(vs, dvs.kind.binds_address)
+                    self.applied.setdefault(ref, {})[key] = state
+                    self._n_vs += 1
+                    for d in dests:
+                        self._set_weight(state, d.key, d.weight)
+
+        restored = {e.key: e for e in self._restored}
+        for key, (_vs, dests) in observed.items():
+            for d in dests:
+                if d.weight != 0 or d.key in wanted_rs.get(key, frozenset()):
+                    continue
+                entry = restored.get((key, d.key))
+                if entry is None:
+                    entry = DrainEntry(
+                        key, d.key, self.vs_owner.get(key), DrainReason.ADOPTED, now,
+                        now + self.config.drain_timeout, DeadlineSource.DEFAULT)
+                self.queue.add(entry)
+                log.info("drain adopted", extra=fields(
+                    vs=key, rs=d.key, reason=entry.reason,
+                    deadline_in=round(entry.deadline - now, 3)))
+        self._restored = []
+
+        result = SyncResult()
+        for key in sorted(observed.keys() - wanted_rs.keys()):
+            self._delete_orphan(key, len(observed[key][1]), result)
+        self.dirty |= set(self.store.services)
+        self.started = True
+        for ref in sorted(self.dirty):
+            self._sync_service(ref, result)
+        self.dirty = set(result.failed)
+        self._finish_sync(result, t0)
+        log.info("initial sync done", extra=fields(
+            services=len(self.store.services), virtual_servers=self._n_vs,
+            real_servers=self._n_rs, draining=len(self.queue), ops=result.ops,
+            failed=len(result.failed), seconds=round(self.clock.monotonic() - t0, 3)))
+        return result
+
+    def _delete_orphan(self, key: ServiceKey, real_servers: int, result: SyncResult) -> None:
+        try:
+            self.kernel.delete_virtual_server(key, True)
+        except KernelNotFound:
+            pass
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "delete_virtual_server").inc()
+            log.error("kernel operation failed", extra=fields(op=f"del-vs {key}", error=exc))
+            return
+        result.ops += 1
+        self._forget_vs(None, key, real_servers)
+
+    # --- draining -----------------------------------------------------------------
+    def check_drains(self) -> SyncResult:
+        """One dump per virtual server with queued real servers; delete those whose
+        connections are gone or whose deadline passed."""
+        result = SyncResult()
+        now = self.clock.wall()
+        self.store.expire_pods(now)
+        for key in self.queue.virtual_servers():
+            try:
+                observed: list[RealServerStatus] | None = self.kernel.list_real_servers(key)
+            except KernelNotFound:
+                observed = None
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+                continue
+            ops = check_drains(self.queue.for_vs(key), observed, now)
+            if ops:
+                self._apply(self.vs_owner.get(key), ops, result)
+        return result
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline in the queue (wall clock), for the loop's timer."""
+        return min((e.deadline for e in self.queue), default=None)
+
+    # --- drift audit --------------------------------------------------------------
+    def audit_step(self) -> int:
+        """Re-read a slice of the kernel and put right what differs from what was applied.
+        Spread over calls (`audit_batch` virtual servers each) so a large table never
+        causes a burst. Returns the number of differences found."""
+        if not self.started:
+            return 0
+        found = 0
+        if not self._audit_cursor:
+            found += self._audit_virtual_servers()
+            self._audit_cursor = sorted(self.vs_owner, reverse=True)
+        for _ in range(min(self.config.audit_batch, len(self._audit_cursor))):
+            key = self._audit_cursor.pop()
+            found += self._audit_real_servers(key)
+        return found
+
+    def _audit_virtual_servers(self) -> int:
+        found = 0
+        try:
+            in_kernel = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
+            return 0
+        for ref, states in self.applied.items():
+            for key, state in list(states.items()):
+                vs = in_kernel.get(key)
+                if vs is None:
+                    self._drift("virtual_server_missing", ref, key)
+                    del states[key]
+                    self._n_vs -= 1
+                    self._n_rs -= len(state.weights)
+                    self.queue.remove_vs(key)
+                    found += 1
+                elif vs != state.vs:
+                    self._drift("virtual_server_changed", ref, key)
+                    state.vs = vs
+                    found += 1
+        for key in sorted(in_kernel.keys() - self.vs_owner.keys()):
+            if self.owned(key):
+                self._drift("virtual_server_unknown", None, key)
+                self._delete_orphan(key, 0, SyncResult())
+                found += 1
+        return found
+
+    def _audit_real_servers(self, key: ServiceKey) -> int:
+        ref = self.vs_owner.get(key)
+        state = self.applied.get(ref, {}).get(key) if ref else None
+        if state is None:
+            return 0
+        try:
+            observed = {s.key: s.weight for s in self.kernel.list_real_servers(key)}
+        except KernelNotFound:
+            return 0  # the virtual server check of the next round sees it
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+            return 0
+        found = 0
+        queued = self.queue.for_vs(key)
+        for rs in sorted(state.weights.keys() | observed.keys()):
+            if rs in queued:
+                if rs not in observed:
+                    self.queue.remove(key, rs)
+                    self._set_weight(state, rs, None)
+                continue  # draining real servers are the drain check's business
+            if state.weights.get(rs) != observed.get(rs):
+                self._drift("real_server_changed", ref, key, rs)
+                self._set_weight(state, rs, observed.get(rs))
+                found += 1
+        return found
+
+    def _drift(self, kind: str, ref: ServiceRef | None, key: ServiceKey,
+               rs: RealServerKey | None = None) -> None:
+        self.metrics.drift_repairs.labels(kind).inc()
+        log.warning("kernel drift repaired", extra=fields(kind=kind, service=ref, vs=key, rs=rs))
+        if ref is not None:
+            self.dirty.add(ref)
+
+    # --- status -------------------------------------------------------------------
+    def _metrics_gauges(self) -> None:
+        m = self.metrics
+        m.virtual_servers.set_function(lambda: self._n_vs)
+        m.drain_queue_length.set_function(lambda: len(self.queue))
+        m.real_servers.labels("draining").set_function(lambda: len(self.queue))
+        m.real_servers.labels("active").set_function(
+            lambda: max(0, self._n_rs - len(self.queue)))
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's part of `ipvsctl status --json`."""
+        now = self.clock.wall()
+        out: list[dict[str, Any]] = []
+        for ref in sorted(self.applied):
+            desired = self.desired.get(ref)
+            endpoints: Mapping[str, Any] = desired.endpoints if desired else {}
+            for key, state in sorted(self.applied[ref].items()):
+                dvs = desired.virtual_servers.get(key) if desired else None
+                rss = []
+                for rs, weight in sorted(state.weights.items()):
+                    meta = endpoints.get(rs.address)
+                    entry = self.queue.get(key, rs)
+                    rss.append({
+                        "address": rs.address, "port": rs.port, "weight": weight,
+                        "pod": str(meta.pod) if meta and meta.pod else None,
+                        "node": meta.node_name if meta else None,
+                        "state": "draining" if entry else "active",
+                        "drain": _drain_json(entry, now) if entry else None,
+                    })
+                out.append({
+                    "protocol": key.protocol.value, "address": key.address, "port": key.port,
+                    "scheduler": state.vs.scheduler,
+                    "persistent_timeout": state.vs.persistent_timeout,
+                    "service": str(ref), "port_name": dvs.port_name if dvs else None,
+                    "kind": dvs.kind.value if dvs else None,
+                    "real_servers": rss,
+                })
+        return {
+            "node": self.config.node.node_name,
+            "ready": self.started,
+            "virtual_servers": out,
+            "drain_queue": [_drain_json(e, now) for e in self.queue],
+        }
+
+
+def _drain_json(e: DrainEntry, now: float) -> dict[str, Any]:
+    d = e.to_json()
+    d["age"] = round(max(0.0, now - e.since), 3)
+    d["time_left"] = round(max(0.0, e.deadline - now), 3)
+    return d

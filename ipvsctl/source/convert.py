@@ -1,0 +1,359 @@
+"""Raw Kubernetes objects -> small frozen values. Pure; every problem is an InvalidObject.
+
+Only the fields ipvsctl reads are kept, so 10,000 Services and 100,000 endpoints stay small,
+and two versions of an object that differ only in fields ipvsctl ignores compare equal (a
+relist or a status-only update then causes no work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ipvsctl.model import PodRef, Protocol, ServiceRef, family_of, normalize_ip
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
+DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
+DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
+SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
+IPVS_SCHEDULERS = frozenset(
+    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
+     "twos"}
+)
+
+
+class InvalidObject(ValueError):
+    """An object ipvsctl cannot use; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortInfo:
+    name: str
+    protocol: Protocol
+    port: int
+    node_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInfo:
+    ref: ServiceRef
+    type: str = "ClusterIP"
+    cluster_ips: tuple[str, ...] = ()
+    families: frozenset[int] = frozenset({4, 6})  # address families the Service serves
+    external_ips: tuple[str, ...] = ()
+    load_balancer_ips: tuple[str, ...] = ()
+    ports: tuple[ServicePortInfo, ...] = ()
+    affinity_timeout: int = 0  # 0 = no ClientIP affinity
+    internal_local: bool = False
+    external_local: bool = False
+    scheduler: str | None = None  # from annotations
+    drain_timeout: float | None = None  # from annotation
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePortInfo:
+    name: str
+    protocol: Protocol
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    address: str
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    node_name: str | None = None
+    pod: PodRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceInfo:
+    namespace: str
+    name: str
+    service_name: str | None
+    family: int | None  # None for FQDN slices, which ipvsctl ignores
+    ports: tuple[SlicePortInfo, ...] = ()
+    endpoints: tuple[EndpointInfo, ...] = ()
+
+    @property
+    def service(self) -> ServiceRef | None:
+        return ServiceRef(self.namespace, self.service_name) if self.service_name else None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    ref: PodRef
+    deletion_deadline: float | None  # metadata.deletionTimestamp as epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A parsed object and the non-fatal problems found in it (ignored annotations, ...)."""
+
+    value: Any
+    warnings: tuple[str, ...] = ()
+
+
+def object_name(obj: Mapping[str, Any]) -> str:
+    """namespace/name for log lines, as far as it can be read."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "<no metadata>"
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<no name>'}"
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    if not isinstance(obj, Mapping):
+        raise InvalidObject("not an object")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise InvalidObject("metadata.name is missing")
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise InvalidObject("metadata.namespace is not a string")
+    return namespace, meta["name"], meta
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidObject(f"{where} is not an object")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidObject(f"{where} is not a list")
+    return value
+
+
+def _ip(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidObject(f"{where}: {value!r} is not an IP address")
+    try:
+        return normalize_ip(value)
+    except ValueError:
+        raise InvalidObject(f"{where}: {value!r} is not an IP address") from None
+
+
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidObject(f"{where}: {value!r} is not a port number")
+    return value
+
+
+def _protocol(value: Any, where: str) -> Protocol:
+    if value is None:
+        return Protocol.TCP
+    try:
+        return Protocol(value)
+    except ValueError:
+        raise InvalidObject(f"{where}: unknown protocol {value!r}") from None
+
+
+def _dedupe(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Parsed:
+    namespace, name, meta = _meta(obj)
+    spec = _mapping(obj.get("spec"), "spec")
+    status = _mapping(obj.get("status"), "status")
+    annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+    warnings: list[str] = []
+
+    svc_type = spec.get("type") or "ClusterIP"
+    if svc_type not in SERVICE_TYPES:
+        raise InvalidObject(f"spec.type: unknown type {svc_type!r}")
+
+    raw_ips = _list(spec.get("clusterIPs"), "spec.clusterIPs") or (
+        [spec["clusterIP"]] if spec.get("clusterIP") else []
+    )
+    headless = any(ip == "None" for ip in raw_ips)
+    cluster_ips = () if headless else _dedupe(
+        [_ip(ip, "spec.clusterIPs") for ip in raw_ips if ip != ""]
+    )
+    families = {family_of(ip) for ip in cluster_ips}
+    if not families:
+        for fam in _list(spec.get("ipFamilies"), "spec.ipFamilies"):
+            if fam in ("IPv4", "IPv6"):
+                families.add(4 if fam == "IPv4" else 6)
+
+    external_ips = _dedupe(
+        [_ip(ip, "spec.externalIPs") for ip in _list(spec.get("externalIPs"), "spec.externalIPs")]
+    )
+    lb_ips: list[str] = []
+    if svc_type == "LoadBalancer":
+        lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
+        for ing in _list(lb.get("ingress"), "status.loadBalancer.ingress"):
+            ing = _mapping(ing, "status.loadBalancer.ingress[]")
+            if ing.get("ip"):  # hostname-only ingresses have no VIP to program
+                lb_ips.append(_ip(ing["ip"], "status.loadBalancer.ingress[].ip"))
+
+    ports = []
+    seen_names: set[tuple[str, Protocol, int]] = set()
+    for i, p in enumerate(_list(spec.get("ports"), "spec.ports")):
+        p = _mapping(p, f"spec.ports[{i}]")
+        port_name = p.get("name") or ""
+        if not isinstance(port_name, str):
+            raise InvalidObject(f"spec.ports[{i}].name is not a string")
+        proto = _protocol(p.get("protocol"), f"spec.ports[{i}].protocol")
+        port = _port(p.get("port"), f"spec.ports[{i}].port")
+        node_port = p.get("nodePort")
+        node_port = _port(node_port, f"spec.ports[{i}].nodePort") if node_port else None
+        if (port_name, proto, port) in seen_names:
+            continue
+        seen_names.add((port_name, proto, port))
+        ports.append(ServicePortInfo(port_name, proto, port, node_port))
+
+    affinity = 0
+    if spec.get("sessionAffinity") == "ClientIP":
+        cfg = _mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+        client_ip = _mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+        timeout = client_ip.get("timeoutSeconds")
+        if timeout is None:
+            affinity = DEFAULT_AFFINITY_TIMEOUT
+        elif isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0:
+            affinity = timeout
+        else:
+            raise InvalidObject(
+                f"spec.sessionAffinityConfig.clientIP.timeoutSeconds: {timeout!r} is not a "
+                "positive integer"
+            )
+
+    scheduler = None
+    for key in SCHEDULER_ANNOTATIONS:
+        value = annotations.get(key)
+        if value:
+            if value in IPVS_SCHEDULERS:
+                scheduler = value
+            else:
+                warnings.append(
+                    f"annotation {key}: unknown scheduler {value!r}, using {default_scheduler}"
+                )
+            break
+
+    drain_timeout = None
+    raw_timeout = annotations.get(DRAIN_TIMEOUT_ANNOTATION)
+    if raw_timeout is not None:
+        try:
+            drain_timeout = float(raw_timeout)
+            if not drain_timeout >= 0 or drain_timeout == float("inf"):
+                raise ValueError
+        except (TypeError, ValueError):
+            drain_timeout = None
+            warnings.append(
+                f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {raw_timeout!r} is not a number of "
+                "seconds, ignored"
+            )
+
+    info = ServiceInfo(
+        ref=ServiceRef(namespace, name),
+        type=svc_type,
+        cluster_ips=cluster_ips,
+        families=frozenset(families or {4, 6}),
+        external_ips=external_ips,
+        load_balancer_ips=_dedupe(lb_ips),
+        ports=tuple(ports),
+        affinity_timeout=affinity,
+        internal_local=spec.get("internalTrafficPolicy") == "Local",
+        external_local=spec.get("externalTrafficPolicy") == "Local",
+        scheduler=scheduler,
+        drain_timeout=drain_timeout,
+    )
+    return Parsed(info, tuple(warnings))
+
+
+_ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6, "FQDN": None}
+
+
+def _condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = conditions.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidObject(f"endpoints[].conditions.{name}: {value!r} is not a boolean")
+    return value
+
+
+def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
+    namespace, name, meta = _meta(obj)
+    labels = _mapping(meta.get("labels"), "metadata.labels")
+    service_name = labels.get(SERVICE_NAME_LABEL) or None
+    address_type = obj.get("addressType")
+    if address_type not in _ADDRESS_TYPES:
+        raise InvalidObject(f"addressType: unknown address type {address_type!r}")
+    family = _ADDRESS_TYPES[address_type]
+    if family is None:
+        return Parsed(SliceInfo(namespace, name, service_name, None))
+
+    ports = []
+    for i, p in enumerate(_list(obj.get("ports"), "ports")):
+        p = _mapping(p, f"ports[{i}]")
+        if p.get("port") is None:  # "all ports": kube-proxy ignores these too
+            continue
+        port_name = p.get("name") or ""
+        if not isinstance(port_name, str):
+            raise InvalidObject(f"ports[{i}].name is not a string")
+        ports.append(
+            SlicePortInfo(
+                port_name,
+                _protocol(p.get("protocol"), f"ports[{i}].protocol"),
+                _port(p.get("port"), f"ports[{i}].port"),
+            )
+        )
+
+    endpoints = []
+    for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")):
+        ep = _mapping(ep, f"endpoints[{i}]")
+        addresses = _list(ep.get("addresses"), f"endpoints[{i}].addresses")
+        if not addresses:
+            raise InvalidObject(f"endpoints[{i}].addresses is empty")
+        # As kube-proxy: the first address is the endpoint; the others are the same pod.
+        address = _ip(addresses[0], f"endpoints[{i}].addresses[0]")
+        if family_of(address) != family:
+            raise InvalidObject(
+                f"endpoints[{i}].addresses[0]: {address} is not an {address_type} address"
+            )
+        conditions = _mapping(ep.get("conditions"), f"endpoints[{i}].conditions")
+        ready = _condition(conditions, "ready", True)
+        target = _mapping(ep.get("targetRef"), f"endpoints[{i}].targetRef")
+        pod = None
+        if target.get("kind") == "Pod" and target.get("name"):
+            pod = PodRef(target.get("namespace") or namespace, target["name"])
+        node_name = ep.get("nodeName")
+        endpoints.append(
+            EndpointInfo(
+                address=address,
+                ready=ready,
+                serving=_condition(conditions, "serving", True),
+                terminating=_condition(conditions, "terminating", False),
+                node_name=node_name if isinstance(node_name, str) else None,
+                pod=pod,
+            )
+        )
+    return Parsed(SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints)))
+
+
+def parse_timestamp(value: str) -> float:
+    """RFC 3339 (as the API server writes it) -> epoch seconds."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def parse_pod(obj: Mapping[str, Any]) -> Parsed:
+    namespace, name, meta = _meta(obj)
+    deadline = None
+    raw = meta.get("deletionTimestamp")
+    if raw:
+        try:
+            deadline = parse_timestamp(str(raw))
+        except ValueError:
+            raise InvalidObject(f"metadata.deletionTimestamp: {raw!r} is not a time") from None
+    return Parsed(PodInfo(PodRef(namespace, name), deadline))

@@ -1,0 +1,209 @@
+"""The parsed objects known so far, and which Services each change touches.
+
+Every operation costs O(the objects it names): a slice event touches its own Service, a
+Replace (relist) compares each listed object with what is stored and reports only real
+changes, so a relist of an unchanged cluster reports nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsctl.model import PodRef, ServiceRef
+from ipvsctl.source.convert import (
+    InvalidObject,
+    PodInfo,
+    ServiceInfo,
+    SliceInfo,
+    object_name,
+    parse_endpoint_slice,
+    parse_pod,
+    parse_service,
+)
+from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An object that was skipped (or partly ignored), for one log line and a metric."""
+
+    kind: ObjectKind
+    name: str  # namespace/name
+    reason: str
+    fatal: bool = True  # False: the object was used, one field ignored
+
+
+@dataclass(slots=True)
+class StoreChange:
+    services: set[ServiceRef] = field(default_factory=set)  # need recomputing
+    pods: set[PodRef] = field(default_factory=set)  # deletion deadline changed
+    problems: list[Problem] = field(default_factory=list)
+    synced: ObjectKind | None = None  # a Replace of this kind was applied
+
+    def merge(self, other: StoreChange) -> None:
+        self.services |= other.services
+        self.pods |= other.pods
+        self.problems += other.problems
+
+
+class ObjectStore:
+    def __init__(self, default_scheduler: str = "rr", pod_retention: float = 3600.0) -> None:
+        self.default_scheduler = default_scheduler
+        self.services: dict[ServiceRef, ServiceInfo] = {}
+        self.slices: dict[tuple[str, str], SliceInfo] = {}  # (namespace, slice name)
+        self.slices_by_service: dict[ServiceRef, dict[str, SliceInfo]] = {}
+        self.pods: dict[PodRef, PodInfo] = {}
+        # Pods are only ever fetched for terminating endpoints and never watched, so nothing
+        # tells us when they are gone: forget them a while after their deletion deadline.
+        self._pod_expiry: list[tuple[float, PodRef]] = []
+        self.pod_retention = pod_retention
+        self.synced: set[ObjectKind] = set()
+
+    # --- queries ------------------------------------------------------------------
+    def slices_of(self, ref: ServiceRef) -> Iterable[SliceInfo]:
+        by_name = self.slices_by_service.get(ref)
+        return [by_name[n] for n in sorted(by_name)] if by_name else ()
+
+    def pod_deadlines(self) -> Mapping[PodRef, float]:
+        return _PodDeadlines(self.pods)
+
+    # --- events -------------------------------------------------------------------
+    def apply(self, event: SourceEvent) -> StoreChange:
+        if isinstance(event, Upsert):
+            return self._upsert(event.kind, event.obj)
+        if isinstance(event, Delete):
+            return self._delete(event.kind, event.namespace, event.name)
+        if isinstance(event, Replace):
+            return self._replace(event.kind, event.objects)
+        raise TypeError(f"unknown event {event!r}")
+
+    def expire_pods(self, now: float) -> None:
+        while self._pod_expiry and self._pod_expiry[0][0] <= now:
+            _, ref = heapq.heappop(self._pod_expiry)
+            pod = self.pods.get(ref)
+            if pod and (pod.deletion_deadline or 0) + self.pod_retention <= now:
+                del self.pods[ref]
+
+    def _upsert(self, kind: ObjectKind, obj: Mapping[str, Any]) -> StoreChange:
+        change = StoreChange()
+        try:
+            if kind is ObjectKind.SERVICE:
+                parsed = parse_service(obj, self.default_scheduler)
+                self._warn(change, kind, obj, parsed.warnings)
+                self._put_service(parsed.value, change)
+            elif kind is ObjectKind.ENDPOINT_SLICE:
+                self._put_slice(parse_endpoint_slice(obj).value, change)
+            elif kind is ObjectKind.POD:
+                self._put_pod(parse_pod(obj).value, change)
+        except InvalidObject as exc:
+            # The last good version (if any) stays in force: skipping a bad update must
+            # not take traffic away from a working Service.
+            change.problems.append(Problem(kind, object_name(obj), str(exc)))
+        return change
+
+    def _delete(self, kind: ObjectKind, namespace: str, name: str) -> StoreChange:
+        change = StoreChange()
+        if kind is ObjectKind.SERVICE:
+            ref = ServiceRef(namespace, name)
+            if self.services.pop(ref, None) is not None:
+                change.services.add(ref)
+        elif kind is ObjectKind.ENDPOINT_SLICE:
+            self._drop_slice((namespace, name), change)
+        elif kind is ObjectKind.POD:
+            ref = PodRef(namespace, name)
+            pod = self.pods.pop(ref, None)
+            if pod is not None and pod.deletion_deadline is not None:
+                change.pods.add(ref)
+        return change
+
+    def _replace(self, kind: ObjectKind, objects: list[dict[str, Any]]) -> StoreChange:
+        change = StoreChange(synced=kind)
+        listed: set[tuple[str, str]] = set()
+        for obj in objects:
+            change.merge(self._upsert(kind, obj))
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            if isinstance(meta, Mapping) and meta.get("name"):
+                listed.add((meta.get("namespace") or "default", meta["name"]))
+        if kind is ObjectKind.SERVICE:
+            gone: Iterable[tuple[str, str]] = [
+                (r.namespace, r.name) for r in self.services if (r.namespace, r.name) not in listed
+            ]
+        elif kind is ObjectKind.ENDPOINT_SLICE:
+            gone = [k for k in self.slices if k not in listed]
+        else:
+            gone = [(r.namespace, r.name) for r in self.pods if (r.namespace, r.name) not in listed]
+        for namespace, name in list(gone):
+            change.merge(self._delete(kind, namespace, name))
+        self.synced.add(kind)
+        return change
+
+    # --- internals ----------------------------------------------------------------
+    def _warn(
+        self, change: StoreChange, kind: ObjectKind, obj: Mapping[str, Any], warnings: Iterable[str]
+    ) -> None:
+        for w in warnings:
+            change.problems.append(Problem(kind, object_name(obj), w, fatal=False))
+
+    def _put_service(self, info: ServiceInfo, change: StoreChange) -> None:
+        if self.services.get(info.ref) != info:
+            self.services[info.ref] = info
+            change.services.add(info.ref)
+
+    def _put_slice(self, info: SliceInfo, change: StoreChange) -> None:
+        key = (info.namespace, info.name)
+        old = self.slices.get(key)
+        if old == info:
+            return
+        if old is not None and old.service != info.service:
+            self._drop_slice(key, change)  # moved to another Service: both need work
+        self.slices[key] = info
+        if info.service is not None:
+            self.slices_by_service.setdefault(info.service, {})[info.name] = info
+            change.services.add(info.service)
+
+    def _drop_slice(self, key: tuple[str, str], change: StoreChange) -> None:
+        old = self.slices.pop(key, None)
+        if old is None or old.service is None:
+            return
+        by_name = self.slices_by_service.get(old.service, {})
+        by_name.pop(old.name, None)
+        if not by_name:
+            self.slices_by_service.pop(old.service, None)
+        change.services.add(old.service)
+
+    def _put_pod(self, info: PodInfo, change: StoreChange) -> None:
+        if info.deletion_deadline is None:
+            # Only deletion deadlines matter; a pod not being deleted needs no memory.
+            if self.pods.pop(info.ref, None) is not None:
+                change.pods.add(info.ref)
+            return
+        if self.pods.get(info.ref) != info:
+            self.pods[info.ref] = info
+            change.pods.add(info.ref)
+            heapq.heappush(
+                self._pod_expiry, (info.deletion_deadline + self.pod_retention, info.ref)
+            )
+
+
+class _PodDeadlines(Mapping[PodRef, float]):
+    """A read-only view: pod -> deletion deadline, for pods that have one."""
+
+    __slots__ = ("_pods",)
+
+    def __init__(self, pods: dict[PodRef, PodInfo]) -> None:
+        self._pods = pods
+
+    def __getitem__(self, ref: PodRef) -> float:
+        deadline = self._pods[ref].deletion_deadline
+        if deadline is None:
+            raise KeyError(ref)
+        return deadline
+
+    def __iter__(self):
+        return (r for r, p in self._pods.items() if p.deletion_deadline is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
