@@ -158,12 +158,12 @@ class FaultyKernel:
         self.random = random.Random(seed)
         self.failures = 0
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - a transparent proxy
+    def __getattr__(self, name: str):
         attr = getattr(self.impl, name)
         if name not in self._MUTATING:
             return attr
 
-        def call(*args, **kwargs):  # noqa: ANN202
+        def call(*args, **kwargs):
             if self.random.random() < self.probability:
                 self.failures += 1
                 raise KernelTransient("injected failure", name)
