@@ -1,0 +1,342 @@
+"""CONTRACT.md "Draining" on the in-memory kernel, plus kube-proxy's graceful-termination
+cases and the kube-proxy / kube-router bugs of NOTES.md §2 as regressions."""
+
+from __future__ import annotations
+
+import datetime
+
+from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason, PodRef, VirtualServer
+from ipvsctl.source.events import ObjectKind, Replace
+from tests.builders import endpoint, endpoint_slice, pod, service, terminating
+from tests.harness import Harness, rs, vs
+
+SVC = service("web")
+A, B, C = "10.244.1.5", "10.244.1.6", "10.244.1.7"
+
+
+def slice_of(*eps, name="web-abc", **kw):
+    return endpoint_slice("web", list(eps), name=name, **kw)
+
+
+def started(*addresses, h=None, svc=SVC, **kw):
+    h = h or Harness(**kw)
+    h.start([svc], [slice_of(*(endpoint(a, pod=f"pod-{a[-1]}") for a in addresses))])
+    h.ops()
+    return h
+
+
+def test_nothing_touches_the_kernel_before_both_lists():
+    h = Harness()
+    h.fake.add_virtual_server(VirtualServer(vs("10.96.0.99")), True)  # from an earlier run
+    h.ops()
+    h.upsert(SVC)
+    h.engine.handle(Replace(ObjectKind.SERVICE, [SVC], 0.0))
+    h.engine.sync()
+    assert h.ops() == [] and not h.engine.ready
+    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, [slice_of(endpoint(A))], 0.0))
+    h.engine.sync()
+    assert h.fake.dump() == (
+        "10.96.0.10:80/TCP rr\n  -> 10.244.1.5:8080 weight 1 active 0 inactive 0\n")
+
+
+def test_removed_endpoint_goes_to_weight_0_then_is_deleted_when_idle():
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
+    h.upsert(slice_of(endpoint(B)))
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0"]
+    entry = h.engine.queue.get(vs(), rs(A))
+    assert entry.reason is DrainReason.REMOVED and entry.deadline_source is DeadlineSource.DEFAULT
+    assert entry.pod == PodRef("default", "pod-5")  # known from before it was removed
+    h.check(1)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
+    h.check(1)
+    assert h.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"]
+    assert len(h.engine.queue) == 0 and h.deletions("drained") == 1
+
+
+def test_inactive_connections_also_hold_a_real_server():
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=3)  # TIME_WAIT etc.
+    h.upsert(slice_of(endpoint(B)))
+    h.check(1)
+    assert h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.queue) == 1
+
+
+def test_deadline_deletes_a_real_server_with_open_connections():
+    h = started(A, B, drain_timeout=30)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    h.ops()
+    h.check(29.5)
+    assert h.ops() == []
+    h.check(0.5)
+    assert h.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"]
+    assert h.deletions("deadline") == 1 and h.deletions("drained") == 0
+
+
+def test_idle_real_server_is_deleted_at_the_first_check():
+    h = started(A, B)
+    h.upsert(slice_of(endpoint(B)))
+    h.check(0)
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
+                       "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"]
+
+
+def test_annotation_deadline_wins():
+    svc = service("web", annotations={"ipvsctl.io/drain-timeout": "5"})
+    h = started(A, B, svc=svc, drain_timeout=30)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert (e.deadline - e.since, e.deadline_source) == (5, DeadlineSource.ANNOTATION)
+    h.check(5)
+    assert h.deletions("deadline") == 1
+
+
+def test_terminating_endpoint_takes_its_pods_deletion_deadline():
+    h = started(A, B, drain_timeout=300)
+    now = h.clock.wall()
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.reason is DrainReason.TERMINATING and e.deadline_source is DeadlineSource.DEFAULT
+    assert h.pods_requested == [PodRef("default", "pod-5")]  # asked once for its deadline
+    deletion = now + 45
+    stamp = datetime.datetime.fromtimestamp(deletion, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    h.upsert(pod("pod-5", deletion_timestamp=stamp))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.deadline_source is DeadlineSource.POD and e.deadline == int(deletion)
+    h.check(44)
+    assert len(h.engine.queue) == 1
+    h.check(1)
+    assert len(h.engine.queue) == 0 and h.deletions("deadline") == 1
+
+
+def test_pod_known_before_drain_gives_deadline_at_once():
+    h = Harness(drain_timeout=300)
+    h.start([SVC], [slice_of(endpoint(A, pod="pod-5"), endpoint(B))],
+            pods=[pod("pod-5", deletion_timestamp="2023-11-14T22:14:20Z")])
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.deadline_source is DeadlineSource.POD and e.deadline == 1700000060.0
+    assert h.pods_requested == []
+
+
+def test_returning_endpoint_gets_weight_1_in_place_never_delete_and_add():
+    # kubernetes#81775: kube-proxy deleted and re-added it, resetting its connections.
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=3)
+    h.upsert(slice_of(endpoint(B)))
+    h.ops()
+    h.upsert(slice_of(endpoint(A), endpoint(B)))
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
+    assert len(h.engine.queue) == 0
+    assert h.fake.services[vs()].dests[rs(A)].active == 3  # its connections survived
+
+
+def test_returned_endpoint_is_not_deleted_later_by_the_drain_check():
+    # kube-router: a returning real server got weight 1 but stayed queued, and was
+    # deleted later while live.
+    h = started(A, B, drain_timeout=10)
+    h.upsert(slice_of(endpoint(B)))
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(A), endpoint(B)))
+    h.fake.set_connections(vs(), rs(A), active=0)
+    h.ops()
+    h.check(60)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 1
+
+
+def test_udp_real_server_deleted_at_once_with_conntrack():
+    svc = service("dns", ports=[{"name": "dns", "port": 53, "protocol": "UDP"}])
+    ports = [{"name": "dns", "port": 5353, "protocol": "UDP"}]
+    h = Harness()
+    h.start([svc], [endpoint_slice("dns", [endpoint(A), endpoint(B)], ports=ports)])
+    h.ops()
+    h.upsert(endpoint_slice("dns", [endpoint(B)], ports=ports))
+    assert h.ops() == ["del-rs 10.96.0.10:53/UDP -> 10.244.1.5:5353",
+                       "flush-conntrack 10.96.0.10:53/UDP -> 10.244.1.5:5353"]
+    assert len(h.engine.queue) == 0 and h.deletions("udp") == 1
+
+
+def test_sctp_is_deleted_at_once_too():
+    svc = service("s", ports=[{"name": "s", "port": 9, "protocol": "SCTP"}])
+    ports = [{"name": "s", "port": 9, "protocol": "SCTP"}]
+    h = Harness()
+    h.start([svc], [endpoint_slice("s", [endpoint(A), endpoint(B)], ports=ports)])
+    h.ops()
+    h.upsert(endpoint_slice("s", [endpoint(B)], ports=ports))
+    assert h.ops()[0] == "del-rs 10.96.0.10:9/SCTP -> 10.244.1.5:9"
+
+
+def test_deleted_service_removes_its_virtual_server_at_once():
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    h.ops()
+    h.delete(SVC)
+    assert h.ops() == ["del-vs 10.96.0.10:80/TCP"]
+    assert len(h.engine.queue) == 0 and h.fake.dump() == ""
+    assert h.deletions("service_deleted") == 2
+    assert h.metrics.value("ipvsctl_virtual_servers") == 0
+
+
+def test_port_removed_from_service_removes_its_virtual_server():
+    svc2 = service("web", ports=[{"name": "http", "port": 80}, {"name": "x", "port": 81}])
+    h = Harness()
+    h.start([svc2], [slice_of(endpoint(A))])
+    h.ops()
+    h.upsert(SVC)
+    assert h.ops() == ["del-vs 10.96.0.10:81/TCP"]
+
+
+def test_all_terminating_keeps_serving_then_drains_when_replacements_are_ready():
+    h = started(A, B)
+    h.upsert(slice_of(terminating(A), terminating(B)))
+    assert h.ops() == [] and len(h.engine.queue) == 0  # KEP-1669: still serving
+    h.upsert(slice_of(terminating(A), terminating(B), endpoint(C)))
+    assert h.ops() == [
+        "add-rs 10.96.0.10:80/TCP -> 10.244.1.7:8080 weight 1",
+        "set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
+        "set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0",
+    ]
+    assert {e.reason for e in h.engine.queue} == {DrainReason.TERMINATING}
+
+
+def test_one_dump_per_virtual_server_per_check():
+    h = started(A, B, C, "10.244.1.8")
+    for a in (A, B, C):
+        h.fake.set_connections(vs(), rs(a), active=1)
+    h.upsert(slice_of(endpoint("10.244.1.8")))
+    h.fake.dumps = 0
+    h.check(1)
+    assert h.fake.dumps == 1
+
+
+def test_queue_entry_forgotten_when_real_server_vanishes():
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    h.fake.delete_real_server(vs(), rs(A))  # someone else deleted it
+    h.ops()
+    h.check(1)
+    assert len(h.engine.queue) == 0 and h.ops() == []
+
+
+def test_relist_of_unchanged_objects_causes_no_work():
+    h = started(A, B)
+    h.engine.handle(Replace(ObjectKind.SERVICE, [service("web")], 0.0))
+    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE,
+                            [slice_of(endpoint(A, pod="pod-5"), endpoint(B, pod="pod-6"))], 0.0))
+    assert h.engine.dirty == set()
+    h.engine.sync()
+    assert h.ops() == []
+
+
+def test_relist_missing_a_slice_drains_its_endpoints():
+    h = started(A)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, [], 0.0))
+    h.engine.sync()
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0"]
+
+
+# --- restarts -------------------------------------------------------------------------
+def _kernel_with(weights, conns=None):
+    k = FakeKernel()
+    k.add_virtual_server(VirtualServer(vs()), True)
+    for a, w in weights.items():
+        k.add_real_server(vs(), rs(a), w)
+        if conns and a in conns:
+            k.set_connections(vs(), rs(a), conns[a])
+    k.take_ops()
+    return k
+
+
+def test_restart_adopts_unwanted_weight_0_real_server_without_touching_it():
+    k = _kernel_with({A: 1, B: 0}, conns={B: 2})
+    h = Harness(kernel=k)
+    h.start([SVC], [slice_of(endpoint(A))])
+    assert h.ops() == []  # neither deleted abruptly nor set back to 1
+    e = h.engine.queue.get(vs(), rs(B))
+    assert e.reason is DrainReason.ADOPTED and e.deadline == h.clock.wall() + 30
+    h.fake.set_connections(vs(), rs(B), 0)
+    h.check(1)
+    assert h.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080"]
+
+
+def test_restart_keeps_the_persisted_deadline():
+    k = _kernel_with({A: 1, B: 0}, conns={B: 2})
+    h0 = Harness()
+    saved = DrainEntry(vs(), rs(B), None, DrainReason.TERMINATING, h0.clock.wall() - 20,
+                       h0.clock.wall() + 7, DeadlineSource.POD)
+    h = Harness(kernel=k, restored=[saved])
+    h.start([SVC], [slice_of(endpoint(A))])
+    assert h.engine.queue.get(vs(), rs(B)) == saved
+    h.check(7)
+    assert h.deletions("deadline") == 1
+
+
+def test_restart_sets_wanted_weight_0_real_server_back_to_1():
+    # kubernetes#92019: weights stuck at 0 after a restart.
+    k = _kernel_with({A: 0, B: 1})
+    h = Harness(kernel=k)
+    h.start([SVC], [slice_of(endpoint(A), endpoint(B))])
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
+
+
+def test_restart_drains_unwanted_live_real_server_and_deletes_orphan_virtual_server():
+    k = _kernel_with({A: 1, B: 1}, conns={B: 1})
+    k.add_virtual_server(VirtualServer(vs("10.96.0.77")), True)
+    k.take_ops()
+    h = Harness(kernel=k)
+    h.start([SVC], [slice_of(endpoint(A))])
+    assert h.ops() == ["del-vs 10.96.0.77:80/TCP",
+                       "set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0"]
+
+
+def test_restart_with_unchanged_kernel_makes_no_changes():
+    h1 = started(A, B)
+    h2 = Harness(kernel=h1.fake)
+    h2.start([SVC], [slice_of(endpoint(A, pod="pod-5"), endpoint(B, pod="pod-6"))])
+    assert h2.ops() == []
+
+
+def test_restart_fixes_scheduler_in_place():
+    k = _kernel_with({A: 1})
+    h = Harness(kernel=k)
+    h.start([service("web", annotations={"ipvsctl.io/scheduler": "lc"})],
+            [slice_of(endpoint(A))])
+    assert h.ops() == ["set-vs 10.96.0.10:80/TCP lc"]
+
+
+# --- kube-proxy pkg/proxy/ipvs/graceful_termination_test.go, ported ------------------
+def test_kube_proxy_graceful_delete_rs_with_connections_is_queued():
+    # "graceful delete, destination has active connections": weight 0, kept.
+    h = started(A, B)
+    h.fake.set_connections(vs(), rs(A), active=10, inactive=10)
+    h.upsert(slice_of(endpoint(B)))
+    h.check(1)
+    assert h.fake.weight(vs(), rs(A)) == 0
+
+
+def test_kube_proxy_graceful_delete_rs_without_connections_is_removed():
+    # "graceful delete, destination has no active connections": removed.
+    h = started(A, B)
+    h.upsert(slice_of(endpoint(B)))
+    h.check(0)
+    assert h.fake.weight(vs(), rs(A)) is None
+
+
+def test_kube_proxy_graceful_delete_udp_is_immediate():
+    # "graceful delete, UDP destination with active connections": removed at once.
+    svc = service("u", ports=[{"name": "u", "port": 53, "protocol": "UDP"}])
+    ports = [{"name": "u", "port": 53, "protocol": "UDP"}]
+    h = Harness()
+    h.start([svc], [endpoint_slice("u", [endpoint(A), endpoint(B)], ports=ports)])
+    h.fake.set_connections(vs(port=53, proto="UDP"), rs(A, 53), active=10)
+    h.upsert(endpoint_slice("u", [endpoint(B)], ports=ports))
+    assert h.fake.weight(vs(port=53, proto="UDP"), rs(A, 53)) is None
