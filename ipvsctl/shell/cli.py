@@ -95,6 +95,91 @@ def plan(
         typer.echo(plan_text(result), nl=False)
 
 
+@app.command()
+def run(
+    kubeconfig: Annotated[str | None, typer.Option(
+        "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file [default: in-cluster].")] = None,
+    apiserver: Annotated[str | None, typer.Option(
+        "--apiserver", envvar="IPVSCTL_APISERVER",
+        help="API server URL (overrides the kubeconfig's; http:// allowed).")] = None,
+    manifests: Annotated[str | None, typer.Option(
+        "--manifests", help="Standalone: follow Services/EndpointSlices/Pods in this folder.")
+    ] = None,
+    node_name: NodeName = None,
+    node_ip: NodeIPs = None,
+    interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
+        "kube-ipvs0"),
+    scheduler: Scheduler = "rr",
+    drain_timeout: Annotated[float, typer.Option(
+        "--drain-timeout", min=0, help="Longest drain when no better deadline is known.")] = 30,
+    drain_check_interval: Annotated[float, typer.Option(
+        "--drain-check-interval", min=0.05, help="Seconds between connection-count reads.")] = 1,
+    ipvs_tcp_timeout: Annotated[int, typer.Option(
+        "--ipvs-tcp-timeout", min=0, help="IPVS TCP timeout (0: kernel's).")] = 0,
+    ipvs_tcpfin_timeout: Annotated[int, typer.Option(
+        "--ipvs-tcpfin-timeout", min=0, help="IPVS TCP FIN timeout (0: kernel's).")] = 0,
+    ipvs_udp_timeout: Annotated[int, typer.Option(
+        "--ipvs-udp-timeout", min=0, help="IPVS UDP timeout (0: kernel's).")] = 0,
+    state_dir: Annotated[str, typer.Option(
+        "--state-dir", help="Where the drain queue survives restarts.")] = "/var/lib/ipvsctl",
+    listen: Annotated[str, typer.Option(
+        "--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")] = "0.0.0.0:9796",
+    log_format: Annotated[str, typer.Option(
+        "--log-format", help="text or json.")] = "text",
+) -> None:
+    """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
+    from ipvsctl.obs import logging as obs_logging
+    from ipvsctl.shell.daemon import DaemonOptions, StartupError
+    from ipvsctl.shell.daemon import run as run_daemon
+
+    if log_format not in ("text", "json"):
+        raise _fail(f"--log-format {log_format}: must be text or json", 2)
+    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
+        raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
+    obs_logging.setup(log_format)
+    node = _node(node_name, node_ip, scheduler)
+    options = DaemonOptions(
+        node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
+        interface=interface, drain_timeout=drain_timeout,
+        drain_check_interval=drain_check_interval, tcp_timeout=ipvs_tcp_timeout,
+        tcpfin_timeout=ipvs_tcpfin_timeout, udp_timeout=ipvs_udp_timeout,
+        state_dir=state_dir, listen=listen,
+    )
+    try:
+        code = run_daemon(options)
+    except StartupError as exc:
+        raise _fail(str(exc), 1) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    endpoint: Annotated[str, typer.Option(
+        "--endpoint", help="The daemon to ask.")] = "http://127.0.0.1:9796",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The node's IPVS table with its Kubernetes meaning, and the drain queue."""
+    from ipvsctl.shell.status import fetch_daemon_status, join_status, render_status
+
+    daemon, daemon_error = fetch_daemon_status(endpoint)
+    kernel, kernel_error = None, None
+    try:
+        from ipvsctl.kernel.netlink import read_table
+
+        kernel = read_table()
+    except Exception as exc:  # any reason the table cannot be read is shown, not raised
+        kernel_error = str(exc) or type(exc).__name__
+    if kernel is None and daemon is None:
+        typer.echo(f"ipvsctl: {daemon_error}; kernel table not readable: {kernel_error}",
+                   err=True)
+        raise typer.Exit(1)
+    doc = join_status(kernel, kernel_error, daemon, daemon_error, endpoint)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        typer.echo(render_status(doc), nl=False)
+
+
 def main() -> None:
     try:
         app()

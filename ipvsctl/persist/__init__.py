@@ -1,0 +1,1 @@
+"""State that must survive a daemon restart, written atomically."""

@@ -1,0 +1,122 @@
+"""The daemon's main loop: when to sync, separate from what a sync does (the engine).
+
+One thread owns the engine. It wakes on a source event, a retry timer, the drain-check
+interval or the audit interval. Events that arrive together are applied as one batch and
+synced once (bursts coalesce). A failed sync is retried with capped exponential backoff.
+The HTTP thread reads status under `lock`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ipvsctl.model import DrainEntry
+from ipvsctl.obs.logging import fields
+from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.reconcile.engine import Engine
+from ipvsctl.source.events import SourceEvent
+
+log = logging.getLogger("ipvsctl.loop")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    drain_check_interval: float = 1.0
+    audit_interval: float = 1.0  # one audit step per interval
+    retry_min: float = 0.5
+    retry_max: float = 30.0
+    max_batch: int = 5000  # events applied before a sync, at most
+    idle_wakeup: float = 1.0  # heartbeat for /healthz even when nothing happens
+
+
+class Loop:
+    def __init__(
+        self,
+        engine: Engine,
+        events: queue.Queue[SourceEvent],
+        config: LoopConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        save_queue: Callable[[list[DrainEntry]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.events = events
+        self.config = config or LoopConfig()
+        self.clock = clock or SystemClock()
+        self.save_queue = save_queue
+        self.lock = threading.Lock()
+        self.heartbeat = self.clock.monotonic()
+        self._retry_at: float | None = None
+        self._retry_delay = self.config.retry_min
+        self._next_drain = 0.0
+        self._next_audit = self.clock.monotonic() + self.config.audit_interval
+        self._saved_version = engine.queue.version
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.step(self._timeout())
+
+    def _timeout(self) -> float:
+        now = self.clock.monotonic()
+        wake = [now + self.config.idle_wakeup]
+        if self._retry_at is not None:
+            wake.append(self._retry_at)
+        if len(self.engine.queue):
+            wake.append(self._next_drain)
+        return max(0.0, min(wake) - now)
+
+    def step(self, timeout: float = 0.0) -> None:
+        """Wait up to `timeout` for events, then do whatever is due. Tests call this."""
+        batch: list[SourceEvent] = []
+        try:
+            batch.append(self.events.get(timeout=timeout) if timeout > 0
+                         else self.events.get_nowait())
+            while len(batch) < self.config.max_batch:
+                batch.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        with self.lock:
+            for event in batch:
+                self.engine.handle(event)
+            now = self.clock.monotonic()
+            e = self.engine
+            if e.ready and (not e.started or (e.dirty and (batch or self._retry_due(now)))):
+                self._sync(now)
+            if e.started and len(e.queue) and now >= self._next_drain:
+                e.check_drains()
+                self._next_drain = now + self.config.drain_check_interval
+            if e.started and now >= self._next_audit:
+                if e.audit_step():
+                    self._sync(now)
+                self._next_audit = now + self.config.audit_interval
+            self._persist()
+            self.heartbeat = self.clock.monotonic()
+
+    def _retry_due(self, now: float) -> bool:
+        return self._retry_at is not None and now >= self._retry_at
+
+    def _sync(self, now: float) -> None:
+        result = self.engine.sync()
+        if result.failed:
+            self._retry_at = now + self._retry_delay
+            log.warning("sync incomplete, retrying", extra=fields(
+                failed_services=len(result.failed), retry_in=round(self._retry_delay, 3)))
+            self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
+        else:
+            self._retry_at = None
+            self._retry_delay = self.config.retry_min
+
+    def _persist(self) -> None:
+        if self.save_queue is None or self.engine.queue.version == self._saved_version:
+            return
+        version = self.engine.queue.version
+        try:
+            self.save_queue(list(self.engine.queue))
+            self._saved_version = version
+        except OSError as exc:
+            self.engine.metrics.state_write_errors.inc()
+            log.error("drain state write failed", extra=fields(error=exc))

@@ -1,0 +1,202 @@
+"""`ipvsctl run`: all the wiring happens here.
+
+kernel adapter + source adapter + state file + engine + loop + HTTP, each built from flags,
+each failure at start-up one clear line and exit 1. On SIGTERM/SIGINT the threads stop and
+the IPVS table is left exactly as it is: traffic keeps flowing while the daemon restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsctl.kernel.port import IPVSKernel, KernelError
+from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.persist.drain_state import DrainStateFile
+from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.shell.http import HTTPServer, as_json, metrics_body, text
+from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+
+log = logging.getLogger("ipvsctl.daemon")
+
+NODE_PORT_RANGE = range(30000, 32768)
+
+
+class StartupError(Exception):
+    """A fatal start-up problem; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonOptions:
+    node: NodeContext
+    kubeconfig: str | None = None
+    apiserver: str | None = None
+    manifests: str | None = None
+    interface: str = "kube-ipvs0"
+    drain_timeout: float = 30.0
+    drain_check_interval: float = 1.0
+    tcp_timeout: int = 0
+    tcpfin_timeout: int = 0
+    udp_timeout: int = 0
+    state_dir: str = "/var/lib/ipvsctl"
+    listen: str = "0.0.0.0:9796"
+    stale_after: float = 60.0  # /healthz fails when the loop has not turned for this long
+
+
+@dataclass
+class Daemon:
+    """The running parts, so tests can drive a daemon in-process."""
+
+    options: DaemonOptions
+    kernel: IPVSKernel
+    source: ObjectSource
+    metrics: Metrics = field(default_factory=Metrics)
+    events: queue.Queue[SourceEvent] = field(default_factory=queue.Queue)
+    stop: threading.Event = field(default_factory=threading.Event)
+    owned: Callable[[ServiceKey], bool] = lambda key: True
+
+    def __post_init__(self) -> None:
+        o = self.options
+        self.state = DrainStateFile(o.state_dir)
+        try:
+            self.state.ensure_dir()
+        except OSError as exc:
+            raise StartupError(f"--state-dir {o.state_dir}: {exc}") from None
+        self.engine = Engine(
+            self.kernel, EngineConfig(o.node, o.drain_timeout), metrics=self.metrics,
+            owned=self.owned, request_pod=self.source.request_pod,
+            restored_queue=self.state.load(),
+        )
+        self.loop = Loop(self.engine, self.events,
+                         LoopConfig(drain_check_interval=o.drain_check_interval),
+                         save_queue=self.state.save)
+        try:
+            self.http = HTTPServer(o.listen, {
+                "/metrics": metrics_body(self.metrics.render),
+                "/healthz": self._healthz,
+                "/readyz": self._readyz,
+                "/status": lambda q: as_json(200, self.status()),
+            })
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"--listen {o.listen}: {exc}") from None
+        self.threads: list[threading.Thread] = []
+
+    def status(self) -> dict[str, Any]:
+        with self.loop.lock:
+            return self.engine.status()
+
+    def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        age = time.monotonic() - self.loop.heartbeat
+        dead = [t.name for t in self.threads if not t.is_alive()]
+        if dead or age > self.options.stale_after:
+            return text(503, f"unhealthy: stopped={dead} loop_idle={age:.1f}s\n")
+        return text(200, "ok\n")
+
+    def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        if self.engine.started:
+            return text(200, "ready\n")
+        return text(503, "waiting for the first full list to reach the kernel\n")
+
+    def start(self) -> None:
+        self.http.start()
+        self.threads = [
+            threading.Thread(target=self._guard(self.loop.run), args=(self.stop,),
+                             name="loop", daemon=True),
+            threading.Thread(target=self._guard(self.source.run),
+                             args=(self.events.put, self.stop), name="source", daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+        log.info("started", extra=fields(
+            node=self.options.node.node_name, node_ips=",".join(self.options.node.node_ips),
+            listen=f"{self.options.listen} (port {self.http.port})",
+            source=self.options.manifests or self.options.apiserver or "kubeconfig"))
+
+    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
+        def run(*args: Any) -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("thread died", extra=fields(thread=threading.current_thread().name))
+        return run
+
+    def shutdown(self) -> None:
+        """Stop threads; leave the kernel's IPVS table exactly as it is."""
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        self.http.stop()
+        try:
+            self.state.save(list(self.engine.queue))
+        except OSError as exc:
+            log.error("drain state write failed", extra=fields(error=exc))
+        log.info("stopped; IPVS table left in place", extra=fields(
+            virtual_servers=self.metrics.value("ipvsctl_virtual_servers"),
+            draining=len(self.engine.queue)))
+
+
+def open_kernel(o: DaemonOptions) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
+    """The netlink kernel, host set-up done, and which virtual servers are ipvsctl's: those
+    on its dummy interface's addresses and NodePorts on node IPs (others are left alone)."""
+    from ipvsctl.kernel import netlink
+
+    try:
+        kernel = netlink.NetlinkKernel(interface=o.interface)
+        netlink.configure_host(tcp_timeout=o.tcp_timeout, tcpfin_timeout=o.tcpfin_timeout,
+                               udp_timeout=o.udp_timeout, kernel=kernel)
+        bound = set(kernel.bound_addresses())
+    except KernelError as exc:
+        raise StartupError(str(exc)) from None
+    node_ips = set(o.node.node_ips)
+
+    def owned(key: ServiceKey) -> bool:
+        return key.address in bound or (key.address in node_ips
+                                        and key.port in NODE_PORT_RANGE)
+
+    return kernel, owned
+
+
+def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
+    if o.manifests:
+        from ipvsctl.source.manifests import ManifestSource
+
+        try:
+            return ManifestSource(o.manifests)
+        except SourceConfigError as exc:
+            raise StartupError(str(exc)) from None
+    from ipvsctl.kube.client import KubeSource
+
+    try:
+        return KubeSource.from_config(
+            kubeconfig=o.kubeconfig, apiserver=o.apiserver,
+            on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
+                resource, reason).inc(),
+        )
+    except SourceConfigError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def run(o: DaemonOptions) -> int:
+    metrics = Metrics()
+    source = open_source(o, metrics)  # configuration mistakes first: they are the user's
+    kernel, owned = open_kernel(o)
+    daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    daemon.start()
+    while not stop.wait(1.0):
+        pass
+    log.info("signal received, stopping")
+    daemon.shutdown()
+    return 0

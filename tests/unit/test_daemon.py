@@ -1,0 +1,174 @@
+"""The daemon in-process: manifests folder as the source, the in-memory kernel, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.model import NodeContext
+from ipvsctl.persist.drain_state import FILE_NAME
+from ipvsctl.shell.daemon import Daemon, DaemonOptions, StartupError
+from ipvsctl.source.manifests import ManifestSource
+from tests.builders import endpoint, endpoint_slice, service
+from tests.harness import rs, vs
+
+A, B = "10.244.1.5", "10.244.1.6"
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def write(folder: Path, name: str, *objs: dict) -> None:
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(yaml.safe_dump_all(objs))
+    tmp.rename(folder / name)  # atomic: the poller never reads half a file
+
+
+def make(tmp_path: Path, kernel: FakeKernel, drain_timeout: float = 30.0) -> Daemon:
+    opts = DaemonOptions(
+        node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(tmp_path / "m"),
+        state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
+        drain_timeout=drain_timeout, drain_check_interval=0.05)
+    d = Daemon(opts, kernel, ManifestSource(tmp_path / "m", interval=0.05))
+    d.loop.config = d.loop.config.__class__(drain_check_interval=0.05, idle_wakeup=0.05)
+    return d
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "m").mkdir()
+    write(tmp_path / "m", "web.yaml", service("web"),
+          endpoint_slice("web", [endpoint(A, pod="web-1"), endpoint(B, pod="web-2")]))
+    return tmp_path / "m"
+
+
+def test_daemon_programs_follows_drains_and_leaves_the_table_on_exit(tmp_path, folder):
+    kernel = FakeKernel()
+    d = make(tmp_path, kernel)
+    base = None
+    try:
+        d.start()
+        base = f"http://127.0.0.1:{d.http.port}"
+        wait_for(lambda: get(base + "/readyz")[0] == 200)
+        assert get(base + "/healthz")[0] == 200
+        assert kernel.weight(vs(), rs(A)) == 1 and kernel.weight(vs(), rs(B)) == 1
+
+        with d.loop.lock:
+            kernel.set_connections(vs(), rs(A), active=1)
+        write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
+        wait_for(lambda: kernel.weight(vs(), rs(A)) == 0)
+
+        status = json.loads(get(base + "/status")[1])
+        (q,) = status["drain_queue"]
+        assert (q["address"], q["reason"], q["pod"]) == (A, "removed", "default/web-1")
+        metrics = get(base + "/metrics")[1]
+        assert "ipvsctl_drain_queue_length 1.0" in metrics
+        assert 'ipvsctl_real_servers{state="draining"} 1.0' in metrics
+        assert "ipvsctl_event_to_kernel_seconds_count" in metrics
+
+        with d.loop.lock:
+            kernel.set_connections(vs(), rs(A), active=0)
+        wait_for(lambda: kernel.weight(vs(), rs(A)) is None)
+        assert 'ipvsctl_real_server_deletions_total{reason="drained"} 1.0' in get(
+            base + "/metrics")[1]
+    finally:
+        before = kernel.dump()
+        d.shutdown()
+    assert kernel.dump() == before != ""  # never flushed on exit
+
+
+def test_restart_mid_drain_keeps_weight_0_and_the_deadline(tmp_path, folder):
+    kernel = FakeKernel()
+    d1 = make(tmp_path, kernel, drain_timeout=600)
+    d1.start()
+    wait_for(lambda: d1.engine.started)
+    with d1.loop.lock:
+        kernel.set_connections(vs(), rs(A), active=1)
+    write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
+    wait_for(lambda: len(d1.engine.queue) == 1)
+    (entry,) = list(d1.engine.queue)
+    d1.shutdown()
+    saved = json.loads((tmp_path / "state" / FILE_NAME).read_text())
+    assert saved["entries"][0]["deadline"] == entry.deadline
+
+    kernel.take_ops()
+    d2 = make(tmp_path, kernel, drain_timeout=5)  # a shorter default must not apply
+    try:
+        d2.start()
+        wait_for(lambda: d2.engine.started)
+        assert list(d2.engine.queue) == [entry]
+        assert kernel.weight(vs(), rs(A)) == 0
+        assert not [op for op in kernel.take_ops() if "10.244.1.5" in op]
+    finally:
+        d2.shutdown()
+
+
+def test_corrupt_state_file_is_set_aside_and_the_queue_rebuilt(tmp_path, folder):
+    kernel = FakeKernel()
+    d1 = make(tmp_path, kernel)
+    d1.start()
+    wait_for(lambda: d1.engine.started)
+    with d1.loop.lock:
+        kernel.set_connections(vs(), rs(A), active=1)
+    write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
+    wait_for(lambda: len(d1.engine.queue) == 1)
+    d1.shutdown()
+    (tmp_path / "state" / FILE_NAME).write_text("{not json")
+    d2 = make(tmp_path, kernel)
+    try:
+        d2.start()
+        wait_for(lambda: d2.engine.started)
+        (e,) = list(d2.engine.queue)
+        assert (e.rs, e.reason.value) == (rs(A), "adopted")
+        assert list((tmp_path / "state").glob(f"{FILE_NAME}.corrupt-*"))
+    finally:
+        d2.shutdown()
+
+
+def test_readyz_waits_for_the_first_full_list(tmp_path):
+    (tmp_path / "m").mkdir()
+
+    class Silent(ManifestSource):
+        def run(self, sink, stop):  # never lists
+            stop.wait()
+
+    opts = DaemonOptions(node=NodeContext("n"), manifests=str(tmp_path / "m"),
+                         state_dir=str(tmp_path / "s"), listen="127.0.0.1:0")
+    d = Daemon(opts, FakeKernel(), Silent(tmp_path / "m"))
+    try:
+        d.start()
+        base = f"http://127.0.0.1:{d.http.port}"
+        assert get(base + "/readyz")[0] == 503
+        assert get(base + "/healthz")[0] == 200
+    finally:
+        d.shutdown()
+
+
+def test_unwritable_state_dir_is_a_startup_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    opts = DaemonOptions(node=NodeContext("n"), state_dir=str(tmp_path / "file" / "sub"),
+                         listen="127.0.0.1:0")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(StartupError, match="--state-dir"):
+        Daemon(opts, FakeKernel(), ManifestSource(tmp_path / "m"))
