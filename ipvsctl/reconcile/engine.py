@@ -564,9 +564,11 @@ class Engine:
                 for rs, weight in sorted(state.weights.items()):
                     meta = endpoints.get(rs.address)
                     entry = self.queue.get(key, rs)
+                    # A removed endpoint's pod is only remembered by its drain entry.
+                    pod = (meta.pod if meta else None) or (entry.pod if entry else None)
                     rss.append({
                         "address": rs.address, "port": rs.port, "weight": weight,
-                        "pod": str(meta.pod) if meta and meta.pod else None,
+                        "pod": str(pod) if pod else None,
                         "node": meta.node_name if meta else None,
                         "state": "draining" if entry else "active",
                         "drain": _drain_json(entry, now) if entry else None,
