@@ -11,6 +11,7 @@ EndpointSlices has arrived (`ready`): a restart must never program a half-known 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ from ipvsctl.source.store import ObjectStore, Problem
 
 log = logging.getLogger("ipvsctl.engine")
 
+QUIESCED_MEMORY = 3600.0  # seconds an IP's "weight 0 since" is remembered
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -107,6 +110,9 @@ class Engine:
         self._n_vs = 0
         self._n_rs = 0
         self._failing: set[ServiceRef] = set()
+        self._live_by_ip: dict[str, int] = {}
+        self._quiesced_since: dict[str, float] = {}
+        self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
         self._metrics_gauges()
 
@@ -264,6 +270,39 @@ class Engine:
         else:
             state.weights[rs] = weight
         self._n_rs += (weight is not None) - (before is not None)
+        was_live, live = (before or 0) > 0, (weight or 0) > 0
+        if was_live != live:
+            self._track_live(rs.address, 1 if live else -1)
+
+    def _track_live(self, address: str, delta: int) -> None:
+        """How many real servers with weight > 0 each pod IP has, and since when an IP has
+        none: a pod's shutdown barrier asks every node whether it still gets new
+        connections (`/v1/quiesced`)."""
+        n = self._live_by_ip.get(address, 0) + delta
+        if n > 0:
+            self._live_by_ip[address] = n
+            self._quiesced_since.pop(address, None)
+        else:
+            self._live_by_ip.pop(address, None)
+            self._quiesced_since[address] = self.clock.wall()
+            heapq.heappush(self._quiesced_expiry,
+                           (self.clock.wall() + QUIESCED_MEMORY, address))
+
+    def quiesced(self, address: str) -> dict[str, Any]:
+        """Whether this node still sends new connections to `address`, and since when not."""
+        now = self.clock.wall()
+        while self._quiesced_expiry and self._quiesced_expiry[0][0] <= now:
+            _, ip = heapq.heappop(self._quiesced_expiry)
+            since = self._quiesced_since.get(ip)
+            if since is not None and since + QUIESCED_MEMORY <= now:
+                del self._quiesced_since[ip]
+        live = self._live_by_ip.get(address, 0)
+        since = self._quiesced_since.get(address)
+        return {
+            "ip": address, "node": self.config.node.node_name, "ready": self.started,
+            "quiesced": self.started and live == 0, "real_servers_with_weight": live,
+            "since": since, "for_seconds": round(now - since, 3) if since else None,
+        }
 
     def _apply_op(self, ref: ServiceRef | None, op: Op) -> bool:
         k = self.kernel
@@ -356,7 +395,8 @@ class Engine:
         state = self.applied.get(owner, {}).pop(key, None) if owner is not None else None
         if state is not None:
             self._n_vs -= 1
-            self._n_rs -= len(state.weights)
+            for rs in list(state.weights):
+                self._set_weight(state, rs, None)
         if self.vs_owner.get(key) == owner:
             self.vs_owner.pop(key, None)
         self.queue.remove_vs(key)
@@ -493,9 +533,10 @@ class Engine:
                 vs = in_kernel.get(key)
                 if vs is None:
                     self._drift("virtual_server_missing", ref, key)
+                    for rs in list(state.weights):
+                        self._set_weight(state, rs, None)
                     del states[key]
                     self._n_vs -= 1
-                    self._n_rs -= len(state.weights)
                     self.queue.remove_vs(key)
                     found += 1
                 elif vs != state.vs:

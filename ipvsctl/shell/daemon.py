@@ -85,6 +85,7 @@ class Daemon:
                 "/healthz": self._healthz,
                 "/readyz": self._readyz,
                 "/status": lambda q: as_json(200, self.status()),
+                "/v1/quiesced": self._quiesced,
             })
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
@@ -93,6 +94,16 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
             return self.engine.status()
+
+    def _quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        from ipvsctl.model import normalize_ip
+
+        try:
+            ip = normalize_ip((q.get("ip") or [""])[0])
+        except ValueError:
+            return as_json(400, {"error": "query parameter ip must be an IP address"})
+        with self.loop.lock:
+            return as_json(200, self.engine.quiesced(ip))
 
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat

@@ -95,3 +95,25 @@ def test_status_without_daemon_still_shows_the_kernel():
     assert doc["daemon"]["reachable"] is False
     assert doc["virtual_servers"][0]["real_servers"][0]["active_conns"] == 3
     assert "NOT REACHABLE" in render_status(doc)
+
+
+def test_quiesced_reports_when_a_pod_ip_stops_getting_new_connections():
+    h = Harness()
+    svc2 = service("api", cluster_ip="10.96.0.11")
+    h.start([service("web"), svc2],
+            [endpoint_slice("web", [endpoint(A), endpoint(B)]),
+             endpoint_slice("api", [endpoint(A)])])
+    assert h.engine.quiesced(A)["quiesced"] is False
+    assert h.engine.quiesced(A)["real_servers_with_weight"] == 2
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(endpoint_slice("web", [endpoint(B)]))
+    assert h.engine.quiesced(A)["quiesced"] is False  # still live behind "api"
+    h.clock.advance(2)
+    h.upsert(endpoint_slice("api", []))
+    q = h.engine.quiesced(A)
+    assert q["quiesced"] is True and q["since"] == h.clock.wall()
+    h.clock.advance(3)
+    assert h.engine.quiesced(A)["for_seconds"] == 3
+    assert h.engine.quiesced("10.1.1.1") == {
+        "ip": "10.1.1.1", "node": "node-a", "ready": True, "quiesced": True,
+        "real_servers_with_weight": 0, "since": None, "for_seconds": None}
