@@ -193,8 +193,9 @@ class Engine:
         kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}
         return DesiredService(ref, kept, desired.drain_timeout, desired.endpoints)
 
-    def _sync_service(self, ref: ServiceRef, result: SyncResult) -> None:
-        new = self._build(ref)
+    def _sync_service(self, ref: ServiceRef, result: SyncResult,
+                      prebuilt: dict[ServiceRef, DesiredService | None] | None = None) -> None:
+        new = prebuilt.pop(ref) if prebuilt and ref in prebuilt else self._build(ref)
         old = self.desired.get(ref)
         applied = self.applied.get(ref, {})
         ops = diff_service(
@@ -423,8 +424,9 @@ class Engine:
                 observed[vs.key] = (vs, self.kernel.list_real_servers(vs.key))
 
         wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
+        built: dict[ServiceRef, DesiredService | None] = {}
         for ref in sorted(self.store.services):
-            desired = self._build(ref)
+            desired = built[ref] = self._build(ref)
             if desired is None:
                 continue
             for key, dvs in desired.virtual_servers.items():
@@ -460,7 +462,7 @@ class Engine:
         self.dirty |= set(self.store.services)
         self.started = True
         for ref in sorted(self.dirty):
-            self._sync_service(ref, result)
+            self._sync_service(ref, result, built)
         self.dirty = set(result.failed)
         self._finish_sync(result, t0)
         log.info("initial sync done", extra=fields(
