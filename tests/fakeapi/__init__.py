@@ -1,0 +1,10 @@
+"""A real local HTTP server that speaks the Kubernetes API wire protocol (list, paginated
+list, chunked watch streams, GET), with controls to inject the failures a node proxy must
+survive, and builders for the objects it serves. Used by the unit tests, the daemon's
+end-to-end tests, `make demo` and `make bench`.
+"""
+
+from tests.fakeapi import objects
+from tests.fakeapi.server import RESOURCES, FakeAPIServer, RequestRecord, ResourceInfo
+
+__all__ = ["RESOURCES", "FakeAPIServer", "RequestRecord", "ResourceInfo", "objects"]
