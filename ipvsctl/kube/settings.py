@@ -1,0 +1,49 @@
+"""Timings and sizes of the API client, grouped so tests can shrink them in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    page_size: int = 500
+    """Objects per list page (`limit`); `continue` fetches the rest, so a list of 100,000
+    endpoints is never one huge JSON document in memory."""
+
+    watch_timeout: float = 300.0
+    """Server-side watch timeout: each watch asks for timeoutSeconds in [T, 2T), jittered so
+    that nodes do not re-watch in lockstep."""
+
+    read_slack: float = 30.0
+    """The client read timeout of a watch is timeoutSeconds plus this: a healthy stream ends
+    (server timeout) before it fires, a half-open one does not."""
+
+    watch_read_timeout: float | None = None
+    """Override of the watch read timeout (tests: a server sending frequent bookmarks)."""
+
+    connect_timeout: float = 5.0
+    list_read_timeout: float = 60.0
+    """Read timeout of each list page."""
+
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    """Reconnect backoff: doubling from initial to max, jittered; reset by a successful list."""
+
+    healthy_watch_seconds: float = 1.0
+    """A watch that ended (cleanly or with 410) after delivering nothing and within this time
+    is retried with backoff instead of at once, so a misbehaving server cannot spin us."""
+
+    pod_workers: int = 2
+    """Threads answering `request_pod` (one GET each at a time)."""
+
+    pod_read_timeout: float = 10.0
+    pod_cache_seconds: float = 2.0
+    """How long a pod answer is reused: a burst of endpoints of one pod costs one GET."""
+
+    pod_attempts: int = 4
+    pod_backoff_initial: float = 0.5
+    pod_backoff_max: float = 5.0
+
+    join_timeout: float = 5.0
+    """How long `run()` waits for its threads after `stop` (they are daemon threads)."""

@@ -1,0 +1,118 @@
+"""Cut API objects down to the fields ipvsctl reads, before they are emitted.
+
+At 10,000 Services and 100,000 endpoints the full objects (managedFields, last-applied
+annotations, statuses, hints) are several times larger than what the engine needs, and every
+field that changes without mattering (resourceVersion, managedFields timestamps) would make an
+unchanged object look changed. The output carries `kind` and `apiVersion` because list items
+from the API server do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+RawObject = dict[str, Any]
+
+# Annotations and labels that can matter to a service proxy; the rest (kubectl's
+# last-applied-configuration, cloud load-balancer settings, ...) is dropped.
+SERVICE_ANNOTATION_PREFIXES = ("ipvsctl.io/", "kube-router.io/", "service.kubernetes.io/")
+SERVICE_LABEL_PREFIXES = ("service.kubernetes.io/",)  # service-proxy-name, headless
+
+SERVICE_SPEC_FIELDS = (
+    "type",
+    "clusterIP",
+    "clusterIPs",
+    "ipFamilies",
+    "externalIPs",
+    "ports",
+    "sessionAffinity",
+    "sessionAffinityConfig",
+    "internalTrafficPolicy",
+    "externalTrafficPolicy",
+    "healthCheckNodePort",
+)
+ENDPOINT_FIELDS = ("addresses", "conditions", "nodeName")
+TARGET_REF_FIELDS = ("kind", "namespace", "name", "uid")
+POD_SPEC_FIELDS = ("nodeName", "terminationGracePeriodSeconds")
+POD_STATUS_FIELDS = ("podIP", "podIPs")
+
+
+def _pick(src: Any, keys: Iterable[str]) -> RawObject:
+    if not isinstance(src, Mapping):
+        return {}
+    return {k: src[k] for k in keys if src.get(k) is not None}
+
+
+def _prefixed(src: Any, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(src, Mapping):
+        return {}
+    return {k: v for k, v in src.items() if isinstance(k, str) and k.startswith(prefixes)}
+
+
+def trim_service(obj: Mapping[str, Any]) -> RawObject:
+    meta = obj.get("metadata") or {}
+    out_meta = _pick(meta, ("name", "namespace", "uid"))
+    annotations = _prefixed(meta.get("annotations"), SERVICE_ANNOTATION_PREFIXES)
+    if annotations:
+        out_meta["annotations"] = annotations
+    labels = _prefixed(meta.get("labels"), SERVICE_LABEL_PREFIXES)
+    if labels:
+        out_meta["labels"] = labels
+    out: RawObject = {
+        "kind": "Service",
+        "apiVersion": "v1",
+        "metadata": out_meta,
+        "spec": _pick(obj.get("spec"), SERVICE_SPEC_FIELDS),
+    }
+    status = obj.get("status")
+    load_balancer = status.get("loadBalancer") if isinstance(status, Mapping) else None
+    if load_balancer:
+        out["status"] = {"loadBalancer": load_balancer}
+    return out
+
+
+def _trim_endpoint(ep: Any) -> Any:
+    if not isinstance(ep, Mapping):
+        return ep  # let the engine's validation report it
+    out = _pick(ep, ENDPOINT_FIELDS)
+    target = ep.get("targetRef")
+    if isinstance(target, Mapping):
+        out["targetRef"] = _pick(target, TARGET_REF_FIELDS)
+    return out
+
+
+def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
+    meta = obj.get("metadata") or {}
+    out_meta = _pick(meta, ("name", "namespace", "labels"))
+    out: RawObject = {
+        "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1",
+        "metadata": out_meta,
+    }
+    if obj.get("addressType") is not None:
+        out["addressType"] = obj["addressType"]
+    if obj.get("ports") is not None:
+        out["ports"] = obj["ports"]
+    endpoints = obj.get("endpoints")
+    if isinstance(endpoints, list):
+        out["endpoints"] = [_trim_endpoint(ep) for ep in endpoints]
+    elif endpoints is not None:
+        out["endpoints"] = endpoints
+    return out
+
+
+def trim_pod(obj: Mapping[str, Any]) -> RawObject:
+    meta = obj.get("metadata") or {}
+    out: RawObject = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
+    }
+    spec = _pick(obj.get("spec"), POD_SPEC_FIELDS)
+    if spec:
+        out["spec"] = spec
+    status = _pick(obj.get("status"), POD_STATUS_FIELDS)
+    if status:
+        out["status"] = status
+    return out
