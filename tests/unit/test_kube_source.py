@@ -1,0 +1,453 @@
+"""KubeSource driven through the real `kubernetes` client against the fake API server."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipvsctl.kube.client import KubeSource
+from ipvsctl.kube.permissions import REQUIRED_PERMISSIONS
+from ipvsctl.kube.settings import KubeSettings
+from ipvsctl.model import PodRef
+from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+
+try:
+    from tests.fakeapi import FakeAPIServer, objects
+except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.fakeapi import FakeAPIServer, objects
+
+SVC, EPS, POD = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE, ObjectKind.POD
+WAIT = 5.0  # generous upper bound for conditions; tests normally pass far sooner
+
+FAST = KubeSettings(
+    watch_timeout=60,
+    connect_timeout=1.0,
+    list_read_timeout=2.0,
+    backoff_initial=0.01,
+    backoff_max=0.08,
+    healthy_watch_seconds=0.0,
+    pod_backoff_initial=0.01,
+    pod_backoff_max=0.02,
+    join_timeout=2.0,
+)
+
+
+def _with(settings: KubeSettings, **changes: Any) -> KubeSettings:
+    return dataclasses.replace(settings, **changes)
+
+
+def assert_permitted(api: FakeAPIServer) -> None:
+    allowed = {(p.api_group, p.resource, v) for p in REQUIRED_PERMISSIONS for v in p.verbs}
+    seen = {(r.group, r.resource, r.verb) for r in api.requests}
+    assert seen <= allowed, f"calls outside REQUIRED_PERMISSIONS: {seen - allowed}"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPIServer]:
+    server = FakeAPIServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+    # Every test doubles as a least-privilege check.
+    assert_permitted(server)
+
+
+class LogQueue(logging.Handler):
+    """Records of `ipvsctl.kube`, as a queue to wait on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: queue.Queue[logging.LogRecord] = queue.Queue()
+        self.seen: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.put(record)
+        self.seen.append(record)
+
+    def all(self) -> list[logging.LogRecord]:
+        return list(self.seen)
+
+    def next(self, message: str, **fields: Any) -> logging.LogRecord:
+        deadline = time.monotonic() + WAIT
+        while True:
+            rec = self.records.get(timeout=max(0.01, deadline - time.monotonic()))
+            got = getattr(rec, "fields", {})
+            if rec.getMessage() == message and all(got.get(k) == v for k, v in fields.items()):
+                return rec
+
+
+@pytest.fixture
+def logs() -> Iterator[LogQueue]:
+    handler = LogQueue()
+    logger = logging.getLogger("ipvsctl.kube")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+class Harness:
+    """Runs a KubeSource in a thread; events are sorted into one queue per kind."""
+
+    def __init__(self, api: FakeAPIServer, settings: KubeSettings = FAST) -> None:
+        self.api = api
+        self.queues: dict[ObjectKind, queue.Queue[SourceEvent]] = {
+            k: queue.Queue() for k in ObjectKind
+        }
+        self.restarts: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.source = KubeSource.from_config(
+            None,
+            api.url,
+            environ={},
+            settings=settings,
+            on_watch_restart=lambda resource, reason: self.restarts.put((resource, reason)),
+        )
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self.source.run, args=(self.sink, self.stop), daemon=True
+        )
+
+    def sink(self, event: SourceEvent) -> None:
+        self.queues[event.kind].put(event)
+
+    def start(self) -> Harness:
+        self.thread.start()
+        return self
+
+    def next(self, kind: ObjectKind) -> SourceEvent:
+        return self.queues[kind].get(timeout=WAIT)
+
+    def replace(self, kind: ObjectKind) -> Replace:
+        event = self.next(kind)
+        assert isinstance(event, Replace), event
+        return event
+
+    def synced(self) -> tuple[Replace, Replace]:
+        """The first Replace of both kinds, once both watches are open."""
+        services, slices = self.replace(SVC), self.replace(EPS)
+        self.wait_watching()
+        return services, slices
+
+    def wait_watching(self, kind: str | None = None, n: int | None = None) -> None:
+        want = n if n is not None else (1 if kind else 2)
+        assert self.api.wait_for(lambda: self.api.open_watches(kind) == want, WAIT)
+
+    def restart(self, resource: str) -> str:
+        """The reason of the next restart of `resource` (others' are skipped)."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            res, reason = self.restarts.get(timeout=max(0.01, deadline - time.monotonic()))
+            if res == resource:
+                return reason
+
+    def empty(self, kind: ObjectKind) -> bool:
+        return self.queues[kind].empty()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def harness(api: FakeAPIServer) -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(settings: KubeSettings = FAST) -> Harness:
+        h = Harness(api, settings)
+        made.append(h)
+        return h
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            if h.thread.is_alive():
+                h.close()
+
+
+def names(event: Replace) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in event.objects)
+
+
+def watch_requests(api: FakeAPIServer, kind: str) -> list[dict[str, str]]:
+    plural = {"Service": "services", "EndpointSlice": "endpointslices"}[kind]
+    return [dict(r.query) for r in api.requests if r.verb == "watch" and r.resource == plural]
+
+
+# ---- list and watch ----------------------------------------------------------------------
+
+
+def test_initial_list_is_one_replace_per_kind_with_trimmed_objects(api, harness) -> None:
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    api.add(objects.service("db", "prod", cluster_ip="10.96.0.11"))
+    api.add(objects.endpoint_slice("web-1", "web", [objects.endpoint("10.244.1.5", pod="p1")]))
+    h = harness().start()
+
+    services, slices = h.synced()
+    assert names(services) == ["db", "web"]
+    assert names(slices) == ["web-1"]
+    web = next(o for o in services.objects if o["metadata"]["name"] == "web")
+    assert web["kind"] == "Service"
+    assert "managedFields" not in web["metadata"]
+    assert "resourceVersion" not in web["metadata"]
+    assert web["spec"]["clusterIPs"] == ["10.96.0.10"]
+    ep = slices.objects[0]["endpoints"][0]
+    assert set(ep) == {"addresses", "conditions", "nodeName", "targetRef"}  # zone dropped
+    assert h.empty(SVC) and h.empty(EPS)
+    h.close()
+
+
+def test_watch_events_arrive_in_order(api, harness) -> None:
+    h = harness().start()
+    h.synced()
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    api.update(objects.service("web", cluster_ip="10.96.0.10", externalIPs=["192.0.2.1"]))
+    api.add(objects.endpoint_slice("web-1", "web", [objects.endpoint("10.244.1.5")]))
+    api.delete("Service", "default", "web")
+
+    added, modified, deleted = h.next(SVC), h.next(SVC), h.next(SVC)
+    assert isinstance(added, Upsert) and "externalIPs" not in added.obj["spec"]
+    assert isinstance(modified, Upsert) and modified.obj["spec"]["externalIPs"] == ["192.0.2.1"]
+    assert deleted == Delete(SVC, "default", "web", deleted.received)
+    assert added.received <= modified.received <= deleted.received
+    slice_event = h.next(EPS)
+    assert isinstance(slice_event, Upsert)
+    assert "managedFields" not in slice_event.obj["metadata"]
+    h.close()
+
+
+def test_watch_starts_from_the_lists_resource_version(api, harness) -> None:
+    # So changes made between the list and the watch are replayed, not lost.
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    listed_at = str(api.resource_version)
+    h = harness().start()
+    h.synced()
+    assert watch_requests(api, "Service")[0]["resourceVersion"] == listed_at
+    assert watch_requests(api, "EndpointSlice")[0]["resourceVersion"] == listed_at
+    h.close()
+
+
+def test_bookmark_advances_resource_version_and_rewatch_needs_no_relist(api, harness) -> None:
+    h = harness().start()
+    h.synced()
+    lists_before = api.count("list", "Service")
+    api.add(objects.pod("unrelated"))  # moves the cluster-wide resourceVersion
+    rv = str(api.resource_version)
+    assert api.bookmark("Service") == 1
+    services = h.source.reflectors[0]
+    assert api.wait_for(lambda: services.resource_version == rv, WAIT)
+
+    api.close_watches("Service")  # as a server-side timeoutSeconds does
+    assert h.restart("services") == "closed"
+    h.wait_watching("Service")
+    assert watch_requests(api, "Service")[-1]["resourceVersion"] == rv
+    assert api.count("list", "Service") == lists_before
+    assert h.empty(SVC)
+    h.close()
+
+
+def test_watch_parameters(api, harness) -> None:
+    h = harness(KubeSettings(watch_timeout=300, read_slack=30)).start()
+    h.synced()
+    q = watch_requests(api, "Service")[0]
+    assert q["allowWatchBookmarks"] == "true"
+    assert q["watch"] == "true"
+    assert 300 <= int(q["timeoutSeconds"]) < 600  # jittered
+    h.close()
+
+
+@pytest.mark.parametrize("form", ["event", "http"])
+def test_410_relists_and_emits_replace(api, harness, form: str) -> None:
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    h = harness().start()
+    h.synced()
+    if form == "event":
+        api.expire_watches("Service")  # ERROR event carrying a 410 Status
+    else:
+        api.fail_next("watch", "Service", status=410)  # HTTP 410 on the next watch
+        api.close_watches("Service")
+        assert h.restart("services") == "closed"
+    assert h.restart("services") == "expired"
+    again = h.replace(SVC)
+    assert names(again) == ["web"]
+    assert api.count("list", "Service") == 2
+    assert h.empty(EPS)  # the other resource is not disturbed
+    h.close()
+
+
+def test_too_old_resource_version_after_compaction_relists(api, harness) -> None:
+    h = harness().start()
+    h.synced()
+    api.add(objects.pod("unrelated"))  # the services watch has not seen this version
+    api.compact()
+    api.close_watches("Service")
+    assert h.restart("services") == "closed"
+    assert h.restart("services") == "expired"  # HTTP 410 on the re-watch
+    assert isinstance(h.next(SVC), Replace)
+    h.close()
+
+
+def test_hung_stream_times_out_and_relists(api, harness, logs) -> None:
+    h = harness(_with(FAST, watch_read_timeout=0.3, list_read_timeout=0.3)).start()
+    h.synced()
+    api.hang()  # the stream stays open but silent: a half-open connection
+    assert h.restart("services") == "timeout"
+    logs.next("watch restart", resource="services", reason="timeout")
+    api.add(objects.service("while-hung", cluster_ip="10.96.0.13"))
+    api.unhang()
+    replace = h.replace(SVC)
+    assert names(replace) == ["while-hung"]
+    h.close()
+
+
+def test_server_down_retries_with_growing_backoff_then_recovers(api, harness, logs) -> None:
+    h = harness(_with(FAST, backoff_initial=0.02, backoff_max=0.16)).start()
+    h.synced()
+    api.down()
+    delays = []
+    for _ in range(5):
+        rec = logs.next("watch restart", resource="services")
+        assert rec.levelno == logging.WARNING
+        assert rec.fields["reason"] == "error" and rec.fields["relist"] is True
+        delays.append(rec.fields["backoff"])
+    assert delays[:4] == sorted(delays[:4]) and delays[0] < delays[3]
+    assert all(d <= 0.16 for d in delays)
+    api.add(objects.service("back", cluster_ip="10.96.0.14"))
+    api.up()
+    assert names(h.replace(SVC)) == ["back"]
+    assert isinstance(h.next(EPS), Replace)
+    h.close()
+
+
+def test_one_log_line_and_one_callback_per_restart(api, harness, logs) -> None:
+    h = harness().start()
+    h.synced()
+    api.fail_next("list", "Service", status=500, times=2)
+    api.expire_watches("Service")
+    reasons = [h.restart("services") for _ in range(3)]
+    assert reasons == ["expired", "error", "error"]
+    assert isinstance(h.next(SVC), Replace)
+    h.close()
+    lines = [r.fields for r in logs.all() if r.getMessage() == "watch restart"]
+    assert [f["reason"] for f in lines if f["resource"] == "services"] == reasons
+    assert "500" in lines[-1]["error"]
+
+
+def test_pagination(api, harness) -> None:
+    for i in range(7):
+        api.add(objects.service(f"s{i}", cluster_ip=f"10.96.1.{i}"))
+    h = harness(_with(FAST, page_size=3)).start()
+    services, _ = h.synced()
+    assert names(services) == [f"s{i}" for i in range(7)]
+    lists = [r.query for r in api.requests if r.verb == "list" and r.resource == "services"]
+    assert [q["limit"] for q in lists] == ["3", "3", "3"]
+    assert "continue" not in lists[0] and all("continue" in q for q in lists[1:])
+    h.close()
+
+
+def test_stop_is_prompt_even_with_a_hung_stream(api, harness) -> None:
+    h = harness(_with(FAST, watch_read_timeout=30.0)).start()
+    h.synced()
+    api.hang()
+    started = time.monotonic()
+    h.close()
+    assert time.monotonic() - started < 2.0
+
+
+# ---- pods --------------------------------------------------------------------------------
+
+
+def test_pod_get_and_404(api, harness) -> None:
+    api.add(objects.pod("web-1", deletion_timestamp="2024-01-01T00:00:30Z"))
+    h = harness().start()
+    h.source.request_pod(PodRef("default", "web-1"))
+    h.source.request_pod(PodRef("default", "gone"))
+    got = {(e.obj["metadata"]["name"] if isinstance(e, Upsert) else e.name): e
+           for e in (h.next(POD), h.next(POD))}
+    pod = got["web-1"]
+    assert isinstance(pod, Upsert)
+    assert pod.obj["metadata"]["deletionTimestamp"] == "2024-01-01T00:00:30Z"
+    assert pod.obj["spec"] == {"nodeName": "node-1", "terminationGracePeriodSeconds": 30}
+    assert "managedFields" not in pod.obj["metadata"]
+    assert got["gone"] == Delete(POD, "default", "gone", got["gone"].received)
+    h.close()
+
+
+def test_request_pod_coalesces_and_caches(api, harness) -> None:
+    api.add(objects.pod("web-1"))
+    api.add(objects.pod("web-2"))
+    h = harness(_with(FAST, pod_cache_seconds=60.0))
+    for _ in range(10):  # queued before run(): all pending at once
+        h.source.request_pod(PodRef("default", "web-1"))
+    h.start()
+    first = h.next(POD)
+    assert isinstance(first, Upsert)
+    h.source.request_pod(PodRef("default", "web-1"))  # answered from the cache
+    assert h.next(POD) == first
+    h.source.request_pod(PodRef("default", "web-2"))
+    assert h.next(POD).obj["metadata"]["name"] == "web-2"
+    assert api.count("get", "Pod") == 2
+    assert h.empty(POD)
+    h.close()
+
+
+def test_pod_errors_are_retried(api, harness) -> None:
+    api.add(objects.pod("web-1"))
+    api.fail_next("get", "Pod", status=500, times=2)
+    h = harness().start()
+    h.source.request_pod(PodRef("default", "web-1"))
+    assert isinstance(h.next(POD), Upsert)
+    assert api.count("get", "Pod") == 3
+    h.close()
+
+
+def test_pod_errors_give_up_after_attempts(api, harness, logs) -> None:
+    api.add(objects.pod("web-1"))
+    api.fail_next("get", "Pod", status=503, times=100)
+    h = harness(_with(FAST, pod_attempts=3)).start()
+    h.source.request_pod(PodRef("default", "web-1"))
+    rec = logs.next("pod lookup failed", pod="default/web-1")
+    assert rec.fields["attempts"] == 3 and "503" in rec.fields["error"]
+    assert api.count("get", "Pod") == 3
+    assert h.empty(POD)
+    # A later request is served again once the API answers.
+    api.clear_faults()
+    h.source.request_pod(PodRef("default", "web-1"))
+    assert isinstance(h.next(POD), Upsert)
+    h.close()
+
+
+def test_only_permitted_calls(api, harness) -> None:
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    api.add(objects.pod("web-1"))
+    h = harness().start()
+    h.synced()
+    h.source.request_pod(PodRef("default", "web-1"))
+    h.next(POD)
+    api.expire_watches()
+    h.replace(SVC), h.replace(EPS)
+    h.close()
+    verbs = {(r.resource, r.verb) for r in api.requests}
+    assert verbs == {
+        ("services", "list"), ("services", "watch"),
+        ("endpointslices", "list"), ("endpointslices", "watch"),
+        ("pods", "get"),
+    }
+    assert_permitted(api)
+
