@@ -1,0 +1,114 @@
+"""Shared helpers for the deploy tests: rendering kustomizations, finding the contract."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import kustomize_lite
+
+REPO = Path(__file__).resolve().parents[2]
+DAEMONSET_DIR = REPO / "daemonset"
+VAGRANT_DIR = REPO / "vagrant"
+NAMESPACE = "ipvsctl-system"
+
+Doc = dict[str, Any]
+
+
+def kubectl() -> str | None:
+    """kubectl, when installed; IPVSCTL_TEST_NO_KUBECTL=1 pretends it is not (for the fallback)."""
+    if os.environ.get("IPVSCTL_TEST_NO_KUBECTL") == "1":
+        return None
+    return shutil.which("kubectl")
+
+
+def render_with_kubectl(path: Path) -> list[Doc]:
+    exe = kubectl()
+    assert exe, "kubectl is not installed"
+    out = subprocess.run(
+        [exe, "kustomize", str(path)], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@functools.cache
+def _render_cached(path: str) -> tuple[Doc, ...]:
+    p = Path(path)
+    docs = render_with_kubectl(p) if kubectl() else kustomize_lite.build(p)
+    return tuple(docs)
+
+
+def render(path: Path) -> list[Doc]:
+    """`kubectl kustomize path` where kubectl exists, else the small renderer in this folder."""
+    return copy.deepcopy(list(_render_cached(str(path))))
+
+
+@functools.cache
+def overlay_with_podmonitor() -> Path:
+    """A throwaway overlay: daemonset/ plus its podmonitor component."""
+    d = Path(tempfile.mkdtemp(prefix="ipvsctl-overlay-"))
+    (d / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(DAEMONSET_DIR, d)],
+                "components": [os.path.relpath(DAEMONSET_DIR / "podmonitor", d)],
+            }
+        )
+    )
+    return d
+
+
+def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
+    return [
+        d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def contract_path() -> Path | None:
+    """shared/CONTRACT.md: beside the repository (CI and work trees), or named by env."""
+    candidates = [
+        os.environ.get("IPVSCTL_CONTRACT", ""),
+        REPO.parent / "shared" / "CONTRACT.md",
+        REPO / "shared" / "CONTRACT.md",
+    ]
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c)
+    return None
+
+
+def contract_run_options(text: str) -> tuple[set[str], set[str]]:
+    """(flags, env vars) from the `ipvsctl run` table of CONTRACT.md."""
+    m = re.search(r"^### `ipvsctl run`.*?$(.*?)^### ", text, re.S | re.M)
+    assert m, "no `ipvsctl run` section in CONTRACT.md"
+    flags: set[str] = set()
+    envs: set[str] = set()
+    for line in m.group(1).splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        flags.update(re.findall(r"(--[a-z][a-z0-9-]*)", cells[0]))
+        envs.update(re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[1]))
+    return flags, envs
+
+
+def flags_in(args: list[str]) -> list[str]:
+    """The `--flag` names in a container's args (`--flag=value` and `--flag value`)."""
+    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
