@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import os
@@ -56,6 +57,7 @@ def render(path: Path) -> list[Doc]:
 def overlay_with_podmonitor() -> Path:
     """A throwaway overlay: daemonset/ plus its podmonitor component."""
     d = Path(tempfile.mkdtemp(prefix="ipvsctl-overlay-"))
+    atexit.register(shutil.rmtree, d, True)
     (d / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {

@@ -191,7 +191,7 @@ def test_env_uses_only_contract_variables(contract, main):
 
 
 def test_contract_still_names_the_paths_and_port(contract):
-    for needle in ("/healthz", "/readyz", "/metrics", f"0.0.0.0:{PORT}", "`--state-dir DIR`"):
+    for needle in ("/healthz", "/readyz", "/metrics", f"0.0.0.0:{PORT}", "/var/lib/ipvsctl"):
         assert needle in contract, needle
 
 
