@@ -418,20 +418,26 @@ class Engine:
         deleted abruptly; owned virtual servers nobody wants are deleted."""
         t0 = self.clock.monotonic()
         now = self.clock.wall()
-        observed: dict[ServiceKey, tuple[VirtualServer, list[RealServerStatus]]] = {}
-        for vs in self.kernel.list_virtual_servers():
-            if self.owned(vs.key):
-                observed[vs.key] = (vs, self.kernel.list_real_servers(vs.key))
-
         wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
         built: dict[ServiceRef, DesiredService | None] = {}
         for ref in sorted(self.store.services):
             desired = built[ref] = self._build(ref)
+            if desired is not None:
+                for key, dvs in desired.virtual_servers.items():
+                    wanted_rs[key] = dvs.real_servers
+                    self.vs_owner[key] = ref
+        # Ours: what we want (even when another proxy made it: kube-router's VIPs live on
+        # its own interface; taking them over in place keeps their connections) and what
+        # sits on our addresses. Anything else in the table is left alone.
+        observed: dict[ServiceKey, tuple[VirtualServer, list[RealServerStatus]]] = {}
+        for vs in self.kernel.list_virtual_servers():
+            if vs.key in wanted_rs or self.owned(vs.key):
+                observed[vs.key] = (vs, self.kernel.list_real_servers(vs.key))
+
+        for ref, desired in built.items():
             if desired is None:
                 continue
             for key, dvs in desired.virtual_servers.items():
-                wanted_rs[key] = dvs.real_servers
-                self.vs_owner[key] = ref
                 if key in observed:
                     vs, dests = observed[key]
                     state = AppliedVirtualServer(vs, dvs.kind.binds_address)

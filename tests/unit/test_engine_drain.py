@@ -340,3 +340,17 @@ def test_kube_proxy_graceful_delete_udp_is_immediate():
     h.fake.set_connections(vs(port=53, proto="UDP"), rs(A, 53), active=10)
     h.upsert(endpoint_slice("u", [endpoint(B)], ports=ports))
     assert h.fake.weight(vs(port=53, proto="UDP"), rs(A, 53)) is None
+
+
+def test_restart_takes_over_a_wanted_virtual_server_it_does_not_own_in_place():
+    # Migration from kube-router: its VIPs are on kube-dummy-if, not ours, but a virtual
+    # server we want is adopted with its real servers (no delete, no re-add).
+    k = _kernel_with({A: 1, B: 1}, conns={A: 4})
+    k.add_virtual_server(VirtualServer(vs("10.96.5.5")), False)  # someone else's, unwanted
+    k.take_ops()
+    h = Harness(kernel=k)
+    h.engine.owned = lambda key: False
+    h.start([SVC], [slice_of(endpoint(A))])
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0"]
+    assert h.fake.services[vs()].dests[rs(A)].active == 4
+    assert vs("10.96.5.5") in h.fake.services
