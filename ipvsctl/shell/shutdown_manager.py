@@ -1,0 +1,268 @@
+"""`ipvsctl shutdown-manager`: a sidecar whose /shutdown is an application's preStop hook.
+
+GET /shutdown blocks until every node's ipvsctl daemon says the pod's IPs are quiesced (no
+real server with weight > 0 left for them), then until the pod's established connections on
+the watched ports are at most --min-open-connections, never longer than --timeout; then it
+answers 200 with a JSON account of what happened, and the kubelet goes on to SIGTERM.
+Concurrent calls (the app's hook and the sidecar's own) share one barrier. /healthz is for
+the liveness probe, /status shows the barrier while it runs. See docs/shutdown-manager.md.
+
+Wiring only: the barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import typer
+
+from ipvsctl.model import normalize_ip
+from ipvsctl.obs.logging import fields
+from ipvsctl.shell.http import HTTPServer, as_json, text
+from ipvsctl.shutdown.barrier import BarrierConfig
+from ipvsctl.shutdown.probes import (
+    DEFAULT_DAEMON_PORT,
+    DEFAULT_DAEMON_SERVICE,
+    ConnectionCounter,
+    DnsDaemons,
+    Resolver,
+    ShutdownProbes,
+    StaticDaemons,
+    normalize_daemon_url,
+    resolve_addresses,
+)
+from ipvsctl.shutdown.runner import Clock, SharedBarrier, Sleep
+
+log = logging.getLogger("ipvsctl.shutdown")
+
+DEFAULT_LISTEN = "0.0.0.0:9797"
+DEFAULT_TIMEOUT = 25.0  # below the default terminationGracePeriodSeconds (30) by 5 s
+REPLY_GRACE = 5.0  # on SIGTERM, longest wait for /shutdown replies still being written
+
+
+class StartupError(Exception):
+    """A fatal start-up problem; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerOptions:
+    pod_ips: tuple[str, ...]
+    listen: str = DEFAULT_LISTEN
+    daemons: tuple[str, ...] = ()
+    """Explicit daemon base URLs; empty: look them up in DNS (daemon_service)."""
+    daemon_service: str = DEFAULT_DAEMON_SERVICE
+    daemon_port: int = DEFAULT_DAEMON_PORT
+    ports: tuple[int, ...] = ()
+    """Watched local ports; empty: every listening port but the manager's own."""
+    proc_net: str = "/proc/net"
+    barrier: BarrierConfig = field(default_factory=lambda: BarrierConfig(timeout=DEFAULT_TIMEOUT))
+
+
+class ShutdownManager:
+    """The running sidecar, so tests can run it in-process (clock, sleep and the DNS resolver
+    injectable; daemons and /proc/net come from the options)."""
+
+    def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
+                 sleep: Sleep = time.sleep, resolve: Resolver = resolve_addresses) -> None:
+        self.options = options
+        self._inflight = 0
+        self._cond = threading.Condition()
+        try:
+            self.http = HTTPServer(options.listen, {
+                "/shutdown": self._shutdown,
+                "/healthz": lambda q: text(200, "ok\n"),
+                "/status": lambda q: as_json(200, self.barrier.status()),
+            })
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"--listen {options.listen}: {exc}") from None
+        daemons = (StaticDaemons(options.daemons) if options.daemons
+                   else DnsDaemons(options.daemon_service, options.daemon_port, resolve))
+        self.daemons = daemons
+        self.counter = ConnectionCounter(options.proc_net, options.ports,
+                                         exclude=(self.http.port,))
+        probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
+        self.barrier = SharedBarrier(options.barrier, options.pod_ips, probes, clock, sleep)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    def _shutdown(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        with self._cond:
+            self._inflight += 1
+        try:
+            result = self.barrier.wait()
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify_all()
+        return as_json(200, result.to_json())
+
+    def start(self) -> None:
+        self.http.start()
+        o = self.options
+        log.info("shutdown-manager started", extra=fields(
+            listen=f"{o.listen} (port {self.http.port})", pod_ips=",".join(o.pod_ips),
+            daemons=str(self.daemons),
+            ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
+            timeout=o.barrier.timeout, check_interval=o.barrier.check_interval,
+            check_delay=o.barrier.check_delay,
+            min_open_connections=o.barrier.min_open_connections,
+            wait_connections=o.barrier.wait_connections))
+
+    def finish(self) -> None:
+        """On SIGTERM: a barrier that has started is seen to its end (never past its
+        deadline) and its replies written; then the server stops."""
+        if self.barrier.started:
+            self.barrier.wait()
+            with self._cond:
+                self._cond.wait_for(lambda: self._inflight == 0, timeout=REPLY_GRACE)
+        self.stop()
+
+    def stop(self) -> None:
+        self.http.stop()
+
+
+def run(options: ManagerOptions) -> int:
+    manager = ShutdownManager(options)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    manager.start()
+    while not stop.wait(1.0):
+        pass
+    log.info("signal received, stopping", extra=fields(
+        barrier="done" if manager.barrier.done else
+        "running" if manager.barrier.started else "not started"))
+    manager.finish()
+    return 0
+
+
+# --- flags --------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from `25`, `25s`, `500ms` or `1m` (Contour's flags take Go durations)."""
+    m = _DURATION.match(value)
+    if not m:
+        raise ValueError(f"{value!r} is not a duration (e.g. 25, 25s, 500ms, 1m)")
+    number, unit = float(m.group(1)), m.group(2) or "s"
+    return number * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"ipvsctl: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _duration(flag: str, value: str, positive: bool = False) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise _fail(f"{flag}: {exc}") from None
+    if positive and seconds <= 0:
+        raise _fail(f"{flag} {value}: must be > 0")
+    return seconds
+
+
+def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
+    ips: list[str] = []
+    for value in values or []:
+        for part in re.split(r"[,\s]+", value.strip()):
+            if not part:
+                continue
+            try:
+                ips.append(normalize_ip(part))
+            except ValueError:
+                raise _fail(f"--pod-ip {part}: not an IP address") from None
+    if not ips:
+        raise _fail("--pod-ip (or env POD_IP, from the downward API's status.podIP) is "
+                    "required")
+    return tuple(dict.fromkeys(ips))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `shutdown-manager` command to the ipvsctl CLI."""
+    app.command("shutdown-manager")(shutdown_manager)
+
+
+def shutdown_manager(
+    pod_ip: Annotated[list[str] | None, typer.Option(
+        "--pod-ip", envvar="POD_IP",
+        help="This pod's IP (repeatable or comma-separated, for dual-stack) "
+             "[default: env POD_IP].")] = None,
+    listen: Annotated[str, typer.Option(
+        "--listen", help="HOST:PORT for /shutdown, /healthz and /status "
+                         "([::]:PORT for IPv6).")] = DEFAULT_LISTEN,
+    daemon: Annotated[list[str] | None, typer.Option(
+        "--daemon", help="A daemon's base URL, e.g. http://10.0.0.5:9796 (repeatable); "
+                         "replaces the DNS lookup.")] = None,
+    daemon_service: Annotated[str, typer.Option(
+        "--daemon-service", help="DNS name whose A/AAAA records are the daemons (the "
+                                 "DaemonSet's headless metrics Service).")
+    ] = DEFAULT_DAEMON_SERVICE,
+    daemon_port: Annotated[int, typer.Option(
+        "--daemon-port", min=1, max=65535, help="The daemons' HTTP port.")
+    ] = DEFAULT_DAEMON_PORT,
+    port: Annotated[list[int] | None, typer.Option(
+        "--port", min=1, max=65535,
+        help="Local port whose established connections are counted (repeatable) "
+             "[default: every listening port but --listen's].")] = None,
+    min_open_connections: Annotated[int, typer.Option(
+        "--min-open-connections", min=0,
+        help="Connections stage ends at this many established connections or fewer.")] = 0,
+    wait_connections: Annotated[bool, typer.Option(
+        "--wait-connections/--no-wait-connections",
+        help="After the daemons, wait for the pod's connections to drain.")] = True,
+    check_interval: Annotated[str, typer.Option(
+        "--check-interval", help="Time between checks (seconds, or 500ms, 2s...).")] = "1s",
+    check_delay: Annotated[str, typer.Option(
+        "--check-delay", help="Wait this long after the first /shutdown before the first "
+                              "check.")] = "0s",
+    timeout: Annotated[str, typer.Option(
+        "--timeout", help="Longest /shutdown ever blocks; keep it below the pod's "
+                          "terminationGracePeriodSeconds.")] = "25s",
+    proc_net: Annotated[str, typer.Option(
+        "--proc-net", help="Where tcp and tcp6 are read from (tests).")] = "/proc/net",
+    log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
+) -> None:
+    """Sidecar for application pods: /shutdown (a preStop httpGet) returns once every
+    node's ipvsctl stops sending this pod new connections and its connections drain."""
+    from ipvsctl.obs import logging as obs_logging
+
+    if log_format not in ("text", "json"):
+        raise _fail(f"--log-format {log_format}: must be text or json")
+    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
+        raise _fail(f"--listen {listen}: must be HOST:PORT")
+    daemons: list[str] = []
+    for url in daemon or []:
+        try:
+            daemons.append(normalize_daemon_url(url))
+        except ValueError as exc:
+            raise _fail(f"--daemon: {exc}") from None
+    options = ManagerOptions(
+        pod_ips=_pod_ips(pod_ip), listen=listen, daemons=tuple(daemons),
+        daemon_service=daemon_service, daemon_port=daemon_port,
+        ports=tuple(dict.fromkeys(port or [])), proc_net=proc_net,
+        barrier=BarrierConfig(
+            check_interval=_duration("--check-interval", check_interval, positive=True),
+            check_delay=_duration("--check-delay", check_delay),
+            timeout=_duration("--timeout", timeout),
+            min_open_connections=min_open_connections,
+            wait_connections=wait_connections,
+        ),
+    )
+    obs_logging.setup(log_format)
+    try:
+        code = run(options)
+    except StartupError as exc:
+        raise _fail(str(exc), 1) from None
+    raise typer.Exit(code)

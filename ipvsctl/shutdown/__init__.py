@@ -1,0 +1,13 @@
+"""The shutdown barrier behind `ipvsctl shutdown-manager` (docs/shutdown-manager.md).
+
+An application pod's preStop hook asks a sidecar to wait until every node's ipvsctl daemon
+has stopped sending the pod new connections, and then until the pod's own established
+connections fall to a minimum, never longer than a timeout. Layers, top to bottom:
+
+  barrier   the pure state machine: observations and the time in, the next action out
+  probes    adapters: DNS lookup of the daemons, GET /v1/quiesced, /proc/net/tcp{,6}
+  runner    drives a barrier with probes, an injected clock and sleep; one shared barrier
+            for any number of concurrent callers
+
+The HTTP server and the command live in `ipvsctl.shell.shutdown_manager`.
+"""
