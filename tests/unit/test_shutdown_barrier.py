@@ -1,0 +1,351 @@
+"""The shutdown barrier's state machine (pure: times are plain numbers), the runner on a
+manual clock, and the shared barrier with concurrent callers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from ipvsctl.shutdown.barrier import (
+    Barrier,
+    BarrierConfig,
+    CountConnections,
+    DaemonAnswer,
+    DaemonReport,
+    Discover,
+    Failure,
+    Finish,
+    Outcome,
+    Query,
+    Stage,
+    Wait,
+)
+from ipvsctl.shutdown.runner import Runner, SharedBarrier
+
+POD = "10.244.1.5"
+A, B, C = "http://192.0.2.1:9796", "http://192.0.2.2:9796", "http://192.0.2.3:9796"
+QUIET = DaemonReport(ready=True, quiesced=True, node="n")
+LIVE = DaemonReport(ready=True, quiesced=False, node="n", real_servers_with_weight=2)
+UNSYNCED = DaemonReport(ready=False, quiesced=False, node="n")
+SILENT = Failure("timed out")
+
+T0 = 1000.0
+
+
+def barrier(**kw: object) -> Barrier:
+    return Barrier(BarrierConfig(**kw), [POD])  # type: ignore[arg-type]
+
+
+def finish(action: object) -> Finish:
+    assert isinstance(action, Finish), action
+    return action
+
+
+def test_all_quiesced_moves_on_to_the_connections_stage_and_drains():
+    b = barrier(check_interval=1, timeout=25)
+    assert b.start(T0) == Discover()
+    q = b.on_daemons(T0, [B, A, A])
+    assert q == Query((A, B), 2.0)
+    assert b.on_answers(T0 + 0.1, {A: QUIET, B: QUIET}) == CountConnections()
+    assert b.stage is Stage.CONNECTIONS
+    notes = [n.message for n in b.take_notes() if n.level != "debug"]
+    assert notes == ["shutdown barrier started", "daemons found", "all daemons quiesced"]
+    r = finish(b.on_connections(T0 + 0.2, 0)).result
+    assert r.outcome is Outcome.DRAINED and r.stage is Stage.DONE
+    assert r.elapsed == pytest.approx(0.2) and r.daemons == (A, B) and r.quiesced == (A, B)
+    assert r.stages == {"daemons": pytest.approx(0.1), "connections": pytest.approx(0.1)}
+    doc = r.to_json()
+    assert doc["outcome"] == "drained" and doc["daemons"]["total"] == 2
+    assert doc["connections"] == {"established": 0, "min_open_connections": 0, "error": None}
+    assert "all 2 daemons quiesced" in doc["message"]
+    # Finished is final: any later input returns the same result.
+    assert finish(b.on_timer(T0 + 5)).result is r
+
+
+def test_a_silent_daemon_is_retried_each_interval_and_named_at_the_timeout():
+    b = barrier(check_interval=1, timeout=3.5)
+    assert b.start(T0) == Discover()
+    assert b.on_daemons(T0, [A, B]) == Query((A, B), 2.0)
+    now, queried = T0, []
+    action = b.on_answers(now, {A: QUIET, B: SILENT})
+    while not isinstance(action, Finish):
+        assert isinstance(action, Wait) and action.until <= b.deadline
+        now = action.until
+        action = b.on_timer(now)
+        if isinstance(action, Finish):
+            break
+        assert action == Discover()
+        action = b.on_daemons(now, [A, B])
+        if isinstance(action, Query):
+            queried.append((now, action.daemons, action.timeout))
+            action = b.on_answers(now, {B: SILENT})
+    # Retried once per interval, only the daemon still pending; the last query's timeout
+    # is cut to what is left before the deadline.
+    assert [q[:2] for q in queried] == [(T0 + 1, (B,)), (T0 + 2, (B,)), (T0 + 3, (B,))]
+    assert queried[-1][2] == pytest.approx(0.5)
+    r = finish(action).result
+    assert r.outcome is Outcome.TIMEOUT and r.stage is Stage.DAEMONS
+    assert r.elapsed == pytest.approx(3.5)  # at the deadline, not a round later
+    assert r.not_quiesced == {B: "unreachable: timed out"} and r.quiesced == (A,)
+    assert f"{B} (unreachable: timed out)" in r.message
+    warnings = [n for n in b.take_notes() if n.level == "warning"]
+    assert [(n.message, n.fields.get("daemon")) for n in warnings] == [
+        ("daemon not quiesced at timeout", B), ("shutdown barrier timed out", None)]
+
+
+def test_a_daemon_that_has_not_synced_is_not_quiesced():
+    b = barrier(timeout=2)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    # ready: false with quiesced: true (a daemon that knows nothing yet) still waits.
+    assert isinstance(b.on_answers(T0, {A: DaemonReport(ready=False, quiesced=True)}), Wait)
+    assert b.problems[A] == "not ready (no first sync yet)"
+    assert isinstance(b.on_answers(T0, {A: UNSYNCED}), Wait)
+    b.on_timer(T0 + 1)
+    b.on_daemons(T0 + 1, [A])
+    assert isinstance(b.on_answers(T0 + 1, {A: LIVE}), Wait)
+    assert b.problems[A] == "2 real servers with weight > 0"
+    r = finish(b.on_timer(T0 + 2)).result
+    assert r.not_quiesced == {A: "2 real servers with weight > 0"}
+
+
+def test_min_open_connections_ends_the_connections_stage():
+    b = barrier(min_open_connections=2, timeout=10)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    assert b.on_answers(T0, {A: QUIET}) == CountConnections()
+    assert b.on_connections(T0, 5) == Wait(T0 + 1)
+    assert b.on_timer(T0 + 1) == CountConnections()
+    assert b.on_connections(T0 + 1, 3) == Wait(T0 + 2)
+    b.on_timer(T0 + 2)
+    r = finish(b.on_connections(T0 + 2, 2)).result
+    assert r.outcome is Outcome.DRAINED and r.connections == 2
+    assert r.stages["connections"] == pytest.approx(2)
+
+
+def test_connections_that_never_drain_time_out_in_the_connections_stage():
+    b = barrier(timeout=1.5)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    b.on_answers(T0, {A: QUIET})
+    assert b.on_connections(T0, 4) == Wait(T0 + 1)
+    b.on_timer(T0 + 1)
+    assert b.on_connections(T0 + 1, Failure("/proc/net/tcp: denied")) == Wait(T0 + 1.5)
+    r = finish(b.on_timer(T0 + 1.5)).result
+    assert r.outcome is Outcome.TIMEOUT and r.stage is Stage.CONNECTIONS
+    assert r.connections == 4 and r.connections_error == "/proc/net/tcp: denied"
+    assert r.message.endswith("all daemons quiesced, but connections unknown "
+                              "(/proc/net/tcp: denied), 4 when last read")
+
+
+def test_check_delay_comes_first_and_is_timed():
+    b = barrier(check_delay=5, timeout=25)
+    assert b.start(T0) == Wait(T0 + 5)
+    assert b.stage is Stage.DELAY
+    assert b.on_timer(T0 + 4.9) == Wait(T0 + 5)  # woken early: wait the rest
+    assert b.on_timer(T0 + 5) == Discover()
+    b.on_daemons(T0 + 5, [A])
+    b.on_answers(T0 + 6, {A: QUIET})
+    r = finish(b.on_connections(T0 + 6, 0)).result
+    assert r.stages == {"delay": 5, "daemons": 1, "connections": 0}
+    assert "check delay over" in [n.message for n in b.take_notes()]
+
+
+def test_a_check_delay_longer_than_the_timeout_ends_at_the_timeout():
+    b = barrier(check_delay=60, timeout=25)
+    assert b.start(T0) == Wait(T0 + 25)
+    r = finish(b.on_timer(T0 + 25)).result
+    assert r.outcome is Outcome.TIMEOUT and r.stage is Stage.DELAY
+
+
+def test_discovery_failures_are_retried_and_no_daemon_at_all_is_a_timeout():
+    b = barrier(timeout=2)
+    b.start(T0)
+    assert b.on_daemons(T0, Failure("cannot resolve x")) == Wait(T0 + 1)
+    b.on_timer(T0 + 1)
+    assert b.on_daemons(T0 + 1, []) == Wait(T0 + 2)
+    r = finish(b.on_timer(T0 + 2)).result
+    assert r.outcome is Outcome.TIMEOUT and r.daemons == ()
+    assert r.message.startswith("timeout after 2.000s: no daemon found (no daemon addresses)")
+    msgs = [n.message for n in b.take_notes()]
+    assert msgs.count("daemon discovery failed, retrying") == 2  # the error changed once
+
+
+def test_daemons_are_followed_across_rounds():
+    b = barrier(timeout=10)
+    b.start(T0)
+    b.on_daemons(T0, [A, B])
+    b.on_answers(T0, {A: QUIET, B: LIVE})
+    b.on_timer(T0 + 1)
+    # A new node's daemon appears, B's node is gone: ask C only (A said yes already).
+    assert b.on_daemons(T0 + 1, [A, C]) == Query((C,), 2.0)
+    assert B not in b.problems
+    assert b.on_answers(T0 + 1, {C: QUIET, B: LIVE}) == CountConnections()
+
+
+def test_without_the_connections_stage_it_ends_when_the_daemons_are_quiesced():
+    b = barrier(wait_connections=False)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    r = finish(b.on_answers(T0 + 0.3, {A: QUIET})).result
+    assert r.outcome is Outcome.QUIESCED and r.connections is None
+
+
+def test_expire_ends_it_whatever_the_stage_and_answers_after_that_change_nothing():
+    b = barrier(timeout=10)
+    b.start(T0)
+    b.on_daemons(T0, [A, B])
+    r = b.expire(T0 + 10).result
+    assert r.outcome is Outcome.TIMEOUT and r.not_quiesced == {A: "no answer yet",
+                                                                B: "no answer yet"}
+    assert finish(b.on_answers(T0 + 11, {A: QUIET, B: QUIET})).result is r
+
+
+def test_config_and_order_are_checked():
+    with pytest.raises(ValueError):
+        BarrierConfig(check_interval=0)
+    with pytest.raises(ValueError):
+        BarrierConfig(min_open_connections=-1)
+    with pytest.raises(ValueError):
+        Barrier(BarrierConfig(), [])
+    b = barrier()
+    b.start(T0)
+    with pytest.raises(RuntimeError):
+        b.on_connections(T0, 0)  # still in the daemons stage
+
+
+# --- the runner on a manual clock ---------------------------------------------------------
+
+
+class ManualTime:
+    def __init__(self) -> None:
+        self.now = T0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class ScriptedProbes:
+    """Daemons answer from `state`; each probe costs `cost` seconds of manual time."""
+
+    def __init__(self, t: ManualTime, state: dict[str, DaemonAnswer],
+                 connections: list[int] | None = None, cost: float = 0.0) -> None:
+        self.t, self.state, self.cost = t, state, cost
+        self.connections = connections or [0]
+        self.queries: list[tuple[float, tuple[str, ...]]] = []
+
+    def discover(self) -> Sequence[str] | Failure:
+        return sorted(self.state)
+
+    def query(self, daemons: Sequence[str], timeout: float) -> Mapping[str, DaemonAnswer]:
+        self.queries.append((self.t.now, tuple(daemons)))
+        self.t.now += min(self.cost, timeout)
+        return {d: self.state[d] for d in daemons}
+
+    def count_connections(self) -> int | Failure:
+        return self.connections.pop(0) if len(self.connections) > 1 else self.connections[0]
+
+
+def test_runner_stops_waiting_as_soon_as_everything_is_quiet(caplog):
+    t = ManualTime()
+    probes = ScriptedProbes(t, {A: QUIET, B: LIVE}, connections=[3, 1, 0])
+    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=25), [POD]), probes,
+                    t.clock, t.sleep)
+
+    # B's node applies the endpoint removal after two rounds.
+    def sleep(seconds: float) -> None:
+        t.sleep(seconds)
+        if len(probes.queries) == 2:
+            probes.state[B] = QUIET
+
+    runner.sleep = sleep
+    with caplog.at_level(logging.INFO, logger="ipvsctl.shutdown"):
+        r = runner.run()
+    assert r.outcome is Outcome.DRAINED
+    assert [q[1] for q in probes.queries] == [(A, B), (B,), (B,)]
+    assert r.elapsed == pytest.approx(4) and t.slept == [1, 1, 1, 1]
+    assert r.stages == {"daemons": 2, "connections": 2}
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert lines == ["shutdown barrier started", "daemons found", "all daemons quiesced",
+                     "connections drained", "shutdown barrier done"]
+    done = caplog.records[-1]
+    assert done.fields["stages"] == "daemons=2.000s,connections=2.000s"  # type: ignore[attr-defined]
+
+
+def test_runner_names_the_silent_daemon_in_the_log_and_returns_at_the_timeout(caplog):
+    t = ManualTime()
+    probes = ScriptedProbes(t, {A: QUIET, B: SILENT}, cost=2.0)  # B's query times out
+    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=7), [POD]), probes,
+                    t.clock, t.sleep)
+    with caplog.at_level(logging.INFO, logger="ipvsctl.shutdown"):
+        r = runner.run()
+    assert r.outcome is Outcome.TIMEOUT and t.now == T0 + 7
+    assert len(probes.queries) == 3  # at 0, 3 and 6 s: each query costs 2 s, then 1 s pause
+    assert probes.queries[-1] == (T0 + 6, (B,))
+    named = [rec for rec in caplog.records if rec.getMessage() == "daemon not quiesced at timeout"]
+    assert [rec.fields for rec in named] == [  # type: ignore[attr-defined]
+        {"daemon": B, "reason": "unreachable: timed out"}]
+    assert caplog.records[-1].levelname == "WARNING"
+
+
+# --- one barrier for concurrent callers ---------------------------------------------------
+
+
+class GatedProbes:
+    """Real-time probes: the first query blocks until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.discoveries = 0
+        self.answer: DaemonAnswer = QUIET
+
+    def discover(self) -> Sequence[str] | Failure:
+        self.discoveries += 1
+        return [A]
+
+    def query(self, daemons: Sequence[str], timeout: float) -> Mapping[str, DaemonAnswer]:
+        self.entered.set()
+        assert self.gate.wait(10)
+        return {A: self.answer}
+
+    def count_connections(self) -> int | Failure:
+        return 0
+
+
+def test_concurrent_callers_share_one_barrier_and_one_result():
+    probes = GatedProbes()
+    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=30), [POD], probes)
+    results: list[object] = []
+    callers = [threading.Thread(target=lambda: results.append(shared.wait()))
+               for _ in range(5)]
+    for c in callers:
+        c.start()
+    assert probes.entered.wait(10) and shared.wait_for_waiters(5, 10)
+    assert shared.status()["state"] == "running"
+    probes.gate.set()
+    for c in callers:
+        c.join(10)
+    assert len(results) == 5 and all(r is results[0] for r in results)
+    assert shared.calls == 5 and probes.discoveries == 1  # one barrier, one round
+    # A caller that comes after the end gets the same result at once.
+    assert shared.wait() is results[0]
+    assert shared.status()["state"] == "done"
+
+
+def test_a_probe_hanging_past_the_deadline_does_not_hold_the_callers():
+    probes = GatedProbes()  # the gate stays shut: the query hangs
+    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=0.2), [POD], probes)
+    r = shared.wait()
+    assert r.outcome is Outcome.TIMEOUT and r.not_quiesced == {A: "no answer yet"}
+    assert r.elapsed < 5
+    probes.gate.set()  # the runner thread then sees the barrier is over
+    assert shared.result is r

@@ -1,0 +1,329 @@
+"""`ipvsctl shutdown-manager` end to end, in-process: the real HTTP server and barrier thread
+against fake daemons (local HTTP servers answering /v1/quiesced) and a fake /proc/net.
+
+Synchronisation is by conditions on what the fakes have seen (queries answered, connection
+counts read), never by sleeping; the barrier polls with a short real interval."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ipvsctl.shell.http import HTTPServer, as_json
+from ipvsctl.shell.shutdown_manager import (
+    ManagerOptions,
+    ShutdownManager,
+    parse_duration,
+    register,
+)
+from ipvsctl.shutdown.barrier import BarrierConfig
+
+POD = "10.244.1.5"
+HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+          "timeout inode\n")
+LISTEN_8080 = ("   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  "
+               "1000        0 1582 1 0000000000000001 100 0 0 10 0\n")
+
+
+def established_8080(n: int) -> str:
+    """n clients (10.0.0.2:50000+i) connected to the pod's 10.244.1.5:8080."""
+    return "".join(
+        f"   {i + 1}: 0501F40A:1F90 0200000A:{50000 + i:04X} 01 00000000:00000000 "
+        f"02:000AF0A3 00000000  1000        0 {2000 + i} 2 0000000000000002 20 4 30 10 -1\n"
+        for i in range(n))
+
+
+def write_proc(folder: Path, connections: int) -> None:
+    tmp = folder / ".tcp.tmp"
+    tmp.write_text(HEADER + LISTEN_8080 + established_8080(connections))
+    tmp.rename(folder / "tcp")  # atomic: the counter never reads half a file
+
+
+class FakeDaemon:
+    """One node's ipvsctl: /v1/quiesced from `quiesced`/`ready`, counting the queries."""
+
+    def __init__(self, node: str, quiesced: bool = False, ready: bool = True) -> None:
+        self.node, self.quiesced, self.ready = node, quiesced, ready
+        self.queries = 0
+        self.cond = threading.Condition()
+        self.http = HTTPServer("127.0.0.1:0", {"/v1/quiesced": self.handle})
+        self.url = f"http://127.0.0.1:{self.http.port}"
+        self.http.start()
+
+    def handle(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        ip = q["ip"][0]
+        with self.cond:
+            doc = {"ip": ip, "node": self.node, "ready": self.ready,
+                   "quiesced": self.ready and self.quiesced,
+                   "real_servers_with_weight": 0 if self.quiesced else 1,
+                   "since": None, "for_seconds": None}
+            self.queries += 1
+            self.cond.notify_all()
+        return as_json(200, doc)
+
+    def set(self, **kw: bool) -> None:
+        with self.cond:
+            for k, v in kw.items():
+                setattr(self, k, v)
+
+    def answered_more(self, than: int | None = None, by: int = 2) -> None:
+        """Block until this daemon has answered `by` more queries (proof of polling)."""
+        with self.cond:
+            base = self.queries if than is None else than
+            assert self.cond.wait_for(lambda: self.queries >= base + by, 10)
+
+
+class CountSpy:
+    """Wraps the connection counter: records each count read, with a condition."""
+
+    def __init__(self, inner: Callable[[], int]) -> None:
+        self.inner = inner
+        self.counts: list[int] = []
+        self.cond = threading.Condition()
+
+    def __call__(self) -> int:
+        n = self.inner()
+        with self.cond:
+            self.counts.append(n)
+            self.cond.notify_all()
+        return n
+
+    def wait_reads(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.counts) >= n, 10)
+
+
+def get(url: str, timeout: float = 20) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = r.read().decode()
+            return r.status, json.loads(body) if body.startswith("{") else body
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class Caller(threading.Thread):
+    """A preStop hook: GET /shutdown, remembering the answer and when it came."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.answer: tuple[int, Any] | None = None
+        self.at = 0.0
+
+    def run(self) -> None:
+        self.answer = get(self.url + "/shutdown")
+        self.at = time.monotonic()
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[FakeDaemon]]:
+    ds = [FakeDaemon("node-a"), FakeDaemon("node-b")]
+    yield ds
+    for d in ds:
+        d.http.stop()
+
+
+def manager(tmp_path: Path, daemons: list[str], **barrier: Any) -> ShutdownManager:
+    cfg = {"check_interval": 0.02, "timeout": 30.0, **barrier}
+    return ShutdownManager(ManagerOptions(
+        pod_ips=(POD,), listen="127.0.0.1:0", daemons=tuple(daemons),
+        proc_net=str(tmp_path), barrier=BarrierConfig(**cfg)))
+
+
+def test_shutdown_returns_as_soon_as_every_daemon_is_quiesced_and_connections_drain(
+        tmp_path, daemons):
+    a, b = daemons
+    write_proc(tmp_path, connections=1)
+    m = manager(tmp_path, [a.url, b.url])
+    spy = CountSpy(m.barrier.probes.connections)  # type: ignore[attr-defined]
+    m.barrier.probes.connections = spy  # type: ignore[attr-defined]
+    m.start()
+    base = f"http://127.0.0.1:{m.port}"
+    try:
+        assert get(base + "/healthz") == (200, "ok\n")
+        assert get(base + "/status")[1]["state"] == "idle"
+        # The app's preStop hook and the sidecar's own call /shutdown at the same time.
+        callers = [Caller(base), Caller(base)]
+        for c in callers:
+            c.start()
+        assert m.barrier.wait_for_waiters(2, 10)
+        a.answered_more()
+        b.answered_more()
+        assert not any(c.answer for c in callers)  # both daemons still send it traffic
+
+        a.set(quiesced=True)
+        b.answered_more()
+        b.set(ready=False, quiesced=True)  # restarting: knows nothing yet, so not quiesced
+        b.answered_more()
+        assert not any(c.answer for c in callers)
+        status = get(base + "/status")[1]
+        assert status["state"] == "running" and status["stage"] == "daemons"
+        assert status["daemons"]["not_quiesced"] == {b.url: "not ready (no first sync yet)"}
+
+        b.set(ready=True)
+        spy.wait_reads(2)  # the connections stage is polling /proc/net/tcp
+        assert spy.counts[:2] == [1, 1]
+        assert get(base + "/status")[1]["stage"] == "connections"
+        assert not any(c.answer for c in callers)
+
+        released = time.monotonic()
+        write_proc(tmp_path, connections=0)
+        for c in callers:
+            c.join(10)
+        # Returned within a few polling intervals of the last client leaving, nowhere near
+        # the 30 s timeout: no fixed delay anywhere.
+        assert all(c.answer for c in callers)
+        assert max(c.at for c in callers) - released < 2.0
+        answers = [c.answer for c in callers]
+        assert answers[0] == answers[1]  # one barrier, one result
+        code, doc = answers[0]  # type: ignore[misc]
+        assert code == 200 and doc["outcome"] == "drained"
+        assert doc["daemons"] == {"total": 2, "quiesced": 2, "not_quiesced": {},
+                                  "discovery_error": None}
+        assert doc["connections"]["established"] == 0 and doc["elapsed_seconds"] < 30
+        assert set(doc["stages"]) == {"daemons", "connections"}
+        # A hook that comes late gets the same answer at once.
+        assert get(base + "/shutdown") == answers[0]
+        assert get(base + "/status")[1]["state"] == "done"
+    finally:
+        m.finish()  # SIGTERM's path: the barrier is done, so this returns at once
+
+
+def test_a_daemon_that_never_answers_is_named_and_the_hook_returns_at_the_timeout(
+        tmp_path, daemons, caplog):
+    a, _ = daemons
+    a.set(quiesced=True)
+    closed = socket.create_server(("127.0.0.1", 0))
+    silent = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    write_proc(tmp_path, connections=0)
+    m = manager(tmp_path, [a.url, silent], timeout=0.5)
+    m.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="ipvsctl.shutdown"):
+            started = time.monotonic()
+            code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
+            took = time.monotonic() - started
+        assert code == 200 and doc["outcome"] == "timeout" and doc["stage"] == "daemons"
+        assert 0.5 <= took < 3.0
+        assert list(doc["daemons"]["not_quiesced"]) == [silent]
+        assert doc["daemons"]["not_quiesced"][silent].startswith("unreachable: ")
+        named = [r for r in caplog.records if r.getMessage() == "daemon not quiesced at timeout"]
+        assert [r.fields["daemon"] for r in named] == [silent]  # type: ignore[attr-defined]
+    finally:
+        m.stop()
+
+
+def test_daemons_are_found_through_dns(tmp_path, daemons):
+    a, _ = daemons
+    a.set(quiesced=True)
+    write_proc(tmp_path, connections=0)
+    asked: list[tuple[str, int]] = []
+
+    def resolve(name: str, port: int) -> list[str]:
+        asked.append((name, port))
+        return ["127.0.0.1"]
+
+    m = ShutdownManager(ManagerOptions(
+        pod_ips=(POD,), listen="127.0.0.1:0", daemon_service="ipvsctl-metrics.test",
+        daemon_port=a.http.port, proc_net=str(tmp_path),
+        barrier=BarrierConfig(check_interval=0.02, timeout=10)), resolve=resolve)
+    m.start()
+    try:
+        code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
+        assert code == 200 and doc["outcome"] == "drained"
+        assert asked[0] == ("ipvsctl-metrics.test", a.http.port)
+        assert doc["daemons"]["total"] == 1
+    finally:
+        m.stop()
+
+
+def test_on_sigterm_a_running_barrier_is_seen_through_and_its_hook_answered(
+        tmp_path, daemons):
+    a, b = daemons  # neither quiesces
+    write_proc(tmp_path, connections=0)
+    m = manager(tmp_path, [a.url, b.url], timeout=0.4)
+    m.start()
+    caller = Caller(f"http://127.0.0.1:{m.port}")
+    caller.start()
+    assert m.barrier.wait_for_waiters(1, 10)
+    m.finish()  # what run() does on SIGTERM
+    caller.join(10)
+    assert caller.answer is not None and caller.answer[0] == 200
+    assert caller.answer[1]["outcome"] == "timeout"
+
+
+def test_on_sigterm_with_no_barrier_it_stops_at_once(tmp_path, daemons):
+    m = manager(tmp_path, [daemons[0].url])
+    m.start()
+    m.finish()
+    assert not m.barrier.started
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli() -> typer.Typer:
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _root() -> None:
+        """test root"""
+
+    register(app)
+    return app
+
+
+def test_the_command_and_its_flags(cli, monkeypatch):
+    monkeypatch.delenv("POD_IP", raising=False)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["shutdown-manager", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for flag in ("--pod-ip", "--listen", "--daemon", "--daemon-service", "--daemon-port",
+                 "--port", "--min-open-connections", "--check-interval", "--check-delay",
+                 "--timeout", "--proc-net", "--wait-connections", "--log-format"):
+        assert flag in r.output, flag
+    r = runner.invoke(cli, ["shutdown-manager"])
+    assert r.exit_code == 2 and "--pod-ip" in r.output
+    r = runner.invoke(cli, ["shutdown-manager", "--pod-ip", "nope"])
+    assert r.exit_code == 2 and "not an IP address" in r.output
+    r = runner.invoke(cli, ["shutdown-manager", "--pod-ip", POD, "--timeout", "soon"])
+    assert r.exit_code == 2 and "not a duration" in r.output
+    r = runner.invoke(cli, ["shutdown-manager", "--pod-ip", POD, "--check-interval", "0"])
+    assert r.exit_code == 2 and "must be > 0" in r.output
+    r = runner.invoke(cli, ["shutdown-manager", "--pod-ip", POD, "--daemon", "10.0.0.1:9796"])
+    assert r.exit_code == 2 and "--daemon" in r.output
+
+
+def test_a_listen_address_in_use_is_a_start_up_error(cli, monkeypatch):
+    taken = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt: None)  # keep pytest's logging
+    try:
+        monkeypatch.setenv("POD_IP", f"{POD},fd00::5")
+        r = CliRunner().invoke(cli, ["shutdown-manager", "--listen",
+                                     f"127.0.0.1:{taken.getsockname()[1]}"])
+        assert r.exit_code == 1 and "--listen" in r.output
+    finally:
+        taken.close()
+
+
+def test_durations_take_seconds_or_go_style_units():
+    assert parse_duration("25") == 25 and parse_duration("2.5s") == 2.5
+    assert parse_duration("500ms") == 0.5 and parse_duration("1m") == 60
+    for bad in ("", "-1", "1h", "s"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
