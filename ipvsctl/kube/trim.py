@@ -9,6 +9,7 @@ from the API server do not.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,8 +33,6 @@ SERVICE_SPEC_FIELDS = (
     "externalTrafficPolicy",
     "healthCheckNodePort",
 )
-ENDPOINT_FIELDS = ("addresses", "conditions", "nodeName")
-TARGET_REF_FIELDS = ("kind", "namespace", "name", "uid")
 POD_SPEC_FIELDS = ("nodeName", "terminationGracePeriodSeconds")
 POD_STATUS_FIELDS = ("podIP", "podIPs")
 
@@ -72,13 +71,55 @@ def trim_service(obj: Mapping[str, Any]) -> RawObject:
     return out
 
 
+# Endpoints dominate memory and time at scale (100,000 of them), hence the plain code below:
+# repeated values are shared instead of copied per endpoint (node names, namespaces and kinds
+# interned; the few distinct `conditions` dicts reused). Safe because emitted objects are
+# read-only.
+_CONDITIONS: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
+_intern = sys.intern
+
+
+def _shared_conditions(conditions: Any) -> Any:
+    if type(conditions) is not dict or len(conditions) > 3:
+        return conditions
+    try:
+        key = tuple(conditions.items())
+        shared = _CONDITIONS.get(key)
+    except TypeError:  # unhashable values: leave them for validation to report
+        return conditions
+    if shared is None:
+        if len(_CONDITIONS) > 256:  # only ever a handful of legitimate combinations
+            return conditions
+        shared = _CONDITIONS[key] = dict(key)
+    return shared
+
+
 def _trim_endpoint(ep: Any) -> Any:
-    if not isinstance(ep, Mapping):
+    if type(ep) is not dict:
         return ep  # let the engine's validation report it
-    out = _pick(ep, ENDPOINT_FIELDS)
+    out: dict[str, Any] = {}
+    v = ep.get("addresses")
+    if v is not None:
+        out["addresses"] = v
+    v = ep.get("conditions")
+    if v is not None:
+        out["conditions"] = _shared_conditions(v)
+    v = ep.get("nodeName")
+    if v is not None:
+        out["nodeName"] = _intern(v) if type(v) is str else v
     target = ep.get("targetRef")
-    if isinstance(target, Mapping):
-        out["targetRef"] = _pick(target, TARGET_REF_FIELDS)
+    if type(target) is dict:
+        ref: dict[str, Any] = {}
+        v = target.get("kind")
+        if v is not None:
+            ref["kind"] = _intern(v) if type(v) is str else v
+        v = target.get("namespace")
+        if v is not None:
+            ref["namespace"] = _intern(v) if type(v) is str else v
+        v = target.get("name")
+        if v is not None:
+            ref["name"] = v
+        out["targetRef"] = ref
     return out
 
 

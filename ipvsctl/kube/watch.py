@@ -13,6 +13,7 @@ trimmed at once: deserialising into the generated models is slow and heavy at th
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import random
@@ -50,6 +51,34 @@ class WatchStatusError(Exception):
 
 class _Stopped(Exception):
     pass
+
+
+_gc_lock = threading.Lock()
+_gc_holders = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector during a list. Decoding allocates hundreds of
+    thousands of containers, and as the trimmed objects accumulate the generational GC
+    re-scans the growing heap over and over (measured: 10,000 slices of 10 endpoints listed
+    in 1.9 s with it, 1.25 s without). Reference counting still frees everything acyclic;
+    the pause ends with the list (each page is bounded by its read timeout). Nested and
+    concurrent uses (two reflectors) are counted; it only re-enables what it disabled."""
+    global _gc_holders, _gc_was_enabled
+    with _gc_lock:
+        if _gc_holders == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_holders += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_holders -= 1
+            if _gc_holders == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def _shutdown(resp: Any) -> None:
@@ -122,7 +151,8 @@ class Reflector:
             error: BaseException | None = None
             try:
                 if need_list:
-                    objects, rv = self._list(halt)
+                    with gc_paused():
+                        objects, rv = self._list(halt)
                     self.resource_version = rv
                     self.lists += 1
                     self._emit(Replace(self.kind, objects, self._clock()))
@@ -223,7 +253,8 @@ class Reflector:
             del body
             if not isinstance(page, dict):
                 raise ValueError("list response is not a JSON object")
-            objects.extend(trim(item) for item in page.get("items") or () if isinstance(item, dict))
+            items = page.get("items") or ()
+            objects.extend(trim(item) for item in items if isinstance(item, dict))
             meta = page.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
             token = meta.get("continue") or None

@@ -119,11 +119,25 @@ def test_trim_endpoint_slice() -> None:
                 "addresses": ["10.244.1.5"],
                 "conditions": {"ready": False, "serving": True, "terminating": True},
                 "nodeName": "node-1",
-                "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1", "uid": "u"},
+                "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1"},
             },
             {"addresses": ["10.244.1.6"]},
         ],
     }
+
+
+def test_trim_endpoint_slice_shares_repeated_values() -> None:
+    eps = [{"addresses": [f"10.0.0.{i}"], "nodeName": "node-" + "1" * (i // 10 + 1),
+            "conditions": {"ready": True, "serving": True, "terminating": False}}
+           for i in range(3)]
+    out = trim_endpoint_slice({"metadata": {"name": "s"}, "endpoints": eps})["endpoints"]
+    assert out[0]["conditions"] is out[1]["conditions"] is out[2]["conditions"]
+    assert out[0]["conditions"] == {"ready": True, "serving": True, "terminating": False}
+    assert out[0]["nodeName"] is out[2]["nodeName"]
+    odd = {"ready": True, "serving": [1]}  # unhashable: passed through, not shared
+    out = trim_endpoint_slice({"metadata": {"name": "s"},
+                               "endpoints": [{"conditions": odd}]})["endpoints"]
+    assert out[0]["conditions"] is odd
 
 
 def test_trim_endpoint_slice_passes_malformed_parts_through_for_validation() -> None:
@@ -173,3 +187,24 @@ def test_iter_lines_splits_across_chunks() -> None:
     assert list(iter_lines(iter(chunks))) == [
         b'{"a":1}', b'{"b":2}', b'{"c":3}', b'{"d":4}', b'{"e":5}'
     ]
+
+
+def test_gc_paused_nests_and_restores() -> None:
+    import gc
+
+    from ipvsctl.kube.watch import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # it only re-enables what it disabled
+    finally:
+        gc.enable()
