@@ -327,3 +327,25 @@ def test_durations_take_seconds_or_go_style_units():
     for bad in ("", "-1", "1h", "s"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_the_example_manifest_is_consistent_with_the_command(cli):
+    """daemonset/examples/app-with-shutdown-manager.yaml: its args parse, both hooks hit the
+    sidecar's port, and the grace period covers --timeout."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "daemonset/examples/app-with-shutdown-manager.yaml"
+    pod = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]
+    app, sidecar = pod["containers"]
+    args = sidecar["args"]
+    assert args[0] == "shutdown-manager"
+    command = typer.main.get_command(cli).commands["shutdown-manager"]  # type: ignore[attr-defined]
+    params = command.make_context("shutdown-manager", list(args[1:])).params
+    listen_port = int(params["listen"].rpartition(":")[2])
+    for c in (app, sidecar):
+        assert c["lifecycle"]["preStop"]["httpGet"] == {"path": "/shutdown", "port": listen_port}
+    assert params["port"] == [app["ports"][0]["containerPort"]]
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] in ("status.podIP",
+                                                                   "status.podIPs")
+    assert parse_duration(params["timeout"]) < pod["terminationGracePeriodSeconds"]
