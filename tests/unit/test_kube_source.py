@@ -262,6 +262,22 @@ def test_bookmark_advances_resource_version_and_rewatch_needs_no_relist(api, har
     h.close()
 
 
+def test_server_timeouts_rewatch_from_the_bookmarked_version(api, harness) -> None:
+    api.max_watch_seconds = 0.1  # every watch ends cleanly after 0.1 s
+    api.bookmark_interval = 0.02
+    h = harness().start()
+    h.synced()
+    api.add(objects.pod("unrelated"))  # only a bookmark can tell the watch about this
+    rv = str(api.resource_version)
+    assert api.wait_for(
+        lambda: any(q["resourceVersion"] == rv for q in watch_requests(api, "Service")), WAIT
+    )
+    assert api.count("list", "Service") == 1 and api.count("list", "EndpointSlice") == 1
+    assert h.restart("services") == "closed"
+    assert h.empty(SVC)
+    h.close()
+
+
 def test_watch_parameters(api, harness) -> None:
     h = harness(KubeSettings(watch_timeout=300, read_slack=30)).start()
     h.synced()
