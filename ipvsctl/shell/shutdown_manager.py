@@ -8,6 +8,8 @@ Concurrent calls (the app's hook and the sidecar's own) share one barrier. /heal
 the liveness probe, /status shows the barrier while it runs. See docs/shutdown-manager.md.
 
 Wiring only: the barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes.
+The HTTP server and the probes are imported where they are used, so that registering the
+command costs the rest of the CLI nothing.
 """
 
 from __future__ import annotations
@@ -18,26 +20,18 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ipvsctl.model import normalize_ip
 from ipvsctl.obs.logging import fields
-from ipvsctl.shell.http import HTTPServer, as_json, text
+from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
 from ipvsctl.shutdown.barrier import BarrierConfig
-from ipvsctl.shutdown.probes import (
-    DEFAULT_DAEMON_PORT,
-    DEFAULT_DAEMON_SERVICE,
-    ConnectionCounter,
-    DnsDaemons,
-    Resolver,
-    ShutdownProbes,
-    StaticDaemons,
-    normalize_daemon_url,
-    resolve_addresses,
-)
-from ipvsctl.shutdown.runner import Clock, SharedBarrier, Sleep
+
+if TYPE_CHECKING:
+    from ipvsctl.shutdown.probes import Resolver
+    from ipvsctl.shutdown.runner import Clock, Sleep
 
 log = logging.getLogger("ipvsctl.shutdown")
 
@@ -69,7 +63,17 @@ class ShutdownManager:
     injectable; daemons and /proc/net come from the options)."""
 
     def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
-                 sleep: Sleep = time.sleep, resolve: Resolver = resolve_addresses) -> None:
+                 sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
+        from ipvsctl.shell.http import HTTPServer, as_json, text
+        from ipvsctl.shutdown.probes import (
+            ConnectionCounter,
+            DnsDaemons,
+            ShutdownProbes,
+            StaticDaemons,
+            resolve_addresses,
+        )
+        from ipvsctl.shutdown.runner import SharedBarrier
+
         self.options = options
         self._inflight = 0
         self._cond = threading.Condition()
@@ -82,8 +86,9 @@ class ShutdownManager:
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
         daemons = (StaticDaemons(options.daemons) if options.daemons
-                   else DnsDaemons(options.daemon_service, options.daemon_port, resolve))
-        self.daemons = daemons
+                   else DnsDaemons(options.daemon_service, options.daemon_port,
+                                   resolve or resolve_addresses))
+        self.daemons: StaticDaemons | DnsDaemons = daemons
         self.counter = ConnectionCounter(options.proc_net, options.ports,
                                          exclude=(self.http.port,))
         probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
@@ -94,6 +99,8 @@ class ShutdownManager:
         return self.http.port
 
     def _shutdown(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        from ipvsctl.shell.http import as_json
+
         with self._cond:
             self._inflight += 1
         try:
@@ -197,8 +204,8 @@ def register(app: typer.Typer) -> None:
 def shutdown_manager(
     pod_ip: Annotated[list[str] | None, typer.Option(
         "--pod-ip", envvar="POD_IP",
-        help="This pod's IP (repeatable or comma-separated, for dual-stack) "
-             "[default: env POD_IP].")] = None,
+        help="This pod's IP (repeatable or comma-separated, for dual-stack); "
+             "from env POD_IP (the downward API) by default.")] = None,
     listen: Annotated[str, typer.Option(
         "--listen", help="HOST:PORT for /shutdown, /healthz and /status "
                          "([::]:PORT for IPv6).")] = DEFAULT_LISTEN,
@@ -214,8 +221,8 @@ def shutdown_manager(
     ] = DEFAULT_DAEMON_PORT,
     port: Annotated[list[int] | None, typer.Option(
         "--port", min=1, max=65535,
-        help="Local port whose established connections are counted (repeatable) "
-             "[default: every listening port but --listen's].")] = None,
+        help="Local port whose established connections are counted (repeatable); "
+             "every listening port but --listen's by default.")] = None,
     min_open_connections: Annotated[int, typer.Option(
         "--min-open-connections", min=0,
         help="Connections stage ends at this many established connections or fewer.")] = 0,
@@ -234,9 +241,14 @@ def shutdown_manager(
         "--proc-net", help="Where tcp and tcp6 are read from (tests).")] = "/proc/net",
     log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
 ) -> None:
-    """Sidecar for application pods: /shutdown (a preStop httpGet) returns once every
-    node's ipvsctl stops sending this pod new connections and its connections drain."""
+    """Sidecar: a preStop /shutdown that waits until no node sends this pod new connections.
+
+    GET /shutdown (the app's preStop httpGet) returns once every node's ipvsctl daemon says
+    this pod's IPs are quiesced and the pod's own connections have drained, or at --timeout.
+    See docs/shutdown-manager.md.
+    """
     from ipvsctl.obs import logging as obs_logging
+    from ipvsctl.shutdown.probes import normalize_daemon_url
 
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json")

@@ -11,3 +11,8 @@ connections fall to a minimum, never longer than a timeout. Layers, top to botto
 
 The HTTP server and the command live in `ipvsctl.shell.shutdown_manager`.
 """
+
+DEFAULT_DAEMON_SERVICE = "ipvsctl-metrics.ipvsctl-system.svc.cluster.local"
+"""The DaemonSet's headless metrics Service: one A/AAAA record per daemon."""
+DEFAULT_DAEMON_PORT = 9796
+"""The daemons' --listen port (/metrics, /v1/quiesced, ...)."""

@@ -21,8 +21,6 @@ from pathlib import Path
 from ipvsctl.model import normalize_ip
 from ipvsctl.shutdown.barrier import DaemonAnswer, DaemonReport, Failure
 
-DEFAULT_DAEMON_SERVICE = "ipvsctl-metrics.ipvsctl-system.svc.cluster.local"
-DEFAULT_DAEMON_PORT = 9796
 QUIESCED_PATH = "/v1/quiesced"
 
 
