@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+NAMED_AT_TIMEOUT = 20  # daemons named one per log line at a timeout; the response has all
+
 
 class Stage(StrEnum):
     DELAY = "delay"
@@ -184,7 +186,7 @@ class BarrierResult:
         if not self.daemons:
             return (f"timeout after {self.elapsed:.3f}s: no daemon found"
                     + (f" ({self.discovery_error})" if self.discovery_error else ""))
-        waiting = ", ".join(f"{d} ({why})" for d, why in self.not_quiesced.items())
+        waiting = _some([f"{d} ({why})" for d, why in self.not_quiesced.items()], sep=", ")
         return (f"timeout after {self.elapsed:.3f}s: {len(self.not_quiesced)} of "
                 f"{daemons} not quiesced: {waiting}")
 
@@ -287,9 +289,9 @@ class Barrier:
         if found != self.daemons:
             added = sorted(set(found) - set(self.daemons))
             gone = sorted(set(self.daemons) - set(found))
-            changes = {"added": ",".join(added)} if added else {}
+            changes = {"added": _some(added)} if added else {}
             if gone:
-                changes["gone"] = ",".join(gone)
+                changes["gone"] = _some(gone)
             self._note("info" if not self.daemons else "debug", "daemons found",
                        daemons=len(found), **changes)
             for d in gone:
@@ -390,10 +392,13 @@ class Barrier:
     def _timeout(self, now: float) -> Finish:
         stage = self.stage
         self._end_stage(now)
-        for daemon in self.daemons:
-            if daemon not in self.quiesced:
-                self._note("warning", "daemon not quiesced at timeout", daemon=daemon,
-                           reason=self.problems.get(daemon, "no answer yet"))
+        pending = [d for d in self.daemons if d not in self.quiesced]
+        for daemon in pending[:NAMED_AT_TIMEOUT]:
+            self._note("warning", "daemon not quiesced at timeout", daemon=daemon,
+                       reason=self.problems.get(daemon, "no answer yet"))
+        if len(pending) > NAMED_AT_TIMEOUT:
+            self._note("warning", "more daemons not quiesced at timeout",
+                       count=len(pending) - NAMED_AT_TIMEOUT, see="the /shutdown response")
         result = self._result(now, Outcome.TIMEOUT, stage)
         self._note("warning", "shutdown barrier timed out", stage=stage.value,
                    elapsed=self._elapsed(now), summary=result.message)
@@ -441,3 +446,9 @@ class Barrier:
 
 def _stages_text(stages: Mapping[str, float]) -> str:
     return ",".join(f"{k}={v:.3f}s" for k, v in stages.items())
+
+
+def _some(items: Sequence[str], limit: int = 10, sep: str = ",") -> str:
+    """A list for a log line, cut short on a large cluster."""
+    more = len(items) - limit
+    return sep.join(items[:limit]) + (f"{sep}... (+{more} more)" if more > 0 else "")

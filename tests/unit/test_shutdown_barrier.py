@@ -96,6 +96,18 @@ def test_a_silent_daemon_is_retried_each_interval_and_named_at_the_timeout():
         ("daemon not quiesced at timeout", B), ("shutdown barrier timed out", None)]
 
 
+def test_a_large_cluster_names_a_bounded_number_of_daemons_in_the_log():
+    b = barrier(timeout=1)
+    b.start(T0)
+    many = [f"http://10.0.{i // 256}.{i % 256}:9796" for i in range(300)]
+    b.on_daemons(T0, many)
+    r = b.expire(T0 + 1).result
+    assert len(r.not_quiesced) == 300  # the response has them all
+    assert r.message.endswith("... (+290 more)")
+    warnings = [n for n in b.take_notes() if n.level == "warning"]
+    assert len(warnings) == 22 and warnings[20].fields["count"] == 280
+
+
 def test_a_daemon_that_has_not_synced_is_not_quiesced():
     b = barrier(timeout=2)
     b.start(T0)
