@@ -28,7 +28,8 @@ class KubeSettings:
 
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
-    """Reconnect backoff: doubling from initial to max, jittered; reset by a successful list."""
+    """Reconnect backoff: doubling from initial to max, jittered; reset by a watch that worked
+    (delivered an event or lasted healthy_watch_seconds)."""
 
     healthy_watch_seconds: float = 1.0
     """A watch that ended (cleanly or with 410) after delivering nothing and within this time

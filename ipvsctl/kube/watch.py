@@ -148,6 +148,7 @@ class Reflector:
         while not halt.is_set():
             started = self._clock()
             self._delivered = False
+            watching = False  # the list (if any) worked and a watch was opened
             error: BaseException | None = None
             try:
                 if need_list:
@@ -157,10 +158,10 @@ class Reflector:
                     self.lists += 1
                     self._emit(Replace(self.kind, objects, self._clock()))
                     del objects
-                    backoff.reset()
                     need_list = False
                     log(logging.DEBUG, "list complete", resource=self.resource, resource_version=rv)
                 started = self._clock()
+                watching = True
                 self._watch(halt)
                 reason = CLOSED
             except _Stopped:
@@ -175,7 +176,12 @@ class Reflector:
                 reason, error = ERROR, exc
             if halt.is_set():
                 return
-            healthy = self._delivered or self._clock() - started >= s.healthy_watch_seconds
+            healthy = watching and (
+                self._delivered or self._clock() - started >= s.healthy_watch_seconds)
+            if healthy:
+                # Only a watch that worked resets the backoff: a server that lists fine
+                # but breaks every watch must not make us relist 10,000 Services in a loop.
+                backoff.reset()
             delay = 0.0 if reason in (CLOSED, EXPIRED) and healthy else backoff.next()
             need_list = need_list or reason != CLOSED
             self._restarted(reason, delay, need_list, error)

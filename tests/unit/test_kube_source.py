@@ -467,3 +467,19 @@ def test_only_permitted_calls(api, harness) -> None:
     }
     assert_permitted(api)
 
+
+
+def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loop(
+    api, harness, logs
+) -> None:
+    # Regression: the backoff was reset by every successful list, so this relisted the
+    # whole resource every backoff_initial seconds.
+    h = harness(_with(FAST, backoff_initial=0.01, backoff_max=0.64,
+                      healthy_watch_seconds=5.0)).start()
+    h.synced()
+    api.fail_next("watch", "Service", status=500, times=6)
+    api.close_watches("Service")
+    delays = [logs.next("watch restart", resource="services").fields["backoff"]
+              for _ in range(6)]
+    assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
+    h.close()
