@@ -1,0 +1,70 @@
+"""Start-up errors: one clear line and exit 1 (CONTRACT.md `run` exit codes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from ipvsctl.obs.logging import JSONFormatter, TextFormatter, fields
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ipvsctl", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ipvsctl: "), r.stderr
+    return lines[0]
+
+
+def test_unreadable_kubeconfig(tmp_path):
+    line = one_line(cli("run", "--kubeconfig", str(tmp_path / "nope"),
+                        "--state-dir", str(tmp_path / "s")))
+    assert "kubeconfig" in line and "nope" in line
+
+
+def test_invalid_kubeconfig(tmp_path):
+    bad = tmp_path / "config"
+    bad.write_text("clusters: [not: a kubeconfig")
+    assert "kubeconfig" in one_line(cli("run", "--kubeconfig", str(bad),
+                                        "--state-dir", str(tmp_path / "s")))
+
+
+def test_no_api_configuration_at_all(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    line = one_line(cli("run", "--state-dir", str(tmp_path / "s"), env=env))
+    assert "--kubeconfig" in line
+
+
+@pytest.mark.skipif(__import__("os").path.exists("/proc/net/ip_vs"), reason="host has IPVS")
+def test_no_ipvs_in_the_kernel(tmp_path):
+    (tmp_path / "m").mkdir()
+    line = one_line(cli("run", "--manifests", str(tmp_path / "m"),
+                        "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0"))
+    assert "IPVS" in line and "modprobe" in line
+
+
+def _record(msg: str, **kw: object) -> logging.LogRecord:
+    rec = logging.LogRecord("ipvsctl.engine", logging.INFO, __file__, 1, msg, (), None)
+    rec.fields = fields(**kw)["fields"]
+    return rec
+
+
+def test_json_logs_carry_object_and_action():
+    out = json.loads(JSONFormatter().format(_record(
+        "drain started", service="default/web", rs="10.0.0.1:80", deadline_in=30.0)))
+    assert out["msg"] == "drain started" and out["service"] == "default/web"
+    assert out["deadline_in"] == 30.0 and out["level"] == "info"
+
+
+def test_text_logs_are_key_value():
+    line = TextFormatter().format(_record("real server deleted", reason="drained",
+                                          service="default/web app"))
+    assert line.endswith('real server deleted reason=drained service="default/web app"')
