@@ -1,0 +1,302 @@
+"""The netlink adapter's pure parts, on the host: error mapping, message building and
+parsing, sysctl planning. The kernel behaviour itself is tested in tests/lab."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from typing import Any
+
+import pytest
+
+from ipvsctl.kernel import (
+    KernelError,
+    KernelExists,
+    KernelNotFound,
+    KernelPermissionDenied,
+    KernelTransient,
+    KernelUnavailable,
+    host,
+    netlink,
+)
+from ipvsctl.kernel.netlink import (  # NetlinkError: pyroute2's, as the adapter sees it
+    ConntrackTuple,
+    IPVSTimeouts,
+    NetlinkError,
+    NetlinkKernel,
+    conntrack_matches,
+    conntrack_tuple,
+    decode_u32,
+    dest_spec,
+    ipvs_config_msg,
+    real_server_from_message,
+    service_key_spec,
+    service_spec,
+    timeouts_from_message,
+    timeouts_message,
+    translate_error,
+    virtual_server_from_message,
+)
+from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+
+
+def attrs(spec: Any) -> dict[str, Any]:
+    return dict(spec.dump_nla()["attrs"])
+
+
+# --- errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("code", "cls"), [
+    (errno.ENOENT, KernelNotFound),
+    (errno.ESRCH, KernelNotFound),
+    (errno.EEXIST, KernelExists),
+    (errno.EPERM, KernelPermissionDenied),
+    (errno.EACCES, KernelPermissionDenied),
+    (errno.EINVAL, KernelTransient),
+    (errno.ENOBUFS, KernelTransient),
+])
+def test_netlink_errors_are_translated(code: int, cls: type[KernelError]) -> None:
+    err = translate_error(NetlinkError(code), "add_real_server", "10.0.0.1:80/TCP -> x")
+    assert type(err) is cls
+    assert err.operation == "add_real_server"
+    assert "10.0.0.1:80/TCP" in str(err) and os.strerror(code) in str(err)
+
+
+def test_os_errors_are_translated_too() -> None:
+    assert isinstance(translate_error(OSError(errno.EEXIST, "x"), "op"), KernelExists)
+    assert isinstance(translate_error(OSError(errno.ECONNRESET, "x"), "op"), KernelTransient)
+    assert isinstance(translate_error(RuntimeError("loop closed"), "op"), KernelTransient)
+
+
+def test_unknown_scheduler_message_says_which_module() -> None:
+    with pytest.raises(KernelNotFound, match="modprobe ip_vs_mh"), \
+            netlink._errors("add_virtual_server", "x", scheduler="mh"):
+        raise NetlinkError(errno.ENOENT)
+
+
+# --- messages -------------------------------------------------------------------------------
+def test_ipv4_service_spec() -> None:
+    vs = VirtualServer(ServiceKey(Protocol.UDP, "10.96.0.10", 53), "rr", 0)
+    a = attrs(service_spec(vs))
+    assert a["IPVS_SVC_ATTR_AF"] == socket.AF_INET
+    assert a["IPVS_SVC_ATTR_PROTOCOL"] == socket.IPPROTO_UDP
+    assert (a["IPVS_SVC_ATTR_ADDR"], a["IPVS_SVC_ATTR_PORT"]) == ("10.96.0.10", 53)
+    assert a["IPVS_SVC_ATTR_NETMASK"] == "255.255.255.255"
+    assert a["IPVS_SVC_ATTR_SCHED_NAME"] == "rr"
+    # only the persistent bit is ours: a "set" keeps any other flag as it is
+    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0, "mask": 1}
+    assert a["IPVS_SVC_ATTR_TIMEOUT"] == 0
+
+
+def test_ipv6_persistent_sctp_service_spec() -> None:
+    vs = VirtualServer(ServiceKey(Protocol.SCTP, "fd96::10", 99), "sh", 10800)
+    a = attrs(service_spec(vs))
+    assert a["IPVS_SVC_ATTR_AF"] == socket.AF_INET6
+    assert a["IPVS_SVC_ATTR_PROTOCOL"] == 132
+    # the kernel reads the netmask as a host-order u32 prefix length: 128 for IPv6
+    assert struct.unpack("=I", socket.inet_aton(a["IPVS_SVC_ATTR_NETMASK"]))[0] == 128
+    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 1, "mask": 1}
+    assert a["IPVS_SVC_ATTR_TIMEOUT"] == 10800
+
+
+def test_service_key_spec_carries_only_the_identity() -> None:
+    key = ServiceKey(Protocol.TCP, "10.96.0.10", 80)
+    assert dict(service_key_spec(key).dump_key()["attrs"]) == {
+        "IPVS_SVC_ATTR_AF": socket.AF_INET, "IPVS_SVC_ATTR_PROTOCOL": 6,
+        "IPVS_SVC_ATTR_ADDR": "10.96.0.10", "IPVS_SVC_ATTR_PORT": 80,
+    }
+
+
+def test_real_servers_are_nat_not_pyroute2s_direct_routing_default() -> None:
+    a = attrs(dest_spec(RealServerKey("10.244.1.5", 8080), 0))
+    assert a["IPVS_DEST_ATTR_FWD_METHOD"] == 0
+    assert a["IPVS_DEST_ATTR_WEIGHT"] == 0
+    assert (a["IPVS_DEST_ATTR_ADDR"], a["IPVS_DEST_ATTR_PORT"]) == ("10.244.1.5", 8080)
+
+
+def test_timeouts_message_sets_only_non_zero_values() -> None:
+    assert timeouts_message(0, 0, 0) is None
+    with pytest.raises(ValueError, match="tcpfin"):
+        timeouts_message(900, -1, 0)
+    msg = timeouts_message(tcp=900, udp=30)
+    assert msg is not None
+    msg.encode()
+    back = ipvs_config_msg(msg.data)
+    back.decode()
+    assert back["cmd"] == 12  # IPVS_CMD_SET_CONFIG
+    assert back.get_attr("IPVS_CMD_ATTR_TIMEOUT_TCP") == 900
+    assert back.get_attr("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN") is None
+    assert back.get_attr("IPVS_CMD_ATTR_TIMEOUT_UDP") == 30
+
+
+def test_get_config_reply_as_pyroute2_decodes_it() -> None:
+    # pyroute2's ipvsmsg types the timeouts as "hex": what a 6.1 kernel's defaults look like
+    reply = Stub(attrs={"IPVS_CMD_ATTR_TIMEOUT_TCP": "84:03:00:00",
+                        "IPVS_CMD_ATTR_TIMEOUT_TCP_FIN": "78:00:00:00",
+                        "IPVS_CMD_ATTR_TIMEOUT_UDP": "2c:01:00:00"})
+    if struct.pack("=I", 1) == b"\x01\x00\x00\x00":
+        assert timeouts_from_message(reply) == IPVSTimeouts(tcp=900, tcpfin=120, udp=300)
+    assert decode_u32(17) == 17
+
+
+# --- parsing dumps --------------------------------------------------------------------------
+class Stub:
+    """A netlink message for the read API the adapter uses: m.get((nla, field)) for IPVS
+    dumps, m.get_attr(name) for conntrack and config messages."""
+
+    def __init__(self, fields: dict[tuple[str, str], Any] | None = None,
+                 attrs: dict[str, Any] | None = None) -> None:
+        self.fields, self.attrs = fields or {}, attrs or {}
+
+    def get(self, key: tuple[str, str]) -> Any:
+        return self.fields.get(key)
+
+    def get_attr(self, name: str) -> Any:
+        return self.attrs.get(name)
+
+
+def service_message(**fields: Any) -> Stub:
+    return Stub({("service", k): v for k, v in fields.items()})
+
+
+def test_virtual_server_from_dump() -> None:
+    m = service_message(af=10, protocol=6, addr="fd96:0:0::10", port=80, sched_name="sh",
+                        flags={"flags": 3, "mask": 0xFFFFFFFF}, timeout=300)
+    assert virtual_server_from_message(m) == VirtualServer(
+        ServiceKey(Protocol.TCP, "fd96::10", 80), "sh", 300)
+    # flag 2 is IP_VS_SVC_F_HASHED, always set by the kernel; the timeout counts only with
+    # the persistent flag
+    m = service_message(af=2, protocol=17, addr="10.96.0.10", port=53, sched_name="rr",
+                        flags={"flags": 2, "mask": 0xFFFFFFFF}, timeout=300)
+    assert virtual_server_from_message(m) == VirtualServer(
+        ServiceKey(Protocol.UDP, "10.96.0.10", 53), "rr", 0)
+
+
+def test_fwmark_and_unknown_protocol_services_are_not_ours() -> None:
+    assert virtual_server_from_message(service_message(af=2, fwmark=5, sched_name="rr")) is None
+    assert virtual_server_from_message(
+        service_message(af=2, protocol=33, addr="10.0.0.1", port=1)) is None
+
+
+def test_real_server_from_dump() -> None:
+    m = Stub({("dest", "addr"): "10.244.1.5", ("dest", "port"): 8080, ("dest", "weight"): 0,
+              ("dest", "active_conns"): 2, ("dest", "inact_conns"): 7,
+              ("dest", "fwd_method"): 0})
+    assert real_server_from_message(m) == RealServerStatus(
+        RealServerKey("10.244.1.5", 8080), 0, 2, 7)
+
+
+def tuple_nla(proto: int, src: str, dst: str, sport: int, dport: int) -> Stub:
+    v = "V6" if ":" in src else "V4"
+    return Stub(attrs={
+        "CTA_TUPLE_IP": Stub(attrs={f"CTA_IP_{v}_SRC": src, f"CTA_IP_{v}_DST": dst}),
+        "CTA_TUPLE_PROTO": Stub(attrs={"CTA_PROTO_NUM": proto, "CTA_PROTO_SRC_PORT": sport,
+                                       "CTA_PROTO_DST_PORT": dport}),
+    })
+
+
+def test_conntrack_filter_is_vip_to_real_server() -> None:
+    key, rs = ServiceKey(Protocol.UDP, "fd96::10", 53), RealServerKey("fd00::1", 5353)
+    orig = conntrack_tuple(tuple_nla(17, "fd01::100", "fd96:0::10", 40000, 53))
+    reply = conntrack_tuple(tuple_nla(17, "fd00::1", "fd01::100", 5353, 40000))
+    assert orig == ConntrackTuple(17, "fd01::100", "fd96::10", 40000, 53)
+    assert orig and reply and conntrack_matches(orig, reply, key, rs)
+    assert not conntrack_matches(orig, reply, key, RealServerKey("fd00::2", 5353))
+    assert not conntrack_matches(orig, reply, ServiceKey(Protocol.TCP, "fd96::10", 53), rs)
+    assert not conntrack_matches(orig, reply, ServiceKey(Protocol.UDP, "fd96::10", 54), rs)
+    assert conntrack_tuple(None) is None
+
+
+# --- constructor errors ---------------------------------------------------------------------
+class FakeIPVS:
+    """Stands in for pyroute2's IPVS class in the constructor's error paths only."""
+
+    prid = 1
+    error: int | None = None
+
+    def __init__(self, **_: Any) -> None:
+        if FakeIPVS.error == errno.ENOENT:
+            raise NetlinkError(errno.ENOENT)  # what IPVS() does without the module
+
+    def nlm_request(self, *_: Any, **__: Any) -> Any:
+        raise NetlinkError(FakeIPVS.error or errno.EINVAL)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("code", "cls", "text"), [
+    (errno.ENOENT, KernelUnavailable, "modprobe ip_vs"),
+    (errno.EPERM, KernelPermissionDenied, "CAP_NET_ADMIN"),
+    (errno.EIO, KernelTransient, "open IPVS"),
+])
+def test_constructor_errors(monkeypatch: pytest.MonkeyPatch, code: int,
+                            cls: type[KernelError], text: str) -> None:
+    monkeypatch.setattr(netlink, "IPVS", FakeIPVS)
+    monkeypatch.setattr(FakeIPVS, "error", code)
+    with pytest.raises(cls, match=text):
+        NetlinkKernel(create_interface=False)
+
+
+@pytest.mark.skipif(os.path.exists("/proc/net/ip_vs"), reason="this kernel has IPVS")
+def test_constructor_on_a_kernel_without_ipvs() -> None:
+    with pytest.raises(KernelUnavailable, match="modprobe ip_vs"):
+        NetlinkKernel(create_interface=False)
+
+
+def test_constructor_with_a_missing_netns() -> None:
+    with pytest.raises(KernelUnavailable, match="not found"):
+        NetlinkKernel(netns="ipvsctl-no-such-netns")
+
+
+# --- host: sysctls and namespaces -----------------------------------------------------------
+def test_kernel_versions() -> None:
+    assert host.parse_kernel_version("6.1.0-56-amd64") == (6, 1)
+    assert host.parse_kernel_version("5.10.0") == (5, 10)
+    with pytest.raises(ValueError):
+        host.parse_kernel_version("unknown")
+
+
+def test_conn_reuse_mode_only_before_5_9() -> None:
+    assert host.wanted_sysctls("4.19.0-20-amd64")["net.ipv4.vs.conn_reuse_mode"] == "0"
+    assert host.wanted_sysctls("5.8.18")["net.ipv4.vs.conn_reuse_mode"] == "0"
+    for release in ("5.9.0", "5.10.0-30-amd64", "6.1.0-56-amd64"):
+        assert "net.ipv4.vs.conn_reuse_mode" not in host.wanted_sysctls(release)
+    assert host.wanted_sysctls("6.1.0") == {
+        "net.ipv4.vs.conntrack": "1",
+        "net.ipv4.vs.expire_nodest_conn": "1",
+        "net.ipv4.vs.expire_quiescent_template": "1",
+        "net.ipv4.ip_forward": "1",
+    }
+
+
+def fake_proc_sys(root: Any, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        path = host.sysctl_path(name, str(root))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(value + "\n")
+    return str(root)
+
+
+def test_apply_sysctls_writes_only_what_differs(tmp_path: Any) -> None:
+    proc = fake_proc_sys(tmp_path, {"net.ipv4.vs.conntrack": "0", "net.ipv4.ip_forward": "1"})
+    wanted = {"net.ipv4.vs.conntrack": "1", "net.ipv4.ip_forward": "1"}
+    assert host.apply_sysctls(wanted, proc_sys=proc) == {"net.ipv4.vs.conntrack": "1"}
+    assert host.read_sysctl("net.ipv4.vs.conntrack", proc_sys=proc) == "1"
+    assert host.apply_sysctls(wanted, proc_sys=proc) == {}
+
+
+def test_missing_ipvs_sysctls_say_to_load_ip_vs(tmp_path: Any) -> None:
+    proc = fake_proc_sys(tmp_path, {"net.ipv4.ip_forward": "1"})
+    with pytest.raises(KernelUnavailable, match="modprobe ip_vs"):
+        host.apply_sysctls({"net.ipv4.vs.conntrack": "1"}, proc_sys=proc)
+
+
+def test_run_in_netns() -> None:
+    assert host.run_in_netns(None, lambda: 42) == 42
+    with pytest.raises(KernelUnavailable, match="not found"):
+        host.run_in_netns("ipvsctl-no-such-netns", lambda: 42)
+    assert host.netns_path("n1") == "/run/netns/n1"
+    assert host.netns_path("/proc/1/ns/net") == "/proc/1/ns/net"
