@@ -1,0 +1,121 @@
+"""Fixtures for the real-kernel tests, which `python -m tests.lab.boot` (make test-lab) runs
+inside a VM booted with Debian's kernel.
+
+Outside the lab they are skipped, never failed: they need IPVSCTL_LAB=1 (boot.py sets it in
+the guest), root, and /proc/net/ip_vs after modprobe. To run them on a machine with IPVS,
+accepting the side effects (kernel modules loaded, namespaces created and deleted):
+`sudo IPVSCTL_LAB=1 .venv/bin/python -m pytest -m lab tests/lab`.
+
+Fixtures for reuse (engine and daemon lab tests):
+- `node`: a fresh network namespace standing for a node, with sysctls set by
+  configure_host() and `node.kernel`, a NetlinkKernel bound to it (labkit.Node);
+- `make_node(configure=True)`: more nodes, or one without the host set-up;
+- `make_pod(ip, ip6=None, tcp=(8080,), udp=(), sctp=())`: a pod on `node` whose servers
+  answer with the pod's name;
+- `client`: a pod without servers at 10.0.0.100 / fd01::100 that opens, holds and closes
+  connections (`connect`, `request`, `udp`);
+- `wait_for(predicate, timeout=60)`: poll kernel state; the guest is slow, never assert time.
+See labkit's docstring for how pyroute2 objects and sockets are bound to a namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ipvsctl.kernel.netlink import configure_host
+from tests.lab import labkit
+from tests.lab.labkit import Node, Pod
+
+MODULES = (
+    "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sh",
+    "dummy", "veth", "nf_conntrack", "nf_conntrack_netlink", "nf_tables", "sctp",
+)
+
+
+def _process_age() -> float:
+    """Seconds since this Python process started (the guest's import cost shows here)."""
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+_IMPORTED_AFTER = _process_age()  # python start + pytest + ipvsctl + pyroute2 imports
+_SESSION_START = time.monotonic()
+_unavailable: list[str | None] = []
+
+
+def _lab_unavailable() -> str | None:
+    if os.environ.get("IPVSCTL_LAB") != "1":
+        return "real-kernel test: runs in the lab VM (make test-lab), or set IPVSCTL_LAB=1"
+    if os.geteuid() != 0:
+        return "real-kernel test: needs root"
+    for module in MODULES:  # sctp and schedulers are optional; IPVS itself is checked below
+        subprocess.run(["modprobe", module], capture_output=True, check=False)
+    if not os.path.exists("/proc/net/ip_vs"):
+        return "real-kernel test: no IPVS in this kernel (modprobe ip_vs failed)"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lab() -> None:
+    if not _unavailable:
+        _unavailable.append(_lab_unavailable())
+    if _unavailable[0]:
+        pytest.skip(_unavailable[0])
+
+
+@pytest.fixture
+def make_node() -> Iterator[Callable[..., Node]]:
+    nodes: list[Node] = []
+
+    def make(configure: bool = True, interface: str = "kube-ipvs0") -> Node:
+        node = Node(interface)
+        nodes.append(node)
+        if configure:
+            configure_host(kernel=node.kernel)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    return make_node()
+
+
+@pytest.fixture
+def make_pod(node: Node) -> Callable[..., Pod]:
+    return node.make_pod
+
+
+@pytest.fixture
+def client(node: Node) -> Pod:
+    return node.make_client()
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., object]:
+    return labkit.wait_for
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _unavailable and _unavailable[0] is None:
+        timings = {
+            "python_start_to_conftest_imported_s": round(_IMPORTED_AFTER, 1),
+            "tests_s": round(time.monotonic() - _SESSION_START, 1),
+        }
+        terminalreporter.write_line(f"lab timings (guest): {json.dumps(timings)}")
+        out = os.environ.get("IPVSCTL_LAB_OUT")
+        if out:
+            with open(os.path.join(out, "timings-guest.json"), "w") as f:
+                json.dump(timings, f)

@@ -1,0 +1,403 @@
+"""Building blocks for real-kernel tests: a node (network namespace with a NetlinkKernel in
+it), pods (namespaces joined to the node by veth, with small TCP/UDP/SCTP servers that say
+which pod answered), clients that open, hold and close connections, and `wait_for`.
+
+How namespaces are entered:
+- pyroute2 objects belong to the netns their socket was opened in. `NetlinkKernel(netns=N)`
+  passes `netns=N, flags=0` to pyroute2, which forks a child that enters /run/netns/N, opens
+  the netlink socket and hands it back; everything after that runs in our process.
+- Plain sockets (servers, clients) are opened by `ipvsctl.kernel.host.run_in_netns`: a short
+  thread setns()es into the namespace, creates the socket and ends. setns(CLONE_NEWNET)
+  changes only that thread, and a socket stays in its namespace for life, so servers and
+  clients all live in the test process: no subprocess (a Python start costs seconds in the
+  emulated guest).
+- Commands (`ip`, `ipvsadm`, `conntrack`, `nft`, `sysctl`) run with `ip netns exec`/`ip -n`;
+  they are the independent witnesses of what the kernel holds.
+
+Routing (NOTES §6): the pod address is a /32 (/128) on the pod's eth0 with a default route
+via 169.254.1.1 (fe80::1); the node side of the veth holds 169.254.1.1/32 (fe80::1/64) and a
+host route to the pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netlink import NetlinkKernel
+
+T = TypeVar("T")
+
+IPPROTO_SCTP = 132
+NODE_GW4 = "169.254.1.1"
+NODE_GW6 = "fe80::1"
+_names = itertools.count(1)
+
+
+# --- commands and waiting -------------------------------------------------------------------
+def sh(*argv: str, netns: str | None = None, check: bool = True, stdin: str | None = None,
+       timeout: float = 120) -> str:
+    """Run a command (inside `netns` if given); its stdout. Raises with stderr on failure."""
+    cmd = ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+    r = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.25,
+             what: str = "condition") -> T:
+    """Poll until predicate() is truthy and return its value. Generous default: the guest is
+    emulated and ~15x slower than the host; never use this to assert a duration."""
+    deadline = time.monotonic() + timeout
+    last: T = predicate()
+    while not last:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+        last = predicate()
+    return last
+
+
+def _family(address: str) -> int:
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+# --- witnesses ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IpvsadmRealServer:
+    forward: str
+    weight: int
+    active: int
+    inactive: int
+
+
+@dataclass
+class IpvsadmService:
+    scheduler: str
+    flags: str
+    real_servers: dict[str, IpvsadmRealServer] = field(default_factory=dict)
+
+
+_VS_LINE = re.compile(r"^(TCP|UDP|SCTP)\s+(\S+)\s+(\S+)\s*(.*)$")
+_RS_LINE = re.compile(r"^\s+->\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)")
+
+
+def parse_ipvsadm(text: str) -> dict[str, IpvsadmService]:
+    """`ipvsadm -Ln` as {"10.96.0.10:80/TCP": IpvsadmService} with real servers keyed
+    "10.244.0.1:8080" ("[fd00::1]:8080"): the same spelling as str(ServiceKey/RealServerKey)."""
+    out: dict[str, IpvsadmService] = {}
+    current: IpvsadmService | None = None
+    for line in text.splitlines():
+        if m := _VS_LINE.match(line):
+            current = out[f"{m.group(2)}/{m.group(1)}"] = IpvsadmService(m.group(3),
+                                                                          m.group(4).strip())
+        elif (m := _RS_LINE.match(line)) and current is not None:
+            current.real_servers[m.group(1)] = IpvsadmRealServer(
+                m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)))
+    return out
+
+
+# --- namespaces -----------------------------------------------------------------------------
+class Netns:
+    """A named network namespace (`ip netns add`) with loopback up."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        sh("ip", "netns", "add", name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        return sh(*argv, netns=self.name, check=check)
+
+    def ip_batch(self, commands: list[str]) -> None:
+        """Several `ip` commands in one process (each exec costs ~0.2 s in the guest)."""
+        sh("ip", "-n", self.name, "-batch", "-", stdin="\n".join(commands) + "\n")
+
+    def socket(self, family: int, type: int, proto: int = 0) -> socket.socket:
+        return run_in_netns(self.name, lambda: socket.socket(family, type, proto))
+
+    def sysctl(self, name: str, value: str | None = None) -> str:
+        path = "/proc/sys/" + name.replace(".", "/")
+
+        def rw() -> str:
+            if value is not None:
+                with open(path, "w") as f:
+                    f.write(value)
+            with open(path) as f:
+                return f.read().strip()
+
+        return run_in_netns(self.name, rw)
+
+    def delete(self) -> None:
+        sh("ip", "netns", "del", self.name, check=False)
+
+
+# --- servers --------------------------------------------------------------------------------
+class _Server:
+    """Answers in a pod: TCP/SCTP send "<pod>\\n" on accept then echo lines until the peer
+    closes; UDP replies "<pod>" to each datagram. One dual-stack socket serves v4 and v6."""
+
+    def __init__(self, pod: Pod, proto: str, port: int) -> None:
+        self.pod, self.proto, self.port = pod, proto, port
+        self.stop = threading.Event()
+        self.connections: set[socket.socket] = set()
+        self.accepted = 0
+        self.lock = threading.Lock()
+        kind, number = {"tcp": (socket.SOCK_STREAM, 0), "udp": (socket.SOCK_DGRAM, 0),
+                        "sctp": (socket.SOCK_STREAM, IPPROTO_SCTP)}[proto]
+        s = pod.netns.socket(socket.AF_INET6, kind, number)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::", port))
+        if kind == socket.SOCK_STREAM:
+            s.listen(64)
+        s.settimeout(0.5)
+        self.sock = s
+        target = self._serve_dgram if proto == "udp" else self._serve_stream
+        self.thread = threading.Thread(target=target, daemon=True,
+                                       name=f"{pod.name}-{proto}-{port}")
+        self.thread.start()
+
+    def _serve_dgram(self) -> None:
+        while not self.stop.is_set():
+            try:
+                _data, peer = self.sock.recvfrom(2048)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            self.sock.sendto(self.pod.name.encode(), peer)
+
+    def _serve_stream(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _peer = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.accepted += 1
+                self.connections.add(conn)
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        try:
+            conn.sendall(self.pod.name.encode() + b"\n")
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    break
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                self.connections.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        with self.lock:
+            conns = list(self.connections)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+
+
+class Pod:
+    """A network namespace joined to the node by a veth pair, with servers in it."""
+
+    def __init__(self, node: Node, name: str, ip: str, ip6: str | None, index: int) -> None:
+        self.node, self.name, self.ip, self.ip6 = node, name, ip, ip6
+        self.netns = Netns(f"{node.name}-{name}")
+        self.host_if = f"veth{index}"
+        self.servers: list[_Server] = []
+        sh("ip", "-n", node.name, "link", "add", self.host_if, "type", "veth",
+           "peer", "name", "eth0", "netns", self.netns.name)
+        pod_cmds = [f"addr add {ip}/32 dev eth0", "link set eth0 up",
+                    f"route add {NODE_GW4} dev eth0", f"route add default via {NODE_GW4} dev eth0"]
+        node_cmds = [f"addr add {NODE_GW4}/32 dev {self.host_if}",
+                     f"link set {self.host_if} up", f"route add {ip}/32 dev {self.host_if}"]
+        if ip6:
+            pod_cmds[1:1] = [f"addr add {ip6}/128 dev eth0 nodad"]
+            pod_cmds.append(f"route add default via {NODE_GW6} dev eth0")
+            node_cmds[1:1] = [f"addr add {NODE_GW6}/64 dev {self.host_if} nodad"]
+            node_cmds.append(f"route add {ip6}/128 dev {self.host_if}")
+        self.netns.ip_batch(pod_cmds)
+        node.netns.ip_batch(node_cmds)
+
+    def address(self, family: int = 4) -> str:
+        if family == 6:
+            assert self.ip6, f"pod {self.name} has no IPv6 address"
+            return self.ip6
+        return self.ip
+
+    def serve(self, proto: str, port: int) -> _Server:
+        server = _Server(self, proto, port)
+        self.servers.append(server)
+        return server
+
+    def open_connections(self) -> int:
+        return sum(len(s.connections) for s in self.servers)
+
+    # client side: any pod can be a client
+    def connect(self, address: str, port: int, proto: str = "tcp",
+                timeout: float = 20.0) -> Connection:
+        """Open a connection and read the greeting: the answering pod's name."""
+        number = IPPROTO_SCTP if proto == "sctp" else 0
+        s = self.netns.socket(_family(address), socket.SOCK_STREAM, number)
+        s.settimeout(timeout)
+        try:
+            s.connect((address, port))
+            conn = Connection(s)
+            conn.pod = conn.readline()
+        except BaseException:
+            s.close()
+            raise
+        return conn
+
+    def request(self, address: str, port: int, proto: str = "tcp") -> str:
+        """Connect, read which pod answered, close."""
+        with self.connect(address, port, proto) as conn:
+            return conn.pod
+
+    def udp_socket(self, family: int = 4) -> socket.socket:
+        s = self.netns.socket(socket.AF_INET6 if family == 6 else socket.AF_INET,
+                              socket.SOCK_DGRAM)
+        s.bind(("::" if family == 6 else "0.0.0.0", 0))
+        return s
+
+    def udp(self, address: str, port: int, sock: socket.socket | None = None,
+            timeout: float = 3.0) -> str | None:
+        """Send one datagram (from `sock`, to keep a fixed source port) and return which pod
+        answered, or None if nothing came back in time (UDP can be dropped: retry)."""
+        own = sock is None
+        s = sock or self.udp_socket(6 if ":" in address else 4)
+        try:
+            s.settimeout(timeout)
+            s.sendto(b"ping", (address, port))
+            data, _ = s.recvfrom(2048)
+            return data.decode()
+        except TimeoutError:
+            return None
+        finally:
+            if own:
+                s.close()
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.netns.delete()
+
+
+class Connection:
+    """A client connection held open until closed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pod = ""
+        self._buf = b""
+
+    def readline(self) -> str:
+        while b"\n" not in self._buf:
+            data = self.sock.recv(4096)
+            if not data:
+                raise ConnectionError("closed by peer")
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode()
+
+    def echo(self, text: str = "ping") -> bool:
+        """Whether the connection still works end to end (the pod echoes a line)."""
+        try:
+            self.sock.sendall(text.encode() + b"\n")
+            return self.readline() == text
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- the node -------------------------------------------------------------------------------
+_CONNTRACK_RULES = """\
+table inet ipvsctl_lab {
+    chain pre { type filter hook prerouting priority 0; ct state new counter; }
+    chain out { type filter hook output priority 0; ct state new counter; }
+}
+"""
+
+
+class Node:
+    """A fresh network namespace standing for one node: its own IPVS table, sysctls and
+    conntrack, a NetlinkKernel bound to it (`kernel`), and pods hanging off it."""
+
+    def __init__(self, interface: str = "kube-ipvs0", conntrack: bool = True) -> None:
+        self.name = f"lab{next(_names)}"
+        self.netns = Netns(self.name)
+        self.pods: list[Pod] = []
+        self.netns.sysctl("net.ipv4.ip_forward", "1")
+        self.netns.sysctl("net.ipv6.conf.all.forwarding", "1")
+        if conntrack:
+            # conntrack hooks exist in a netns only once a rule needs them (on a real node,
+            # kube-proxy's or the CNI's); without one there are no entries to flush
+            sh("nft", "-f", "-", netns=self.name, stdin=_CONNTRACK_RULES)
+        self.kernel = NetlinkKernel(interface, netns=self.name)
+
+    def make_pod(self, ip: str, ip6: str | None = None, name: str | None = None,
+                 tcp: tuple[int, ...] = (8080,), udp: tuple[int, ...] = (),
+                 sctp: tuple[int, ...] = ()) -> Pod:
+        pod = Pod(self, name or f"pod{len(self.pods) + 1}", ip, ip6, len(self.pods))
+        self.pods.append(pod)
+        for port in tcp:
+            pod.serve("tcp", port)
+        for port in udp:
+            pod.serve("udp", port)
+        for port in sctp:
+            pod.serve("sctp", port)
+        return pod
+
+    def make_client(self, ip: str = "10.0.0.100", ip6: str | None = "fd01::100",
+                    name: str = "client") -> Pod:
+        """A pod without servers, to send traffic to virtual servers from outside the node."""
+        return self.make_pod(ip, ip6, name=name, tcp=())
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        return self.netns.run(*argv, check=check)
+
+    def ipvsadm(self) -> dict[str, IpvsadmService]:
+        return parse_ipvsadm(self.run("ipvsadm", "-Ln"))
+
+    def conntrack(self, *args: str) -> str:
+        """`conntrack -L ARGS` in the node (the entries, one per line; no summary)."""
+        out = sh("conntrack", "-L", *args, netns=self.name, check=False)
+        return "\n".join(line for line in out.splitlines() if "flow entries" not in line)
+
+    def interface_addresses(self, interface: str = "kube-ipvs0") -> set[str]:
+        out = self.run("ip", "-o", "addr", "show", "dev", interface)
+        return {line.split()[3].split("/")[0] for line in out.splitlines()}
+
+    def close(self) -> None:
+        self.kernel.close()
+        for pod in self.pods:
+            pod.close()
+        self.netns.delete()
