@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ipvsctl.model import NodeContext, normalize_ip
+from ipvsctl.shell.shutdown_manager import register as register_shutdown_manager
 
 app = typer.Typer(
     add_completion=False,
@@ -178,6 +179,9 @@ def status(
         typer.echo(json.dumps(doc, indent=2))
     else:
         typer.echo(render_status(doc), nl=False)
+
+
+register_shutdown_manager(app)
 
 
 def main() -> None:
