@@ -299,6 +299,10 @@ class NetlinkKernel:
     (or without the named netns), KernelPermissionDenied without CAP_NET_ADMIN. With
     create_interface (the daemon), the dummy interface is created if missing; it is left
     down, as kube-proxy leaves kube-ipvs0: its addresses are still local addresses.
+
+    Any thread may call it: each calling thread gets its own netlink sockets on first use,
+    kept until close(). Call it from a few long-lived threads, not from one thread per
+    request.
     """
 
     def __init__(

@@ -2,10 +2,12 @@
 
     .venv/bin/python -m tests.lab.boot [pytest args ...]      (make test-lab)
 
-The guest sees the host's filesystem read-only at the same paths (this repo and its .venv
-included), runs `pytest -m lab tests/lab` as root with IPVSCTL_LAB=1, and writes pytest's
-exit code into the --rwdir (out/lab/). This process streams the guest's output and exits
-with that code: 3 when the guest never wrote one (boot failure, panic, timeout).
+The guest's root is the host's filesystem, read-only, at the same paths: .venv/bin/python
+resolves to the same interpreter and the venv's site-packages (and the editable install of
+this repo) just work. The guest runs `pytest -m lab tests/lab` as root with IPVSCTL_LAB=1
+and writes pytest's exit code into the --rwdir (out/lab/). This process streams the guest's
+output and exits with that code: 3 when the guest never wrote one (boot failure, panic,
+timeout). Timings land in out/lab/timings.json.
 
 Environment: IPVSCTL_VM_KVM=1 uses KVM (much faster where it works; it hangs on our CI
 machines, hence software emulation by default); IPVSCTL_VM_KERNEL=/boot/vmlinuz-... picks
@@ -56,8 +58,9 @@ cd {shlex.quote(str(REPO))}
 date +%s.%N > {out}/guest-start
 echo "lab: guest up, kernel $(uname -r), $(nproc) CPUs, starting pytest"
 export IPVSCTL_LAB=1 IPVSCTL_LAB_OUT={out} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# the repo is read-only in the guest: no cache provider
-{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider tests/lab {args}
+# the repo is read-only in the guest: no cache provider; -v and durations show progress
+# and where the time goes in CI logs
+{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider -v --durations=10 tests/lab {args}
 rc=$?
 date +%s.%N > {out}/guest-end
 echo $rc > {out}/result

@@ -15,7 +15,12 @@ Fixtures for reuse (engine and daemon lab tests):
 - `client`: a pod without servers at 10.0.0.100 / fd01::100 that opens, holds and closes
   connections (`connect`, `request`, `udp`);
 - `wait_for(predicate, timeout=60)`: poll kernel state; the guest is slow, never assert time.
-See labkit's docstring for how pyroute2 objects and sockets are bound to a namespace.
+Namespaces: a pyroute2 object talks to the namespace its socket was opened in. To open one
+inside a named netns pass `netns=NAME, flags=0` (pyroute2 forks a child that enters
+/run/netns/NAME, opens the socket and passes it back; flags=0 stops it from creating a
+missing netns): `NetlinkKernel(netns=NAME)` does this for IPVS, IPRoute and conntrack.
+Plain sockets and /proc/sys are entered with `ipvsctl.kernel.host.run_in_netns(NAME, fn)`
+(setns in a short-lived thread). More in labkit's docstring.
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _unavailable and _unavailable[0] is None:
         timings = {
             "python_start_to_conftest_imported_s": round(_IMPORTED_AFTER, 1),
-            "tests_s": round(time.monotonic() - _SESSION_START, 1),
+            "conftest_imported_to_end_s": round(time.monotonic() - _SESSION_START, 1),
         }
         terminalreporter.write_line(f"lab timings (guest): {json.dumps(timings)}")
         out = os.environ.get("IPVSCTL_LAB_OUT")

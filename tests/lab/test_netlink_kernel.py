@@ -189,6 +189,16 @@ def test_nat_traffic_and_weight_zero_drain(node: Node, client: Pod) -> None:
     witness = node.ipvsadm()[str(key)].real_servers[str(rs)]
     assert witness.weight == 0 and witness.active >= 1
 
+    # changes happen in place ("set"; pyroute2's "update" would delete): the scheduler
+    # changes and the weight comes back without resetting the established connection
+    node.kernel.update_virtual_server(VirtualServer(key, "wrr"))
+    node.kernel.set_real_server_weight(key, rs, 1)
+    assert held.echo("after set")
+    st = status(node.kernel, key, rs)
+    assert st.weight == 1 and st.active_conns >= 1
+    assert node.ipvsadm()[str(key)].scheduler == "wrr"
+    wait_for(lambda: client.request(VIP, 80) == drained.name, what="back in rotation")
+
     held.close()
     wait_for(lambda: status(node.kernel, key, rs).active_conns == 0, what="drained")
     # a closed connection lingers as InActConn (FIN_WAIT/TIME_WAIT, NOTES §3)
