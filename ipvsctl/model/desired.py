@@ -47,6 +47,7 @@ class DesiredVirtualServer:
     kind: VirtualServerKind
     port_name: str
     real_servers: frozenset[RealServerKey] = frozenset()
+    local_only: bool = False  # traffic policy Local: only this node's endpoints, no SNAT
 
     @property
     def key(self) -> ServiceKey:
@@ -61,3 +62,4 @@ class DesiredService:
     virtual_servers: Mapping[ServiceKey, DesiredVirtualServer] = field(default_factory=dict)
     drain_timeout: float | None = None  # ipvsctl.io/drain-timeout, seconds
     endpoints: Mapping[str, EndpointMeta] = field(default_factory=dict)  # by address
+    health_check_node_port: int | None = None  # serve kube-proxy's local-endpoints check

@@ -83,8 +83,9 @@ def build_desired_service(
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
             return
         vs = VirtualServer(key, scheduler, svc.affinity_timeout)
+        local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local
         wanted[key] = DesiredVirtualServer(
-            vs, kind, port_name, real_servers.get(family_of(address), frozenset())
+            vs, kind, port_name, real_servers.get(family_of(address), frozenset()), local
         )
 
     for p in svc.ports:
@@ -111,6 +112,8 @@ def build_desired_service(
                     add(VirtualServerKind.NODE_PORT, ip, p.node_port, p.protocol, p.name,
                         external)
 
+    hc_port = (svc.health_check_node_port
+               if svc.type == "LoadBalancer" and svc.external_local else None)
     return DesiredService(
-        svc.ref, dict(sorted(wanted.items())), svc.drain_timeout, endpoints_meta
+        svc.ref, dict(sorted(wanted.items())), svc.drain_timeout, endpoints_meta, hc_port
     )

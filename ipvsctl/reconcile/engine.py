@@ -64,6 +64,9 @@ log = logging.getLogger("ipvsctl.engine")
 QUIESCED_MEMORY = 3600.0  # seconds an IP's "weight 0 since" is remembered
 
 
+ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     node: NodeContext
@@ -104,6 +107,9 @@ class Engine:
         self.dirty: set[ServiceRef] = set()
         self.started = False
         self._restored = list(restored_queue)
+        # Called after a Service's changes reached the kernel: (ref, old, new). Netfilter
+        # rules and health checks follow Services through this, O(the Service) each.
+        self.service_listeners: list[ServiceListener] = []
         self._arrivals: dict[ServiceRef, list[float]] = {}
         self._pods_requested: set[PodRef] = set()
         self._conflicts: dict[ServiceKey, set[ServiceRef]] = {}
@@ -191,7 +197,8 @@ class Engine:
                 log.warning("virtual server claimed by another service", extra=fields(
                     service=ref, vs=key, owner=self.vs_owner[key]))
         kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}
-        return DesiredService(ref, kept, desired.drain_timeout, desired.endpoints)
+        return DesiredService(ref, kept, desired.drain_timeout, desired.endpoints,
+                              desired.health_check_node_port)
 
     def _sync_service(self, ref: ServiceRef, result: SyncResult,
                       prebuilt: dict[ServiceRef, DesiredService | None] | None = None) -> None:
@@ -212,6 +219,9 @@ class Engine:
             self.applied.pop(ref, None)
         else:
             self.desired[ref] = new
+        if new != old:
+            for listener in self.service_listeners:
+                listener(ref, old, new)
         now = self.clock.monotonic()
         for t in self._arrivals.pop(ref, ()):
             self.metrics.event_to_kernel.observe(max(0.0, now - t))

@@ -51,6 +51,7 @@ class ServiceInfo:
     external_local: bool = False
     scheduler: str | None = None  # from annotations
     drain_timeout: float | None = None  # from annotation
+    health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +255,9 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                 "seconds, ignored"
             )
 
+    hc = spec.get("healthCheckNodePort")
+    hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
+
     info = ServiceInfo(
         ref=ServiceRef(namespace, name),
         type=svc_type,
@@ -267,6 +271,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         external_local=spec.get("externalTrafficPolicy") == "Local",
         scheduler=scheduler,
         drain_timeout=drain_timeout,
+        health_check_node_port=hc_port,
     )
     return Parsed(info, tuple(warnings))
 

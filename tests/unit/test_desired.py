@@ -242,3 +242,15 @@ def test_plan_json_is_sorted():
     _, js, _ = vs_map(svcs, [])
     keys = [(v["protocol"], v["address"], v["port"]) for v in js["virtual_servers"]]
     assert keys == sorted(keys)
+
+
+def test_health_check_node_port_and_local_flags():
+    svc = service("lb", type="LoadBalancer", externalTrafficPolicy="Local",
+                  healthCheckNodePort=32000, lb_ips=["198.51.100.9"],
+                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    plan, _ = plan_objects({ObjectKind.SERVICE: [svc]}, NODE)
+    desired = plan[0][0]
+    assert desired.health_check_node_port == 32000
+    local = {str(dvs.key): dvs.local_only for _, dvs in plan}
+    assert local == {"10.96.0.10:80/TCP": False, "192.0.2.10:30080/TCP": True,
+                     "198.51.100.9:80/TCP": True}

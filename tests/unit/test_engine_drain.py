@@ -354,3 +354,16 @@ def test_restart_takes_over_a_wanted_virtual_server_it_does_not_own_in_place():
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0"]
     assert h.fake.services[vs()].dests[rs(A)].active == 4
     assert vs("10.96.5.5") in h.fake.services
+
+
+def test_service_listeners_see_each_applied_change_once():
+    seen = []
+    h = Harness()
+    h.engine.service_listeners.append(
+        lambda ref, old, new: seen.append((str(ref), old is None, new is None)))
+    h.start([SVC], [slice_of(endpoint(A))])
+    h.upsert(slice_of(endpoint(A)))  # no change: no call
+    h.upsert(slice_of(endpoint(A), endpoint(B)))
+    h.delete(SVC)
+    assert seen == [("default/web", True, False), ("default/web", False, False),
+                    ("default/web", False, True)]
