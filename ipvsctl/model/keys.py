@@ -6,6 +6,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Self
 
 
 class Protocol(StrEnum):
@@ -77,9 +78,7 @@ class RealServerKey:
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class ServiceRef:
-    """namespace/name of a Kubernetes Service."""
-
+class _NamespacedName:
     namespace: str
     name: str
 
@@ -87,22 +86,17 @@ class ServiceRef:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def parse(cls, text: str) -> ServiceRef:
+    def parse(cls, text: str) -> Self:
         namespace, _, name = text.partition("/")
         return cls(namespace, name)
+
+
+# Separate classes so a Service and a Pod of the same name never compare equal.
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceRef(_NamespacedName):
+    """namespace/name of a Kubernetes Service."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class PodRef:
+class PodRef(_NamespacedName):
     """namespace/name of a Pod (an endpoint's targetRef)."""
-
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @classmethod
-    def parse(cls, text: str) -> PodRef:
-        namespace, _, name = text.partition("/")
-        return cls(namespace, name)

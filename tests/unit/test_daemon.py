@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import NodeContext
+from ipvsctl.model import DrainEntry, NodeContext
 from ipvsctl.persist.drain_state import FILE_NAME
 from ipvsctl.shell.daemon import Daemon, DaemonOptions, StartupError
 from ipvsctl.source.manifests import ManifestSource
@@ -98,17 +98,24 @@ def test_daemon_programs_follows_drains_and_leaves_the_table_on_exit(tmp_path, f
     assert kernel.dump() == before != ""  # never flushed on exit
 
 
-def test_restart_mid_drain_keeps_weight_0_and_the_deadline(tmp_path, folder):
-    kernel = FakeKernel()
-    d1 = make(tmp_path, kernel, drain_timeout=600)
-    d1.start()
-    wait_for(lambda: d1.engine.started)
-    with d1.loop.lock:
+def drained_then_stopped(tmp_path: Path, folder: Path, kernel: FakeKernel,
+                         drain_timeout: float = 30.0) -> DrainEntry:
+    """A daemon that drains A (with a connection open) and is stopped mid-drain."""
+    d = make(tmp_path, kernel, drain_timeout=drain_timeout)
+    d.start()
+    wait_for(lambda: d.engine.started)
+    with d.loop.lock:
         kernel.set_connections(vs(), rs(A), active=1)
     write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
-    wait_for(lambda: len(d1.engine.queue) == 1)
-    (entry,) = list(d1.engine.queue)
-    d1.shutdown()
+    wait_for(lambda: len(d.engine.queue) == 1)
+    (entry,) = list(d.engine.queue)
+    d.shutdown()
+    return entry
+
+
+def test_restart_mid_drain_keeps_weight_0_and_the_deadline(tmp_path, folder):
+    kernel = FakeKernel()
+    entry = drained_then_stopped(tmp_path, folder, kernel, drain_timeout=600)
     saved = json.loads((tmp_path / "state" / FILE_NAME).read_text())
     assert saved["entries"][0]["deadline"] == entry.deadline
 
@@ -126,14 +133,7 @@ def test_restart_mid_drain_keeps_weight_0_and_the_deadline(tmp_path, folder):
 
 def test_corrupt_state_file_is_set_aside_and_the_queue_rebuilt(tmp_path, folder):
     kernel = FakeKernel()
-    d1 = make(tmp_path, kernel)
-    d1.start()
-    wait_for(lambda: d1.engine.started)
-    with d1.loop.lock:
-        kernel.set_connections(vs(), rs(A), active=1)
-    write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
-    wait_for(lambda: len(d1.engine.queue) == 1)
-    d1.shutdown()
+    drained_then_stopped(tmp_path, folder, kernel)
     (tmp_path / "state" / FILE_NAME).write_text("{not json")
     d2 = make(tmp_path, kernel)
     try:
