@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import DrainEntry
 from ipvsctl.obs.logging import fields
 from ipvsctl.reconcile.clock import Clock, SystemClock
@@ -84,7 +85,8 @@ class Loop:
                 self.engine.handle(event)
             now = self.clock.monotonic()
             e = self.engine
-            if e.ready and (not e.started or (e.dirty and (batch or self._retry_due(now)))):
+            starting = not e.started and (self._retry_at is None or self._retry_due(now))
+            if e.ready and (starting or (e.dirty and (batch or self._retry_due(now)))):
                 self._sync(now)
             if e.started and len(e.queue) and now >= self._next_drain:
                 e.check_drains()
@@ -100,7 +102,15 @@ class Loop:
         return self._retry_at is not None and now >= self._retry_at
 
     def _sync(self, now: float) -> None:
-        result = self.engine.sync()
+        try:
+            result = self.engine.sync()
+        except KernelError as exc:  # e.g. the start-up dump failed: nothing was changed
+            self.engine.metrics.netlink_errors.labels(exc.operation or "sync").inc()
+            log.error("sync failed, retrying", extra=fields(
+                error=exc, retry_in=round(self._retry_delay, 3)))
+            self._retry_at = now + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
+            return
         if result.failed:
             self._retry_at = now + self._retry_delay
             log.warning("sync incomplete, retrying", extra=fields(

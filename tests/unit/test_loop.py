@@ -1,0 +1,92 @@
+"""The loop: batching, retry with backoff, kernel trouble at start-up."""
+
+from __future__ import annotations
+
+import queue
+
+from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.kernel.port import KernelTransient
+from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.source.events import ObjectKind, Replace, Upsert
+from tests.builders import endpoint, endpoint_slice, service
+from tests.harness import Harness
+
+
+class FlakyListKernel(FakeKernel):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def list_virtual_servers(self):
+        if self.failures:
+            self.failures -= 1
+            raise KernelTransient("dump interrupted", "list_virtual_servers")
+        return super().list_virtual_servers()
+
+
+def make(kernel=None):
+    h = Harness(kernel=kernel)
+    events: queue.Queue = queue.Queue()
+    loop = Loop(h.engine, events, LoopConfig(retry_min=1, retry_max=4), clock=h.clock)
+    return h, events, loop
+
+
+def test_kernel_error_at_start_up_is_retried_with_backoff_not_fatal():
+    h, events, loop = make(FlakyListKernel(failures=2))
+    events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])],
+                       0))
+    loop.step()
+    assert not h.engine.started
+    assert h.metrics.value("ipvsctl_netlink_errors_total",
+                           {"operation": "list_virtual_servers"}) == 1
+    loop.step()  # the retry is not due yet
+    assert h.metrics.value("ipvsctl_netlink_errors_total",
+                           {"operation": "list_virtual_servers"}) == 1
+    h.clock.advance(1)
+    loop.step()  # second failure: the delay doubles
+    h.clock.advance(1)
+    loop.step()
+    assert not h.engine.started
+    h.clock.advance(1)
+    loop.step()
+    assert h.engine.started and len(h.fake.services) == 1
+
+
+def test_a_burst_of_events_is_one_sync():
+    h, events, loop = make()
+    events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [], 0))
+    loop.step()
+    syncs = h.metrics.value("ipvsctl_sync_duration_seconds_count")
+    for i in range(50):
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice(
+            "web", [endpoint(f"10.0.0.{j + 1}") for j in range(i + 1)]), 0))
+    loop.step()
+    assert h.metrics.value("ipvsctl_sync_duration_seconds_count") == syncs + 1
+    assert len(h.fake.services[next(iter(h.fake.services))].dests) == 50
+
+
+def test_failed_sync_is_retried_after_backoff():
+    h, events, loop = make()
+    events.put(Replace(ObjectKind.SERVICE, [], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [], 0))
+    loop.step()
+    real_add = h.fake.add_virtual_server
+    calls = []
+
+    def failing_add(vs, bind):
+        calls.append(vs)
+        if len(calls) == 1:
+            raise KernelTransient("busy", "add_virtual_server")
+        real_add(vs, bind)
+
+    h.fake.add_virtual_server = failing_add
+    events.put(Upsert(ObjectKind.SERVICE, service("web"), 0))
+    loop.step()
+    assert h.engine.dirty and not h.fake.services
+    loop.step()
+    assert len(calls) == 1  # not yet due
+    h.clock.advance(1)
+    loop.step()
+    assert not h.engine.dirty and len(h.fake.services) == 1
