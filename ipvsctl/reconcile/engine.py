@@ -117,6 +117,8 @@ class Engine:
         self._n_rs = 0
         self._failing: set[ServiceRef] = set()
         self._live_by_ip: dict[str, int] = {}
+        # Connection counts of draining real servers as the last drain check read them.
+        self._drain_counts: dict[tuple[ServiceKey, RealServerKey], tuple[int, int]] = {}
         self._quiesced_since: dict[str, float] = {}
         self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
@@ -362,6 +364,7 @@ class Engine:
             except KernelNotFound:
                 k.add_real_server(op.vs, op.rs, 1)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, 1)
+            self._drain_counts.pop((op.vs, op.rs), None)
             if self.queue.remove(op.vs, op.rs):
                 log.info("drain cancelled, endpoint back", extra=fields(
                     service=ref, vs=op.vs, rs=op.rs))
@@ -391,6 +394,7 @@ class Engine:
                         vs=op.vs, rs=op.rs, error=exc))
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
             entry = self.queue.remove(op.vs, op.rs)
+            self._drain_counts.pop((op.vs, op.rs), None)
             self.metrics.real_server_deletions.labels(op.reason.value).inc()
             log.info("real server deleted", extra=fields(
                 service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
@@ -398,6 +402,7 @@ class Engine:
                 drained_for=round(self.clock.wall() - entry.since, 3) if entry else None))
         elif isinstance(op, ForgetDrain):
             self.queue.remove(op.vs, op.rs)
+            self._drain_counts.pop((op.vs, op.rs), None)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
         return surprised
 
@@ -410,7 +415,7 @@ class Engine:
                 self._set_weight(state, rs, None)
         if self.vs_owner.get(key) == owner:
             self.vs_owner.pop(key, None)
-        self.queue.remove_vs(key)
+        self._dequeue_vs(key)
         if real_servers:
             self.metrics.real_server_deletions.labels(
                 DeletionReason.SERVICE_DELETED.value).inc(real_servers)
@@ -419,6 +424,10 @@ class Engine:
         # A Service that wanted this key while another held it can have it now.
         for waiting in self._conflicts.pop(key, ()):
             self.dirty.add(waiting)
+
+    def _dequeue_vs(self, key: ServiceKey) -> None:
+        for entry in self.queue.remove_vs(key):
+            self._drain_counts.pop(entry.key, None)
 
     # --- start-up -----------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:
@@ -514,6 +523,10 @@ class Engine:
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
                 continue
+            for status in observed or ():
+                if status.key in self.queue.for_vs(key):
+                    self._drain_counts[(key, status.key)] = (
+                        status.active_conns, status.inactive_conns)
             ops = check_drains(self.queue.for_vs(key), observed, now)
             if ops:
                 self._apply(self.vs_owner.get(key), ops, result)
@@ -555,7 +568,7 @@ class Engine:
                         self._set_weight(state, rs, None)
                     del states[key]
                     self._n_vs -= 1
-                    self.queue.remove_vs(key)
+                    self._dequeue_vs(key)
                     found += 1
                 elif vs != state.vs:
                     self._drift("virtual_server_changed", ref, key)
@@ -625,11 +638,15 @@ class Engine:
                     entry = self.queue.get(key, rs)
                     # A removed endpoint's pod is only remembered by its drain entry.
                     pod = (meta.pod if meta else None) or (entry.pod if entry else None)
+                    counts = self._drain_counts.get((key, rs)) if entry else None
                     rss.append({
                         "address": rs.address, "port": rs.port, "weight": weight,
                         "pod": str(pod) if pod else None,
                         "node": meta.node_name if meta else None,
                         "state": "draining" if entry else "active",
+                        # Read by the drain check; only draining ones are read at all.
+                        "active_conns": counts[0] if counts else None,
+                        "inactive_conns": counts[1] if counts else None,
                         "drain": _drain_json(entry, now) if entry else None,
                     })
                 out.append({

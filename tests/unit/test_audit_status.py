@@ -79,6 +79,11 @@ def test_status_shows_service_pod_and_drain():
     ra = next(r for r in v["real_servers"] if r["address"] == A)
     assert (ra["weight"], ra["state"], ra["pod"]) == (0, "draining", "default/web-1")
     assert ra["drain"]["age"] == 4 and ra["drain"]["time_left"] == 26
+    assert ra["active_conns"] is None  # not read yet
+    h.check(0)
+    st = h.engine.status()
+    ra = next(r for r in st["virtual_servers"][0]["real_servers"] if r["address"] == A)
+    assert (ra["active_conns"], ra["inactive_conns"]) == (2, 0)
 
     kernel = [VirtualServerStatus(VirtualServer(vs()), (
         RealServerStatus(rs(A), 0, 2, 0), RealServerStatus(rs(B), 1, 0, 0)))]
