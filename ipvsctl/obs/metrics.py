@@ -66,6 +66,11 @@ class Metrics:
             "ipvsctl_state_write_errors", "Failed writes of the drain queue state file.",
             registry=r,
         )
+        self.state_load_errors = Counter(
+            "ipvsctl_state_load_errors",
+            "Drain state files found unreadable or corrupt at start-up (queue rebuilt).",
+            registry=r,
+        )
         self.last_sync_timestamp = Gauge(
             "ipvsctl_last_sync_timestamp_seconds", "Wall-clock time of the last successful sync.",
             registry=r,

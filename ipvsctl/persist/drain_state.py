@@ -28,6 +28,7 @@ class DrainStateFile:
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
+        self.load_error: str | None = None  # why the last load found no usable file
 
     def ensure_dir(self) -> None:
         """OSError if the folder cannot be made or written (a fatal start-up error)."""
@@ -41,6 +42,7 @@ class DrainStateFile:
         except FileNotFoundError:
             return []
         except OSError as exc:
+            self.load_error = f"unreadable: {exc}"
             log.error("drain state unreadable, rebuilding the queue from the kernel",
                       extra=fields(path=self.path, error=exc))
             return []
@@ -55,6 +57,7 @@ class DrainStateFile:
                 self.path.rename(aside)
             except OSError:
                 aside = self.path
+            self.load_error = f"corrupt: {exc}"
             log.error("drain state corrupt, set aside; rebuilding the queue from the kernel",
                       extra=fields(path=aside, error=exc))
             return []

@@ -76,6 +76,8 @@ class Daemon:
             owned=self.owned, request_pod=self.source.request_pod,
             restored_queue=self.state.load(),
         )
+        if self.state.load_error:
+            self.metrics.state_load_errors.inc()
         self.loop = Loop(self.engine, self.events,
                          LoopConfig(drain_check_interval=o.drain_check_interval),
                          save_queue=self.state.save)

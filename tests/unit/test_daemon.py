@@ -142,6 +142,7 @@ def test_corrupt_state_file_is_set_aside_and_the_queue_rebuilt(tmp_path, folder)
         (e,) = list(d2.engine.queue)
         assert (e.rs, e.reason.value) == (rs(A), "adopted")
         assert list((tmp_path / "state").glob(f"{FILE_NAME}.corrupt-*"))
+        assert d2.metrics.value("ipvsctl_state_load_errors_total") == 1
     finally:
         d2.shutdown()
 
