@@ -75,6 +75,30 @@ class Metrics:
             "ipvsctl_last_sync_timestamp_seconds", "Wall-clock time of the last successful sync.",
             registry=r,
         )
+        # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
+        self.nft_errors = Counter(
+            "ipvsctl_nft_errors", "Failed nft runs, by operation.", ["operation"], registry=r,
+        )
+        self.nft_seconds = Histogram(
+            "ipvsctl_nft_transaction_seconds", "Time for one successful nft run.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.netfilter_elements = Gauge(
+            "ipvsctl_netfilter_elements",
+            "Virtual servers in ipvsctl's nftables maps (as last written).", registry=r,
+        )
+        self.netfilter_repairs = Counter(
+            "ipvsctl_netfilter_repairs",
+            "nftables table or elements found changed by someone else and rewritten, by kind.",
+            ["kind"], registry=r,
+        )
+        self.health_check_ports = Gauge(
+            "ipvsctl_health_check_node_ports", "healthCheckNodePorts served.", registry=r,
+        )
+        self.health_check_errors = Counter(
+            "ipvsctl_health_check_node_port_errors",
+            "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):

@@ -1,0 +1,275 @@
+"""The nftables ruleset ipvsctl owns, as text for `nft -f`: pure, no nft, no kernel.
+
+One table, `inet ipvsctl`, for IPv4 and IPv6. What it does, for IPVS NAT traffic only:
+
+- masquerades what kube-proxy masquerades (its IPVS mode's KUBE-MARK-MASQ and its nftables
+  mode's mark-for-masquerade): traffic to a ClusterIP from outside the cluster CIDR
+  (`--cluster-cidr`) or from the node itself, all ClusterIP traffic with `--masquerade-all`,
+  all traffic to external IPs, load-balancer IPs and NodePorts of Services with
+  `externalTrafficPolicy: Cluster` (the backend may be on another node: its answer must come
+  back through this one), and for `externalTrafficPolicy: Local` only what the node itself
+  sends (the client's address is kept);
+- hairpin: a pod that reaches its own Service and lands on itself is masqueraded, else it
+  would answer itself directly and the connection would never establish (kube-proxy's
+  KUBE-LOOP-BACK set, which lists every endpoint; here one rule for all, no endpoint list).
+
+Every decision is taken in one `nat` chain at postrouting, after IPVS picked the real
+server, from the connection's original destination (`ct original ip daddr . proto-dst`: the
+virtual server; IPVS with `net.ipv4.vs.conntrack=1` rewrites only the reply tuple). So no
+packet mark bit is shared with other software, and no rule names an endpoint: the table's
+contents are the chains (written once, from flags) plus one map element per virtual server,
+`address . protocol . port : goto <policy chain>`. Endpoint changes never touch nftables;
+virtual server changes are element adds and deletes.
+
+Hairpin without an endpoint list: nftables cannot compare two packet fields, but a dynamic
+set can. `update @hairpin4 { ip saddr . ip saddr }` stores (source, source); the lookup
+`ip saddr . ip daddr @hairpin4` then matches exactly when destination == source. Elements
+live seconds; nat chains see only a connection's first packet, so this costs one set update
+per new service connection.
+
+No filter chains, and no drop policy: an `accept` in one nftables table does not overrule a
+`drop` in another, so accept rules here could not help a host firewall with a drop policy
+(docs/netfilter.md says what to allow there), and ipvsctl never drops anything.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ipvsctl.model import (
+    DesiredService,
+    DesiredVirtualServer,
+    ServiceKey,
+    VirtualServerKind,
+)
+
+FAMILY = "inet"
+TABLE = "ipvsctl"
+HAIRPIN_TIMEOUT = 10  # seconds an (address, address) pair stays in the hairpin set
+HAIRPIN_SIZE = 65535
+MASQUERADE = "masquerade fully-random"
+
+
+class Verdict(StrEnum):
+    """The policy chain a virtual server's traffic goes to (the map element's value)."""
+
+    CLUSTER_IP = "cluster-ip"
+    EXTERNAL = "external"  # externalTrafficPolicy: Cluster
+    EXTERNAL_LOCAL = "external-local"  # externalTrafficPolicy: Local
+
+
+def verdict_for(dvs: DesiredVirtualServer) -> Verdict:
+    if dvs.kind is VirtualServerKind.CLUSTER_IP:
+        return Verdict.CLUSTER_IP  # internalTrafficPolicy changes endpoints, not SNAT
+    return Verdict.EXTERNAL_LOCAL if dvs.local_only else Verdict.EXTERNAL
+
+
+Elements = Mapping[ServiceKey, Verdict]
+
+
+def service_elements(desired: DesiredService | None) -> dict[ServiceKey, Verdict]:
+    """The map elements one Service needs: one per virtual server."""
+    if desired is None:
+        return {}
+    return {key: verdict_for(dvs) for key, dvs in desired.virtual_servers.items()}
+
+
+def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:
+    """Normalized CIDRs (host bits cleared), in the order given, without duplicates;
+    ValueError names the bad one."""
+    out: list[str] = []
+    for text in texts:
+        try:
+            net = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError:
+            raise ValueError(f"{text}: not a CIDR") from None
+        if net.compressed not in out:
+            out.append(net.compressed)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RulesetConfig:
+    """What the chains depend on: flags, fixed for the daemon's life."""
+
+    cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr, normalized (parse_cidrs)
+    masquerade_all: bool = False  # --masquerade-all
+    table: str = TABLE
+
+    @property
+    def target(self) -> str:
+        return f"{FAMILY} {self.table}"
+
+    def cidrs(self, family: int) -> list[str]:
+        return [c for c in self.cluster_cidrs if (":" in c) == (family == 6)]
+
+
+def map_name(family: int) -> str:
+    return f"services{family}"
+
+
+def _ip(family: int) -> str:
+    return "ip6" if family == 6 else "ip"
+
+
+def _addr_type(family: int) -> str:
+    return "ipv6_addr" if family == 6 else "ipv4_addr"
+
+
+# --- the base: everything but the elements --------------------------------------------------
+def _chains(config: RulesetConfig) -> dict[str, list[str]]:
+    """Regular chains and their rules, in dependency order."""
+    hairpin = [
+        f"meta nfproto ipv{f} update @hairpin{f} {{ {_ip(f)} saddr . {_ip(f)} saddr }} "
+        f"{_ip(f)} saddr . {_ip(f)} daddr @hairpin{f} {MASQUERADE}"
+        for f in (4, 6)
+    ]
+    if config.masquerade_all:
+        cluster_ip = [MASQUERADE]
+    else:
+        cluster_ip = ["jump hairpin", f"fib saddr type local {MASQUERADE}"]
+        for f in (4, 6):
+            cidrs = config.cidrs(f)
+            if cidrs:
+                cluster_ip.append(
+                    f"meta nfproto ipv{f} {_ip(f)} saddr != {{ {', '.join(cidrs)} }} "
+                    f"{MASQUERADE}")
+    return {
+        "hairpin": hairpin,
+        Verdict.CLUSTER_IP.value: cluster_ip,
+        Verdict.EXTERNAL.value: [MASQUERADE],
+        Verdict.EXTERNAL_LOCAL.value: ["jump hairpin", f"fib saddr type local {MASQUERADE}"],
+    }
+
+
+def _postrouting() -> list[str]:
+    return [
+        f"meta l4proto {{ tcp, udp, sctp }} ct original {_ip(f)} daddr . meta l4proto . "
+        f"ct original proto-dst vmap @{map_name(f)}"
+        for f in (4, 6)
+    ]
+
+
+BASE_CHAIN = "nat-postrouting"
+BASE_CHAIN_SPEC = "{ type nat hook postrouting priority srcnat ; policy accept ; }"
+
+
+def base_statements(config: RulesetConfig) -> list[str]:
+    """Idempotent statements that (re)write the chains and rules and create the maps if
+    missing, keeping their elements: in one transaction with nothing in between."""
+    t = config.target
+    out = [f"add table {t}"]
+    for f in (4, 6):
+        out.append(f"add map {t} {map_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+                   "inet_service : verdict ; }")
+    for f in (4, 6):
+        out.append(f"add set {t} hairpin{f} {{ type {_addr_type(f)} . {_addr_type(f)} ; "
+                   f"flags dynamic,timeout ; timeout {HAIRPIN_TIMEOUT}s ; "
+                   f"size {HAIRPIN_SIZE} ; }}")
+    chains = _chains(config)
+    for name in chains:
+        out.append(f"add chain {t} {name}")
+    out.append(f"add chain {t} {BASE_CHAIN} {BASE_CHAIN_SPEC}")
+    for name in [*chains, BASE_CHAIN]:
+        out.append(f"flush chain {t} {name}")
+    for name, rules in [*chains.items(), (BASE_CHAIN, _postrouting())]:
+        out.extend(f"add rule {t} {name} {rule}" for rule in rules)
+    return out
+
+
+def base_ruleset(config: RulesetConfig) -> str:
+    """Start-up: the chains as the flags want them; elements already there stay."""
+    return _text(base_statements(config))
+
+
+# --- elements ---------------------------------------------------------------------------------
+def _key(key: ServiceKey) -> str:
+    return f"{key.address} . {key.protocol.value.lower()} . {key.port}"
+
+
+def _element(key: ServiceKey, verdict: Verdict) -> str:
+    return f"{_key(key)} : goto {verdict.value}"
+
+
+def _element_statements(config: RulesetConfig, verb: str,
+                        items: Iterable[tuple[ServiceKey, str]]) -> list[str]:
+    by_map: dict[int, list[str]] = {4: [], 6: []}
+    for key, text in sorted(items, key=lambda kv: kv[0]):
+        by_map[key.family].append(text)
+    out = []
+    for f in (4, 6):
+        if by_map[f]:
+            # one statement per map: nft parses one long line much faster than many
+            out.append(f"{verb} element {config.target} {map_name(f)} "
+                       f"{{ {', '.join(by_map[f])} }}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ElementDelta:
+    """Element changes for one transaction: deletions first, then additions (a verdict
+    change is both)."""
+
+    delete: tuple[tuple[ServiceKey, Verdict], ...] = ()  # with the verdict being removed
+    add: tuple[tuple[ServiceKey, Verdict], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.delete or self.add)
+
+
+def element_delta(applied: Elements, desired: Elements,
+                  keys: Iterable[ServiceKey] | None = None) -> ElementDelta:
+    """What turns `applied` into `desired`, looking only at `keys` (default: all of both),
+    so that one Service's change costs O(that Service)."""
+    if keys is None:
+        keys = applied.keys() | desired.keys()
+    delete, add = [], []
+    for key in sorted(keys):
+        have, want = applied.get(key), desired.get(key)
+        if have == want:
+            continue
+        if have is not None:
+            delete.append((key, have))
+        if want is not None:
+            add.append((key, want))
+    return ElementDelta(tuple(delete), tuple(add))
+
+
+def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
+    """Incremental: delete and add elements, in one transaction."""
+    out = _element_statements(config, "delete", ((k, _key(k)) for k, _ in delta.delete))
+    out += _element_statements(config, "add", ((k, _element(k, v)) for k, v in delta.add))
+    return _text(out)
+
+
+def _all_elements(config: RulesetConfig, elements: Elements) -> list[str]:
+    return _element_statements(config, "add", ((k, _element(k, v)) for k, v in elements.items()))
+
+
+def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
+    """Every element at once (after start-up or a failure): the maps are emptied and
+    refilled in one transaction, so no packet sees them half-filled."""
+    t = config.target
+    out = [f"flush map {t} {map_name(f)}" for f in (4, 6)]
+    return _text(out + _all_elements(config, elements))
+
+
+def replace_table_ruleset(config: RulesetConfig, elements: Elements) -> str:
+    """The whole table from scratch (it was changed by someone else, or is from another
+    version), elements included, in one transaction: no moment without it."""
+    t = config.target
+    out = [f"add table {t}", f"delete table {t}", *base_statements(config)]
+    return _text(out + _all_elements(config, elements))
+
+
+def delete_table_ruleset(config: RulesetConfig) -> str:
+    """`ipvsctl cleanup`: the table, whether or not it exists."""
+    t = config.target
+    return _text([f"add table {t}", f"delete table {t}"])
+
+
+def _text(statements: list[str]) -> str:
+    return "".join(s + "\n" for s in statements)

@@ -1,0 +1,288 @@
+"""Keeps ipvsctl's nftables table in line with the virtual servers, one batch at a time.
+
+- `start()` writes the chains once (idempotently: map elements left by an earlier run stay,
+  so a restart opens no window without masquerading).
+- `on_service(ref, old, new)` is an Engine service listener: called after a Service's
+  changes reached IPVS, it compares that Service's elements before and after, O(the
+  Service). An endpoint change leaves them equal and costs nothing more.
+- A thread (`run`) pushes what changed as one `nft -f` transaction per batch: it takes the
+  changes under the loop's lock (`batch_lock`), so a batch is whole syncs, never half of
+  one, and runs nft outside it. The first push after the engine is ready replaces every
+  element at once (atomically: flush and refill in one transaction); later ones add and
+  delete elements. A failed push is retried with backoff as a full replace.
+- Every `check_interval` the table is listed without elements and compared with the listing
+  taken after ipvsctl wrote it; missing or changed, it is rewritten whole, elements included,
+  in one transaction. Every `audit_interval` the elements are compared too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ipvsctl.model import DesiredService, ServiceKey, ServiceRef, normalize_ip
+from ipvsctl.model import Protocol as L4Protocol
+from ipvsctl.netfilter.nft import NftError
+from ipvsctl.netfilter.ruleset import (
+    RulesetConfig,
+    Verdict,
+    base_ruleset,
+    delta_ruleset,
+    element_delta,
+    map_name,
+    replace_elements_ruleset,
+    replace_table_ruleset,
+    service_elements,
+)
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+
+log = logging.getLogger("ipvsctl.netfilter")
+
+
+class NftRunner(Protocol):
+    """What the sync needs of nft (netfilter.nft.Nft; tests use a fake)."""
+
+    def apply(self, script: str, operation: str) -> None: ...
+
+    def list_table(self, target: str, operation: str = "check") -> str | None: ...
+
+    def list_map(self, target: str, name: str,
+                 operation: str = "check") -> list[tuple[str, str, int, str]] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SyncConfig:
+    ruleset: RulesetConfig = field(default_factory=RulesetConfig)
+    check_interval: float = 30.0  # chains and rules compared with what was written
+    audit_interval: float = 300.0  # elements compared with what was written
+    retry_min: float = 0.5
+    retry_max: float = 30.0
+    idle: float = 1.0  # longest sleep while something waits for the engine to be ready
+
+
+class NetfilterSync:
+    def __init__(
+        self,
+        nft: NftRunner,
+        config: SyncConfig | None = None,
+        *,
+        batch_lock: AbstractContextManager[object] | None = None,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nft = nft
+        self.config = config or SyncConfig()
+        self.batch_lock = batch_lock
+        self.ready = ready
+        self.metrics = metrics
+        self.clock = clock
+        self.desired: dict[ServiceKey, Verdict] = {}
+        self.owner: dict[ServiceKey, ServiceRef] = {}
+        self.applied: dict[ServiceKey, Verdict] = {}
+        self.touched: set[ServiceKey] = set()
+        self.needs_replace = True  # the first push after start-up rewrites every element
+        self.needs_table = False  # the table went missing or was changed by someone else
+        self.baseline: str | None = None  # `nft -t list table` after ipvsctl wrote it
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._retry_at: float | None = None
+        self._retry_delay = self.config.retry_min
+        now = self.clock()
+        self._next_check = now + self.config.check_interval
+        self._next_audit = now + self.config.audit_interval
+
+    @property
+    def target(self) -> str:
+        return self.config.ruleset.target
+
+    # --- the listener -----------------------------------------------------------------------
+    def on_service(self, ref: ServiceRef, old: DesiredService | None,
+                   new: DesiredService | None) -> None:
+        """Engine service listener: note this Service's element changes, O(the Service)."""
+        old_el, new_el = service_elements(old), service_elements(new)
+        if old_el == new_el:
+            return  # endpoints only: nothing for nftables
+        with self._lock:
+            for key in old_el.keys() - new_el.keys():
+                if self.owner.get(key) == ref:
+                    del self.owner[key]
+                    del self.desired[key]
+                    self.touched.add(key)
+            for key, verdict in new_el.items():
+                if self.desired.get(key) != verdict or self.owner.get(key) != ref:
+                    self.desired[key] = verdict
+                    self.owner[key] = ref
+                    self.touched.add(key)
+        self.wake.set()
+
+    # --- writing ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Write the chains (elements already in the maps stay). Raises NftError: at start-up
+        a failure is fatal, with nft's reason in one line."""
+        try:
+            self.nft.apply(base_ruleset(self.config.ruleset), "base")
+        except NftError as exc:
+            # e.g. maps of another ipvsctl version: build the table afresh (its elements
+            # come back with the first push, moments later)
+            log.warning("nftables table not updatable in place, replacing it",
+                        extra=fields(table=self.target, error=exc))
+            self.nft.apply(replace_table_ruleset(self.config.ruleset, {}), "table")
+        self.baseline = self.nft.list_table(self.target)
+        log.info("nftables table written", extra=fields(
+            table=self.target, cluster_cidrs=",".join(self.config.ruleset.cluster_cidrs) or "-",
+            masquerade_all=self.config.ruleset.masquerade_all))
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self.needs_table or self.needs_replace or self.touched)
+
+    def flush(self) -> bool:
+        """Push what changed since the last push, as one transaction. False if nft failed
+        (the next push then replaces every element)."""
+        with self.batch_lock if self.batch_lock is not None else nullcontext():
+            if not self.ready():
+                return True  # the first full sync has not reached the kernel yet
+            with self._lock:
+                if self.needs_table or self.needs_replace:
+                    kind = "table" if self.needs_table else "replace"
+                    elements = dict(self.desired)
+                    self.touched = set()
+                    delta = None
+                elif self.touched:
+                    kind, elements = "elements", {}
+                    touched, self.touched = self.touched, set()
+                    delta = element_delta(self.applied, self.desired, touched)
+                    if not delta:
+                        return True
+                else:
+                    return True
+        cfg = self.config.ruleset
+        t0 = self.clock()
+        try:
+            if kind == "table":
+                self.nft.apply(replace_table_ruleset(cfg, elements), kind)
+                self.baseline = self.nft.list_table(self.target)
+            elif kind == "replace":
+                self.nft.apply(replace_elements_ruleset(cfg, elements), kind)
+            else:
+                assert delta is not None
+                self.nft.apply(delta_ruleset(cfg, delta), kind)
+        except NftError:
+            with self._lock:
+                self.needs_replace = True  # we no longer know what the maps hold
+                if kind == "table":
+                    self.needs_table = True
+            return False
+        with self._lock:
+            if delta is None:
+                self.applied = elements
+                self.needs_replace = False
+                if kind == "table":
+                    self.needs_table = False
+            else:
+                for key, _ in delta.delete:
+                    self.applied.pop(key, None)
+                self.applied.update(delta.add)
+            n = len(self.applied)
+        if self.metrics is not None:
+            self.metrics.netfilter_elements.set(n)
+        if delta is None:
+            log.info("nftables elements written", extra=fields(
+                how=kind, elements=n, seconds=round(self.clock() - t0, 3)))
+        else:
+            log.debug("nftables elements changed", extra=fields(
+                added=len(delta.add), deleted=len(delta.delete)))
+        return True
+
+    # --- checking ---------------------------------------------------------------------------
+    def check(self) -> bool:
+        """Is the table (without elements) as ipvsctl wrote it? If not, schedule a rewrite
+        of the whole table. True when it is."""
+        try:
+            text = self.nft.list_table(self.target)
+        except NftError:
+            return False  # counted and logged by the adapter; try again next time
+        if text is not None and text == self.baseline:
+            return True
+        self._repair("table", "nftables table missing" if text is None
+                     else "nftables table changed by someone else")
+        return False
+
+    def audit(self) -> bool:
+        """Are the map elements those last written? If not, schedule a full replace."""
+        found: dict[ServiceKey, Verdict] = {}
+        strange = False  # an element ipvsctl never writes
+        try:
+            for family in (4, 6):
+                items = self.nft.list_map(self.target, map_name(family))
+                if items is None:
+                    return self.check()
+                for address, proto, port, target in items:
+                    try:
+                        key = ServiceKey(L4Protocol(proto.upper()), normalize_ip(address), port)
+                        found[key] = Verdict(target)
+                    except ValueError:
+                        strange = True
+        except NftError:
+            return False
+        with self._lock:
+            same = (not strange and found == self.applied) or self.needs_replace \
+                or self.needs_table
+        if not same:
+            self._repair("elements", "nftables elements changed by someone else")
+        return same
+
+    def _repair(self, kind: str, message: str) -> None:
+        if self.metrics is not None:
+            self.metrics.netfilter_repairs.labels(kind).inc()
+        log.warning(message, extra=fields(table=self.target, repair=kind))
+        with self._lock:
+            self.needs_replace = True
+            if kind == "table":
+                self.needs_table = True
+        self.wake.set()
+
+    # --- the thread -------------------------------------------------------------------------
+    def step(self) -> None:
+        """Whatever is due now: push, check, audit. The thread calls this; tests too."""
+        now = self.clock()
+        if now >= self._next_check:
+            self._next_check = now + self.config.check_interval
+            self.check()
+        if now >= self._next_audit:
+            self._next_audit = now + self.config.audit_interval
+            self.audit()
+        if self._retry_at is not None and now < self._retry_at:
+            return
+        if self.flush():
+            self._retry_at = None
+            self._retry_delay = self.config.retry_min
+        else:
+            self._retry_at = now + self._retry_delay
+            log.warning("nftables push failed, retrying", extra=fields(
+                retry_in=round(self._retry_delay, 3)))
+            self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
+
+    def _timeout(self) -> float:
+        now = self.clock()
+        wake = [self._next_check, self._next_audit]
+        if self._retry_at is not None:
+            wake.append(self._retry_at)
+        elif self.pending():
+            wake.append(now + self.config.idle)
+        return max(0.0, min(wake) - now)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.wake.wait(self._timeout())
+            self.wake.clear()
+            if stop.is_set():
+                return
+            self.step()

@@ -1,0 +1,173 @@
+"""The nft adapter: error translation, JSON parsing, and the generated texts fed to the real
+`nft` in a throwaway network namespace (skipped where that cannot be made: not root, no
+nft, no nf_tables)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.netfilter.nft import (
+    Nft,
+    NftError,
+    NftNotFound,
+    NftPermissionDenied,
+    NftUnavailable,
+    error_line,
+    parse_map_elements,
+    translate,
+)
+from ipvsctl.netfilter.ruleset import (
+    RulesetConfig,
+    Verdict,
+    base_ruleset,
+    delete_table_ruleset,
+    delta_ruleset,
+    element_delta,
+    replace_elements_ruleset,
+    replace_table_ruleset,
+)
+from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
+from ipvsctl.obs.metrics import Metrics
+
+STDERR = """\
+Error: Could not process rule: No such file or directory
+delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 }
+                                      ^^^^^^^^^^^^^^^^^^^^^^^^^
+"""
+
+
+def test_error_line_keeps_the_message_and_the_statement():
+    assert error_line(STDERR) == (
+        "Could not process rule: No such file or directory "
+        "(in: delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 })")
+    assert error_line("Error: syntax error, unexpected '}'\n  ^\n") == (
+        "syntax error, unexpected '}'")
+    assert error_line("") == "failed with no message"
+
+
+@pytest.mark.parametrize(("stderr", "cls"), [
+    (STDERR, NftNotFound),
+    ("Error: Could not process rule: Operation not permitted\nadd table inet x\n",
+     NftPermissionDenied),
+    ("Error: Could not process rule: Protocol not supported\nadd table inet x\n", NftUnavailable),
+    ("Error: syntax error\n", NftError),
+])
+def test_translate(stderr, cls):
+    err = translate(1, stderr, "elements")
+    assert type(err) is cls
+    assert str(err).startswith("nft elements: ") and err.operation == "elements"
+
+
+def test_missing_binary_is_unavailable_counted_and_logged_once(caplog):
+    m = Metrics()
+    nft = Nft("/nonexistent/nft", metrics=m)
+    for _ in range(3):
+        with pytest.raises(NftUnavailable, match="not found: install nftables"):
+            nft.apply("add table inet x\n", "base")
+    assert m.value("ipvsctl_nft_errors_total", {"operation": "base"}) == 3
+    assert [r.getMessage() for r in caplog.records].count("nft failed") == 1
+
+
+def test_parse_map_elements():
+    doc = {"nftables": [
+        {"metainfo": {"version": "1.0.6"}},
+        {"map": {"name": "services6", "elem": [
+            [{"concat": ["fd00::10", "sctp", 80]}, {"goto": {"target": "external-local"}}],
+            [{"elem": {"val": {"concat": ["fd00::11", "udp", 53]}, "timeout": 5}},
+             {"goto": {"target": "cluster-ip"}}],
+        ]}},
+    ]}
+    assert parse_map_elements(doc) == [("fd00::10", "sctp", 80, "external-local"),
+                                       ("fd00::11", "udp", 53, "cluster-ip")]
+    assert parse_map_elements({"nftables": [{"map": {"name": "services4"}}]}) == []
+
+
+# --- against the real nft ---------------------------------------------------------------------
+@pytest.fixture
+def netns():
+    if os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("ip"):
+        pytest.skip("needs root, nft and ip")
+    name = f"ipvsctl-unit-{uuid.uuid4().hex[:8]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here")
+    try:
+        probe = subprocess.run(["ip", "netns", "exec", name, "nft", "add", "table", "inet", "p"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"no nf_tables here: {probe.stderr.strip()}")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
+    return ServiceKey(Protocol(proto), address, port)
+
+
+def test_generated_texts_are_accepted_by_nft(netns):
+    cfg = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
+    nft = Nft(netns=netns, metrics=Metrics())
+    elements = {key("10.96.0.10", 80): Verdict.CLUSTER_IP,
+                key("fd96::10", 53, "UDP"): Verdict.EXTERNAL_LOCAL,
+                key("192.0.2.10", 30080, "SCTP"): Verdict.EXTERNAL}
+    assert nft.list_table(cfg.target) is None
+    nft.apply(base_ruleset(cfg), "base")
+    listing = nft.list_table(cfg.target)
+    assert listing and "chain nat-postrouting" in listing and "fully-random" in listing
+    nft.apply(base_ruleset(cfg), "base")  # idempotent
+    assert nft.list_table(cfg.target) == listing
+
+    nft.apply(replace_elements_ruleset(cfg, elements), "replace")
+    got = nft.list_map(cfg.target, "services4") + nft.list_map(cfg.target, "services6")
+    assert sorted(got) == [("10.96.0.10", "tcp", 80, "cluster-ip"),
+                           ("192.0.2.10", "sctp", 30080, "external"),
+                           ("fd96::10", "udp", 53, "external-local")]
+    assert nft.list_table(cfg.target) == listing  # -t: elements never change the listing
+
+    wanted = dict(elements)
+    wanted[key("fd96::10", 53, "UDP")] = Verdict.EXTERNAL
+    del wanted[key("10.96.0.10", 80)]
+    nft.apply(delta_ruleset(cfg, element_delta(elements, wanted)), "elements")
+    got = nft.list_map(cfg.target, "services4") + nft.list_map(cfg.target, "services6")
+    assert sorted(got) == [("192.0.2.10", "sctp", 30080, "external"),
+                           ("fd96::10", "udp", 53, "external")]
+
+    # a failed transaction changes nothing (deleting an element that is not there)
+    with pytest.raises(NftNotFound, match="in: delete element"):
+        nft.apply(delta_ruleset(cfg, element_delta(elements, {})), "elements")
+    assert len(nft.list_map(cfg.target, "services4")) == 1
+
+    nft.apply(replace_table_ruleset(cfg, elements), "table")
+    assert nft.list_table(cfg.target) == listing
+    assert len(nft.list_map(cfg.target, "services4")) == 2
+
+    nft.apply(delete_table_ruleset(cfg), "cleanup")
+    nft.apply(delete_table_ruleset(cfg), "cleanup")  # also when it is not there
+    assert nft.list_table(cfg.target) is None
+    assert nft.list_map(cfg.target, "services4") is None
+
+
+def test_sync_repairs_a_real_table(netns):
+    cfg = SyncConfig(RulesetConfig(masquerade_all=True))
+    nft = Nft(netns=netns)
+    sync = NetfilterSync(nft, cfg)
+    sync.start()
+    sync.desired = {key("10.96.0.10", 80): Verdict.CLUSTER_IP}
+    assert sync.flush()
+    assert sync.check() and sync.audit()
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "rule", "inet", "ipvsctl",
+                    "external", "counter"], check=True)
+    assert not sync.check()
+    assert sync.flush() and sync.check()
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "map", "inet", "ipvsctl",
+                    "services4"], check=True)
+    assert not sync.audit()
+    assert sync.flush() and sync.audit()
+    assert nft.list_map(cfg.ruleset.target, "services4") == [("10.96.0.10", "tcp", 80,
+                                                               "cluster-ip")]

@@ -1,0 +1,183 @@
+"""The nftables generator: golden ruleset text, elements per Service, element deltas.
+
+The texts here are what `nft -f -` receives; test_netfilter_nft.py feeds them to the real
+nft (in a throwaway network namespace) where that is possible."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipvsctl.model import NodeContext, Protocol, ServiceKey, ServiceRef
+from ipvsctl.netfilter.ruleset import (
+    ElementDelta,
+    RulesetConfig,
+    Verdict,
+    base_ruleset,
+    delete_table_ruleset,
+    delta_ruleset,
+    element_delta,
+    parse_cidrs,
+    replace_elements_ruleset,
+    replace_table_ruleset,
+    service_elements,
+)
+from ipvsctl.plan.desired import build_desired_service
+from ipvsctl.source.convert import parse_endpoint_slice, parse_service
+from tests.builders import endpoint, endpoint_slice, service
+
+NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
+CONFIG = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
+
+GOLDEN_BASE = """\
+add table inet ipvsctl
+add map inet ipvsctl services4 { type ipv4_addr . inet_proto . inet_service : verdict ; }
+add map inet ipvsctl services6 { type ipv6_addr . inet_proto . inet_service : verdict ; }
+add set inet ipvsctl hairpin4 { type ipv4_addr . ipv4_addr ; flags dynamic,timeout ; timeout 10s ; size 65535 ; }
+add set inet ipvsctl hairpin6 { type ipv6_addr . ipv6_addr ; flags dynamic,timeout ; timeout 10s ; size 65535 ; }
+add chain inet ipvsctl hairpin
+add chain inet ipvsctl cluster-ip
+add chain inet ipvsctl external
+add chain inet ipvsctl external-local
+add chain inet ipvsctl nat-postrouting { type nat hook postrouting priority srcnat ; policy accept ; }
+flush chain inet ipvsctl hairpin
+flush chain inet ipvsctl cluster-ip
+flush chain inet ipvsctl external
+flush chain inet ipvsctl external-local
+flush chain inet ipvsctl nat-postrouting
+add rule inet ipvsctl hairpin meta nfproto ipv4 update @hairpin4 { ip saddr . ip saddr } ip saddr . ip daddr @hairpin4 masquerade fully-random
+add rule inet ipvsctl hairpin meta nfproto ipv6 update @hairpin6 { ip6 saddr . ip6 saddr } ip6 saddr . ip6 daddr @hairpin6 masquerade fully-random
+add rule inet ipvsctl cluster-ip jump hairpin
+add rule inet ipvsctl cluster-ip fib saddr type local masquerade fully-random
+add rule inet ipvsctl cluster-ip meta nfproto ipv4 ip saddr != { 10.244.0.0/16 } masquerade fully-random
+add rule inet ipvsctl cluster-ip meta nfproto ipv6 ip6 saddr != { fd00:10:244::/56 } masquerade fully-random
+add rule inet ipvsctl external masquerade fully-random
+add rule inet ipvsctl external-local jump hairpin
+add rule inet ipvsctl external-local fib saddr type local masquerade fully-random
+add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct original ip daddr . meta l4proto . ct original proto-dst vmap @services4
+add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @services6
+"""  # noqa: E501
+
+
+def desired(svc: dict, slices: list[dict] = ()):
+    return build_desired_service(parse_service(svc).value,
+                                 [parse_endpoint_slice(s).value for s in slices], NODE)
+
+
+def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
+    return ServiceKey(Protocol(proto), address, port)
+
+
+def test_golden_base_ruleset_with_dual_stack_cluster_cidrs():
+    assert base_ruleset(CONFIG) == GOLDEN_BASE
+
+
+def test_without_cluster_cidr_only_the_node_itself_is_masqueraded_to_cluster_ips():
+    text = base_ruleset(RulesetConfig())
+    cluster = [ln for ln in text.splitlines() if ln.startswith("add rule inet ipvsctl cluster-ip")]
+    assert cluster == [
+        "add rule inet ipvsctl cluster-ip jump hairpin",
+        "add rule inet ipvsctl cluster-ip fib saddr type local masquerade fully-random",
+    ]
+
+
+def test_masquerade_all_masquerades_every_cluster_ip_connection_and_nothing_more():
+    text = base_ruleset(RulesetConfig(cluster_cidrs=("10.244.0.0/16",), masquerade_all=True))
+    cluster = [ln for ln in text.splitlines() if ln.startswith("add rule inet ipvsctl cluster-ip")]
+    assert cluster == ["add rule inet ipvsctl cluster-ip masquerade fully-random"]
+    # externalTrafficPolicy: Local still keeps the client's address (as kube-proxy)
+    assert "add rule inet ipvsctl external-local jump hairpin" in text
+
+
+def test_parse_cidrs_normalizes_and_rejects():
+    assert parse_cidrs(["10.244.1.7/16", "10.244.0.0/16", "FD00::1/64"]) == (
+        "10.244.0.0/16", "fd00::/64")
+    with pytest.raises(ValueError, match=r"10\.300\.0\.0/16: not a CIDR"):
+        parse_cidrs(["10.300.0.0/16"])
+
+
+def test_elements_per_address_kind_and_traffic_policy():
+    svc = service("web", cluster_ip=["10.96.0.10", "fd96::10"], type="LoadBalancer",
+                  ipFamilies=["IPv4", "IPv6"],
+                  externalIPs=["203.0.113.7"], lb_ips=["198.51.100.9"],
+                  ports=[{"name": "http", "port": 80, "nodePort": 30080},
+                         {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}])
+    got = service_elements(desired(svc))
+    assert got == {
+        key("10.96.0.10", 80): Verdict.CLUSTER_IP,
+        key("fd96::10", 80): Verdict.CLUSTER_IP,
+        key("203.0.113.7", 80): Verdict.EXTERNAL,
+        key("198.51.100.9", 80): Verdict.EXTERNAL,
+        key("192.0.2.10", 30080): Verdict.EXTERNAL,
+        key("2001:db8::10", 30080): Verdict.EXTERNAL,
+        key("10.96.0.10", 53, "UDP"): Verdict.CLUSTER_IP,
+        key("fd96::10", 53, "UDP"): Verdict.CLUSTER_IP,
+        key("203.0.113.7", 53, "UDP"): Verdict.EXTERNAL,
+        key("198.51.100.9", 53, "UDP"): Verdict.EXTERNAL,
+        key("192.0.2.10", 30053, "UDP"): Verdict.EXTERNAL,
+        key("2001:db8::10", 30053, "UDP"): Verdict.EXTERNAL,
+    }
+    local = service("web", type="NodePort", externalTrafficPolicy="Local",
+                    internalTrafficPolicy="Local",
+                    ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    assert service_elements(desired(local)) == {
+        key("10.96.0.10", 80): Verdict.CLUSTER_IP,  # internal policy changes endpoints only
+        key("192.0.2.10", 30080): Verdict.EXTERNAL_LOCAL,
+    }
+    assert service_elements(None) == {}
+
+
+def test_endpoint_changes_leave_the_elements_equal():
+    svc = service("web", type="NodePort", ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    before = desired(svc, [endpoint_slice("web", [endpoint("10.244.1.5")])])
+    after = desired(svc, [endpoint_slice("web", [endpoint("10.244.1.6", ready=False),
+                                                 endpoint("10.244.2.7", node="node-b")])])
+    assert before != after
+    assert service_elements(before) == service_elements(after)
+    assert not element_delta(service_elements(before), service_elements(after))
+
+
+def test_element_delta_per_service_change_and_its_text():
+    a, b, c = key("10.96.0.10", 80), key("10.96.0.11", 53, "UDP"), key("fd96::10", 80)
+    applied = {a: Verdict.CLUSTER_IP, b: Verdict.EXTERNAL}
+    wanted = {a: Verdict.CLUSTER_IP, b: Verdict.EXTERNAL_LOCAL, c: Verdict.EXTERNAL}
+    delta = element_delta(applied, wanted)
+    assert delta == ElementDelta(
+        delete=((b, Verdict.EXTERNAL),),
+        add=((c, Verdict.EXTERNAL), (b, Verdict.EXTERNAL_LOCAL)),  # sorted by key
+    )
+    assert delta_ruleset(CONFIG, delta) == (
+        "delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 }\n"
+        "add element inet ipvsctl services4 { 10.96.0.11 . udp . 53 : goto external-local }\n"
+        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto external }\n"
+    )
+    # only the keys asked about: O(the Service), whatever else differs
+    assert element_delta(applied, {}, keys=[a]) == ElementDelta(delete=((a, Verdict.CLUSTER_IP),))
+    assert not element_delta(applied, dict(applied))
+
+
+def test_full_replacements_are_one_transaction_each():
+    elements = {key("10.96.0.10", 80): Verdict.CLUSTER_IP,
+                key("192.0.2.10", 30080, "SCTP"): Verdict.EXTERNAL,
+                key("fd96::10", 80): Verdict.CLUSTER_IP}
+    assert replace_elements_ruleset(CONFIG, elements) == (
+        "flush map inet ipvsctl services4\n"
+        "flush map inet ipvsctl services6\n"
+        "add element inet ipvsctl services4 { 192.0.2.10 . sctp . 30080 : goto external, "
+        "10.96.0.10 . tcp . 80 : goto cluster-ip }\n"
+        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
+    )
+    table = replace_table_ruleset(CONFIG, elements)
+    assert table.startswith("add table inet ipvsctl\ndelete table inet ipvsctl\n" + GOLDEN_BASE)
+    assert table.endswith(
+        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n")
+    assert replace_elements_ruleset(CONFIG, {}) == (
+        "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n")
+    assert delete_table_ruleset(CONFIG) == "add table inet ipvsctl\ndelete table inet ipvsctl\n"
+
+
+def test_service_ref_is_not_in_the_text():
+    # no Service names in nftables: the ruleset is about virtual servers only
+    svc = service("secret-name", namespace="team")
+    text = replace_elements_ruleset(CONFIG, service_elements(desired(svc)))
+    assert "secret" not in text and "team" not in text
+    assert ServiceRef("team", "secret-name")  # (the listener keeps the owner itself)

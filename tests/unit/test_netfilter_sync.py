@@ -1,0 +1,270 @@
+"""The netfilter listener through the real Engine (in-memory IPVS): which nft transactions
+each Service change causes, batching, retries, and the periodic checks."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from ipvsctl.model import ServiceRef
+from ipvsctl.netfilter.nft import NftError, NftNotFound
+from ipvsctl.netfilter.ruleset import RulesetConfig, Verdict
+from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
+from tests.builders import endpoint, endpoint_slice, service
+from tests.harness import Harness, vs
+from tests.unit.test_netfilter_ruleset import desired
+
+CONFIG = SyncConfig(RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10,
+                    audit_interval=100)
+_ELEMENTS = re.compile(r"^(add|delete) element inet ipvsctl (services[46]) \{ (.*) \}$")
+
+
+class FakeNft:
+    """Plays nft for the statements ipvsctl writes: keeps the maps' elements, fails on
+    request, and fails a delete of a missing element as the kernel does."""
+
+    def __init__(self) -> None:
+        self.scripts: list[tuple[str, str]] = []  # (operation, script)
+        self.exists = False
+        self.maps: dict[str, dict[str, str]] = {"services4": {}, "services6": {}}
+        self.fail = 0
+        self.listing = "table v1"
+
+    def apply(self, script: str, operation: str) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise NftError(f"nft {operation}: injected", operation)
+        maps = {k: dict(v) for k, v in self.maps.items()}
+        exists = self.exists
+        for line in script.splitlines():
+            if line.startswith("delete table"):
+                exists, maps = False, {"services4": {}, "services6": {}}
+            elif line.startswith("add table"):
+                exists = True
+            elif line.startswith("flush map"):
+                maps[line.split()[-1]].clear()
+            elif m := _ELEMENTS.match(line):
+                verb, name, items = m.groups()
+                for item in items.split(", "):
+                    k, _, v = item.partition(" : goto ")
+                    if verb == "add":
+                        maps[name][k] = v
+                    elif k not in maps[name]:
+                        raise NftNotFound(f"nft {operation}: no such element", operation)
+                    else:
+                        del maps[name][k]
+        self.scripts.append((operation, script))
+        self.maps, self.exists = maps, exists
+
+    def list_table(self, target: str, operation: str = "check") -> str | None:
+        return self.listing if self.exists else None
+
+    def list_map(self, target: str, name: str, operation: str = "check"):
+        if not self.exists:
+            return None
+        out = []
+        for k, v in self.maps[name].items():
+            address, proto, port = k.split(" . ")
+            out.append((address, proto, int(port), v))
+        return out
+
+    def ops(self) -> list[str]:
+        out = [op for op, _ in self.scripts]
+        self.scripts.clear()
+        return out
+
+    def elements(self) -> dict[str, str]:
+        return {k: v for m in self.maps.values() for k, v in m.items()}
+
+
+def nodeport(name: str = "web", local: bool = False, port: int = 30080, ip: str = "10.96.0.10"):
+    spec = {"externalTrafficPolicy": "Local"} if local else {}
+    return service(name, cluster_ip=ip, type="NodePort",
+                   ports=[{"name": "http", "port": 80, "nodePort": port}], **spec)
+
+
+@pytest.fixture
+def setup():
+    h = Harness()
+    nft = FakeNft()
+    sync = NetfilterSync(nft, CONFIG, ready=lambda: h.engine.started, clock=h.clock.monotonic)
+    h.engine.service_listeners.append(sync.on_service)
+    return h, nft, sync
+
+
+def test_start_writes_the_chains_and_the_first_push_replaces_every_element(setup):
+    h, nft, sync = setup
+    nft.exists = True
+    nft.maps["services4"]["10.96.9.9 . tcp . 80"] = "cluster-ip"  # left by an earlier run
+    sync.start()
+    assert nft.ops() == ["base"]
+    assert nft.elements() == {"10.96.9.9 . tcp . 80": "cluster-ip"}  # kept until the push
+    assert sync.flush() and nft.ops() == []  # engine not ready: nothing yet
+
+    h.start([nodeport(), service("db", cluster_ip="10.96.0.20")],
+            [endpoint_slice("web", [endpoint("10.244.1.5")])])
+    assert sync.flush()
+    assert nft.ops() == ["replace"]
+    assert nft.elements() == {
+        "10.96.0.10 . tcp . 80": "cluster-ip",
+        "192.0.2.10 . tcp . 30080": "external",
+        "10.96.0.20 . tcp . 80": "cluster-ip",
+    }
+    assert sync.flush() and nft.ops() == []  # nothing more to do
+
+
+def test_endpoint_events_never_touch_nftables(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [endpoint_slice("web", [endpoint("10.244.1.5")])])
+    sync.flush()
+    nft.ops()
+    for eps in ([endpoint("10.244.1.5"), endpoint("10.244.1.6")], [endpoint("10.244.1.6")],
+                [endpoint("10.244.1.6", ready=False)], []):
+        h.upsert(endpoint_slice("web", eps))
+        assert sync.flush()
+    assert h.fake.dump() != ""  # IPVS followed the endpoints...
+    assert nft.ops() == []  # ...nftables did not move
+
+
+def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+
+    # two Services changed in one batch: one transaction
+    h.upsert(service("db", cluster_ip="10.96.0.20"), sync=False)
+    h.upsert(nodeport(local=True), sync=False)
+    h.engine.sync()
+    assert sync.flush()
+    (op, script), = nft.scripts
+    assert op == "elements"
+    assert script == (
+        "delete element inet ipvsctl services4 { 192.0.2.10 . tcp . 30080 }\n"
+        "add element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 : goto cluster-ip, "
+        "192.0.2.10 . tcp . 30080 : goto external-local }\n"
+    )
+    nft.ops()
+
+    h.delete(service("db"))
+    assert sync.flush()
+    assert nft.scripts[-1][1] == "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
+    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
+                              "192.0.2.10 . tcp . 30080": "external-local"}
+    assert sync.applied == {vs(): Verdict.CLUSTER_IP,
+                            vs("192.0.2.10", 30080): Verdict.EXTERNAL_LOCAL}
+
+
+def test_a_service_removed_and_added_back_in_one_batch_costs_nothing(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+    h.delete(nodeport())
+    h.upsert(nodeport())
+    assert sync.flush() and nft.ops() == []
+
+
+def test_failed_push_is_retried_as_a_full_replace(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+    nft.fail = 1
+    h.upsert(service("db", cluster_ip="10.96.0.20"))
+    sync.step()
+    assert nft.ops() == []  # the failed one is not recorded
+    assert sync.pending()
+    sync.step()  # backoff: not yet
+    assert nft.ops() == []
+    h.clock.advance(CONFIG.retry_min)
+    sync.step()
+    assert nft.ops() == ["replace"]
+    assert "10.96.0.20 . tcp . 80" in nft.elements()
+    assert not sync.pending()
+
+
+def test_periodic_check_rewrites_a_missing_or_changed_table_with_its_elements(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+
+    assert sync.check()
+    nft.listing = "table v1 with a rule someone added"
+    assert not sync.check()
+    assert sync.flush()
+    assert nft.ops() == ["table"]
+    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
+                              "192.0.2.10 . tcp . 30080": "external"}
+    assert sync.check()  # the new listing is the baseline
+
+    nft.exists, nft.maps = False, {"services4": {}, "services6": {}}  # `nft flush ruleset`
+    h.clock.advance(CONFIG.check_interval)
+    sync.step()  # the check finds it, the push in the same step rewrites it
+    assert nft.ops() == ["table"]
+    assert len(nft.elements()) == 2
+
+
+def test_audit_puts_back_elements_someone_removed(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+    assert sync.audit()
+    del nft.maps["services4"]["10.96.0.10 . tcp . 80"]
+    nft.maps["services6"]["fd00::1 . tcp . 1"] = "external"
+    h.clock.advance(CONFIG.audit_interval)
+    sync.step()
+    assert nft.ops() == ["replace"]
+    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
+                              "192.0.2.10 . tcp . 30080": "external"}
+
+
+def test_start_replaces_a_table_it_cannot_update_in_place():
+    nft = FakeNft()
+    nft.fail = 1  # e.g. a map of another type from another version
+    sync = NetfilterSync(nft, CONFIG)
+    sync.start()
+    assert [op for op, _ in nft.scripts] == ["table"]
+    assert sync.baseline == "table v1"
+
+
+def test_a_key_taken_over_by_another_service_is_not_deleted_by_the_first(setup):
+    _, _, sync = setup
+    a, b = ServiceRef("default", "a"), ServiceRef("default", "b")
+    web = desired(nodeport())
+    sync.on_service(a, None, web)
+    sync.on_service(b, None, web)  # b took the keys (a let them go earlier in the batch)
+    sync.on_service(a, web, None)  # a's late removal must not remove b's elements
+    assert set(sync.desired) == set(web.virtual_servers)
+    assert all(sync.owner[k] == b for k in web.virtual_servers)
+
+
+def test_the_thread_pushes_when_woken(setup):
+    h, nft, sync = setup
+    sync.start()
+    stop = threading.Event()
+    t = threading.Thread(target=sync.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        h.start([nodeport()], [])
+        sync.wake.set()
+        for _ in range(200):
+            if "replace" in [op for op, _ in nft.scripts]:
+                break
+            threading.Event().wait(0.01)
+        assert "replace" in [op for op, _ in nft.scripts]
+    finally:
+        stop.set()
+        sync.wake.set()
+        t.join(5)
+    assert not t.is_alive()
