@@ -1,6 +1,7 @@
 """Boot Debian's kernel once under qemu (virtme-ng) and run the real-kernel tests inside.
 
     .venv/bin/python -m tests.lab.boot [pytest args ...]      (make test-lab)
+    .venv/bin/python -m tests.lab.boot [--out DIR] --run "CMD"  (make demo, make bench)
 
 The guest's root is the host's filesystem, read-only, at the same paths: .venv/bin/python
 resolves to the same interpreter and the venv's site-packages (and the editable install of
@@ -8,6 +9,11 @@ this repo) just work. The guest runs `pytest -m lab tests/lab` as root with IPVS
 and writes pytest's exit code into the --rwdir (out/lab/). This process streams the guest's
 output and exits with that code: 3 when the guest never wrote one (boot failure, panic,
 timeout). Timings land in out/lab/timings.json.
+
+`--run CMD` runs the shell command CMD in the guest instead of pytest (as root, from the repo
+root, with the venv's bin first on PATH and IPVSCTL_LAB=1, IPVSCTL_LAB_OUT=DIR set); its exit
+code is passed on the same way. `--out DIR` (default out/lab, or $IPVSCTL_LAB_OUT) is the
+folder the guest can write to: the only writable place on the host's filesystem.
 
 Environment: IPVSCTL_VM_KVM=1 uses KVM (much faster where it works; it hangs on our CI
 machines, hence software emulation by default); IPVSCTL_VM_KERNEL=/boot/vmlinuz-... picks
@@ -49,28 +55,59 @@ def newest_kernel() -> str:
     return max(kernels, key=version)
 
 
-def guest_script(python: str, pytest_args: list[str]) -> str:
+def guest_script(python: str, pytest_args: list[str], out: Path = OUT,
+                 run: str | None = None) -> str:
     args = " ".join(shlex.quote(a) for a in pytest_args)
-    out = shlex.quote(str(OUT))
+    out_q = shlex.quote(str(out))
+    if run is None:
+        what = "starting pytest"
+        # the repo is read-only in the guest: no cache provider; -v and durations show
+        # progress and where the time goes in CI logs
+        command = (f"{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider -v "
+                   f"--durations=10 tests/lab {args}")
+    else:
+        what = "running: " + run
+        bindir = shlex.quote(str(Path(python).parent))
+        command = f"export PATH={bindir}:$PATH\nbash -c {shlex.quote(run)}"
     return f"""#!/bin/bash
 # written by tests/lab/boot.py; runs inside the VM
 cd {shlex.quote(str(REPO))}
-date +%s.%N > {out}/guest-start
-echo "lab: guest up, kernel $(uname -r), $(nproc) CPUs, starting pytest"
-export IPVSCTL_LAB=1 IPVSCTL_LAB_OUT={out} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# the repo is read-only in the guest: no cache provider; -v and durations show progress
-# and where the time goes in CI logs
-{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider -v --durations=10 tests/lab {args}
+date +%s.%N > {out_q}/guest-start
+echo "lab: guest up, kernel $(uname -r), $(nproc) CPUs, "{shlex.quote(what)}
+export IPVSCTL_LAB=1 IPVSCTL_LAB_OUT={out_q} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+{command}
 rc=$?
-date +%s.%N > {out}/guest-end
-echo $rc > {out}/result
+date +%s.%N > {out_q}/guest-end
+echo $rc > {out_q}/result
 """
 
 
+def parse_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
+    """Leading `--out DIR` / `--run CMD` (also `--opt=value`) are boot.py's own; the rest
+    goes to pytest, as before."""
+    out, run = OUT, None
+    rest = list(argv)
+    while rest and rest[0].split("=", 1)[0] in ("--out", "--run"):
+        opt = rest.pop(0)
+        name, eq, value = opt.partition("=")
+        if not eq:
+            if not rest:
+                sys.exit(f"lab: {name} needs a value")
+            value = rest.pop(0)
+        if name == "--out":
+            out = Path(value).resolve()
+        else:
+            run = value
+    if run is not None and rest:
+        sys.exit(f"lab: with --run, no pytest arguments: {shlex.join(rest)}")
+    return out, run, rest
+
+
 def main(argv: list[str]) -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
+    out, run, pytest_args = parse_args(argv)
+    out.mkdir(parents=True, exist_ok=True)
     for name in ("result", "guest-start", "guest-end", "timings-guest.json"):
-        (OUT / name).unlink(missing_ok=True)
+        (out / name).unlink(missing_ok=True)
     # the venv's python, not its resolved target: the guest must run inside the venv
     python = str(REPO / ".venv" / "bin" / "python")
     if not os.path.exists(python):
@@ -79,15 +116,15 @@ def main(argv: list[str]) -> int:
     vng = shutil.which("vng", path=bindir) or shutil.which("vng")
     if not vng:
         sys.exit("lab: vng (virtme-ng) not found: run `make venv` (pip install -e '.[lab]')")
-    script = OUT / "guest.sh"
-    script.write_text(guest_script(python, argv))
+    script = out / "guest.sh"
+    script.write_text(guest_script(python, pytest_args, out, run))
 
     kvm = os.environ.get("IPVSCTL_VM_KVM") == "1"
     cmd = [
         vng, "--run", newest_kernel(), "--user", "root", "--force-9p",
         "--memory", os.environ.get("IPVSCTL_VM_MEMORY", "2G"),
         "--cpus", str(min(os.cpu_count() or 2, 4)),
-        "--rwdir", str(OUT),
+        "--rwdir", str(out),
         "--exec", f"bash {shlex.quote(str(script))}",
     ]
     if not kvm:
@@ -123,30 +160,30 @@ def main(argv: list[str]) -> int:
         watchdog.cancel()
     ended = time.time()
 
-    report_timings(started, ended)
-    result = OUT / "result"
+    report_timings(started, ended, out)
+    result = out / "result"
     if timed_out.is_set() or not result.exists():
         why = "timed out" if timed_out.is_set() else f"vng exited {vm_rc}"
         print(f"lab: FAILED: the guest wrote no result ({why}): boot failure, kernel panic or "
               "a hung test; see the output above", flush=True)
         return NO_RESULT
     rc = int(result.read_text().strip() or NO_RESULT)
-    print(f"lab: guest pytest exit code {rc}", flush=True)
+    print(f"lab: guest {'pytest' if run is None else 'command'} exit code {rc}", flush=True)
     return rc
 
 
-def report_timings(started: float, ended: float) -> None:
+def report_timings(started: float, ended: float, out: Path = OUT) -> None:
     timings: dict[str, float] = {"total_s": round(ended - started, 1)}
     try:
-        guest_start = float((OUT / "guest-start").read_text())
+        guest_start = float((out / "guest-start").read_text())
         timings["boot_s"] = round(guest_start - started, 1)
-        guest_end = float((OUT / "guest-end").read_text())
+        guest_end = float((out / "guest-end").read_text())
         timings["guest_pytest_s"] = round(guest_end - guest_start, 1)
         timings["shutdown_s"] = round(ended - guest_end, 1)
-        timings.update(json.loads((OUT / "timings-guest.json").read_text()))
+        timings.update(json.loads((out / "timings-guest.json").read_text()))
     except (OSError, ValueError):
         pass  # whatever the guest got to write
-    (OUT / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print(f"lab: timings {json.dumps(timings)}", flush=True)
 
 
