@@ -1,0 +1,141 @@
+"""Drain reaction: from a draining real server's connection counts reaching zero to its
+deletion (lab VM, real traffic).
+
+A node with `samples` pods behind one ClusterIP; ipvsctl's Engine and Loop (the daemon's
+loop thread, --drain-check-interval 1 s) program it. One client connection per pod through
+the virtual IP, then every endpoint goes not-ready: every real server is at weight 0 with one
+connection. The connections are then closed one by one at staggered times with a reset, so
+IPVS moves each to CLOSE and drops it 10 s later: that is when its counts reach zero. A
+poller reading the kernel every 20 ms notes when ActiveConn+InActConn first reads 0 and when
+the real server is gone; ipvsctl's own log gives its deletion time and reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from bench.common import log, summary
+
+VIP, PORT = "10.96.0.20", 80
+
+
+class _Deletions(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.deleted: dict[str, tuple[float, str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        f = getattr(record, "fields", None) or {}
+        if record.getMessage() == "real server deleted":
+            self.deleted[str(f.get("rs"))] = (record.created, str(f.get("reason")))
+
+
+def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.37,
+              poll: float = 0.02) -> dict[str, Any]:
+    from bench.ipvsnl import RawIPVS
+    from ipvsctl.kernel.netlink import configure_host
+    from ipvsctl.model import NodeContext, Protocol, ServiceKey
+    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.reconcile.engine import Engine, EngineConfig
+    from ipvsctl.reconcile.loop import Loop, LoopConfig
+    from ipvsctl.source.events import ObjectKind, Replace, Upsert
+    from tests.fakeapi import objects
+    from tests.lab.labkit import Node, wait_for
+
+    node = Node()
+    configure_host(kernel=node.kernel)
+    client = node.make_client(ip6=None)
+    ips = [f"10.244.2.{i + 1}" for i in range(samples)]
+    for i, ip in enumerate(ips):
+        node.make_pod(ip, name=f"d{i}")
+    handler = _Deletions()
+    logging.getLogger("ipvsctl.engine").addHandler(handler)
+    logging.getLogger("ipvsctl.engine").setLevel(logging.INFO)
+    raw = RawIPVS(netns=node.name)
+    key = ServiceKey(Protocol.TCP, VIP, PORT)
+    stop = threading.Event()
+    try:
+        svc = objects.service("drain", cluster_ip=VIP)
+
+        def sl(ready: bool) -> dict[str, Any]:
+            return objects.endpoint_slice("drain-x", "drain", [
+                objects.endpoint(ip, ready=ready, pod=f"d{i}") for i, ip in enumerate(ips)])
+
+        engine = Engine(node.kernel, EngineConfig(NodeContext("bench-node"), 3600.0),
+                        metrics=Metrics())
+        events: queue.Queue[Any] = queue.Queue()
+        loop = Loop(engine, events, LoopConfig(drain_check_interval=check_interval))
+        now = time.monotonic()
+        events.put(Replace(ObjectKind.SERVICE, [svc], now))
+        events.put(Replace(ObjectKind.ENDPOINT_SLICE, [sl(True)], now))
+        thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        thread.start()
+        wait_for(lambda: len(raw.list_real_servers(key)) == samples if engine.started else 0,
+                 timeout=120, what="real servers programmed")
+        conns = [client.connect(VIP, PORT) for _ in range(samples)]
+        served = sorted(c.pod for c in conns)
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, sl(False), time.monotonic()))
+        wait_for(lambda: all(r.weight == 0 for r in raw.list_real_servers(key)), timeout=60,
+                 what="every real server at weight 0")
+
+        zero_at: dict[str, float] = {}
+        gone_at: dict[str, float] = {}
+        seen: set[str] = set()
+
+        def watch() -> None:
+            while not stop.is_set():
+                t = time.time()
+                present = {}
+                with contextlib.suppress(Exception):
+                    present = {r.key.address: r.connections
+                               for r in raw.list_real_servers(key)}
+                for ip in ips:
+                    if ip in present:
+                        seen.add(ip)
+                        if present[ip] == 0 and ip not in zero_at:
+                            zero_at[ip] = t
+                    elif ip in seen and ip not in gone_at:
+                        gone_at[ip] = t
+                stop.wait(poll)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for c in conns:  # reset one connection at a time: IPVS CLOSE state, 10 s
+            with contextlib.suppress(OSError):
+                c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()
+            time.sleep(stagger)
+        wait_for(lambda: len(gone_at) == samples, timeout=120, what="every real server deleted")
+        stop.set()
+        watcher.join(timeout=5)
+        latencies, rows = [], []
+        for ip in ips:
+            rs = f"{ip}:8080"
+            deleted, reason = handler.deleted.get(rs, (None, None))
+            if ip in zero_at and deleted is not None:
+                latencies.append(max(0.0, deleted - zero_at[ip]))
+            rows.append({"rs": rs, "zero_at": zero_at.get(ip), "deleted_at": deleted,
+                         "kernel_gone_at": gone_at.get(ip), "reason": reason})
+        t0 = min(r["zero_at"] for r in rows if r["zero_at"])
+        for r in rows:
+            for k in ("zero_at", "deleted_at", "kernel_gone_at"):
+                if r[k] is not None:
+                    r[k] = round(r[k] - t0, 3)
+        out = {"samples": samples, "check_interval_s": check_interval,
+               "target_s": check_interval + 0.5, "pods_served": served,
+               "zero_to_deleted": summary(latencies), "real_servers": rows}
+        log(f"drain: zero -> deleted p50 {out['zero_to_deleted'].get('p50')} ms, "
+            f"max {out['zero_to_deleted'].get('max')} ms")
+        return out
+    finally:
+        stop.set()
+        logging.getLogger("ipvsctl.engine").removeHandler(handler)
+        raw.close()
+        node.close()

@@ -1,0 +1,58 @@
+"""The fake API server for the memory benchmark, in its own process (so its memory is not
+the daemon's): loads N Services x E endpoints, prints its URL, then obeys stdin:
+
+    churn COUNT   COUNT EndpointSlice updates (one endpoint flips ready/not ready in a
+                  random Service each), as fast as it can; prints "churned COUNT SECONDS"
+    quit
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import sys
+import time
+
+from tests.fakeapi import objects
+from tests.fakeapi.server import FakeAPIServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fakeapi_proc")
+    p.add_argument("--services", type=int, required=True)
+    p.add_argument("--endpoints", type=int, default=10)
+    args = p.parse_args(argv)
+    api = FakeAPIServer(record_requests=False, bookmark_interval=30.0)
+    slices = []
+    for obj in objects.cluster(args.services, args.endpoints):
+        if obj["kind"] == "EndpointSlice":
+            slices.append(obj)
+    api.add_many(objects.cluster(args.services, args.endpoints))
+    api.start()
+    print(api.url, flush=True)
+    rng = random.Random(3)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "quit":
+            break
+        if cmd[0] == "churn":
+            count = int(cmd[1])
+            t0 = time.monotonic()
+            for _ in range(count):
+                i = rng.randrange(len(slices))
+                sl = copy.deepcopy(slices[i])
+                ep = sl["endpoints"][rng.randrange(len(sl["endpoints"]))]
+                ready = not ep["conditions"]["ready"]
+                ep["conditions"].update(ready=ready, serving=ready)
+                slices[i] = sl
+                api.update(sl)
+            print(f"churned {count} {time.monotonic() - t0:.3f}", flush=True)
+    api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

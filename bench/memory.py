@@ -1,0 +1,122 @@
+"""The daemon's peak memory and CPU time following N Services x E endpoints from the fake
+API server (another process): the initial list, then `events` watch events (EndpointSlice
+updates). RSS peak is the daemon process's VmHWM; CPU time its utime+stime, both from /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from bench.common import REPO, log
+
+
+def _proc(pid: int) -> dict[str, float]:
+    with open(f"/proc/{pid}/status") as f:
+        status = f.read()
+    kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in status.splitlines()
+          if ln.startswith(("VmHWM", "VmRSS"))}
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"rss_peak_mb": kb.get("VmHWM", 0) / 1024, "rss_mb": kb.get("VmRSS", 0) / 1024,
+            "cpu_s": (int(fields[11]) + int(fields[12])) / tick}
+
+
+def _metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_memory(services: int, endpoints: int, events: int, netns: str | None = None,
+               timeout: float = 3600) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    api = subprocess.Popen([sys.executable, "-m", "bench.fakeapi_proc", "--services",
+                            str(services), "--endpoints", str(endpoints)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                           cwd=REPO)
+    daemon = None
+    try:
+        assert api.stdout and api.stdin
+        url = api.stdout.readline().strip()
+        log(f"memory: fake API with {services} services up at {url}")
+        cmd = [sys.executable, "-m", "bench.daemon_proc", "--apiserver", url]
+        if netns:
+            cmd += ["--netns", netns]
+        t0 = time.monotonic()
+        daemon = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env, cwd=REPO)
+        assert daemon.stdout
+        port = int(daemon.stdout.readline().split()[1])
+        ready_line = daemon.stdout.readline().split()
+        ready_s, imported_s = float(ready_line[1]), float(ready_line[3])
+        after_list = _proc(daemon.pid)
+        log(f"memory: daemon ready in {ready_s:.1f}s, rss {after_list['rss_mb']:.0f} MB")
+        n0 = -1.0  # the initial sync's own observations may still be landing
+        while True:
+            n = _metric(port, "ipvsctl_event_to_kernel_seconds_count")
+            if n == n0:
+                break
+            n0 = n
+            time.sleep(1.0)
+        t1 = time.monotonic()
+        api.stdin.write(f"churn {events}\n")
+        api.stdin.flush()
+        churned = api.stdout.readline().split()
+        deadline = time.monotonic() + timeout
+        applied = 0.0
+        while time.monotonic() < deadline:
+            applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
+            if applied >= events:
+                break
+            time.sleep(0.5)
+        t_events = time.monotonic() - t1
+        time.sleep(1.0)
+        end = _proc(daemon.pid)
+        restarts = _metric(port, "ipvsctl_watch_restarts_total")
+        applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
+        out = {
+            "services": services, "endpoints": services * endpoints, "watch_events": events,
+            "kernel": "netlink (lab VM)" if netns else "FakeKernel (in-memory, host)",
+            "time_to_ready_s": round(ready_s, 2), "import_s": round(imported_s, 2),
+            "rss_after_list_mb": round(after_list["rss_mb"], 1),
+            "rss_peak_after_list_mb": round(after_list["rss_peak_mb"], 1),
+            "cpu_after_list_s": round(after_list["cpu_s"], 2),
+            "events_applied": int(applied),
+            "watch_restarts": int(restarts),
+            "events_seconds": round(t_events, 2),
+            "api_churn_seconds": float(churned[2]) if len(churned) > 2 else None,
+            "rss_peak_mb": round(end["rss_peak_mb"], 1), "rss_end_mb": round(end["rss_mb"], 1),
+            "cpu_total_s": round(end["cpu_s"], 2),
+            "cpu_events_s": round(end["cpu_s"] - after_list["cpu_s"], 2),
+            "wall_total_s": round(time.monotonic() - t0, 2),
+        }
+        log(f"memory: peak RSS {out['rss_peak_mb']} MB, CPU {out['cpu_total_s']} s, "
+            f"{int(applied)}/{events} events applied in {t_events:.1f}s")
+        return out
+    finally:
+        if daemon is not None:
+            if daemon.stdin:
+                daemon.stdin.close()
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        if api.stdin:
+            try:
+                api.stdin.write("quit\n")
+                api.stdin.close()
+            except OSError:
+                pass
+        try:
+            api.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            api.kill()
