@@ -1,0 +1,305 @@
+"""`ipvsctl cleanup`: remove from this node everything ipvsctl created, to go back to
+kube-router (or kube-proxy) or to uninstall.
+
+What goes, in this order:
+1. the IPVS virtual servers ipvsctl owns: those whose address is on its dummy interface
+   (`--interface`), and NodePort ones (ports 30000-32767) on the node's addresses
+   (`--node-ip`, default: the node's global addresses); other virtual servers stay;
+2. the dummy interface, with its addresses (only if it is a dummy interface);
+3. the nftables table `inet ipvsctl`;
+4. the drain queue's state file in `--state-dir` (and the folder, if then empty).
+
+Refuses to run while a daemon answers on `--endpoint` (it would put everything back), unless
+`--force`. `--dry-run` prints what would go. Exit 0 when done (also when there was nothing
+to remove), 1 when a step failed (each failure one line), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Protocol
+
+import typer
+
+from ipvsctl.model import ServiceKey
+from ipvsctl.persist.drain_state import FILE_NAME as STATE_FILE
+
+
+class CleanupError(Exception):
+    """One failed step; the message is the line the user sees."""
+
+
+def owned_virtual_servers(virtual_servers: Iterable[ServiceKey], bound: Iterable[str],
+                          node_ips: Iterable[str]) -> list[ServiceKey]:
+    """ipvsctl's virtual servers (the daemon's own ownership rule): on its dummy interface's
+    addresses, or NodePorts on node IPs."""
+    from ipvsctl.shell.daemon import NODE_PORT_RANGE  # the daemon's own rule (open_kernel)
+
+    bound, node_ips = set(bound), set(node_ips)
+    return sorted(k for k in virtual_servers
+                  if k.address in bound or (k.address in node_ips
+                                            and k.port in NODE_PORT_RANGE))
+
+
+class Host(Protocol):
+    """What cleanup touches (SystemHost; tests use a fake)."""
+
+    def virtual_servers(self) -> list[ServiceKey]: ...
+    def delete_virtual_server(self, key: ServiceKey) -> None: ...
+    def interface(self) -> tuple[str, list[str]] | None: ...  # (kind, addresses)
+    def delete_interface(self) -> None: ...
+    def table_exists(self) -> bool: ...
+    def delete_table(self) -> None: ...
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+
+def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir: Path | None,
+                 dry_run: bool = False) -> Report:
+    """Remove what ipvsctl created; every step is tried even if an earlier one failed."""
+    r = Report()
+    verb = "would delete" if dry_run else "deleted"
+
+    def step(fn: Callable[[], None]) -> bool:
+        if dry_run:
+            return True
+        try:
+            fn()
+            return True
+        except CleanupError as exc:
+            r.errors.append(str(exc))
+            return False
+
+    found = None
+    try:
+        found = host.interface()
+    except CleanupError as exc:
+        r.errors.append(str(exc))
+    if found is not None and found[0] != "dummy":
+        r.errors.append(f"interface {interface} is a {found[0] or 'physical'} interface, not "
+                        "a dummy one: check --interface; it and its addresses are left alone")
+        found = None
+    bound = found[1] if found else []
+
+    try:
+        keys = owned_virtual_servers(host.virtual_servers(), bound, node_ips)
+    except CleanupError as exc:
+        r.errors.append(str(exc))
+        keys = []
+    deleted = 0
+    for key in keys:
+        if step(lambda key=key: host.delete_virtual_server(key)):
+            deleted += 1
+            r.lines.append(f"{verb} virtual server {key.protocol.value} "
+                           f"{str(key).rsplit('/', 1)[0]}")
+    if keys:
+        r.summary.append(f"{deleted} virtual servers")
+
+    if found is not None and step(host.delete_interface):
+        shown = ", ".join(bound) if bound else "none"
+        r.lines.append(f"{verb} interface {interface} (addresses: {shown})")
+        r.summary.append(f"interface {interface} with {len(bound)} addresses")
+
+    try:
+        table = host.table_exists()
+    except CleanupError as exc:
+        r.errors.append(str(exc))
+        table = False
+    if table and step(host.delete_table):
+        r.lines.append(f"{verb} nftables table inet ipvsctl")
+        r.summary.append("nftables table")
+
+    if state_dir is not None:
+        files = [p for p in (sorted(state_dir.glob(f"{STATE_FILE}*"))
+                             + sorted(state_dir.glob(f".{STATE_FILE}*"))) if p.is_file()]
+        for path in files:
+            if step(lambda path=path: _remove(path)):
+                r.lines.append(f"{'would remove' if dry_run else 'removed'} {path}")
+        if files:
+            r.summary.append("drain queue state")
+        if not dry_run and state_dir.is_dir() and not any(state_dir.iterdir()):
+            with contextlib.suppress(OSError):
+                state_dir.rmdir()
+    return r
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise CleanupError(f"{path}: {exc.strerror or exc}") from None
+
+
+class SystemHost:
+    """This node: IPVS over netlink, the interface and its addresses through `ip`, the table
+    through `nft`."""
+
+    def __init__(self, interface: str) -> None:
+        self.name = interface
+        self._kernel = None
+        self._kernel_missing = False
+
+    def _ipvs(self):  # type: ignore[no-untyped-def]
+        from ipvsctl.kernel import KernelError, KernelUnavailable
+        from ipvsctl.kernel.netlink import NetlinkKernel
+
+        if self._kernel is None and not self._kernel_missing:
+            try:
+                self._kernel = NetlinkKernel(self.name, create_interface=False)
+            except KernelUnavailable:
+                self._kernel_missing = True  # no IPVS module loaded: no virtual servers
+            except KernelError as exc:
+                raise CleanupError(str(exc)) from None
+        return self._kernel
+
+    def virtual_servers(self) -> list[ServiceKey]:
+        from ipvsctl.kernel import KernelError
+
+        k = self._ipvs()
+        if k is None:
+            return []
+        try:
+            return [vs.key for vs in k.list_virtual_servers()]
+        except KernelError as exc:
+            raise CleanupError(str(exc)) from None
+
+    def delete_virtual_server(self, key: ServiceKey) -> None:
+        from ipvsctl.kernel import KernelError, KernelNotFound
+
+        k = self._ipvs()
+        if k is None:
+            return
+        try:
+            k.delete_virtual_server(key, bind_address=False)  # the interface goes whole
+        except KernelNotFound:
+            pass
+        except KernelError as exc:
+            raise CleanupError(str(exc)) from None
+
+    def _ip(self, *args: str) -> str:
+        try:
+            r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
+                               check=False)
+        except FileNotFoundError:
+            raise CleanupError("ip (iproute2) not found") from None
+        if r.returncode != 0:
+            raise CleanupError(f"ip {' '.join(args)}: {r.stderr.strip() or r.returncode}")
+        return r.stdout
+
+    def interface(self) -> tuple[str, list[str]] | None:
+        try:
+            socket.if_nametoindex(self.name)
+        except OSError:
+            return None
+        links = json.loads(self._ip("-j", "-d", "addr", "show", "dev", self.name) or "[]")
+        if not links:
+            return None
+        link = links[0]
+        kind = (link.get("linkinfo") or {}).get("info_kind", "")
+        addresses = sorted(a["local"] for a in link.get("addr_info", []) if "local" in a)
+        return kind, addresses
+
+    def delete_interface(self) -> None:
+        self._ip("link", "delete", "dev", self.name)
+
+    def _nft(self):  # type: ignore[no-untyped-def]
+        from ipvsctl.netfilter.nft import Nft
+
+        return Nft()
+
+    def table_exists(self) -> bool:
+        from ipvsctl.netfilter.nft import NftError, NftUnavailable
+        from ipvsctl.netfilter.ruleset import RulesetConfig
+
+        try:
+            return self._nft().list_table(RulesetConfig().target, "cleanup") is not None
+        except NftUnavailable:
+            return False  # no nft, no nf_tables: there is no table
+        except NftError as exc:
+            raise CleanupError(str(exc)) from None
+
+    def delete_table(self) -> None:
+        from ipvsctl.netfilter.nft import NftError
+        from ipvsctl.netfilter.ruleset import RulesetConfig, delete_table_ruleset
+
+        try:
+            self._nft().apply(delete_table_ruleset(RulesetConfig()), "cleanup")
+        except NftError as exc:
+            raise CleanupError(str(exc)) from None
+
+
+def daemon_answers(endpoint: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(endpoint.rstrip("/") + "/healthz", timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def cleanup(
+        interface: Annotated[str, typer.Option(
+            help="The dummy interface holding the VIPs.")] = "kube-ipvs0",
+        node_ip: Annotated[list[str] | None, typer.Option(
+            "--node-ip", help="Node addresses whose NodePort virtual servers go "
+            "(repeatable; default: the node's global addresses).")] = None,
+        state_dir: Annotated[str, typer.Option(
+            "--state-dir", help="Where the daemon kept its drain queue.")] = "/var/lib/ipvsctl",
+        endpoint: Annotated[str, typer.Option(
+            "--endpoint", help="A daemon answering here stops the cleanup.")] = (
+            "http://127.0.0.1:9796"),
+        force: Annotated[bool, typer.Option(
+            "--force", help="Clean up even while a daemon answers.")] = False,
+        dry_run: Annotated[bool, typer.Option(
+            "--dry-run", help="Print what would be removed; remove nothing.")] = False,
+    ) -> None:
+        """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
+        from ipvsctl.model import normalize_ip
+
+        ips: list[str] = []
+        for ip in node_ip or ():
+            try:
+                ips.append(normalize_ip(ip))
+            except ValueError:
+                typer.echo(f"ipvsctl: --node-ip {ip}: not an IP address", err=True)
+                raise typer.Exit(2) from None
+        if not node_ip:
+            try:
+                from ipvsctl.kernel.addresses import node_addresses
+
+                ips = node_addresses(exclude_interfaces=(interface,))
+            except Exception as exc:
+                typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); NodePort "
+                           "virtual servers need --node-ip", err=True)
+        if not force and daemon_answers(endpoint):
+            typer.echo(f"ipvsctl: a daemon answers at {endpoint}: stop it first (it would put "
+                       "everything back), or pass --force", err=True)
+            raise typer.Exit(1)
+        report = cleanup_node(SystemHost(interface), interface, ips, Path(state_dir), dry_run)
+        for line in report.lines:
+            typer.echo(line)
+        for error in report.errors:
+            typer.echo(f"ipvsctl: {error}", err=True)
+        what = ", ".join(report.summary) or "nothing to remove"
+        typer.echo(f"cleanup {'(dry run) ' if dry_run else ''}done: {what}")
+        raise typer.Exit(1 if report.errors else 0)
+
