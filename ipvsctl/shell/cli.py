@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ipvsctl.model import NodeContext, normalize_ip
+from ipvsctl.shell.cleanup import register as register_cleanup
 from ipvsctl.shell.shutdown_manager import register as register_shutdown_manager
 
 app = typer.Typer(
@@ -127,6 +128,14 @@ def run(
         "--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")] = "0.0.0.0:9796",
     log_format: Annotated[str, typer.Option(
         "--log-format", help="text or json.")] = "text",
+    cluster_cidr: Annotated[list[str] | None, typer.Option(
+        "--cluster-cidr", help="The cluster's pod CIDR (repeatable, one per family): traffic "
+        "to ClusterIPs from outside it is masqueraded.")] = None,
+    masquerade_all: Annotated[bool, typer.Option(
+        "--masquerade-all", help="Masquerade all traffic to ClusterIPs.")] = False,
+    nftables: Annotated[bool, typer.Option(
+        "--nftables/--no-nftables", help="Keep ipvsctl's nftables table (masquerading, "
+        "hairpin).")] = True,
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
     from ipvsctl.obs import logging as obs_logging
@@ -137,6 +146,12 @@ def run(
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
     if ":" not in listen or not listen.rpartition(":")[2].isdigit():
         raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
+    from ipvsctl.netfilter.ruleset import parse_cidrs
+
+    try:
+        cluster_cidrs = parse_cidrs(cluster_cidr or ())
+    except ValueError as exc:
+        raise _fail(f"--cluster-cidr {exc}", 2) from None
     obs_logging.setup(log_format)
     node = _node(node_name, node_ip, scheduler)
     options = DaemonOptions(
@@ -144,7 +159,8 @@ def run(
         interface=interface, drain_timeout=drain_timeout,
         drain_check_interval=drain_check_interval, tcp_timeout=ipvs_tcp_timeout,
         tcpfin_timeout=ipvs_tcpfin_timeout, udp_timeout=ipvs_udp_timeout,
-        state_dir=state_dir, listen=listen,
+        state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
+        masquerade_all=masquerade_all, nftables=nftables,
     )
     try:
         code = run_daemon(options)
@@ -182,6 +198,7 @@ def status(
 
 
 register_shutdown_manager(app)
+register_cleanup(app)
 
 
 def main() -> None:

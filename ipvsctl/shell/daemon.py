@@ -16,8 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipvsctl.health.server import HealthServer
 from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.netfilter.nft import NftError, NftUnavailable
+from ipvsctl.netfilter.ruleset import RulesetConfig
+from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
@@ -50,6 +54,9 @@ class DaemonOptions:
     state_dir: str = "/var/lib/ipvsctl"
     listen: str = "0.0.0.0:9796"
     stale_after: float = 60.0  # /healthz fails when the loop has not turned for this long
+    cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr (normalized)
+    masquerade_all: bool = False  # --masquerade-all
+    nftables: bool = True  # --no-nftables: no nftables table (masquerading done elsewhere)
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Daemon:
     events: queue.Queue[SourceEvent] = field(default_factory=queue.Queue)
     stop: threading.Event = field(default_factory=threading.Event)
     owned: Callable[[ServiceKey], bool] = lambda key: True
+    nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
+    health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
 
     def __post_init__(self) -> None:
         o = self.options
@@ -81,6 +90,17 @@ class Daemon:
         self.loop = Loop(self.engine, self.events,
                          LoopConfig(drain_check_interval=o.drain_check_interval),
                          save_queue=self.state.save)
+        self.netfilter: NetfilterSync | None = None
+        if self.nft is not None:
+            self.netfilter = NetfilterSync(
+                self.nft, SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
+                batch_lock=self.loop.lock, ready=lambda: self.engine.started,
+                metrics=self.metrics)
+            self.engine.service_listeners.append(self.netfilter.on_service)
+        if self.health is not None:
+            self.health.metrics = self.metrics
+            self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
+            self.engine.service_listeners.append(self.health.on_service)
         try:
             self.http = HTTPServer(o.listen, {
                 "/metrics": metrics_body(self.metrics.render),
@@ -120,6 +140,12 @@ class Daemon:
         return text(503, "waiting for the first full list to reach the kernel\n")
 
     def start(self) -> None:
+        if self.netfilter is not None:
+            try:
+                self.netfilter.start()
+            except NftError as exc:
+                hint = " (or run with --no-nftables)" if isinstance(exc, NftUnavailable) else ""
+                raise StartupError(f"{exc}{hint}") from None
         self.http.start()
         self.threads = [
             threading.Thread(target=self._guard(self.loop.run), args=(self.stop,),
@@ -127,6 +153,10 @@ class Daemon:
             threading.Thread(target=self._guard(self.source.run),
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
+        for name, part in (("netfilter", self.netfilter), ("health", self.health)):
+            if part is not None:
+                self.threads.append(threading.Thread(
+                    target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
         for t in self.threads:
             t.start()
         log.info("started", extra=fields(
@@ -146,8 +176,12 @@ class Daemon:
     def shutdown(self) -> None:
         """Stop threads; leave the kernel's IPVS table exactly as it is."""
         self.stop.set()
+        if self.netfilter is not None:
+            self.netfilter.wake.set()
         for t in self.threads:
             t.join(timeout=10)
+        if self.health is not None:
+            self.health.close()
         self.http.stop()
         try:
             self.state.save(list(self.engine.queue))
@@ -203,7 +237,13 @@ def run(o: DaemonOptions) -> int:
     metrics = Metrics()
     source = open_source(o, metrics)  # configuration mistakes first: they are the user's
     kernel, owned = open_kernel(o)
-    daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned)
+    nft = None
+    if o.nftables:
+        from ipvsctl.netfilter.nft import Nft
+
+        nft = Nft(metrics=metrics)
+    daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
+                    health=HealthServer(o.node.node_name))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,152 @@
+"""`ipvsctl cleanup`: what it removes (and what it leaves), dry runs, errors, the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.shell import cleanup as cleanup_mod
+from ipvsctl.shell.cleanup import CleanupError, cleanup_node, owned_virtual_servers
+from ipvsctl.shell.cli import app
+
+
+def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
+    return ServiceKey(Protocol(proto), address, port)
+
+
+VIP, VIP6, NODE = "10.96.0.10", "fd96::10", "192.0.2.10"
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.vs = [key(VIP, 80), key(VIP6, 53, "UDP"), key(NODE, 30080), key(NODE, 22),
+                   key("10.1.2.3", 80), key("192.0.2.99", 30080)]
+        self.iface: tuple[str, list[str]] | None = ("dummy", [VIP, VIP6])
+        self.table = True
+        self.fail: set[str] = set()
+        self.calls: list[str] = []
+
+    def _maybe_fail(self, what: str) -> None:
+        self.calls.append(what)
+        if what in self.fail:
+            raise CleanupError(f"{what}: injected")
+
+    def virtual_servers(self):
+        return list(self.vs)
+
+    def delete_virtual_server(self, k):
+        self._maybe_fail(f"del {k}")
+        self.vs.remove(k)
+
+    def interface(self):
+        return self.iface
+
+    def delete_interface(self):
+        self._maybe_fail("del interface")
+        self.iface = None
+
+    def table_exists(self):
+        return self.table
+
+    def delete_table(self):
+        self._maybe_fail("del table")
+        self.table = False
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "drain-queue.json").write_text("[]")
+    (d / "drain-queue.json.corrupt-1700000000").write_text("x")
+    return d
+
+
+def test_owned_is_the_daemons_rule():
+    got = owned_virtual_servers(
+        [key(VIP, 80), key(NODE, 30080), key(NODE, 22), key(NODE, 32768), key("10.1.2.3", 80)],
+        bound=[VIP], node_ips=[NODE])
+    assert got == [key(VIP, 80), key(NODE, 30080)]
+
+
+def test_removes_ipvsctls_virtual_servers_interface_table_and_state(state):
+    host = FakeHost()
+    r = cleanup_node(host, "kube-ipvs0", [NODE], state)
+    assert r.errors == []
+    # what is not ipvsctl's stays: a VIP off the interface, a NodePort on another address,
+    # a node address outside the NodePort range
+    assert sorted(host.vs) == sorted([key(NODE, 22), key("10.1.2.3", 80), key("192.0.2.99", 30080)])
+    assert host.iface is None and host.table is False
+    assert not state.exists()
+    assert r.lines == [
+        "deleted virtual server TCP 10.96.0.10:80",
+        "deleted virtual server TCP 192.0.2.10:30080",
+        "deleted virtual server UDP [fd96::10]:53",
+        "deleted interface kube-ipvs0 (addresses: 10.96.0.10, fd96::10)",
+        "deleted nftables table inet ipvsctl",
+        f"removed {state / 'drain-queue.json'}",
+        f"removed {state / 'drain-queue.json.corrupt-1700000000'}",
+    ]
+    assert r.summary == ["3 virtual servers", "interface kube-ipvs0 with 2 addresses",
+                         "nftables table", "drain queue state"]
+    again = cleanup_node(host, "kube-ipvs0", [NODE], state)
+    assert (again.lines, again.errors, again.summary) == ([], [], [])
+
+
+def test_dry_run_changes_nothing(state):
+    host = FakeHost()
+    r = cleanup_node(host, "kube-ipvs0", [NODE], state, dry_run=True)
+    assert host.calls == [] and len(host.vs) == 6 and host.table and host.iface
+    assert (state / "drain-queue.json").exists()
+    assert r.lines[0] == "would delete virtual server TCP 10.96.0.10:80"
+    assert r.lines[-1].startswith("would remove ")
+
+
+def test_every_step_is_tried_and_failures_reported(state):
+    host = FakeHost()
+    host.fail = {f"del {key(VIP, 80)}", "del table"}
+    r = cleanup_node(host, "kube-ipvs0", [NODE], state)
+    assert r.errors == [f"del {key(VIP, 80)}: injected", "del table: injected"]
+    assert host.iface is None and not state.exists()
+    assert key(VIP, 80) in host.vs and key(NODE, 30080) not in host.vs
+
+
+def test_a_non_dummy_interface_is_left_alone():
+    host = FakeHost()
+    host.iface = ("", ["192.0.2.10"])  # e.g. --interface eth0 by mistake
+    r = cleanup_node(host, "eth0", [], None)
+    assert r.errors == ["interface eth0 is a physical interface, not a dummy one: check "
+                        "--interface; it and its addresses are left alone"]
+    assert host.iface is not None and len(host.vs) == 6  # nothing on eth0's address went
+    assert host.table is False  # the table is ipvsctl's whatever the interface
+
+
+def test_command(monkeypatch, state):
+    host = FakeHost()
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    runner = CliRunner()
+    r = runner.invoke(app, ["cleanup", "--node-ip", NODE, "--state-dir", str(state)])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[-1] == (
+        "cleanup done: 3 virtual servers, interface kube-ipvs0 with 2 addresses, "
+        "nftables table, drain queue state")
+    r = runner.invoke(app, ["cleanup", "--node-ip", NODE, "--state-dir", str(state)])
+    assert r.exit_code == 0 and r.output.strip() == "cleanup done: nothing to remove"
+
+    host = FakeHost()
+    host.fail = {"del table"}
+    r = runner.invoke(app, ["cleanup", "--node-ip", NODE, "--state-dir", str(state)])
+    assert r.exit_code == 1 and "ipvsctl: del table: injected" in r.output
+
+    assert runner.invoke(app, ["cleanup", "--node-ip", "nope"]).exit_code == 2
+
+
+def test_command_refuses_while_a_daemon_answers(monkeypatch):
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: True)
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: pytest.fail("touched"))
+    r = CliRunner().invoke(app, ["cleanup", "--node-ip", NODE])
+    assert r.exit_code == 1 and "stop it first" in r.output
