@@ -10,9 +10,11 @@
   one, and runs nft outside it. The first push after the engine is ready replaces every
   element at once (atomically: flush and refill in one transaction); later ones add and
   delete elements. A failed push is retried with backoff as a full replace.
-- Every `check_interval` the table is listed without elements and compared with the listing
-  taken after ipvsctl wrote it; missing or changed, it is rewritten whole, elements included,
-  in one transaction. Every `audit_interval` the elements are compared too.
+- Every `check_interval` the table's chains, sets and maps (not rules: listing those reads
+  every map element, ~1 s at 50,000) are compared with a listing taken right after ipvsctl
+  wrote them; every `audit_interval` the rules (the whole table without elements) and then
+  the elements are compared too. Missing or changed, the table is rewritten whole,
+  elements included, in one transaction; changed elements are refilled.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class NftRunner(Protocol):
 
     def list_table(self, target: str, operation: str = "check") -> str | None: ...
 
+    def list_declarations(self, target: str, operation: str = "check") -> str | None: ...
+
     def list_map(self, target: str, name: str,
                  operation: str = "check") -> list[tuple[str, str, int, str]] | None: ...
 
@@ -59,8 +63,8 @@ class NftRunner(Protocol):
 @dataclass(frozen=True, slots=True)
 class SyncConfig:
     ruleset: RulesetConfig = field(default_factory=RulesetConfig)
-    check_interval: float = 30.0  # chains and rules compared with what was written
-    audit_interval: float = 300.0  # elements compared with what was written
+    check_interval: float = 30.0  # chains, sets, maps compared with what was written
+    audit_interval: float = 300.0  # rules and elements compared with what was written
     retry_min: float = 0.5
     retry_max: float = 30.0
     idle: float = 1.0  # longest sleep while something waits for the engine to be ready
@@ -89,7 +93,8 @@ class NetfilterSync:
         self.touched: set[ServiceKey] = set()
         self.needs_replace = True  # the first push after start-up rewrites every element
         self.needs_table = False  # the table went missing or was changed by someone else
-        self.baseline: str | None = None  # `nft -t list table` after ipvsctl wrote it
+        # (declarations, terse table listing) right after ipvsctl wrote the table
+        self.baseline: tuple[str | None, str | None] = (None, None)
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._retry_at: float | None = None
@@ -134,7 +139,7 @@ class NetfilterSync:
             log.warning("nftables table not updatable in place, replacing it",
                         extra=fields(table=self.target, error=exc))
             self.nft.apply(replace_table_ruleset(self.config.ruleset, {}), "table")
-        self.baseline = self.nft.list_table(self.target)
+        self._take_baseline()
         log.info("nftables table written", extra=fields(
             table=self.target, cluster_cidrs=",".join(self.config.ruleset.cluster_cidrs) or "-",
             masquerade_all=self.config.ruleset.masquerade_all))
@@ -168,7 +173,7 @@ class NetfilterSync:
         try:
             if kind == "table":
                 self.nft.apply(replace_table_ruleset(cfg, elements), kind)
-                self.baseline = self.nft.list_table(self.target)
+                self._take_baseline()
             elif kind == "replace":
                 self.nft.apply(replace_elements_ruleset(cfg, elements), kind)
             else:
@@ -202,21 +207,35 @@ class NetfilterSync:
         return True
 
     # --- checking ---------------------------------------------------------------------------
+    def _take_baseline(self) -> None:
+        self.baseline = (self.nft.list_declarations(self.target),
+                         self.nft.list_table(self.target))
+
     def check(self) -> bool:
-        """Is the table (without elements) as ipvsctl wrote it? If not, schedule a rewrite
-        of the whole table. True when it is."""
+        """Are the table's chains, sets and maps as ipvsctl wrote them? If not, schedule a
+        rewrite of the whole table. True when they are."""
         try:
-            text = self.nft.list_table(self.target)
+            text = self.nft.list_declarations(self.target)
         except NftError:
             return False  # counted and logged by the adapter; try again next time
-        if text is not None and text == self.baseline:
+        return self._compare(text, self.baseline[0])
+
+    def _compare(self, text: str | None, baseline: str | None) -> bool:
+        if text is not None and text == baseline:
             return True
         self._repair("table", "nftables table missing" if text is None
                      else "nftables table changed by someone else")
         return False
 
     def audit(self) -> bool:
-        """Are the map elements those last written? If not, schedule a full replace."""
+        """Are the rules, then the map elements, those last written? If not, schedule a
+        rewrite of the table, or a refill of the elements."""
+        try:
+            text = self.nft.list_table(self.target)
+        except NftError:
+            return False
+        if not self._compare(text, self.baseline[1]):
+            return False
         found: dict[ServiceKey, Verdict] = {}
         strange = False  # an element ipvsctl never writes
         try:

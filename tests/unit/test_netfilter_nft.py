@@ -117,7 +117,14 @@ def test_generated_texts_are_accepted_by_nft(netns):
                 key("fd96::10", 53, "UDP"): Verdict.EXTERNAL_LOCAL,
                 key("192.0.2.10", 30080, "SCTP"): Verdict.EXTERNAL}
     assert nft.list_table(cfg.target) is None
+    assert nft.list_declarations(cfg.target) is None
     nft.apply(base_ruleset(cfg), "base")
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "add table inet other; add chain "
+                    "inet other c { type filter hook input priority 0 ; }"], check=True)
+    decl = nft.list_declarations(cfg.target)
+    assert decl is not None and decl.startswith("table inet ipvsctl {")
+    assert "chain nat-postrouting" in decl and "map services4" in decl and "hairpin4" in decl
+    assert "other" not in decl and "masquerade" not in decl  # no rules, no other tables
     listing = nft.list_table(cfg.target)
     assert listing and "chain nat-postrouting" in listing and "fully-random" in listing
     nft.apply(base_ruleset(cfg), "base")  # idempotent
@@ -129,6 +136,7 @@ def test_generated_texts_are_accepted_by_nft(netns):
                            ("192.0.2.10", "sctp", 30080, "external"),
                            ("fd96::10", "udp", 53, "external-local")]
     assert nft.list_table(cfg.target) == listing  # -t: elements never change the listing
+    assert nft.list_declarations(cfg.target) == decl
 
     wanted = dict(elements)
     wanted[key("fd96::10", 53, "UDP")] = Verdict.EXTERNAL
@@ -163,8 +171,13 @@ def test_sync_repairs_a_real_table(netns):
     assert sync.check() and sync.audit()
     subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "rule", "inet", "ipvsctl",
                     "external", "counter"], check=True)
+    assert sync.check()  # rules are the audit's
+    assert not sync.audit()
+    assert sync.flush() and sync.check() and sync.audit()
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "chain", "inet", "ipvsctl",
+                    "extra"], check=True)
     assert not sync.check()
-    assert sync.flush() and sync.check()
+    assert sync.flush() and sync.check() and sync.audit()
     subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "map", "inet", "ipvsctl",
                     "services4"], check=True)
     assert not sync.audit()

@@ -30,7 +30,8 @@ class FakeNft:
         self.exists = False
         self.maps: dict[str, dict[str, str]] = {"services4": {}, "services6": {}}
         self.fail = 0
-        self.listing = "table v1"
+        self.listing = "table v1"  # chains with rules, sets, maps
+        self.declarations = "chains v1"  # chains, sets, maps without rules
 
     def apply(self, script: str, operation: str) -> None:
         if self.fail:
@@ -60,6 +61,9 @@ class FakeNft:
 
     def list_table(self, target: str, operation: str = "check") -> str | None:
         return self.listing if self.exists else None
+
+    def list_declarations(self, target: str, operation: str = "check") -> str | None:
+        return self.declarations if self.exists else None
 
     def list_map(self, target: str, name: str, operation: str = "check"):
         if not self.exists:
@@ -197,14 +201,18 @@ def test_periodic_check_rewrites_a_missing_or_changed_table_with_its_elements(se
     sync.flush()
     nft.ops()
 
-    assert sync.check()
+    assert sync.check() and sync.audit()
     nft.listing = "table v1 with a rule someone added"
-    assert not sync.check()
+    assert sync.check()  # the cheap check sees chains, sets and maps only...
+    assert not sync.audit()  # ...the audit sees rules
     assert sync.flush()
     assert nft.ops() == ["table"]
     assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
                               "192.0.2.10 . tcp . 30080": "external"}
-    assert sync.check()  # the new listing is the baseline
+    assert sync.check() and sync.audit()  # the new listing is the baseline
+    nft.declarations = "chains v1 and one more chain"
+    assert not sync.check()
+    assert sync.flush() and nft.ops() == ["table"]
 
     nft.exists, nft.maps = False, {"services4": {}, "services6": {}}  # `nft flush ruleset`
     h.clock.advance(CONFIG.check_interval)
@@ -235,7 +243,7 @@ def test_start_replaces_a_table_it_cannot_update_in_place():
     sync = NetfilterSync(nft, CONFIG)
     sync.start()
     assert [op for op, _ in nft.scripts] == ["table"]
-    assert sync.baseline == "table v1"
+    assert sync.baseline == ("chains v1", "table v1")
 
 
 def test_a_key_taken_over_by_another_service_is_not_deleted_by_the_first(setup):
