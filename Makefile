@@ -38,3 +38,28 @@ test: lint test-unit test-deploy test-lab
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache out
+
+# make demo: a rolling update behind ipvsctl on the lab VM's real IPVS kernel, with draining
+# and without (a few minutes). Report, data and timeline plot in out/demo/ (docs/demo.md).
+DEMO_OUT := out/demo
+demo: venv lab-deps
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install -q matplotlib
+	$(BIN)/python -m tests.lab.boot --out $(DEMO_OUT) --run 'python -m demo.rollout --out $(DEMO_OUT)'
+	$(BIN)/python -m demo.plot --in $(DEMO_OUT)/rollout.json
+	@echo "demo: report $(DEMO_OUT)/report.txt, timeline $(DEMO_OUT)/timeline.png, data $(DEMO_OUT)/rollout.json"
+
+# make bench: every benchmark in one run (lab VM for the real-kernel parts, then the host's
+# memory run), results in bench/results/ and docs/benchmarks.md. Hours under emulation at
+# full scale: BENCH_VM_ARGS='--sizes 100,1000 --real-initial 100,1000' makes it shorter.
+# Benchmarks never fail the build. make bench-smoke: the host parts at toy sizes, seconds.
+BENCH_OUT := out/bench
+BENCH_VM_ARGS ?=
+.PHONY: bench-smoke
+bench: venv lab-deps
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install -q matplotlib
+	-IPVSCTL_VM_MEMORY=3G IPVSCTL_LAB_TIMEOUT=21600 $(BIN)/python -m tests.lab.boot --out $(BENCH_OUT) --run 'python -m bench.run vm --out $(BENCH_OUT) $(BENCH_VM_ARGS)'
+	-$(BIN)/python -m bench.run host --out $(BENCH_OUT)
+	$(BIN)/python -m bench.report --in $(BENCH_OUT)
+
+bench-smoke: venv
+	BENCH_SMOKE=1 $(BIN)/python -m bench.run smoke --out out/bench-smoke
