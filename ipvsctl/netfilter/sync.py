@@ -29,7 +29,7 @@ from typing import Protocol
 
 from ipvsctl.model import DesiredService, ServiceKey, ServiceRef, normalize_ip
 from ipvsctl.model import Protocol as L4Protocol
-from ipvsctl.netfilter.nft import NftError
+from ipvsctl.netfilter.nft import NftError, NftPermissionDenied, NftUnavailable
 from ipvsctl.netfilter.ruleset import (
     RulesetConfig,
     Verdict,
@@ -133,6 +133,8 @@ class NetfilterSync:
         a failure is fatal, with nft's reason in one line."""
         try:
             self.nft.apply(base_ruleset(self.config.ruleset), "base")
+        except (NftUnavailable, NftPermissionDenied):
+            raise
         except NftError as exc:
             # e.g. maps of another ipvsctl version: build the table afresh (its elements
             # come back with the first push, moments later)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from ipvsctl.model import ServiceRef
-from ipvsctl.netfilter.nft import NftError, NftNotFound
+from ipvsctl.netfilter.nft import NftError, NftNotFound, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
 from tests.builders import endpoint, endpoint_slice, service
@@ -244,6 +244,18 @@ def test_start_replaces_a_table_it_cannot_update_in_place():
     sync.start()
     assert [op for op, _ in nft.scripts] == ["table"]
     assert sync.baseline == ("chains v1", "table v1")
+
+
+def test_start_fails_at_once_without_nft():
+    class NoNft(FakeNft):
+        def apply(self, script, operation):
+            self.scripts.append((operation, script))
+            raise NftUnavailable(f"nft {operation}: not found", operation)
+
+    nft = NoNft()
+    with pytest.raises(NftUnavailable):
+        NetfilterSync(nft, CONFIG).start()
+    assert nft.ops() == ["base"]  # no attempt to replace the table
 
 
 def test_a_key_taken_over_by_another_service_is_not_deleted_by_the_first(setup):
