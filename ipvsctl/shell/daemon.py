@@ -144,8 +144,16 @@ class Daemon:
             try:
                 self.netfilter.start()
             except NftError as exc:
-                hint = " (or run with --no-nftables)" if isinstance(exc, NftUnavailable) else ""
-                raise StartupError(f"{exc}{hint}") from None
+                # IPVS alone still carries pod-to-Service traffic, the core of the job: run
+                # degraded and say so loudly rather than leave the node with no proxy.
+                self.metrics.nft_errors.labels(getattr(exc, "operation", None) or "start").inc()
+                hint = ("; install nftables or pass --no-nftables"
+                        if isinstance(exc, NftUnavailable) else "")
+                log.error("nftables unavailable: running without ipvsctl's netfilter rules "
+                          "(no masquerade, hairpin or NodePort from outside)",
+                          extra=fields(error=f"{exc}{hint}"))
+                self.engine.service_listeners.remove(self.netfilter.on_service)
+                self.netfilter = None
         self.http.start()
         self.threads = [
             threading.Thread(target=self._guard(self.loop.run), args=(self.stop,),
