@@ -1,8 +1,9 @@
 """The fake API server for the memory benchmark, in its own process (so its memory is not
 the daemon's): loads N Services x E endpoints, prints its URL, then obeys stdin:
 
-    churn COUNT   COUNT EndpointSlice updates (one endpoint flips ready/not ready in a
-                  random Service each), as fast as it can; prints "churned COUNT SECONDS"
+    churn COUNT [RATE]  COUNT EndpointSlice updates (one endpoint flips ready/not ready in a
+                        random Service each), at RATE per second (default: as fast as it
+                        can); prints "churned COUNT SECONDS"
     quit
 """
 
@@ -40,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             break
         if cmd[0] == "churn":
             count = int(cmd[1])
+            rate = float(cmd[2]) if len(cmd) > 2 else 0.0
             t0 = time.monotonic()
-            for _ in range(count):
+            for k in range(count):
+                if rate:
+                    time.sleep(max(0.0, t0 + k / rate - time.monotonic()))
                 i = rng.randrange(len(slices))
                 sl = copy.deepcopy(slices[i])
                 ep = sl["endpoints"][rng.randrange(len(sl["endpoints"]))]

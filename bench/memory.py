@@ -37,7 +37,8 @@ def _metric(port: int, name: str) -> float:
 
 
 def run_memory(services: int, endpoints: int, events: int, netns: str | None = None,
-               timeout: float = 3600) -> dict[str, Any]:
+               timeout: float = 3600, rate: float = 0.0) -> dict[str, Any]:
+    """One run; `rate` paces the watch events (0: as fast as the fake API sends them)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     api = subprocess.Popen([sys.executable, "-m", "bench.fakeapi_proc", "--services",
                             str(services), "--endpoints", str(endpoints)],
@@ -68,7 +69,7 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             n0 = n
             time.sleep(1.0)
         t1 = time.monotonic()
-        api.stdin.write(f"churn {events}\n")
+        api.stdin.write(f"churn {events} {rate}\n")
         api.stdin.flush()
         churned = api.stdout.readline().split()
         deadline = time.monotonic() + timeout
@@ -85,6 +86,7 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
         applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
         out = {
             "services": services, "endpoints": services * endpoints, "watch_events": events,
+            "event_rate": rate or "as fast as sent",
             "kernel": "netlink (lab VM)" if netns else "FakeKernel (in-memory, host)",
             "time_to_ready_s": round(ready_s, 2), "import_s": round(imported_s, 2),
             "rss_after_list_mb": round(after_list["rss_mb"], 1),
