@@ -1,0 +1,229 @@
+"""Lab pieces for the netfilter tests (masquerade, hairpin, NodePorts from outside), on top
+of labkit's node and pods:
+
+- `Outside`: a host off the node, in its own netns, joined to the node by a veth pair on a
+  small LAN (node 192.168.50.1, host 192.168.50.2, fd50::1 / fd50::2): it reaches NodePorts
+  on the node's LAN address, and external/load-balancer IPs and the service range through a
+  route via the node. Its answers come back through the node: the node is its only route.
+- `PeerServer`: a backend that tells who it is *and the peer address it saw* ("<pod> <ip>"),
+  TCP (greeting line, then echo) and UDP (one reply per datagram), so tests can check what
+  masquerading did to the source address.
+- `serve_peers(pod, tcp=..., udp=...)`; `ask(client, address, port, proto)` -> (pod, peer).
+- `run_daemon(...)`: the real daemon in-process (engine, manifests source, netfilter sync,
+  health server) against a lab node: IPVS through NetlinkKernel(netns), nft through
+  `ip netns exec`, health-check sockets opened inside the node's namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ipvsctl.kernel.host import run_in_netns
+from tests.lab.labkit import Connection, Netns, Node, Pod, sh
+
+NODE_LAN = "192.168.50.1"
+OUTSIDE_IP = "192.168.50.2"
+NODE_LAN6 = "fd50::1"
+OUTSIDE_IP6 = "fd50::2"
+
+
+class PeerServer:
+    """Answers "<pod> <peer address>" (TCP: greeting line then echo; UDP: per datagram)."""
+
+    def __init__(self, pod: Pod, proto: str, port: int) -> None:
+        self.pod, self.proto, self.port = pod, proto, port
+        self.stop = threading.Event()
+        kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
+        s = pod.netns.socket(socket.AF_INET6, kind, 0)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::", port))
+        if kind == socket.SOCK_STREAM:
+            s.listen(64)
+        s.settimeout(0.5)
+        self.sock = s
+        self.peers: list[str] = []
+        target = self._dgram if proto == "udp" else self._stream
+        threading.Thread(target=target, daemon=True, name=f"{pod.name}-{proto}{port}").start()
+
+    @staticmethod
+    def _plain(address: str) -> str:
+        return address.removeprefix("::ffff:")
+
+    def _answer(self, peer: str) -> bytes:
+        self.peers.append(peer)
+        return f"{self.pod.name} {peer}".encode()
+
+    def _dgram(self) -> None:
+        while not self.stop.is_set():
+            try:
+                _, addr = self.sock.recvfrom(2048)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.sock.sendto(self._answer(self._plain(addr[0])), addr)
+
+    def _stream(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(conn, self._plain(addr[0])),
+                             daemon=True).start()
+
+    def _echo(self, conn: socket.socket, peer: str) -> None:
+        try:
+            conn.sendall(self._answer(peer) + b"\n")
+            while data := conn.recv(4096):
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def serve_peers(pod: Pod, tcp: tuple[int, ...] = (8080,),
+                udp: tuple[int, ...] = ()) -> list[PeerServer]:
+    servers = [PeerServer(pod, "tcp", p) for p in tcp] + [PeerServer(pod, "udp", p) for p in udp]
+    pod.servers.extend(servers)  # type: ignore[arg-type]  # closed with the pod
+    return servers
+
+
+def ask(client: Pod | Client, address: str, port: int, proto: str = "tcp",
+        attempts: int = 5) -> tuple[str, str]:
+    """(answering pod, peer address it saw) over TCP or UDP (UDP retried: it may drop)."""
+    if proto == "tcp":
+        with client.connect(address, port) as conn:
+            pod, _, peer = conn.pod.partition(" ")
+            assert conn.echo("hello"), "connection does not carry data both ways"
+            return pod, peer
+    for _ in range(attempts):
+        answer = client.udp(address, port)
+        if answer:
+            pod, _, peer = answer.partition(" ")
+            return pod, peer
+    raise AssertionError(f"no UDP answer from {address}:{port} in {attempts} attempts")
+
+
+class Client:
+    """A TCP/UDP client in some network namespace (labkit's Pod client methods, for hosts
+    that are not pods)."""
+
+    def __init__(self, netns: Netns, name: str) -> None:
+        self.netns, self.name = netns, name
+
+    def connect(self, address: str, port: int, timeout: float = 20.0) -> Connection:
+        s = self.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                              socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect((address, port))
+            conn = Connection(s)
+            conn.pod = conn.readline()
+        except BaseException:
+            s.close()
+            raise
+        return conn
+
+    def udp(self, address: str, port: int, timeout: float = 3.0) -> str | None:
+        s = self.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                              socket.SOCK_DGRAM)
+        try:
+            s.settimeout(timeout)
+            s.sendto(b"ping", (address, port))
+            return s.recv(2048).decode()
+        except TimeoutError:
+            return None
+        finally:
+            s.close()
+
+
+class HostClient(Client):
+    """A client in the node's own network namespace: host-network traffic."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node.netns, "host")
+
+
+class Outside(Client):
+    """A host outside the node (not a pod): routed to the node over a LAN veth pair."""
+
+    def __init__(self, node: Node, name: str = "outside") -> None:
+        super().__init__(Netns(f"{node.name}-{name}"), name)
+        self.ip, self.ip6 = OUTSIDE_IP, OUTSIDE_IP6
+        sh("ip", "-n", node.name, "link", "add", "lan0", "type", "veth",
+           "peer", "name", "eth0", "netns", self.netns.name)
+        node.netns.ip_batch([
+            f"addr add {NODE_LAN}/24 dev lan0",
+            f"addr add {NODE_LAN6}/64 dev lan0 nodad",
+            "link set lan0 up",
+        ])
+        self.netns.ip_batch([
+            f"addr add {OUTSIDE_IP}/24 dev eth0",
+            f"addr add {OUTSIDE_IP6}/64 dev eth0 nodad",
+            "link set eth0 up",
+            f"route add default via {NODE_LAN} dev eth0",
+            f"route add default via {NODE_LAN6} dev eth0",
+        ])
+
+    def close(self) -> None:
+        self.netns.delete()
+
+
+def write_manifests(folder: Path, name: str, *objs: dict[str, Any]) -> None:
+    """Atomically (the manifests source polls the folder)."""
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text(yaml.safe_dump_all(objs))
+    tmp.rename(folder / name)
+
+
+def health_socket_factory(netns: str):
+    """Listening sockets for healthCheckNodePorts, opened inside the node's namespace."""
+    from ipvsctl.health.server import listen_socket
+
+    def make(port: int) -> socket.socket:
+        return run_in_netns(netns, lambda: listen_socket(port))
+
+    return make
+
+
+@contextlib.contextmanager
+def run_daemon(node: Node, manifests: Path, state_dir: Path, *,
+               node_ips: tuple[str, ...] = (NODE_LAN, NODE_LAN6),
+               cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
+               masquerade_all: bool = False) -> Iterator[Any]:
+    """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
+    from ipvsctl.health.server import HealthServer
+    from ipvsctl.model import NodeContext
+    from ipvsctl.netfilter.nft import Nft
+    from ipvsctl.shell.daemon import Daemon, DaemonOptions
+    from ipvsctl.source.manifests import ManifestSource
+
+    opts = DaemonOptions(
+        node=NodeContext("node-a", node_ips), manifests=str(manifests),
+        state_dir=str(state_dir), listen="127.0.0.1:0", drain_check_interval=0.2,
+        cluster_cidrs=cluster_cidrs, masquerade_all=masquerade_all)
+    d = Daemon(opts, node.kernel, ManifestSource(manifests, interval=0.2),
+               nft=Nft(netns=node.name),
+               health=HealthServer("node-a", listen=health_socket_factory(node.name)))
+    d.start()
+    try:
+        yield d
+    finally:
+        if not d.stop.is_set():  # a test may have stopped it already
+            d.shutdown()

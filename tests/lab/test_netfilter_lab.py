@@ -1,0 +1,335 @@
+"""ipvsctl's nftables table, healthCheckNodePorts and `ipvsctl cleanup` on a real kernel, with
+the real daemon in-process: every path carries real TCP and UDP traffic, and the backends
+report the source address they saw, so each assertion is about what masquerading did.
+
+One node netns, shared by the tests of this module (in file order): pods on veths, a host
+outside the node on a LAN veth (all its traffic to the node's services comes back through
+the node: it is its only route), a client in the node's own netns (host network).
+
+    web    Cluster policy: ClusterIP 10.96.0.10 / fd96::10, NodePorts 30080 (tcp) 30053
+           (udp), external IP 203.0.113.10, LB IP 198.51.100.10; endpoint web-1
+    local  externalTrafficPolicy Local, healthCheckNodePort 32000: ClusterIP 10.96.0.11 /
+           fd96::11, NodePorts 30081/30054, external IP 203.0.113.11, LB IP 198.51.100.11;
+           endpoint web-1 (on this node)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipvsctl.kernel.netlink import configure_host
+from ipvsctl.model import Protocol, ServiceKey, VirtualServer
+from tests.builders import endpoint, endpoint_slice, service
+from tests.lab import netkit
+from tests.lab.labkit import Node, Pod, sh, wait_for
+from tests.lab.netkit import (
+    NODE_LAN,
+    NODE_LAN6,
+    OUTSIDE_IP,
+    OUTSIDE_IP6,
+    Client,
+    HostClient,
+    Outside,
+    ask,
+)
+
+pytestmark = pytest.mark.lab
+
+WEB1, WEB1_6 = "10.244.0.11", "fd00:10:244::11"
+OTHER, OTHER6 = "10.244.0.21", "fd00:10:244::21"
+HC_PORT = 32000
+PORTS = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+         {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]
+SLICE_PORTS = [{"name": "http", "port": 8080, "protocol": "TCP"},
+               {"name": "dns", "port": 5353, "protocol": "UDP"}]
+
+
+TIMINGS: dict[str, float] = {}  # written to $IPVSCTL_LAB_OUT/netfilter-timings.json
+
+
+def timing(name: str, since: float) -> None:
+    TIMINGS[name] = round(time.monotonic() - since, 2)
+    out = os.environ.get("IPVSCTL_LAB_OUT")
+    if out:
+        with open(os.path.join(out, "netfilter-timings.json"), "w") as f:
+            json.dump(TIMINGS, f, indent=1)
+
+
+def svc(name: str, n: int, local: bool, **extra: Any) -> dict[str, Any]:
+    ports = [dict(PORTS[0], nodePort=30080 + n), dict(PORTS[1], nodePort=30053 + n)]
+    spec: dict[str, Any] = {"type": "LoadBalancer", "externalIPs": [f"203.0.113.{10 + n}"],
+                            "ipFamilies": ["IPv4", "IPv6"],
+                            "ipFamilyPolicy": "RequireDualStack"}
+    if local:
+        spec.update(externalTrafficPolicy="Local", healthCheckNodePort=HC_PORT)
+    spec.update(extra)
+    return service(name, cluster_ip=[f"10.96.0.{10 + n}", f"fd96::{10 + n}"], ports=ports,
+                   lb_ips=[f"198.51.100.{10 + n}"], **spec)
+
+
+def slices(name: str, ready: bool = True, node: str = "node-a") -> list[dict[str, Any]]:
+    return [
+        endpoint_slice(name, [endpoint(WEB1, ready=ready, node=node, pod="web-1")],
+                       name=f"{name}-v4", ports=SLICE_PORTS),
+        endpoint_slice(name, [endpoint(WEB1_6, ready=ready, node=node, pod="web-1")],
+                       name=f"{name}-v6", ports=SLICE_PORTS, address_type="IPv6"),
+    ]
+
+
+@dataclass
+class World:
+    node: Node
+    web1: Pod
+    other: Pod
+    outside: Outside
+    host: HostClient
+    manifests: Path
+    state: Path
+    daemon: Any
+    node_addresses: set[str]
+
+    def write(self, name: str, *objs: dict[str, Any]) -> None:
+        netkit.write_manifests(self.manifests, name, *objs)
+
+    def elements(self) -> dict[str, str]:
+        out = {}
+        for family in (4, 6):
+            for address, proto, port, target in self.daemon.nft.list_map(
+                    "inet ipvsctl", f"services{family}") or []:
+                out[f"{address} {proto} {port}"] = target
+        return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    node = Node()
+    outside = None
+    try:
+        configure_host(kernel=node.kernel)
+        web1 = node.make_pod(WEB1, WEB1_6, name="web-1", tcp=())
+        netkit.serve_peers(web1, tcp=(8080,), udp=(5353,))
+        other = node.make_pod(OTHER, OTHER6, name="other", tcp=())
+        outside = Outside(node)
+        host = HostClient(node)
+        tmp = tmp_path_factory.mktemp("netfilter")
+        manifests, state = tmp / "m", tmp / "state"
+        manifests.mkdir()
+        netkit.write_manifests(manifests, "web.yaml", svc("web", 0, False), *slices("web"))
+        netkit.write_manifests(manifests, "local.yaml", svc("local", 1, True), *slices("local"))
+        node_addresses = {line.split()[3].split("/")[0]
+                          for line in node.run("ip", "-o", "addr", "show").splitlines()}
+        t0 = time.monotonic()
+        with netkit.run_daemon(node, manifests, state,
+                               cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56")) as d:
+            w = World(node, web1, other, outside, host, manifests, state, d, node_addresses)
+            wait_for(lambda: d.engine.started, timeout=120, what="first sync")
+            wait_for(lambda: len(w.elements()) == 24, timeout=120, what="24 nft elements")
+            timing("daemon_start_to_24_elements_s", t0)
+            yield w
+    finally:
+        if outside is not None:
+            outside.close()
+        node.close()
+
+
+def masqueraded(w: World, peer: str) -> bool:
+    return peer in w.node_addresses
+
+
+# --- masquerading and hairpin: every path, TCP and UDP -------------------------------------
+PATHS = [
+    # (what, client, address, tcp port, udp port, expected source: client|node)
+    ("host network -> ClusterIP", "host", "10.96.0.10", 80, 53, "node"),
+    ("host network -> ClusterIP v6", "host", "fd96::10", 80, 53, "node"),
+    ("pod -> ClusterIP (inside the cluster CIDR)", "other", "10.96.0.10", 80, 53, "client"),
+    ("pod -> ClusterIP v6", "other", "fd96::10", 80, 53, "client"),
+    ("hairpin: pod -> its own Service -> itself", "web1", "10.96.0.10", 80, 53, "node"),
+    ("hairpin v6", "web1", "fd96::10", 80, 53, "node"),
+    ("hairpin through externalTrafficPolicy Local", "web1", "203.0.113.11", 80, 53, "node"),
+    ("outside -> ClusterIP (outside the cluster CIDR)", "outside", "10.96.0.10", 80, 53, "node"),
+    ("outside -> NodePort (Cluster)", "outside", NODE_LAN, 30080, 30053, "node"),
+    ("outside -> NodePort v6 (Cluster)", "outside", NODE_LAN6, 30080, 30053, "node"),
+    ("outside -> external IP (Cluster)", "outside", "203.0.113.10", 80, 53, "node"),
+    ("outside -> LB IP (Cluster)", "outside", "198.51.100.10", 80, 53, "node"),
+    ("outside -> NodePort (Local)", "outside", NODE_LAN, 30081, 30054, "client"),
+    ("outside -> NodePort v6 (Local)", "outside", NODE_LAN6, 30081, 30054, "client"),
+    ("outside -> external IP (Local)", "outside", "203.0.113.11", 80, 53, "client"),
+    ("outside -> LB IP (Local)", "outside", "198.51.100.11", 80, 53, "client"),
+]
+
+
+@pytest.mark.parametrize(("what", "who", "address", "tcp", "udp", "source"), PATHS,
+                         ids=[p[0] for p in PATHS])
+def test_traffic_path_and_source_address(world: World, what: str, who: str, address: str,
+                                         tcp: int, udp: int, source: str) -> None:
+    check_path(world, what, who, address, tcp, udp, source)
+
+
+def check_path(world: World, what: str, who: str, address: str, tcp: int, udp: int,
+               source: str) -> None:
+    client: Pod | Client = getattr(world, who)
+    v6 = ":" in address
+    own = {"outside": OUTSIDE_IP6 if v6 else OUTSIDE_IP, "other": OTHER6 if v6 else OTHER,
+           "web1": WEB1_6 if v6 else WEB1}.get(who)
+    for proto, port in (("tcp", tcp), ("udp", udp)):
+        pod, peer = ask(client, address, port, proto)
+        assert pod == "web-1", (what, proto)
+        if source == "client":
+            assert peer == own, f"{what} {proto}: backend saw {peer}, not the client {own}"
+        else:
+            assert masqueraded(world, peer), (
+                f"{what} {proto}: backend saw {peer}, not a node address (no masquerade)")
+            assert peer != own
+
+
+# --- rules follow virtual servers, never endpoints ----------------------------------------
+def test_endpoint_changes_leave_nftables_alone_service_changes_are_element_deltas(
+        world: World) -> None:
+    d = world.daemon
+    before = world.elements()
+    assert before["10.96.0.10 tcp 80"] == "cluster-ip"
+    assert before[f"{NODE_LAN} udp 30053"] == "external"
+    assert before[f"{NODE_LAN6} tcp 30081"] == "external-local"
+    assert before["198.51.100.11 tcp 80"] == "external-local"
+    runs = d.nft.runs
+    listing = sh("nft", "-t", "list", "table", "inet", "ipvsctl", netns=world.node.name)
+
+    # endpoints come and go: IPVS follows, nft is not even run
+    world.write("web.yaml", svc("web", 0, False), *slices("web"),
+                endpoint_slice("web", [endpoint(OTHER, pod="other")], name="web-extra",
+                               ports=SLICE_PORTS))
+    wait_for(lambda: "10.244.0.21:8080" in world.node.ipvsadm()["10.96.0.10:80/TCP"]
+             .real_servers, timeout=60, what="second real server")
+    world.write("web.yaml", svc("web", 0, False), *slices("web"))
+
+    def drained() -> bool:
+        rs = world.node.ipvsadm()["10.96.0.10:80/TCP"].real_servers.get("10.244.0.21:8080")
+        return rs is None or rs.weight == 0
+
+    wait_for(drained, timeout=60, what="drained")
+    time.sleep(1)
+    assert d.nft.runs == runs
+    assert world.elements() == before
+
+    # a policy change: the Service's elements change verdict, in one transaction
+    t0 = time.monotonic()
+    world.write("web.yaml", svc("web", 0, True, healthCheckNodePort=32001), *slices("web"))
+    wait_for(lambda: world.elements().get("203.0.113.10 tcp 80") == "external-local",
+             timeout=60, what="verdict change")
+    timing("service_policy_change_to_nft_elements_s", t0)
+    assert d.nft.runs > runs
+    after = world.elements()
+    assert {k for k, v in after.items() if v != before[k]} == {
+        f"{a} {p} {port}" for a in ("203.0.113.10", "198.51.100.10", NODE_LAN, NODE_LAN6)
+        for p, port in (("tcp", 30080 if ":" in a or a == NODE_LAN else 80),
+                        ("udp", 30053 if ":" in a or a == NODE_LAN else 53))}
+    pod, peer = ask(world.outside, NODE_LAN, 30080)
+    assert (pod, peer) == ("web-1", OUTSIDE_IP)  # Local now: the client's address is kept
+    # the chains were not rewritten: only elements moved
+    assert sh("nft", "-t", "list", "table", "inet", "ipvsctl", netns=world.node.name) == listing
+
+    world.write("web.yaml", svc("web", 0, False), *slices("web"))
+    wait_for(lambda: world.elements() == before, timeout=60, what="back to Cluster")
+    assert masqueraded(world, ask(world.outside, NODE_LAN, 30080)[1])
+
+
+def test_periodic_check_puts_back_a_flushed_table(world: World) -> None:
+    sync = world.daemon.netfilter
+    before = world.elements()
+    metrics = world.daemon.metrics
+    assert sync.check() and sync.audit()  # nothing to repair in normal operation
+    assert metrics.value("ipvsctl_netfilter_repairs_total", {"kind": "table"}) == 0
+    assert metrics.value("ipvsctl_netfilter_repairs_total", {"kind": "elements"}) == 0
+    sh("nft", "delete", "table", "inet", "ipvsctl", netns=world.node.name)
+    t0 = time.monotonic()
+    sync._next_check = 0.0  # do not wait for the 30 s timer
+    sync.wake.set()
+    wait_for(lambda: world.elements() == before, timeout=60, what="table rewritten")
+    timing("deleted_table_check_to_rewritten_s", t0)
+    assert world.daemon.metrics.value("ipvsctl_netfilter_repairs_total", {"kind": "table"}) >= 1
+    assert masqueraded(world, ask(world.outside, NODE_LAN, 30080)[1])
+
+
+# --- healthCheckNodePort --------------------------------------------------------------------
+def http_get(client: Pod, address: str, port: int) -> tuple[int, dict[str, Any]]:
+    s = client.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                            socket.SOCK_STREAM)
+    s.settimeout(20)
+    try:
+        s.connect((address, port))
+        s.sendall(f"GET /healthz HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_health_check_node_port_answers_with_local_endpoints(world: World) -> None:
+    expect = {"service": {"namespace": "default", "name": "local"},
+              "serviceProxyHealthy": True}
+    assert http_get(world.outside, NODE_LAN, HC_PORT) == (200, {**expect, "localEndpoints": 1})
+    assert http_get(world.outside, NODE_LAN6, HC_PORT)[0] == 200
+
+    world.write("local.yaml", svc("local", 1, True), *slices("local", ready=False))
+    t0 = time.monotonic()
+    wait_for(lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 503, timeout=60,
+             what="503")
+    timing("endpoint_not_ready_to_health_503_s", t0)
+    assert http_get(world.outside, NODE_LAN, HC_PORT) == (503, {**expect, "localEndpoints": 0})
+
+    world.write("local.yaml", svc("local", 1, True), *slices("local", node="node-b"))
+    time.sleep(1)
+    assert http_get(world.outside, NODE_LAN, HC_PORT)[1]["localEndpoints"] == 0
+
+    world.write("local.yaml", svc("local", 1, True), *slices("local"))
+    wait_for(lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 200, timeout=60,
+             what="200 again")
+
+    (world.manifests / "local.yaml").unlink()  # the Service goes: so does its port
+
+    def closed() -> bool:
+        try:
+            http_get(world.outside, NODE_LAN, HC_PORT)
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    wait_for(closed, timeout=60, what="port closed")
+    assert world.daemon.health.ports() == []
+
+
+# --- cleanup ----------------------------------------------------------------------------------
+def test_cleanup_leaves_no_ipvsctl_virtual_server_address_or_table(world: World) -> None:
+    node = world.node
+    world.daemon.shutdown()  # (the fixture's own shutdown then finds nothing running)
+    assert node.ipvsadm()
+    assert node.interface_addresses()
+    foreign = VirtualServer(ServiceKey(Protocol.TCP, "10.1.2.3", 80))  # not ipvsctl's
+    node.kernel.add_virtual_server(foreign, bind_address=False)
+    ipvsctl = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ipvsctl")
+    t0 = time.monotonic()
+    out = sh("ip", "netns", "exec", node.name, ipvsctl, "cleanup", "--node-ip", NODE_LAN,
+             "--node-ip", NODE_LAN6, "--state-dir", str(world.state), timeout=600)
+    timing("ipvsctl_cleanup_process_s", t0)
+    assert "deleted nftables table inet ipvsctl" in out
+    assert "deleted interface kube-ipvs0" in out
+    assert list(node.ipvsadm()) == ["10.1.2.3:80/TCP"]
+    assert "kube-ipvs0" not in node.run("ip", "-o", "link", "show")
+    assert "table inet ipvsctl" not in node.run("nft", "list", "tables").splitlines()
+    assert not (world.state / "drain-queue.json").exists()
+    again = sh("ip", "netns", "exec", node.name, ipvsctl, "cleanup", "--node-ip", NODE_LAN,
+               "--state-dir", str(world.state), timeout=600)
+    assert "nothing to remove" in again
+    assert list(node.ipvsadm()) == ["10.1.2.3:80/TCP"]
