@@ -146,7 +146,6 @@ class Daemon:
             except NftError as exc:
                 # IPVS alone still carries pod-to-Service traffic, the core of the job: run
                 # degraded and say so loudly rather than leave the node with no proxy.
-                self.metrics.nft_errors.labels(getattr(exc, "operation", None) or "start").inc()
                 hint = ("; install nftables or pass --no-nftables"
                         if isinstance(exc, NftUnavailable) else "")
                 log.error("nftables unavailable: running without ipvsctl's netfilter rules "

@@ -79,9 +79,6 @@ def test_nft_unavailable_runs_degraded_and_says_so(tmp_path, caplog):
         d.start()
         wait_for(lambda: d.engine.started)
         assert d.netfilter is None
-        errors = [s.value for m in d.metrics.registry.collect() for s in m.samples
-                  if s.name == "ipvsctl_nft_errors_total"]
-        assert sum(errors) >= 1
         assert any("nftables unavailable" in r.getMessage() for r in caplog.records)
     finally:
         d.shutdown()
