@@ -318,6 +318,9 @@ class NetlinkKernel:
         self._opened: list[Any] = []
         self._opened_lock = threading.Lock()
         self._ifindex: int | None = None
+        # address -> keys of the kernel's virtual servers on it; see address_in_use()
+        self._by_address: dict[str, set[ServiceKey]] | None = None
+        self._index_lock = threading.Lock()
         if netns is not None and not os.path.exists(host.netns_path(netns)):
             raise KernelUnavailable(f"network namespace {netns} not found", "open")
         self._ipvs()  # fail now, with a clear message, rather than at the first sync
@@ -394,7 +397,13 @@ class NetlinkKernel:
         with _errors("list_virtual_servers"):
             messages = self._ipvs().service("dump")
         found = (virtual_server_from_message(m) for m in messages)
-        return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+        table = sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+        by_address: dict[str, set[ServiceKey]] = {}
+        for vs in table:
+            by_address.setdefault(vs.key.address, set()).add(vs.key)
+        with self._index_lock:
+            self._by_address = by_address  # every full dump refreshes the index
+        return table
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         ipvs = self._ipvs()
@@ -412,11 +421,13 @@ class NetlinkKernel:
             with _errors("add_virtual_server", vs.key, scheduler=vs.scheduler):
                 self._ipvs().service("add", service=service_spec(vs))
         except KernelExists:
+            self._indexed(vs.key, True)
             raise
         except KernelError:
             if bind_address:
                 self._unbind_if_unused_quietly(vs.key.address)
             raise
+        self._indexed(vs.key, True)
 
     def update_virtual_server(self, vs: VirtualServer) -> None:
         with _errors("update_virtual_server", vs.key, scheduler=vs.scheduler):
@@ -427,10 +438,12 @@ class NetlinkKernel:
             with _errors("delete_virtual_server", key):
                 self._ipvs().service("del", service=service_key_spec(key))
         except KernelNotFound:
+            self._indexed(key, False)
             # already gone: still drop an address nothing uses any more (after a restart)
             if bind_address:
                 self.unbind_address_if_unused(key.address)
             raise
+        self._indexed(key, False)
         if bind_address:
             self.unbind_address_if_unused(key.address)
 
@@ -571,9 +584,34 @@ class NetlinkKernel:
 
     def address_in_use(self, address: str) -> bool:
         """Whether any virtual server in the kernel (any protocol or port) has this address.
-        Asks the kernel, not a counter, so it stays right across restarts."""
+
+        Answered from an index of the kernel's virtual servers by address, not from a
+        count of our own: it is read from the kernel at first use and on every full dump
+        (the drift audit makes one each round, so changes made by other tools are seen),
+        and kept up to date by this object's own adds and deletes in between. A dump per
+        question made every virtual server deletion cost O(the whole table)."""
         wanted = ipaddress.ip_address(address).compressed
-        return any(vs.key.address == wanted for vs in self.list_virtual_servers())
+        with self._index_lock:
+            index = self._by_address
+        if index is None:
+            self.list_virtual_servers()
+            with self._index_lock:
+                index = self._by_address or {}
+        with self._index_lock:
+            return bool(index.get(wanted))
+
+    def _indexed(self, key: ServiceKey, present: bool) -> None:
+        """Record in the address index that `key` now is (or is not) in the kernel."""
+        with self._index_lock:
+            if self._by_address is None:
+                return  # not read yet: the first read sees the kernel as it is
+            keys = self._by_address.setdefault(key.address, set())
+            if present:
+                keys.add(key)
+            else:
+                keys.discard(key)
+                if not keys:
+                    del self._by_address[key.address]
 
     def unbind_address_if_unused(self, address: str) -> bool:
         """Remove address from the dummy interface unless a virtual server still uses it;
