@@ -15,6 +15,9 @@ Fixtures for reuse (engine and daemon lab tests):
 - `client`: a pod without servers at 10.0.0.100 / fd01::100 that opens, holds and closes
   connections (`connect`, `request`, `udp`);
 - `wait_for(predicate, timeout=60)`: poll kernel state; the guest is slow, never assert time.
+- `make_daemon(node, source, **kw)`: an in-process ipvsctl daemon (labkit.start_daemon) on
+  `node`, its HTTP server in the node's netns, shut down after the test (the IPVS table is
+  left as it is, as on SIGTERM).
 Namespaces: a pyroute2 object talks to the namespace its socket was opened in. To open one
 inside a named netns pass `netns=NAME, flags=0` (pyroute2 forks a child that enters
 /run/netns/NAME, opens the socket and passes it back; flags=0 stops it from creating a
@@ -30,6 +33,8 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,6 +116,21 @@ def client(node: Node) -> Pod:
 @pytest.fixture
 def wait_for() -> Callable[..., object]:
     return labkit.wait_for
+
+
+@pytest.fixture
+def make_daemon(make_node: Callable[..., Node], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    daemons: list[Any] = []
+
+    def make(node: Node, source: Any, **kw: Any) -> Any:
+        state_dir = str(tmp_path / f"state-{len(daemons)}")
+        daemon = labkit.start_daemon(node, source, kw.pop("state_dir", state_dir), **kw)
+        daemons.append(daemon)
+        return daemon
+
+    yield make  # torn down before make_node's nodes (this fixture depends on it)
+    for daemon in daemons:
+        daemon.shutdown()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -14,6 +14,12 @@ How namespaces are entered:
 - Commands (`ip`, `ipvsadm`, `conntrack`, `nft`, `sysctl`) run with `ip netns exec`/`ip -n`;
   they are the independent witnesses of what the kernel holds.
 
+Closing connections: IPVS keeps a closed TCP connection as InActConn for 2 minutes
+(TIME_WAIT; `--ipvs-tcpfin-timeout` only shortens FIN_WAIT, which a normal close passes
+through at once). A connection closed with a reset (`Connection.abort()`,
+`request(..., reset=True)`) stays 10 s (CLOSE): drain tests that wait for a real server's
+counts to reach zero close every connection to it that way.
+
 Routing (NOTES §6): the pod address is a /32 (/128) on the pod's eth0 with a default route
 via 169.254.1.1 (fe80::1); the node side of the veth holds 169.254.1.1/32 (fe80::1/64) and a
 host route to the pod.
@@ -23,17 +29,24 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import os
 import re
+import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kernel.netlink import NetlinkKernel
+from ipvsctl.model import RealServerKey, ServiceKey, VirtualServer
 
 T = TypeVar("T")
 
@@ -66,6 +79,25 @@ def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float 
         time.sleep(interval)
         last = predicate()
     return last
+
+
+def http_get(url: str, netns: str | None = None, timeout: float = 30.0) -> tuple[int, str]:
+    """GET url from inside `netns` (the socket is opened there); (status, body). Connection
+    errors are raised; HTTP errors are returned like any status."""
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    return run_in_netns(netns, get)
+
+
+def http_json(url: str, netns: str | None = None, timeout: float = 30.0) -> Any:
+    code, body = http_get(url, netns, timeout)
+    assert code == 200, f"GET {url} -> {code}: {body}"
+    return json.loads(body)
 
 
 def _family(address: str) -> int:
@@ -105,6 +137,51 @@ def parse_ipvsadm(text: str) -> dict[str, IpvsadmService]:
             current.real_servers[m.group(1)] = IpvsadmRealServer(
                 m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)))
     return out
+
+
+class RecordingKernel:
+    """Wraps a kernel and logs its mutating calls like FakeKernel.ops
+    ("set-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 0"); everything else passes
+    through. Shows what an engine did to the real kernel, op by op."""
+
+    def __init__(self, impl: NetlinkKernel) -> None:
+        self.impl = impl
+        self.ops: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.impl, name)
+
+    def take_ops(self) -> list[str]:
+        ops, self.ops = self.ops, []
+        return ops
+
+    def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
+        self.impl.add_virtual_server(vs, bind_address)
+        self.ops.append(f"add-vs {vs}")
+
+    def update_virtual_server(self, vs: VirtualServer) -> None:
+        self.impl.update_virtual_server(vs)
+        self.ops.append(f"set-vs {vs}")
+
+    def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
+        self.impl.delete_virtual_server(key, bind_address)
+        self.ops.append(f"del-vs {key}")
+
+    def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        self.impl.add_real_server(key, rs, weight)
+        self.ops.append(f"add-rs {key} -> {rs} weight {weight}")
+
+    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        self.impl.set_real_server_weight(key, rs, weight)
+        self.ops.append(f"set-rs {key} -> {rs} weight {weight}")
+
+    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
+        self.impl.delete_real_server(key, rs)
+        self.ops.append(f"del-rs {key} -> {rs}")
+
+    def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
+        self.impl.flush_conntrack(key, rs)
+        self.ops.append(f"flush-conntrack {key} -> {rs}")
 
 
 # --- namespaces -----------------------------------------------------------------------------
@@ -225,6 +302,7 @@ class Pod:
         self.netns = Netns(f"{node.name}-{name}")
         self.host_if = f"veth{index}"
         self.servers: list[_Server] = []
+        self._holder: subprocess.Popen[bytes] | None = None
         sh("ip", "-n", node.name, "link", "add", self.host_if, "type", "veth",
            "peer", "name", "eth0", "netns", self.netns.name)
         pod_cmds = [f"addr add {ip}/32 dev eth0", "link set eth0 up",
@@ -253,6 +331,20 @@ class Pod:
     def open_connections(self) -> int:
         return sum(len(s.connections) for s in self.servers)
 
+    def proc_net(self) -> str:
+        """/proc/PID/net of a process that lives in this pod's netns (a `sleep`, started
+        on first use): the pod's own /proc/net, as a sidecar in the pod sees it."""
+        if self._holder is None:
+            self._holder = subprocess.Popen(["ip", "netns", "exec", self.netns.name,
+                                             "sleep", "infinity"])
+            pid = self._holder.pid
+            own = os.readlink("/proc/self/ns/net")
+            # `ip netns exec` enters the netns, then execs sleep in the same process
+            wait_for(lambda: os.readlink(f"/proc/{pid}/ns/net") != own
+                     and os.readlink(f"/proc/{pid}/exe").endswith("sleep"),
+                     timeout=60, interval=0.05, what="netns holder process")
+        return f"/proc/{self._holder.pid}/net"
+
     # client side: any pod can be a client
     def connect(self, address: str, port: int, proto: str = "tcp",
                 timeout: float = 20.0) -> Connection:
@@ -269,10 +361,17 @@ class Pod:
             raise
         return conn
 
-    def request(self, address: str, port: int, proto: str = "tcp") -> str:
-        """Connect, read which pod answered, close."""
-        with self.connect(address, port, proto) as conn:
+    def request(self, address: str, port: int, proto: str = "tcp", reset: bool = False) -> str:
+        """Connect, read which pod answered, close (with a reset if `reset`: the IPVS entry
+        then lasts 10 s instead of TIME_WAIT's 2 minutes)."""
+        conn = self.connect(address, port, proto)
+        try:
             return conn.pod
+        finally:
+            if reset:
+                conn.abort()
+            else:
+                conn.close()
 
     def udp_socket(self, family: int = 4) -> socket.socket:
         s = self.netns.socket(socket.AF_INET6 if family == 6 else socket.AF_INET,
@@ -300,6 +399,9 @@ class Pod:
     def close(self) -> None:
         for server in self.servers:
             server.close()
+        if self._holder is not None:
+            self._holder.send_signal(signal.SIGKILL)
+            self._holder.wait()
         self.netns.delete()
 
 
@@ -329,6 +431,13 @@ class Connection:
             return False
 
     def close(self) -> None:
+        self.sock.close()
+
+    def abort(self) -> None:
+        """Close with a reset (SO_LINGER 0): IPVS moves the connection to CLOSE (10 s)
+        instead of TIME_WAIT (2 minutes), so a drain can see its counts reach zero soon."""
+        with contextlib.suppress(OSError):
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
 
     def __enter__(self) -> Connection:
@@ -401,3 +510,39 @@ class Node:
         for pod in self.pods:
             pod.close()
         self.netns.delete()
+
+
+# --- the daemon, in-process -----------------------------------------------------------------
+def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
+                 drain_timeout: float = 600.0, drain_check_interval: float = 0.1,
+                 node_name: str = "node-a", node_ips: tuple[str, ...] = ("192.0.2.10",),
+                 metrics: Any = None) -> Any:
+    """A started `Daemon` (ipvsctl.shell.daemon) programming `node.kernel` (or `kernel`)
+    from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
+    pods reach it at 169.254.1.1, tests with `daemon_get(node, daemon, path)`. The loop and
+    source threads run in the test process's own netns (a fake API server on its 127.0.0.1
+    is reachable). The caller shuts it down (the `make_daemon` fixture does)."""
+    from ipvsctl.model import NodeContext
+    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.reconcile.loop import LoopConfig
+    from ipvsctl.shell.daemon import Daemon, DaemonOptions
+
+    opts = DaemonOptions(
+        node=NodeContext(node_name, node_ips), state_dir=state_dir, listen="0.0.0.0:0",
+        drain_timeout=drain_timeout, drain_check_interval=drain_check_interval)
+    daemon = run_in_netns(node.name, lambda: Daemon(
+        opts, kernel if kernel is not None else node.kernel, source,
+        metrics=metrics if metrics is not None else Metrics()))
+    daemon.loop.config = LoopConfig(drain_check_interval=drain_check_interval,
+                                    audit_interval=0.5, idle_wakeup=0.1)
+    daemon.start()
+    return daemon
+
+
+def daemon_get(node: Node, daemon: Any, path: str) -> tuple[int, str]:
+    return http_get(f"http://127.0.0.1:{daemon.http.port}{path}", node.name)
+
+
+def daemon_url_from_pods(daemon: Any) -> str:
+    """The daemon's base URL as a pod on its node reaches it (the veth gateway)."""
+    return f"http://{NODE_GW4}:{daemon.http.port}"
