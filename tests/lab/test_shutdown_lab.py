@@ -1,0 +1,138 @@
+"""Issue 8 on a real kernel: a pod's shutdown barrier (`ipvsctl shutdown-manager`) returns as
+soon as its node has set the pod's real servers to weight 0 and the pod's connections have
+closed, not after a fixed sleep.
+
+The node's daemon runs in-process (labkit.start_daemon: IPVS in the node's netns, its HTTP
+server there too); the shutdown-manager runs in-process inside the pod's netns (its HTTP
+server, barrier thread and daemon queries all live there, as in a sidecar), asks the daemon
+at the node's veth gateway address and counts the pod's connections in the pod's own
+/proc/net (that of a process in the pod's netns). The kubelet's preStop GET /shutdown comes
+from the node.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.shell.shutdown_manager import ManagerOptions, ShutdownManager
+from ipvsctl.shutdown.barrier import BarrierConfig
+from ipvsctl.source.manifests import ManifestSource
+from tests.builders import endpoint, endpoint_slice, service, terminating
+from tests.lab.labkit import Node, Pod, daemon_url_from_pods, http_json, wait_for
+
+pytestmark = pytest.mark.lab
+
+VIP = "10.96.0.10"
+KEY = ServiceKey(Protocol.TCP, VIP, 80)
+TIMEOUT = 240.0  # the barrier's --timeout: far beyond anything this test waits for
+
+
+def write_manifests(folder: Path, *objs: dict[str, Any]) -> None:
+    tmp = folder / ".web.yaml.tmp"
+    tmp.write_text(yaml.safe_dump_all(objs))
+    tmp.rename(folder / "web.yaml")
+
+
+class PreStop(threading.Thread):
+    """The kubelet's preStop hook: GET /shutdown from the node, and when it answered."""
+
+    def __init__(self, node: Node, url: str) -> None:
+        super().__init__(daemon=True, name="prestop")
+        self.node, self.url = node, url
+        self.answer: Any = None
+        self.error: BaseException | None = None
+        self.at = 0.0
+
+    def run(self) -> None:
+        try:
+            self.answer = http_json(self.url, self.node.name, timeout=TIMEOUT + 60)
+        except BaseException as exc:  # re-raised by the test
+            self.error = exc
+        self.at = time.monotonic()
+
+
+def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
+    node: Node, client: Pod, tmp_path: Path, make_daemon: Callable[..., Any]
+) -> None:
+    leaving = node.make_pod("10.244.1.1", name="web-1")
+    staying = node.make_pod("10.244.1.2", name="web-2")
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    both = [endpoint(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]
+    write_manifests(folder, service("web"), endpoint_slice("web", both))
+    daemon = make_daemon(node, ManifestSource(folder, interval=0.1))
+    wait_for(lambda: daemon.engine.started, timeout=120, what="the daemon's first sync")
+
+    # a client connection to the pod that is about to shut down (rr: one of two tries)
+    held = client.connect(VIP, 80)
+    if held.pod != leaving.name:
+        held.abort()
+        held = client.connect(VIP, 80)
+    assert held.pod == leaving.name
+
+    # the sidecar, inside the leaving pod's netns: its threads are created there too
+    options = ManagerOptions(
+        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(daemon_url_from_pods(daemon),),
+        proc_net=leaving.proc_net(),
+        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
+
+    def start_manager() -> ShutdownManager:
+        manager = ShutdownManager(options)
+        manager.start()
+        return manager
+
+    manager = run_in_netns(leaving.netns.name, start_manager)
+    try:
+        prestop = PreStop(node, f"http://{leaving.ip}:{manager.port}/shutdown")
+        prestop.start()
+
+        def status() -> dict[str, Any]:
+            return manager.barrier.status()
+
+        # the node still sends the pod new connections: the barrier waits for it
+        wait_for(lambda: status().get("stage") == "daemons"
+                 and status()["daemons"]["not_quiesced"], timeout=120,
+                 what="the barrier asking the daemon")
+        # reached from the pod's netns, at the node's address: a real answer, not an error
+        assert status()["daemons"]["not_quiesced"] == {
+            daemon_url_from_pods(daemon): "1 real server with weight > 0"}
+        assert prestop.answer is None and prestop.error is None
+
+        # the pod is being deleted: its endpoint turns terminating, the node drains it
+        write_manifests(folder, service("web"), endpoint_slice("web", [
+            terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
+        wait_for(lambda: node.ipvsadm()[str(KEY)].real_servers[f"{leaving.ip}:8080"].weight
+                 == 0, what="weight 0")
+        # quiesced; now the pod's own established connection holds the barrier
+        wait_for(lambda: status().get("stage") == "connections"
+                 and status()["connections"]["established"] == 1, timeout=120,
+                 what="the barrier counting the pod's connection")
+        assert prestop.answer is None and prestop.error is None
+        assert held.echo("the pod still serves its client")
+        assert client.request(VIP, 80) == staying.name  # new connections go elsewhere
+
+        closed_at = time.monotonic()
+        held.close()
+        prestop.join(TIMEOUT + 60)
+        assert prestop.error is None, prestop.error
+        doc = prestop.answer
+        assert doc["outcome"] == "drained", doc  # ended by its conditions, not its timeout
+        assert prestop.at >= closed_at
+        assert doc["elapsed_seconds"] < TIMEOUT
+        assert set(doc["stages"]) == {"daemons", "connections"}
+        assert doc["daemons"]["quiesced"] == 1 and doc["daemons"]["not_quiesced"] == {}
+        assert doc["connections"]["established"] == 0
+        quiesced = http_json(f"http://127.0.0.1:{daemon.http.port}/v1/quiesced?ip={leaving.ip}",
+                             node.name)
+        assert quiesced["quiesced"] and quiesced["real_servers_with_weight"] == 0
+    finally:
+        manager.stop()
