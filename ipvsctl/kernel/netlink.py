@@ -602,16 +602,18 @@ class NetlinkKernel:
 
     def _indexed(self, key: ServiceKey, present: bool) -> None:
         """Record in the address index that `key` now is (or is not) in the kernel."""
+        address = ipaddress.ip_address(key.address).compressed  # as dumps spell it
+        key = ServiceKey(key.protocol, address, key.port)
         with self._index_lock:
             if self._by_address is None:
                 return  # not read yet: the first read sees the kernel as it is
-            keys = self._by_address.setdefault(key.address, set())
+            keys = self._by_address.setdefault(address, set())
             if present:
                 keys.add(key)
             else:
                 keys.discard(key)
                 if not keys:
-                    del self._by_address[key.address]
+                    del self._by_address[address]
 
     def unbind_address_if_unused(self, address: str) -> bool:
         """Remove address from the dummy interface unless a virtual server still uses it;

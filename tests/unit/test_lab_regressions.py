@@ -166,6 +166,13 @@ def test_the_address_index_follows_changes_made_by_others(kernel: NetlinkKernel)
     again.delete_virtual_server(ServiceKey(Protocol.TCP, "10.96.0.10", 8080), True)
     assert AddressIPRoute.addresses == set()
 
+    # keys spelled another way than the kernel spells them (dumps are compressed)
+    v6 = vs("fd96:0:0::10", 80)
+    again.add_virtual_server(v6, bind_address=True)
+    again.list_virtual_servers()
+    again.delete_virtual_server(v6.key, bind_address=True)
+    assert AddressIPRoute.addresses == set()
+
     # and one that is already gone still has its unused address removed
     again.bind_address("10.96.0.12")
     with pytest.raises(netlink.KernelNotFound):
