@@ -4,8 +4,8 @@
 
 Copies out/bench/{e2k,drain,rollout,memory,memory-vm}.json into bench/results/ (the numbers
 the document shows, kept in git), draws bench/results/*.png, and writes docs/benchmarks.md:
-generated tables first, then bench/notes.md (the hand-written reading of them: method,
-profile findings, caveats) verbatim.
+bench/summary.md (the results against the targets, hand-written), the generated tables,
+then bench/notes.md (method, profile findings, hot spots, caveats), both verbatim.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.common import REPO, RESULTS
 
-PARTS = ("e2k", "drain", "rollout", "memory", "memory-vm")
+PARTS = ("e2k", "e2k-repeat", "e2k-host", "drain", "rollout", "memory", "memory-vm")
 
 
 def load(src: Path, copy: bool) -> dict[str, dict[str, Any]]:
@@ -45,6 +45,8 @@ def fmt(x: Any, unit: str = "") -> str:
         if x >= 10:
             return f"{x:.1f}{unit}"
         return f"{x:.2f}{unit}"
+    if isinstance(x, int):
+        return f"{x:,}{unit}"
     return f"{x}{unit}"
 
 
@@ -58,8 +60,8 @@ def machine_line(doc: dict[str, Any]) -> str:
 def e2k_tables(doc: dict[str, Any]) -> list[str]:
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
     out = ["| Services (real servers) | ipvsctl engine p50 / p99 | ipvsctl via the daemon loop "
-           "p50 / p99 | baseline: change done p50 / p99 | baseline: full resync p50 | "
-           "netlink calls per change (ipvsctl / baseline) | changes (ipvsctl / loop / "
+           "p50 / p99 | baseline: change done p50 / p99 (mean) | baseline: full resync p50 | "
+           "kernel calls per change (ipvsctl / baseline) | changes (ipvsctl / loop / "
            "baseline) | baseline p50 / ipvsctl p50 |",
            "|---|---|---|---|---|---|---|---|"]
     for s in sizes:
@@ -68,9 +70,9 @@ def e2k_tables(doc: dict[str, Any]) -> list[str]:
         out.append(
             f"| {s['services']:,} ({s['real_servers']:,}) | {fmt(e.get('p50'))} / "
             f"{fmt(e.get('p99'))} ms | {fmt(lp.get('p50'))} / {fmt(lp.get('p99'))} ms | "
-            f"{fmt(b.get('p50'))} / {fmt(b.get('p99'))} ms | "
+            f"{fmt(b.get('p50'))} / {fmt(b.get('p99'))} ({fmt(b.get('mean'))}) ms | "
             f"{fmt((b.get('resync') or {}).get('p50'))} ms | "
-            f"{e.get('netlink_calls_per_change', '-')} / "
+            f"{fmt(e.get('netlink_calls_per_change'))} / "
             f"{fmt(b.get('netlink_calls_per_change'))} | {e.get('n', 0)} / {lp.get('n', 0)} / "
             f"{b.get('n', 0)} | {fmt(ratio)}x |")
     first, last = sizes[0].get("ipvsctl_engine", {}), sizes[-1].get("ipvsctl_engine", {})
@@ -78,14 +80,15 @@ def e2k_tables(doc: dict[str, Any]) -> list[str]:
         out.append("")
         out.append(f"ipvsctl p99 at {sizes[-1]['services']:,} Services / p99 at "
                    f"{sizes[0]['services']:,}: **{last['p99'] / first['p99']:.2f}x** "
-                   "(target: within 1.5x).")
+                   f"(target: within 1.5x); p50: {last['p50'] / first['p50']:.2f}x "
+                   "(this table's rows only; see the summary at the top).")
     for s in sizes:
         if s["services"] == 3200 and s.get("baseline", {}).get("p50"):
             r = s["baseline"]["p50"] / s["ipvsctl_engine"]["p50"]
             out.append(f"At 3,200 Services the baseline takes **{r:,.0f}x** as long as "
                        "ipvsctl (p50 to p50; target: at least 100x).")
     out.append("")
-    out.append("Initial sync (ipvsctl's Engine programming an empty kernel, one netlink call "
+    out.append("Initial sync (ipvsctl's Engine programming an empty kernel, one kernel call "
                "per virtual and real server):")
     out.append("")
     out.append("| Services | real servers | seconds | ops | per op |")
@@ -102,7 +105,7 @@ def e2k_tables(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def plot_e2k(doc: dict[str, Any]) -> str | None:
+def plot_e2k(doc: dict[str, Any], repeat: dict[str, Any] | None = None) -> str | None:
     try:
         import matplotlib
 
@@ -112,7 +115,7 @@ def plot_e2k(doc: dict[str, Any]) -> str | None:
         return None
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
     xs = [s["services"] for s in sizes]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     series = [("ipvsctl_engine", "ipvsctl (engine)", "#1b7837"),
               ("ipvsctl_loop", "ipvsctl (daemon loop, audit on)", "#5aae61"),
               ("baseline", "full resync (kube-router style): change done", "#b2182b")]
@@ -124,14 +127,21 @@ def plot_e2k(doc: dict[str, Any]) -> str | None:
                 label=f"{label} p50")
         ax.plot([p[0] for p in pts], [p[1]["p99"] for p in pts], "s--", color=color,
                 alpha=0.6, label=f"{label} p99")
+    if repeat and "result" in repeat:
+        pts = sorted((s["services"], s["ipvsctl_engine"]) for s in repeat["result"]["sizes"]
+                     if s.get("ipvsctl_engine", {}).get("p99"))
+        ax.plot([p[0] for p in pts], [p[1]["p99"] for p in pts], "^:", color="#00441b",
+                label="ipvsctl (engine) p99, second boot")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(xs, [f"{x:,}" for x in xs])
     ax.set_xlabel("Services (10 endpoints each)")
     ax.set_ylabel("event to kernel (ms, log)")
-    ax.set_title(f"Endpoint change to netlink change done\n{machine_line(doc)}", fontsize=8)
+    m = doc.get("machine", {})
+    ax.set_title(f"Endpoint change to netlink change done ({m.get('where')}, kernel "
+                 f"{m.get('kernel')})", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path = RESULTS / "event_to_kernel.png"
     fig.savefig(path, dpi=110)
@@ -146,6 +156,9 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
              "kept in `bench/notes.md`. Benchmarks never fail a build; `make bench-smoke` runs "
              "the host parts at toy sizes (and `tests/unit/test_bench_smoke.py` runs that).",
              ""]
+    summary_md = REPO / "bench" / "summary.md"
+    if summary_md.exists():
+        lines += [summary_md.read_text().rstrip(), ""]
     if "e2k" in docs:
         d = docs["e2k"]
         lines += ["## Event to kernel, ipvsctl vs a full resync", "",
@@ -153,9 +166,29 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         if "error" in d:
             lines += [f"**This run failed part-way:** `{d['error']}`", ""]
         lines += e2k_tables(d)
-        img = plot_e2k(d)
+        img = plot_e2k(d, docs.get("e2k-repeat"))
         if img:
             lines += ["", f"![event to kernel]({img})"]
+        lines.append("")
+        if "e2k-repeat" in docs and "result" in docs["e2k-repeat"]:
+            rep = docs["e2k-repeat"]
+            lines += ["Run to run: ipvsctl (engine) in the run above and in a second boot "
+                      f"({machine_line(rep)}):", "",
+                      "| Services | run 1 p50 / p99 | run 2 p50 / p99 |", "|---|---|---|"]
+            first = {s["services"]: s.get("ipvsctl_engine", {}) for s in d["result"]["sizes"]}
+            for s in sorted(rep["result"]["sizes"], key=lambda s: s["services"]):
+                a, b = first.get(s["services"], {}), s.get("ipvsctl_engine", {})
+                lines.append(f"| {s['services']:,} | {fmt(a.get('p50'))} / {fmt(a.get('p99'))} "
+                             f"ms | {fmt(b.get('p50'))} / {fmt(b.get('p99'))} ms |")
+            lines.append("")
+    if "e2k-host" in docs and "result" in docs["e2k-host"]:
+        d = docs["e2k-host"]
+        lines += ["## The same on the host, in-memory kernel (no netlink)", "",
+                  f"Machine: {machine_line(d)}.", "",
+                  "The engine and the baseline on `FakeKernel`: what each costs in Python "
+                  "alone, without the emulator's noise or netlink's price. Same changes, "
+                  "more of them.", ""]
+        lines += e2k_tables(d)
         lines.append("")
     if "drain" in docs and "result" in docs["drain"]:
         d = docs["drain"]
@@ -176,12 +209,12 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     if "rollout" in docs and "result" in docs["rollout"]:
         d = docs["rollout"]
         lines += ["## The rollout from `make demo`", "", f"Machine: {machine_line(d)}.", "",
-                  "| draining | short requests sent | failed | long-lived connections broken | "
-                  "v1 real servers deleted (reason) |", "|---|---|---|---|---|"]
+                  "| draining | short requests sent | failed | long-lived connection breaks "
+                  "(connections) | v1 real servers deleted (reason) |", "|---|---|---|---|---|"]
         for s in d["result"]["summary"]:
             reasons = ", ".join(f"{b['pod']} {b['reason']}" for b in s["backends"])
             lines.append(f"| {'on' if s['mode'] == 'drain' else 'off'} | {s['short_sent']} | "
-                         f"{s['short_failed']} | {s['long_broken']} / {s['long_lived']} | "
+                         f"{s['short_failed']} | {s['long_broken']} ({s['long_lived']}) | "
                          f"{reasons} |")
         lines.append("")
     for part, title in (("memory", "host, in-memory kernel"),

@@ -33,6 +33,12 @@ VM_PLAN: dict[int, tuple[int, int, float, int]] = {
     3200: (400, 20, 120.0, 2),
     10000: (400, 12, 180.0, 1),
 }
+HOST_PLAN: dict[int, tuple[int, int, float, int]] = {
+    100: (2000, 20, 10.0, 10),
+    1000: (2000, 20, 10.0, 6),
+    3200: (2000, 20, 10.0, 4),
+    10000: (2000, 20, 10.0, 4),
+}
 SMOKE_PLAN: dict[int, tuple[int, int, float, int]] = {
     50: (40, 4, 5.0, 2),
     300: (40, 4, 5.0, 2),
@@ -98,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sizes whose initial sync is programmed by ipvsctl and timed "
                         "(others are primed with the lean client); default: all")
     p.add_argument("--parts", default="e2k,drain,rollout")
+    p.add_argument("--repeat-only", action="store_true",
+                   help="e2k again, ipvsctl engine only (no loop, no baseline), written to "
+                        "e2k-repeat.json: the spread between runs")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -114,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         real = ({int(s) for s in args.real_initial.split(",") if s} if args.real_initial
                 is not None else set(sizes))
         parts = args.parts.split(",")
+        if args.repeat_only:
+            plan = {n: (VM_PLAN.get(n, (400,))[0], 0, 0.0, 0) for n in sizes}
+            ok &= _part(out, "e2k-repeat", lambda: e2k(sizes, plan, "netlink", real, None,
+                                                       out))
+            parts = []
         if "e2k" in parts:
             ok &= _part(out, "e2k", lambda: e2k(sizes, VM_PLAN, "netlink", real, 1000, out))
         if "drain" in parts:
@@ -136,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             ok &= _part(out, "memory-vm", mem)
     elif where == "host":
         from bench.memory import run_memory
+
+        host_sizes = [int(x) for x in (args.sizes or "100,1000,3200,10000").split(",")]
+        ok &= _part(out, "e2k-host", lambda: e2k(host_sizes, HOST_PLAN, "fake",
+                                                 set(host_sizes), None, out))
 
         def mem_host() -> dict[str, Any]:
             runs = [run_memory(args.memory_services, 10, args.memory_events)
