@@ -90,3 +90,27 @@ def test_failed_sync_is_retried_after_backoff():
     h.clock.advance(1)
     loop.step()
     assert not h.engine.dirty and len(h.fake.services) == 1
+
+
+def test_drain_state_is_written_at_most_every_persist_interval():
+    h = Harness()
+    events: queue.Queue = queue.Queue()
+    saved: list[int] = []
+    loop = Loop(h.engine, events, LoopConfig(persist_interval=0.5), clock=h.clock,
+                save_queue=lambda entries: saved.append(len(entries)))
+    svc = service("web")
+    eps = [endpoint(f"10.0.0.{i}") for i in range(1, 6)]
+    events.put(Replace(ObjectKind.SERVICE, [svc], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", eps)], 0))
+    loop.step()
+    key = next(iter(h.fake.services))
+    for rs in list(h.fake.services[key].dests):
+        h.fake.set_connections(key, rs, 1)
+    for n in range(4, 0, -1):  # four drains in quick succession
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice("web", eps[:n]), 0))
+        loop.step()
+    assert saved == [1]  # the first change at once, the rest wait for the interval
+    assert loop._timeout() <= 0.5
+    h.clock.advance(0.5)
+    loop.step()
+    assert saved == [1, 4]
