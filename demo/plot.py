@@ -103,8 +103,8 @@ def draw(doc: dict[str, Any], summary: dict[str, Any], ax: Any) -> None:
     title = ("draining ON (ipvsctl as shipped)" if doc["mode"] == "drain"
              else "draining OFF (real servers deleted at once)")
     ax.set_title(f"{title}: {summary['short_failed']}/{summary['short_sent']} short requests "
-                 f"failed, {summary['long_broken']}/{summary['long_lived']} long-lived "
-                 f"connections broken", fontsize=10)
+                 f"failed, {summary['long_broken']} breaks of the {summary['long_lived']} "
+                 f"long-lived connections", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
 
 

@@ -297,8 +297,9 @@ def render(docs: list[dict[str, Any]]) -> str:
         out.append(f"short requests: {s['short_sent']} sent, {s['short_failed']} failed"
                    + (f" ({kinds})" if kinds else ""))
         out.append(f"long-lived connections: {s['long_lived']} open through the rollout, "
-                   f"{s['long_broken']} broken, {s['long_closed_cleanly']} closed cleanly by "
-                   f"their clients; {s['long_requests']} requests on them, "
+                   f"{s['long_broken']} broken (a broken one is reopened and can break "
+                   f"again), {s['long_closed_cleanly']} closed cleanly by their clients at "
+                   f"the end; {s['long_requests']} requests on them, "
                    f"{s['long_requests_failed']} failed")
         out.append("backend    terminating  ipvsctl weight 0  ipvsctl deleted  why       "
                    "kernel: weight 0 / last seen   app: SIGTERM / exit (reset conns)")
@@ -309,10 +310,11 @@ def render(docs: list[dict[str, Any]]) -> str:
                 f"{_t(b['kernel_weight0'])} / {_t(b['kernel_last_seen'])}        "
                 f"{_t(b['sigterm'])} / {_t(b['exited'])} ({b['killed_connections']})")
         out.append("")
-    out.append("Times are seconds since the load started. 'deadline' = the pod's "
-               "deletionTimestamp (grace period) ran out with connections still counted "
-               "(a closed TCP connection stays InActConn for 2 minutes in IPVS); 'drained' = "
-               "ActiveConn+InActConn reached 0 first.")
+    out.append("Times are seconds since the load started. 'deadline' = the drain deadline "
+               "passed with connections still counted: with draining, the pod's "
+               "deletionTimestamp (a closed TCP connection stays InActConn for 2 minutes in "
+               "IPVS, longer than the grace period); without, the annotation's 0 s. "
+               "'drained' = ActiveConn+InActConn reached 0 first.")
     return "\n".join(out)
 
 
