@@ -496,6 +496,17 @@ class Node:
     def ipvsadm(self) -> dict[str, IpvsadmService]:
         return parse_ipvsadm(self.run("ipvsadm", "-Ln"))
 
+    def ipvs_connections(self) -> list[tuple[str, str, str, str, str]]:
+        """`ipvsadm -Lnc`: IPVS's connection entries as (protocol, state, client, virtual,
+        real server), e.g. ("TCP", "TIME_WAIT", "10.0.0.100:40000", "10.96.0.10:80",
+        "10.244.1.1:8080")."""
+        rows = []
+        for line in self.run("ipvsadm", "-Lnc").splitlines():
+            cols = line.split()
+            if len(cols) == 6 and cols[0] in ("TCP", "UDP", "SCTP"):
+                rows.append((cols[0], cols[2], cols[3], cols[4], cols[5]))
+        return rows
+
     def conntrack(self, *args: str) -> str:
         """`conntrack -L ARGS` in the node (the entries, one per line; no summary)."""
         out = sh("conntrack", "-L", *args, netns=self.name, check=False)

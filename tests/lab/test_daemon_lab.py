@@ -244,6 +244,10 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
             "--listen", f"127.0.0.1:{port}", "--drain-check-interval", "0.2",
             "--drain-timeout", "600", "--node-name", "node-a", "--node-ip", "192.0.2.10"]
     runs: list[RunCommand] = []
+    t0 = time.monotonic()
+
+    def phase(what: str) -> None:  # where the time goes, in the captured output
+        print(f"{time.monotonic() - t0:7.1f}s {what}")
 
     def start(n: int) -> RunCommand:
         run = RunCommand(node, args, tmp_path / f"run{n}.log")
@@ -256,6 +260,7 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
             return answer is not None and answer[0] == 200
 
         wait_for(ready, timeout=300, interval=0.5, what="/readyz 200")
+        phase(f"ipvsctl run #{n} ready")
         return run
 
     try:
@@ -273,6 +278,7 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
         # SIGTERM in the middle of the drain: exit 0, the table exactly as it was
         table = weights(node)
         assert first.stop() == 0, first.tail()
+        phase("ipvsctl run #1 stopped")
         assert weights(node) == table  # weight 0 kept, nothing flushed
         assert client.request(VIP, 80) == other.name
         assert held.echo("served while no daemon runs")
@@ -288,13 +294,16 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
         assert metric_sum(metrics, "ipvsctl_drain_queue_length") == 1
 
         check_status_command(node, url, gone, other)
+        phase("ipvsctl status checked")
 
         held.abort()
         wait_for(lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)], timeout=90,
                  what="deleted once its connection is gone")
         metrics = http_get(url + "/metrics", node.name)[1]
         assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
+        phase("drained")
         assert runs[-1].stop() == 0, runs[-1].tail()
+        phase("ipvsctl run #2 stopped")
         assert weights(node) == {str(KEY): {f"{other.ip}:8080": 1}}
     finally:
         for run in runs:
@@ -303,9 +312,11 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
 
 def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
     """`ipvsctl status --json` (the command, in the node's netns) and the text form."""
+    t0 = time.monotonic()
     r = subprocess.run(["ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "status",
                         "--json", "--endpoint", url],
                        capture_output=True, text=True, timeout=300)
+    print(f"ipvsctl status --json took {time.monotonic() - t0:.1f}s")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["daemon"]["reachable"] and doc["kernel"]["readable"]

@@ -111,6 +111,30 @@ def test_draining_real_server_keeps_its_connection_and_is_deleted_when_it_closes
     assert weights(node, KEY) == {str(rs(p)): 1 for p in rest}
 
 
+def test_a_closed_connection_holds_a_real_server_for_time_wait_whatever_the_fin_timeout(
+    node: Node, client: Pod
+) -> None:
+    """Why drain tests close with a reset: a normal close goes straight to TIME_WAIT in
+    IPVS (2 minutes) and counts as InActConn all that time; --ipvs-tcpfin-timeout sets the
+    FIN_WAIT timeout only. A reset leaves a CLOSE entry for 10 s."""
+    pod = node.make_pod("10.244.1.1")
+    h = harness(node)
+    h.start([service("web")], [endpoint_slice("web", eps(pod))])
+    node.kernel.set_timeouts(tcpfin=1)
+    client.connect(VIP, 80).close()
+    client.connect(VIP, 80).abort()
+
+    def states() -> list[str]:
+        return sorted(c[1] for c in node.ipvs_connections() if c[4] == str(rs(pod)))
+
+    wait_for(lambda: states() == ["CLOSE", "TIME_WAIT"], what="both connections closed")
+    wait_for(lambda: states() == ["TIME_WAIT"], timeout=60, what="the reset one expiring")
+    assert counts(node, KEY, rs(pod)) == (1, 0, 1)  # still InActConn, long after 1 s
+    h.upsert(endpoint_slice("web", []))
+    h.check()
+    assert str(rs(pod)) in node.ipvsadm()[str(KEY)].real_servers  # the drain waits for it
+
+
 def test_deadline_deletes_a_real_server_whose_connection_stays_open(
     node: Node, client: Pod
 ) -> None:
