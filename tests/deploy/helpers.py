@@ -111,6 +111,31 @@ def contract_run_options(text: str) -> tuple[set[str], set[str]]:
     return flags, envs
 
 
+def cli_commands() -> set[str]:
+    """The subcommands the real `ipvsctl` program has."""
+    import typer.main
+
+    from ipvsctl.shell.cli import app
+
+    return set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def cli_run_options() -> tuple[set[str], set[str]]:
+    """(flags, env vars) that the real `ipvsctl run` accepts (both forms of on/off flags)."""
+    import typer.main
+
+    from ipvsctl.shell.cli import app
+
+    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    flags: set[str] = set()
+    envs: set[str] = set()
+    for param in run.params:
+        flags.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+        if param.envvar:
+            envs.update([param.envvar] if isinstance(param.envvar, str) else param.envvar)
+    return flags, envs
+
+
 def flags_in(args: list[str]) -> list[str]:
     """The `--flag` names in a container's args (`--flag=value` and `--flag value`)."""
     return [a.split("=", 1)[0] for a in args if a.startswith("--")]
