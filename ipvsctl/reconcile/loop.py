@@ -88,10 +88,15 @@ class Loop:
         with self.lock:
             for event in batch:
                 self.engine.handle(event)
+            got_events = bool(batch)
+            # The store holds what it needs now: free the raw objects before the sync builds
+            # the desired state (a first list of 100,000 endpoints is ~60 MB of dicts).
+            batch.clear()
+            event = None
             now = self.clock.monotonic()
             e = self.engine
             starting = not e.started and (self._retry_at is None or self._retry_due(now))
-            if e.ready and (starting or (e.dirty and (batch or self._retry_due(now)))):
+            if e.ready and (starting or (e.dirty and (got_events or self._retry_due(now)))):
                 self._sync(now)
             if e.started and len(e.queue) and now >= self._next_drain:
                 e.check_drains()

@@ -87,18 +87,18 @@ class Runner:
                 raise TypeError(f"unknown action {action!r}")
         return action.result
 
+    # Notes are logged under the lock: whoever sees the barrier finished (a caller that
+    # expires it from another thread) must find its log lines already written.
     def _call(self, fn: Callable[[Barrier], Action]) -> Action:
         with self.lock:
             action = fn(self.barrier)
-            notes = self.barrier.take_notes()
-        emit(notes)
+            emit(self.barrier.take_notes())
         return action
 
     def expire(self) -> BarrierResult:
         with self.lock:
             finish = self.barrier.expire(self.clock())
-            notes = self.barrier.take_notes()
-        emit(notes)
+            emit(self.barrier.take_notes())
         return finish.result
 
 

@@ -361,3 +361,43 @@ def test_a_probe_hanging_past_the_deadline_does_not_hold_the_callers():
     assert r.elapsed < 5
     probes.gate.set()  # the runner thread then sees the barrier is over
     assert shared.result is r
+
+
+def test_the_finishing_log_lines_are_written_before_anyone_sees_the_result():
+    """Regression (CI flake): a caller expiring the barrier at the deadline answered while
+    the barrier thread still held the timeout's notes unlogged, so the daemon it named was
+    missing from the log when the preStop hook returned."""
+    t = ManualTime()
+    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=2), [POD]),
+                    ScriptedProbes(t, {A: SILENT}), t.clock, t.sleep)
+    writing, release = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    class SlowHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "daemon not quiesced at timeout":
+                writing.set()
+                assert release.wait(10)
+            written.append(record.getMessage())
+
+    logger = logging.getLogger("ipvsctl.shutdown")
+    handler, level = SlowHandler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        barrier_thread = threading.Thread(target=runner.run)
+        barrier_thread.start()
+        assert writing.wait(10)  # the barrier thread is logging its timeout
+        expired: list[object] = []
+        caller = threading.Thread(target=lambda: expired.append(runner.expire()))
+        caller.start()
+        caller.join(0.2)
+        assert not expired, "the result was visible before its log lines were written"
+        release.set()
+        caller.join(10)
+        barrier_thread.join(10)
+        assert expired and "daemon not quiesced at timeout" in written
+    finally:
+        release.set()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
