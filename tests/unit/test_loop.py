@@ -114,3 +114,39 @@ def test_drain_state_is_written_at_most_every_persist_interval():
     h.clock.advance(0.5)
     loop.step()
     assert saved == [1, 4]
+
+
+class _Raw(dict):
+    """A raw API object that can be watched for being freed."""
+
+
+class WatchingKernel(FakeKernel):
+    """Records, at the first kernel write of the sync, which raw objects are still alive."""
+
+    def __init__(self, watched: list) -> None:
+        super().__init__()
+        self.watched = watched
+        self.alive_at_sync: list[bool] | None = None
+
+    def add_virtual_server(self, *args, **kwargs):
+        if self.alive_at_sync is None:
+            self.alive_at_sync = [ref() is not None for ref in self.watched]
+        return super().add_virtual_server(*args, **kwargs)
+
+
+def test_the_raw_objects_of_a_batch_are_freed_before_the_sync():
+    """The first list of a big cluster is ~60 MB of dicts; holding it while the sync builds
+    the desired state raised the daemon's peak memory past the 250 MB target."""
+    import weakref
+
+    watched: list = []
+    kernel = WatchingKernel(watched)
+    h, events, loop = make(kernel)
+    svc, sl = _Raw(service("web")), _Raw(endpoint_slice("web", [endpoint("10.0.0.1")]))
+    watched += [weakref.ref(svc), weakref.ref(sl)]
+    events.put(Replace(ObjectKind.SERVICE, [svc], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [sl], 0))
+    del svc, sl
+    loop.step()
+    assert h.engine.started and len(h.fake.services) == 1
+    assert kernel.alive_at_sync == [False, False]
