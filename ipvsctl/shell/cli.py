@@ -44,7 +44,8 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str) -> NodeContext:
+def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
+          interface: str = "kube-ipvs0") -> NodeContext:
     from ipvsctl.source.convert import IPVS_SCHEDULERS
 
     if scheduler not in IPVS_SCHEDULERS:
@@ -61,7 +62,8 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str) -> 
         try:
             from ipvsctl.kernel.addresses import node_addresses
 
-            ips = node_addresses()
+            # The VIP interface's addresses are ClusterIPs, never NodePort addresses.
+            ips = node_addresses(exclude_interfaces=(interface,))
         except Exception as exc:  # no netlink route socket: plan still works without
             typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); "
                        "NodePorts need --node-ip", err=True)
@@ -153,7 +155,7 @@ def run(
     except ValueError as exc:
         raise _fail(f"--cluster-cidr {exc}", 2) from None
     obs_logging.setup(log_format)
-    node = _node(node_name, node_ip, scheduler)
+    node = _node(node_name, node_ip, scheduler, interface)
     options = DaemonOptions(
         node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
         interface=interface, drain_timeout=drain_timeout,
