@@ -6,7 +6,7 @@ No I/O and no third-party imports live here.
 from ipvsctl.model.desired import (
     DesiredService,
     DesiredVirtualServer,
-    EndpointMeta,
+    EndpointInfo,
     NodeContext,
     VirtualServerKind,
 )
@@ -36,7 +36,7 @@ __all__ = [
     "DrainEntry",
     "DrainQueue",
     "DrainReason",
-    "EndpointMeta",
+    "EndpointInfo",
     "NodeContext",
     "PodRef",
     "Protocol",

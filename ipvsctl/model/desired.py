@@ -32,13 +32,17 @@ class NodeContext:
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointMeta:
-    """What draining needs to know of an endpoint address: its pod and conditions."""
+class EndpointInfo:
+    """One endpoint of an EndpointSlice as ipvsctl reads it (its first address). The same
+    object serves the desired state and draining (its pod and conditions): at 100,000
+    endpoints a second copy per endpoint costs megabytes."""
 
-    pod: PodRef | None = None
-    node_name: str | None = None
+    address: str
     ready: bool = True
+    serving: bool = True
     terminating: bool = False
+    node_name: str | None = None
+    pod: PodRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,5 +65,5 @@ class DesiredService:
     ref: ServiceRef
     virtual_servers: Mapping[ServiceKey, DesiredVirtualServer] = field(default_factory=dict)
     drain_timeout: float | None = None  # ipvsctl.io/drain-timeout, seconds
-    endpoints: Mapping[str, EndpointMeta] = field(default_factory=dict)  # by address
+    endpoints: Mapping[str, EndpointInfo] = field(default_factory=dict)  # by address
     health_check_node_port: int | None = None  # serve kube-proxy's local-endpoints check

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from ipvsctl.model import (
     DesiredService,
     DesiredVirtualServer,
-    EndpointMeta,
+    EndpointInfo,
     NodeContext,
     Protocol,
     RealServerKey,
@@ -19,7 +19,7 @@ from ipvsctl.model import (
     VirtualServerKind,
     family_of,
 )
-from ipvsctl.source.convert import EndpointInfo, ServiceInfo, SliceInfo
+from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
 
 def _rank(ep: EndpointInfo) -> tuple[bool, bool, bool]:
@@ -63,13 +63,12 @@ def build_desired_service(
     svc: ServiceInfo, slices: Iterable[SliceInfo], node: NodeContext
 ) -> DesiredService:
     slices = list(slices)
-    endpoints_meta: dict[str, EndpointMeta] = {}
+    endpoints_meta: dict[str, EndpointInfo] = {}
     for sl in slices:
         for ep in sl.endpoints:
-            meta = EndpointMeta(ep.pod, ep.node_name, ep.ready, ep.terminating)
             old = endpoints_meta.get(ep.address)
-            if old is None or (meta.ready, not meta.terminating) > (old.ready, not old.terminating):
-                endpoints_meta[ep.address] = meta
+            if old is None or (ep.ready, not ep.terminating) > (old.ready, not old.terminating):
+                endpoints_meta[ep.address] = ep
 
     if svc.type == "ExternalName":
         return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
@@ -88,16 +87,21 @@ def build_desired_service(
             vs, kind, port_name, real_servers.get(family_of(address), frozenset()), local
         )
 
+    has_external = bool(svc.external_ips) or svc.type in ("NodePort", "LoadBalancer")
     for p in svc.ports:
         cluster: dict[int, frozenset[RealServerKey]] = {}
         external: dict[int, frozenset[RealServerKey]] = {}
         for family in (4, 6):
             eps = collect_endpoints(slices, family, p.name, p.protocol)
             cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name)
+            # Most Services have no external addresses, and most that do share the cluster
+            # policy: one set then serves both (memory at 100,000 endpoints).
+            if not has_external:
+                continue
             external[family] = (
-                select_endpoints(eps, True, node.node_name)
-                if svc.external_local
-                else select_endpoints(eps, False, node.node_name)
+                cluster[family]
+                if svc.external_local == svc.internal_local
+                else select_endpoints(eps, svc.external_local, node.node_name)
             )
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)

@@ -12,7 +12,7 @@ from ipvsctl.model import (
     DesiredService,
     DrainEntry,
     DrainReason,
-    EndpointMeta,
+    EndpointInfo,
     PodRef,
     RealServerKey,
     ServiceKey,
@@ -45,7 +45,7 @@ def drain_entry(
     rs: RealServerKey,
     service: ServiceRef | None,
     drain_timeout: float | None,
-    meta: EndpointMeta | None,
+    meta: EndpointInfo | None,
     still_listed: bool,
     policy: DrainPolicy,
 ) -> DrainEntry:
@@ -73,7 +73,7 @@ def diff_service(
     applied: Mapping[ServiceKey, AppliedVirtualServer],
     draining: Mapping[ServiceKey, Mapping[RealServerKey, DrainEntry]],
     policy: DrainPolicy,
-    previous_endpoints: Mapping[str, EndpointMeta] | None = None,
+    previous_endpoints: Mapping[str, EndpointInfo] | None = None,
 ) -> list[Op]:
     """Ops for one Service. `applied` holds only this Service's virtual servers; `draining`
     is the queue indexed by virtual server; `previous_endpoints` is what was known of

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ipvsctl.model import PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
@@ -59,16 +59,6 @@ class SlicePortInfo:
     name: str
     protocol: Protocol
     port: int
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointInfo:
-    address: str
-    ready: bool = True
-    serving: bool = True
-    terminating: bool = False
-    node_name: str | None = None
-    pod: PodRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
