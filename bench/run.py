@@ -1,7 +1,7 @@
 """Run the benchmarks; each part writes one JSON file into --out.
 
     python -m bench.run vm    [--out out/bench] [--sizes ...] [--parts e2k,drain,rollout]
-    python -m bench.run host  [--out out/bench] [--memory-services 10000]
+    python -m bench.run host  [--out out/bench] [--parts e2k,memory] [--memory-services 10000]
     python -m bench.run smoke [--out out/bench-smoke]        (also BENCH_SMOKE=1)
 
 `vm` runs inside the lab VM (`make bench` boots it): event to kernel for ipvsctl and the
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-initial", default=None,
                    help="sizes whose initial sync is programmed by ipvsctl and timed "
                         "(others are primed with the lean client); default: all")
-    p.add_argument("--parts", default="e2k,drain,rollout")
+    p.add_argument("--parts", default=None,
+                   help="vm: e2k,drain,rollout[,memory] (default the first three); "
+                        "host: e2k,memory (default both)")
     p.add_argument("--repeat-only", action="store_true",
                    help="e2k again, ipvsctl engine only (no loop, no baseline), written to "
                         "e2k-repeat.json: the spread between runs")
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(s) for s in (args.sizes or "100,1000,3200,10000").split(",")]
         real = ({int(s) for s in args.real_initial.split(",") if s} if args.real_initial
                 is not None else set(sizes))
-        parts = args.parts.split(",")
+        parts = (args.parts or "e2k,drain,rollout").split(",")
         if args.repeat_only:
             plan = {n: (VM_PLAN.get(n, (400,))[0], 0, 0.0, 0) for n in sizes}
             ok &= _part(out, "e2k-repeat", lambda: e2k(sizes, plan, "netlink", real, None,
@@ -151,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     elif where == "host":
         from bench.memory import run_memory
 
+        host_parts = (args.parts or "e2k,memory").split(",")
         host_sizes = [int(x) for x in (args.sizes or "100,1000,3200,10000").split(",")]
-        ok &= _part(out, "e2k-host", lambda: e2k(host_sizes, HOST_PLAN, "fake",
-                                                 set(host_sizes), None, out))
+        if "e2k" in host_parts:
+            ok &= _part(out, "e2k-host", lambda: e2k(host_sizes, HOST_PLAN, "fake",
+                                                     set(host_sizes), None, out))
 
         def mem_host() -> dict[str, Any]:
             runs = [run_memory(args.memory_services, 10, args.memory_events)
@@ -166,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             out["cpu_events_runs_s"] = [r["cpu_events_s"] for r in runs]
             return out
 
-        ok &= _part(out, "memory", mem_host)
+        if "memory" in host_parts:
+            ok &= _part(out, "memory", mem_host)
     else:
         from bench.memory import run_memory
 
