@@ -348,18 +348,7 @@ class Pod:
     # client side: any pod can be a client
     def connect(self, address: str, port: int, proto: str = "tcp",
                 timeout: float = 20.0) -> Connection:
-        """Open a connection and read the greeting: the answering pod's name."""
-        number = IPPROTO_SCTP if proto == "sctp" else 0
-        s = self.netns.socket(_family(address), socket.SOCK_STREAM, number)
-        s.settimeout(timeout)
-        try:
-            s.connect((address, port))
-            conn = Connection(s)
-            conn.pod = conn.readline()
-        except BaseException:
-            s.close()
-            raise
-        return conn
+        return open_connection(self.netns, address, port, proto, timeout)
 
     def request(self, address: str, port: int, proto: str = "tcp", reset: bool = False) -> str:
         """Connect, read which pod answered, close (with a reset if `reset`: the IPVS entry
@@ -454,6 +443,23 @@ table inet ipvsctl_lab {
     chain out { type filter hook output priority 0; ct state new counter; }
 }
 """
+
+
+def open_connection(netns: Netns, address: str, port: int, proto: str = "tcp",
+                    timeout: float = 20.0) -> Connection:
+    """Open a TCP or SCTP connection from `netns` and read the greeting: the answering
+    pod's name (for pods and for clients that are not pods)."""
+    number = IPPROTO_SCTP if proto == "sctp" else 0
+    s = netns.socket(_family(address), socket.SOCK_STREAM, number)
+    s.settimeout(timeout)
+    try:
+        s.connect((address, port))
+        conn = Connection(s)
+        conn.pod = conn.readline()
+    except BaseException:
+        s.close()
+        raise
+    return conn
 
 
 class Node:

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ipvsctl.kernel.host import run_in_netns
-from tests.lab.labkit import Connection, Netns, Node, Pod, sh
+from tests.lab.labkit import Connection, Netns, Node, Pod, open_connection, sh
 
 NODE_LAN = "192.168.50.1"
 OUTSIDE_IP = "192.168.50.2"
@@ -128,17 +128,7 @@ class Client:
         self.netns, self.name = netns, name
 
     def connect(self, address: str, port: int, timeout: float = 20.0) -> Connection:
-        s = self.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
-                              socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        try:
-            s.connect((address, port))
-            conn = Connection(s)
-            conn.pod = conn.readline()
-        except BaseException:
-            s.close()
-            raise
-        return conn
+        return open_connection(self.netns, address, port, timeout=timeout)
 
     def udp(self, address: str, port: int, timeout: float = 3.0) -> str | None:
         s = self.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
