@@ -75,6 +75,11 @@ class Metrics:
             "ipvsctl_last_sync_timestamp_seconds", "Wall-clock time of the last successful sync.",
             registry=r,
         )
+        self.node_address_errors = Counter(
+            "ipvsctl_node_address_errors",
+            "Failed re-reads of the node's addresses (the addresses in force were kept).",
+            registry=r,
+        )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
         self.nft_errors = Counter(
             "ipvsctl_nft_errors", "Failed nft runs, by operation.", ["operation"], registry=r,

@@ -11,6 +11,7 @@ EndpointSlices has arrived (`ready`): a restart must never program a half-known 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -62,6 +63,9 @@ from ipvsctl.source.store import ObjectStore, Problem
 log = logging.getLogger("ipvsctl.engine")
 
 QUIESCED_MEMORY = 3600.0  # seconds an IP's "weight 0 since" is remembered
+# Node IPs removed while running, remembered so their NodePort virtual servers still count
+# as ours (`node_ips_known`); bounded because IPv6 temporary addresses rotate for ever.
+FORMER_NODE_IPS = 256
 
 
 ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
@@ -124,6 +128,10 @@ class Engine:
         self._quiesced_since: dict[str, float] = {}
         self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
+        # Services with a nodePort: the only ones a node address change touches.
+        self._node_port_services: set[ServiceRef] = set()
+        self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
+        self._node_ips_known = frozenset(config.node.node_ips)
         self._metrics_gauges()
 
     # --- events -------------------------------------------------------------------
@@ -139,6 +147,7 @@ class Engine:
         for ref in change.services:
             self.dirty.add(ref)
             self._arrivals.setdefault(ref, []).append(event.received)
+            self._index_node_ports(ref)
         deadlines = self.store.pod_deadlines()
         for pod in change.pods:
             self._pods_requested.discard(pod)
@@ -148,6 +157,46 @@ class Engine:
             for entry in self.queue.apply_pod_deadline(pod, deadline):
                 log.info("drain deadline from pod", extra=fields(
                     vs=entry.vs, rs=entry.rs, pod=pod, deadline=round(deadline, 3)))
+
+    def _index_node_ports(self, ref: ServiceRef) -> None:
+        svc = self.store.services.get(ref)
+        if (svc is not None and svc.type in ("NodePort", "LoadBalancer")
+                and any(p.node_port for p in svc.ports)):
+            self._node_port_services.add(ref)
+        else:
+            self._node_port_services.discard(ref)
+
+    def set_node_ips(self, ips: Iterable[str]) -> bool:
+        """The node's addresses changed (kube-proxy re-reads them every sync): swap the
+        NodeContext and mark dirty only the Services with a nodePort; the next sync adds
+        their virtual servers on new addresses and deletes those on removed ones.
+        Returns whether anything changed."""
+        new = tuple(dict.fromkeys(ips))
+        old = self.config.node.node_ips
+        if set(new) == set(old):
+            return False
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        self.config = dataclasses.replace(
+            self.config, node=dataclasses.replace(self.config.node, node_ips=new))
+        for ip in added:
+            self._former_node_ips.pop(ip, None)
+        for ip in removed:
+            self._former_node_ips[ip] = None
+        while len(self._former_node_ips) > FORMER_NODE_IPS:
+            del self._former_node_ips[next(iter(self._former_node_ips))]
+        self._node_ips_known = frozenset((*new, *self._former_node_ips))
+        self.dirty |= self._node_port_services
+        log.info("node addresses changed", extra=fields(
+            added=",".join(added) or None, removed=",".join(removed) or None,
+            services=len(self._node_port_services)))
+        return True
+
+    @property
+    def node_ips_known(self) -> frozenset[str]:
+        """The current node IPs and those removed while running: NodePort virtual servers on
+        either are ipvsctl's (ownership for adoption and the audit)."""
+        return self._node_ips_known
 
     def _report_problem(self, p: Problem) -> None:
         self.metrics.invalid_objects.labels(p.kind.value).inc()

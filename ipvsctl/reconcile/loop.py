@@ -1,9 +1,12 @@
 """The daemon's main loop: when to sync, separate from what a sync does (the engine).
 
 One thread owns the engine. It wakes on a source event, a retry timer, the drain-check
-interval or the audit interval. Events that arrive together are applied as one batch and
-synced once (bursts coalesce). A failed sync is retried with capped exponential backoff.
-The HTTP thread reads status under `lock`.
+interval, the audit interval or the node address check. Events that arrive together are
+applied as one batch and synced once (bursts coalesce). A failed sync is retried with
+capped exponential backoff. The HTTP thread reads status under `lock`.
+
+Node addresses (without --node-ip) are re-read every `node_ips_interval`, as kube-proxy
+re-reads them every sync: NodePort virtual servers follow an address added or removed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class LoopConfig:
     max_batch: int = 5000  # events applied before a sync, at most
     idle_wakeup: float = 1.0  # heartbeat for /healthz even when nothing happens
     persist_interval: float = 0.5  # drain state written at most this often (and at exit)
+    node_ips_interval: float = 10.0  # node addresses re-read this often (without --node-ip)
 
 
 class Loop:
@@ -45,12 +49,14 @@ class Loop:
         *,
         clock: Clock | None = None,
         save_queue: Callable[[list[DrainEntry]], None] | None = None,
+        read_node_ips: Callable[[], list[str]] | None = None,
     ) -> None:
         self.engine = engine
         self.events = events
         self.config = config or LoopConfig()
         self.clock = clock or SystemClock()
         self.save_queue = save_queue
+        self.read_node_ips = read_node_ips  # None: fixed addresses (--node-ip)
         self.lock = threading.Lock()
         self.heartbeat = self.clock.monotonic()
         self._retry_at: float | None = None
@@ -59,6 +65,10 @@ class Loop:
         self._next_audit = self.clock.monotonic() + self.config.audit_interval
         self._saved_version = engine.queue.version
         self._next_persist = 0.0
+        # The start-up addresses are fresh: the first re-read is one interval after the
+        # first step.
+        self._next_node_ips: float | None = None
+        self._node_ips_failing = False
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -73,6 +83,8 @@ class Loop:
             wake.append(self._next_drain)
         if self.engine.queue.version != self._saved_version:
             wake.append(self._next_persist)
+        if self.read_node_ips is not None and self._next_node_ips is not None:
+            wake.append(self._next_node_ips)
         return max(0.0, min(wake) - now)
 
     def step(self, timeout: float = 0.0) -> None:
@@ -85,6 +97,7 @@ class Loop:
                 batch.append(self.events.get_nowait())
         except queue.Empty:
             pass
+        node_ips = self._read_node_ips()  # outside the lock: a netlink dump
         with self.lock:
             for event in batch:
                 self.engine.handle(event)
@@ -95,8 +108,10 @@ class Loop:
             event = None
             now = self.clock.monotonic()
             e = self.engine
+            moved = node_ips is not None and e.set_node_ips(node_ips)
             starting = not e.started and (self._retry_at is None or self._retry_due(now))
-            if e.ready and (starting or (e.dirty and (got_events or self._retry_due(now)))):
+            if e.ready and (starting or (e.dirty and (got_events or moved
+                                                      or self._retry_due(now)))):
                 self._sync(now)
             if e.started and len(e.queue) and now >= self._next_drain:
                 e.check_drains()
@@ -107,6 +122,33 @@ class Loop:
                 self._next_audit = now + self.config.audit_interval
             self._persist()
             self.heartbeat = self.clock.monotonic()
+
+    def _read_node_ips(self) -> list[str] | None:
+        """The node's addresses when a re-read is due, else None. A failed read keeps the
+        addresses in force: dropping every NodePort on a transient netlink error would be
+        worse than following a change a little late."""
+        if self.read_node_ips is None:
+            return None
+        now = self.clock.monotonic()
+        if self._next_node_ips is not None and now < self._next_node_ips:
+            return None
+        first = self._next_node_ips is None
+        self._next_node_ips = now + self.config.node_ips_interval
+        if first:
+            return None
+        try:
+            ips = self.read_node_ips()
+        except Exception as exc:  # whatever the reason, the current addresses stay
+            self.engine.metrics.node_address_errors.inc()
+            if not self._node_ips_failing:  # one line per failing streak
+                self._node_ips_failing = True
+                log.error("node addresses unreadable, keeping the current ones",
+                          extra=fields(error=exc))
+            return None
+        if self._node_ips_failing:
+            self._node_ips_failing = False
+            log.info("node addresses readable again")
+        return ips
 
     def _retry_due(self, now: float) -> bool:
         return self._retry_at is not None and now >= self._retry_at

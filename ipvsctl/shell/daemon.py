@@ -7,12 +7,13 @@ the IPVS table is left exactly as it is: traffic keeps flowing while the daemon 
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,9 @@ class DaemonOptions:
     cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr (normalized)
     masquerade_all: bool = False  # --masquerade-all
     nftables: bool = True  # --no-nftables: no nftables table (masquerading done elsewhere)
+    # No --node-ip: node.node_ips were read from the host and are re-read while running
+    # (NodePort virtual servers follow); with --node-ip they are fixed.
+    follow_node_ips: bool = False
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Daemon:
     owned: Callable[[ServiceKey], bool] = lambda key: True
     nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
     health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
+    read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
 
     def __post_init__(self) -> None:
         o = self.options
@@ -89,7 +94,7 @@ class Daemon:
             self.metrics.state_load_errors.inc()
         self.loop = Loop(self.engine, self.events,
                          LoopConfig(drain_check_interval=o.drain_check_interval),
-                         save_queue=self.state.save)
+                         save_queue=self.state.save, read_node_ips=self.read_node_ips)
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
             self.netfilter = NetfilterSync(
@@ -168,6 +173,7 @@ class Daemon:
             t.start()
         log.info("started", extra=fields(
             node=self.options.node.node_name, node_ips=",".join(self.options.node.node_ips),
+            node_ips_followed=self.read_node_ips is not None,
             listen=f"{self.options.listen} (port {self.http.port})",
             source=self.options.manifests or self.options.apiserver or "kubeconfig"))
 
@@ -199,9 +205,12 @@ class Daemon:
             draining=len(self.engine.queue)))
 
 
-def open_kernel(o: DaemonOptions) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
+def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None = None,
+                ) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
     """The netlink kernel, host set-up done, and which virtual servers are ipvsctl's: those
-    on its dummy interface's addresses and NodePorts on node IPs (others are left alone)."""
+    on its dummy interface's addresses and NodePorts on node IPs (others are left alone).
+    `node_ips` gives the node IPs as they are now (they can change while running); without
+    it, the start-up ones."""
     from ipvsctl.kernel import netlink
 
     try:
@@ -211,13 +220,24 @@ def open_kernel(o: DaemonOptions) -> tuple[IPVSKernel, Callable[[ServiceKey], bo
         bound = set(kernel.bound_addresses())
     except KernelError as exc:
         raise StartupError(str(exc)) from None
-    node_ips = set(o.node.node_ips)
+    fixed = frozenset(o.node.node_ips)
+    current = node_ips or (lambda: fixed)
 
     def owned(key: ServiceKey) -> bool:
-        return key.address in bound or (key.address in node_ips
-                                        and key.port in NODE_PORT_RANGE)
+        return key.address in bound or (key.port in NODE_PORT_RANGE
+                                        and key.address in current())
 
     return kernel, owned
+
+
+def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
+    """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses)."""
+    if not o.follow_node_ips:
+        return None
+    from ipvsctl.kernel.addresses import node_addresses
+
+    # As at start-up (cli._node): the VIP interface's addresses are ClusterIPs.
+    return functools.partial(node_addresses, exclude_interfaces=(o.interface,))
 
 
 def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
@@ -243,14 +263,22 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
 def run(o: DaemonOptions) -> int:
     metrics = Metrics()
     source = open_source(o, metrics)  # configuration mistakes first: they are the user's
-    kernel, owned = open_kernel(o)
+    daemon: Daemon | None = None
+
+    def node_ips() -> Collection[str]:
+        # The engine's addresses, current and removed while running: a NodePort virtual
+        # server on an address just removed is still ours to delete. owned() is only asked
+        # during syncs, once `daemon` exists.
+        return daemon.engine.node_ips_known if daemon else o.node.node_ips
+
+    kernel, owned = open_kernel(o, node_ips)
     nft = None
     if o.nftables:
         from ipvsctl.netfilter.nft import Nft
 
         nft = Nft(metrics=metrics)
     daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
-                    health=HealthServer(o.node.node_name))
+                    health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
