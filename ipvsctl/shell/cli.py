@@ -163,6 +163,7 @@ def run(
         tcpfin_timeout=ipvs_tcpfin_timeout, udp_timeout=ipvs_udp_timeout,
         state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all, nftables=nftables,
+        follow_node_ips=not node_ip,  # the host's addresses: re-read while running
     )
     try:
         code = run_daemon(options)
