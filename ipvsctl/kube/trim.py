@@ -26,6 +26,7 @@ SERVICE_SPEC_FIELDS = (
     "clusterIPs",
     "ipFamilies",
     "externalIPs",
+    "loadBalancerSourceRanges",
     "ports",
     "sessionAffinity",
     "sessionAffinityConfig",

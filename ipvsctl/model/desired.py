@@ -52,6 +52,8 @@ class DesiredVirtualServer:
     port_name: str
     real_servers: frozenset[RealServerKey] = frozenset()
     local_only: bool = False  # traffic policy Local: only this node's endpoints, no SNAT
+    # loadBalancerSourceRanges of a load-balancer IP, this family's (None: open to all)
+    source_ranges: tuple[str, ...] | None = None
 
     @property
     def key(self) -> ServiceKey:

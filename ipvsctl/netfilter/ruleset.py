@@ -27,9 +27,17 @@ set can. `update @hairpin4 { ip saddr . ip saddr }` stores (source, source); the
 live seconds; nat chains see only a connection's first packet, so this costs one set update
 per new service connection.
 
-No filter chains, and no drop policy: an `accept` in one nftables table does not overrule a
+`loadBalancerSourceRanges` (as kube-proxy): new connections to a load-balancer IP of a
+Service that lists ranges are dropped unless their source is in a range, checked before
+IPVS sees them (input and output hooks at mangle priority; IPVS hooks later). Two sets per
+family: `firewall` (the restricted address . protocol . port) and `firewall-allow` (those
+with each allowed CIDR, an interval set). kube-proxy's special case is kept: when a range
+holds one of the node's addresses, the node may reach the IP (its packets carry the IP
+itself as source). This is the only thing ipvsctl drops, and only because a Service asks.
+
+No accept rules and no drop policy: an `accept` in one nftables table does not overrule a
 `drop` in another, so accept rules here could not help a host firewall with a drop policy
-(docs/netfilter.md says what to allow there), and ipvsctl never drops anything.
+(docs/netfilter.md says what to allow there).
 """
 
 from __future__ import annotations
@@ -67,14 +75,39 @@ def verdict_for(dvs: DesiredVirtualServer) -> Verdict:
     return Verdict.EXTERNAL_LOCAL if dvs.local_only else Verdict.EXTERNAL
 
 
-Elements = Mapping[ServiceKey, Verdict]
+@dataclass(frozen=True, slots=True)
+class Element:
+    """What one virtual server has in the table: its map element's verdict and, for a
+    load-balancer IP with `loadBalancerSourceRanges`, the CIDRs allowed to reach it (None:
+    open to all; empty: closed to all)."""
+
+    verdict: Verdict
+    source_ranges: tuple[str, ...] | None = None
 
 
-def service_elements(desired: DesiredService | None) -> dict[ServiceKey, Verdict]:
-    """The map elements one Service needs: one per virtual server."""
+Elements = Mapping[ServiceKey, Element]
+
+
+def element_for(dvs: DesiredVirtualServer) -> Element:
+    ranges = dvs.source_ranges
+    return Element(verdict_for(dvs), None if ranges is None else collapse_cidrs(ranges))
+
+
+def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
+    """Sorted, without overlaps: overlapping intervals for one key are an nft error."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    out: list[str] = []
+    for version in (4, 6):
+        same = [n for n in nets if n.version == version]
+        out += [n.compressed for n in ipaddress.collapse_addresses(same)]  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def service_elements(desired: DesiredService | None) -> dict[ServiceKey, Element]:
+    """The table elements one Service needs: one per virtual server."""
     if desired is None:
         return {}
-    return {key: verdict_for(dvs) for key, dvs in desired.virtual_servers.items()}
+    return {key: element_for(dvs) for key, dvs in desired.virtual_servers.items()}
 
 
 def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:
@@ -111,6 +144,14 @@ def map_name(family: int) -> str:
     return f"services{family}"
 
 
+def firewall_name(family: int) -> str:
+    return f"firewall{family}"
+
+
+def allow_name(family: int) -> str:
+    return f"firewall-allow{family}"
+
+
 def _ip(family: int) -> str:
     return "ip6" if family == 6 else "ip"
 
@@ -137,8 +178,16 @@ def _chains(config: RulesetConfig) -> dict[str, list[str]]:
                 cluster_ip.append(
                     f"meta nfproto ipv{f} {_ip(f)} saddr != {{ {', '.join(cidrs)} }} "
                     f"{MASQUERADE}")
+    # New connections only: a range taken away later does not cut live ones (kube-proxy's
+    # rules sit in the nat table, which sees only a connection's first packet).
+    source_ranges = [
+        f"meta nfproto ipv{f} {_ip(f)} daddr . meta l4proto . th dport @{firewall_name(f)} "
+        f"{_ip(f)} daddr . meta l4proto . th dport . {_ip(f)} saddr != @{allow_name(f)} drop"
+        for f in (4, 6)
+    ]
     return {
         "hairpin": hairpin,
+        "source-ranges": source_ranges,
         Verdict.CLUSTER_IP.value: cluster_ip,
         Verdict.EXTERNAL.value: [MASQUERADE],
         Verdict.EXTERNAL_LOCAL.value: ["jump hairpin", f"fib saddr type local {MASQUERADE}"],
@@ -155,6 +204,12 @@ def _postrouting() -> list[str]:
 
 BASE_CHAIN = "nat-postrouting"
 BASE_CHAIN_SPEC = "{ type nat hook postrouting priority srcnat ; policy accept ; }"
+# Before IPVS, which takes packets at local-in (priority 98-99) and local-out (-99).
+FILTER_CHAINS = {
+    "filter-input": "{ type filter hook input priority mangle ; policy accept ; }",
+    "filter-output": "{ type filter hook output priority mangle ; policy accept ; }",
+}
+_FILTER_RULE = "ct state new meta l4proto { tcp, udp, sctp } jump source-ranges"
 
 
 def base_statements(config: RulesetConfig) -> list[str]:
@@ -169,13 +224,21 @@ def base_statements(config: RulesetConfig) -> list[str]:
         out.append(f"add set {t} hairpin{f} {{ type {_addr_type(f)} . {_addr_type(f)} ; "
                    f"flags dynamic,timeout ; timeout {HAIRPIN_TIMEOUT}s ; "
                    f"size {HAIRPIN_SIZE} ; }}")
+    for f in (4, 6):
+        out.append(f"add set {t} {firewall_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+                   "inet_service ; }")
+        out.append(f"add set {t} {allow_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+                   f"inet_service . {_addr_type(f)} ; flags interval ; }}")
     chains = _chains(config)
     for name in chains:
         out.append(f"add chain {t} {name}")
     out.append(f"add chain {t} {BASE_CHAIN} {BASE_CHAIN_SPEC}")
-    for name in [*chains, BASE_CHAIN]:
+    for name, spec in FILTER_CHAINS.items():
+        out.append(f"add chain {t} {name} {spec}")
+    for name in [*chains, BASE_CHAIN, *FILTER_CHAINS]:
         out.append(f"flush chain {t} {name}")
-    for name, rules in [*chains.items(), (BASE_CHAIN, _postrouting())]:
+    base = [(BASE_CHAIN, _postrouting()), *((n, [_FILTER_RULE]) for n in FILTER_CHAINS)]
+    for name, rules in [*chains.items(), *base]:
         out.extend(f"add rule {t} {name} {rule}" for rule in rules)
     return out
 
@@ -190,21 +253,25 @@ def _key(key: ServiceKey) -> str:
     return f"{key.address} . {key.protocol.value.lower()} . {key.port}"
 
 
-def _element(key: ServiceKey, verdict: Verdict) -> str:
-    return f"{_key(key)} : goto {verdict.value}"
-
-
 def _element_statements(config: RulesetConfig, verb: str,
-                        items: Iterable[tuple[ServiceKey, str]]) -> list[str]:
-    by_map: dict[int, list[str]] = {4: [], 6: []}
-    for key, text in sorted(items, key=lambda kv: kv[0]):
-        by_map[key.family].append(text)
+                        items: Iterable[tuple[ServiceKey, Element]]) -> list[str]:
+    """`verb` (add or delete) the elements, grouped per map and set."""
+    names = (map_name, firewall_name, allow_name)
+    groups: dict[tuple[int, int], list[str]] = {}
+    for key, el in sorted(items, key=lambda kv: kv[0]):
+        f = key.family
+        groups.setdefault((0, f), []).append(
+            _key(key) if verb == "delete" else f"{_key(key)} : goto {el.verdict.value}")
+        if el.source_ranges is not None:
+            groups.setdefault((1, f), []).append(_key(key))
+            groups.setdefault((2, f), []).extend(
+                f"{_key(key)} . {c}" for c in el.source_ranges if (":" in c) == (f == 6))
     out = []
-    for f in (4, 6):
-        if by_map[f]:
-            # one statement per map: nft parses one long line much faster than many
-            out.append(f"{verb} element {config.target} {map_name(f)} "
-                       f"{{ {', '.join(by_map[f])} }}")
+    for (kind, f), texts in sorted(groups.items()):
+        if texts:
+            # one statement per map or set: nft parses one long line much faster than many
+            out.append(f"{verb} element {config.target} {names[kind](f)} "
+                       f"{{ {', '.join(texts)} }}")
     return out
 
 
@@ -213,8 +280,8 @@ class ElementDelta:
     """Element changes for one transaction: deletions first, then additions (a verdict
     change is both)."""
 
-    delete: tuple[tuple[ServiceKey, Verdict], ...] = ()  # with the verdict being removed
-    add: tuple[tuple[ServiceKey, Verdict], ...] = ()
+    delete: tuple[tuple[ServiceKey, Element], ...] = ()  # with the element being removed
+    add: tuple[tuple[ServiceKey, Element], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.delete or self.add)
@@ -240,13 +307,13 @@ def element_delta(applied: Elements, desired: Elements,
 
 def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
     """Incremental: delete and add elements, in one transaction."""
-    out = _element_statements(config, "delete", ((k, _key(k)) for k, _ in delta.delete))
-    out += _element_statements(config, "add", ((k, _element(k, v)) for k, v in delta.add))
+    out = _element_statements(config, "delete", delta.delete)
+    out += _element_statements(config, "add", delta.add)
     return _text(out)
 
 
 def _all_elements(config: RulesetConfig, elements: Elements) -> list[str]:
-    return _element_statements(config, "add", ((k, _element(k, v)) for k, v in elements.items()))
+    return _element_statements(config, "add", elements.items())
 
 
 def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
@@ -254,6 +321,7 @@ def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
     refilled in one transaction, so no packet sees them half-filled."""
     t = config.target
     out = [f"flush map {t} {map_name(f)}" for f in (4, 6)]
+    out += [f"flush set {t} {name(f)}" for name in (firewall_name, allow_name) for f in (4, 6)]
     return _text(out + _all_elements(config, elements))
 
 

@@ -31,6 +31,7 @@ from ipvsctl.model import DesiredService, ServiceKey, ServiceRef, normalize_ip
 from ipvsctl.model import Protocol as L4Protocol
 from ipvsctl.netfilter.nft import NftError, NftPermissionDenied, NftUnavailable
 from ipvsctl.netfilter.ruleset import (
+    Element,
     RulesetConfig,
     Verdict,
     base_ruleset,
@@ -87,9 +88,9 @@ class NetfilterSync:
         self.ready = ready
         self.metrics = metrics
         self.clock = clock
-        self.desired: dict[ServiceKey, Verdict] = {}
+        self.desired: dict[ServiceKey, Element] = {}
         self.owner: dict[ServiceKey, ServiceRef] = {}
-        self.applied: dict[ServiceKey, Verdict] = {}
+        self.applied: dict[ServiceKey, Element] = {}
         self.touched: set[ServiceKey] = set()
         self.needs_replace = True  # the first push after start-up rewrites every element
         self.needs_table = False  # the table went missing or was changed by someone else
@@ -120,9 +121,9 @@ class NetfilterSync:
                     del self.owner[key]
                     del self.desired[key]
                     self.touched.add(key)
-            for key, verdict in new_el.items():
-                if self.desired.get(key) != verdict or self.owner.get(key) != ref:
-                    self.desired[key] = verdict
+            for key, element in new_el.items():
+                if self.desired.get(key) != element or self.owner.get(key) != ref:
+                    self.desired[key] = element
                     self.owner[key] = ref
                     self.touched.add(key)
         self.wake.set()
@@ -254,7 +255,10 @@ class NetfilterSync:
         except NftError:
             return False
         with self._lock:
-            same = (not strange and found == self.applied) or self.needs_replace \
+            # The map's verdicts; the source-range sets are covered by the declarations
+            # check only (their contents change with Services, rarely by hand).
+            applied = {k: e.verdict for k, e in self.applied.items()}
+            same = (not strange and found == applied) or self.needs_replace \
                 or self.needs_table
         if not same:
             self._repair("elements", "nftables elements changed by someone else")

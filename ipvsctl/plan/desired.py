@@ -5,6 +5,7 @@ Pure and deterministic: the same Service, slices and node always give the same v
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 
 from ipvsctl.model import (
@@ -59,6 +60,22 @@ def select_endpoints(
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
+def source_ranges(ranges: tuple[str, ...] | None, lb_ip: str,
+                  node_ips: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Who may open connections to a load-balancer IP: the Service's ranges of its family
+    (None: everyone). As kube-proxy, the node itself may too when a range holds one of its
+    addresses: the node reaches a local IP with that IP as its source address."""
+    if ranges is None:
+        return None
+    family = family_of(lb_ip)
+    nets = [n for n in map(ipaddress.ip_network, ranges) if n.version == family]
+    allowed = [n.compressed for n in nets]
+    if any(ipaddress.ip_address(ip) in n for n in nets for ip in node_ips
+           if family_of(ip) == family):
+        allowed.append(ipaddress.ip_network(lb_ip).compressed)
+    return tuple(allowed)
+
+
 def build_desired_service(
     svc: ServiceInfo, slices: Iterable[SliceInfo], node: NodeContext
 ) -> DesiredService:
@@ -83,8 +100,11 @@ def build_desired_service(
             return
         vs = VirtualServer(key, scheduler, svc.affinity_timeout)
         local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local
+        ranges = (source_ranges(svc.source_ranges, address, node.node_ips)
+                  if kind is VirtualServerKind.LOAD_BALANCER else None)
         wanted[key] = DesiredVirtualServer(
-            vs, kind, port_name, real_servers.get(family_of(address), frozenset()), local
+            vs, kind, port_name, real_servers.get(family_of(address), frozenset()), local,
+            ranges,
         )
 
     has_external = bool(svc.external_ips) or svc.type in ("NodePort", "LoadBalancer")

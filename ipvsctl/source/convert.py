@@ -7,6 +7,7 @@ relist or a status-only update then causes no work).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +53,9 @@ class ServiceInfo:
     scheduler: str | None = None  # from annotations
     drain_timeout: float | None = None  # from annotation
     health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
+    # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
+    # listed range was invalid: closed rather than open to all.
+    source_ranges: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +249,17 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                 "seconds, ignored"
             )
 
+    source_ranges = None
+    raw_ranges = _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    if svc_type == "LoadBalancer" and raw_ranges:
+        valid = []
+        for text in raw_ranges:
+            try:
+                valid.append(ipaddress.ip_network(str(text).strip(), strict=False).compressed)
+            except ValueError:
+                warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
+        source_ranges = _dedupe(valid)
+
     hc = spec.get("healthCheckNodePort")
     hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
 
@@ -262,6 +277,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         scheduler=scheduler,
         drain_timeout=drain_timeout,
         health_check_node_port=hc_port,
+        source_ranges=source_ranges,
     )
     return Parsed(info, tuple(warnings))
 

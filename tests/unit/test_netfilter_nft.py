@@ -23,6 +23,7 @@ from ipvsctl.netfilter.nft import (
     translate,
 )
 from ipvsctl.netfilter.ruleset import (
+    Element,
     RulesetConfig,
     Verdict,
     base_ruleset,
@@ -113,9 +114,9 @@ def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
 def test_generated_texts_are_accepted_by_nft(netns):
     cfg = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
     nft = Nft(netns=netns, metrics=Metrics())
-    elements = {key("10.96.0.10", 80): Verdict.CLUSTER_IP,
-                key("fd96::10", 53, "UDP"): Verdict.EXTERNAL_LOCAL,
-                key("192.0.2.10", 30080, "SCTP"): Verdict.EXTERNAL}
+    elements = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP),
+                key("fd96::10", 53, "UDP"): Element(Verdict.EXTERNAL_LOCAL),
+                key("192.0.2.10", 30080, "SCTP"): Element(Verdict.EXTERNAL)}
     assert nft.list_table(cfg.target) is None
     assert nft.list_declarations(cfg.target) is None
     nft.apply(base_ruleset(cfg), "base")
@@ -139,7 +140,7 @@ def test_generated_texts_are_accepted_by_nft(netns):
     assert nft.list_declarations(cfg.target) == decl
 
     wanted = dict(elements)
-    wanted[key("fd96::10", 53, "UDP")] = Verdict.EXTERNAL
+    wanted[key("fd96::10", 53, "UDP")] = Element(Verdict.EXTERNAL)
     del wanted[key("10.96.0.10", 80)]
     nft.apply(delta_ruleset(cfg, element_delta(elements, wanted)), "elements")
     got = nft.list_map(cfg.target, "services4") + nft.list_map(cfg.target, "services6")
@@ -166,7 +167,7 @@ def test_sync_repairs_a_real_table(netns):
     nft = Nft(netns=netns)
     sync = NetfilterSync(nft, cfg)
     sync.start()
-    sync.desired = {key("10.96.0.10", 80): Verdict.CLUSTER_IP}
+    sync.desired = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP)}
     assert sync.flush()
     assert sync.check() and sync.audit()
     subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "rule", "inet", "ipvsctl",
@@ -184,3 +185,45 @@ def test_sync_repairs_a_real_table(netns):
     assert sync.flush() and sync.audit()
     assert nft.list_map(cfg.ruleset.target, "services4") == [("10.96.0.10", "tcp", 80,
                                                                "cluster-ip")]
+
+
+def _set(netns: str, name: str) -> str:
+    r = subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "set", "inet", "ipvsctl",
+                        name], capture_output=True, text=True, check=True)
+    return " ".join(r.stdout.split())
+
+
+def test_source_range_elements_are_accepted_changed_and_removed_by_nft(netns):
+    cfg = RulesetConfig()
+    nft = Nft(netns=netns, metrics=Metrics())
+    nft.apply(base_ruleset(cfg), "base")
+    lb4, lb6 = key("203.0.113.7", 80), key("2001:db8:7::1", 443)
+    # overlapping and duplicate ranges are collapsed: nft refuses overlapping intervals
+    ranges = ("192.168.2.0/24", "192.168.2.128/25", "10.0.0.0/8", "fd00::/64")
+    before = {lb4: element_for_ranges(Verdict.EXTERNAL, ranges),
+              lb6: element_for_ranges(Verdict.EXTERNAL_LOCAL, ranges),
+              key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP)}
+    nft.apply(replace_elements_ruleset(cfg, before), "replace")
+    assert "203.0.113.7 . tcp . 80" in _set(netns, "firewall4")
+    allow4 = _set(netns, "firewall-allow4")
+    assert "203.0.113.7 . tcp . 80 . 192.168.2.0/24" in allow4
+    assert "203.0.113.7 . tcp . 80 . 10.0.0.0/8" in allow4
+    assert "fd00::" not in allow4 and "10.96.0.10" not in allow4
+    assert "2001:db8:7::1 . tcp . 443 . fd00::/64" in _set(netns, "firewall-allow6")
+
+    # ranges changed on one, the other opened: deletions then additions, one transaction
+    after = dict(before)
+    after[lb4] = element_for_ranges(Verdict.EXTERNAL, ("198.51.100.0/24",))
+    after[lb6] = Element(Verdict.EXTERNAL_LOCAL)
+    nft.apply(delta_ruleset(cfg, element_delta(before, after)), "elements")
+    allow4 = _set(netns, "firewall-allow4")
+    assert "198.51.100.0/24" in allow4 and "192.168.2.0/24" not in allow4
+    assert "2001:db8:7::1" not in _set(netns, "firewall6") + _set(netns, "firewall-allow6")
+    nft.apply(delta_ruleset(cfg, element_delta(after, {})), "elements")
+    assert "203.0.113.7" not in _set(netns, "firewall4") + _set(netns, "firewall-allow4")
+
+
+def element_for_ranges(verdict: Verdict, ranges: tuple[str, ...]) -> Element:
+    from ipvsctl.netfilter.ruleset import collapse_cidrs
+
+    return Element(verdict, collapse_cidrs(ranges))

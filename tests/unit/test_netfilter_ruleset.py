@@ -9,6 +9,7 @@ import pytest
 
 from ipvsctl.model import NodeContext, Protocol, ServiceKey, ServiceRef
 from ipvsctl.netfilter.ruleset import (
+    Element,
     ElementDelta,
     RulesetConfig,
     Verdict,
@@ -27,6 +28,9 @@ from tests.builders import endpoint, endpoint_slice, service
 
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 CONFIG = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
+# Map elements without source ranges, by verdict
+CIP, EXT, EXT_LOCAL = (Element(Verdict.CLUSTER_IP), Element(Verdict.EXTERNAL),
+                       Element(Verdict.EXTERNAL_LOCAL))
 
 GOLDEN_BASE = """\
 add table inet ipvsctl
@@ -34,18 +38,30 @@ add map inet ipvsctl services4 { type ipv4_addr . inet_proto . inet_service : ve
 add map inet ipvsctl services6 { type ipv6_addr . inet_proto . inet_service : verdict ; }
 add set inet ipvsctl hairpin4 { type ipv4_addr . ipv4_addr ; flags dynamic,timeout ; timeout 10s ; size 65535 ; }
 add set inet ipvsctl hairpin6 { type ipv6_addr . ipv6_addr ; flags dynamic,timeout ; timeout 10s ; size 65535 ; }
+add set inet ipvsctl firewall4 { type ipv4_addr . inet_proto . inet_service ; }
+add set inet ipvsctl firewall-allow4 { type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ; }
+add set inet ipvsctl firewall6 { type ipv6_addr . inet_proto . inet_service ; }
+add set inet ipvsctl firewall-allow6 { type ipv6_addr . inet_proto . inet_service . ipv6_addr ; flags interval ; }
 add chain inet ipvsctl hairpin
+add chain inet ipvsctl source-ranges
 add chain inet ipvsctl cluster-ip
 add chain inet ipvsctl external
 add chain inet ipvsctl external-local
 add chain inet ipvsctl nat-postrouting { type nat hook postrouting priority srcnat ; policy accept ; }
+add chain inet ipvsctl filter-input { type filter hook input priority mangle ; policy accept ; }
+add chain inet ipvsctl filter-output { type filter hook output priority mangle ; policy accept ; }
 flush chain inet ipvsctl hairpin
+flush chain inet ipvsctl source-ranges
 flush chain inet ipvsctl cluster-ip
 flush chain inet ipvsctl external
 flush chain inet ipvsctl external-local
 flush chain inet ipvsctl nat-postrouting
+flush chain inet ipvsctl filter-input
+flush chain inet ipvsctl filter-output
 add rule inet ipvsctl hairpin meta nfproto ipv4 update @hairpin4 { ip saddr . ip saddr } ip saddr . ip daddr @hairpin4 masquerade fully-random
 add rule inet ipvsctl hairpin meta nfproto ipv6 update @hairpin6 { ip6 saddr . ip6 saddr } ip6 saddr . ip6 daddr @hairpin6 masquerade fully-random
+add rule inet ipvsctl source-ranges meta nfproto ipv4 ip daddr . meta l4proto . th dport @firewall4 ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow4 drop
+add rule inet ipvsctl source-ranges meta nfproto ipv6 ip6 daddr . meta l4proto . th dport @firewall6 ip6 daddr . meta l4proto . th dport . ip6 saddr != @firewall-allow6 drop
 add rule inet ipvsctl cluster-ip jump hairpin
 add rule inet ipvsctl cluster-ip fib saddr type local masquerade fully-random
 add rule inet ipvsctl cluster-ip meta nfproto ipv4 ip saddr != { 10.244.0.0/16 } masquerade fully-random
@@ -55,6 +71,8 @@ add rule inet ipvsctl external-local jump hairpin
 add rule inet ipvsctl external-local fib saddr type local masquerade fully-random
 add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct original ip daddr . meta l4proto . ct original proto-dst vmap @services4
 add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @services6
+add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
+add rule inet ipvsctl filter-output ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
 """  # noqa: E501
 
 
@@ -103,25 +121,25 @@ def test_elements_per_address_kind_and_traffic_policy():
                          {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}])
     got = service_elements(desired(svc))
     assert got == {
-        key("10.96.0.10", 80): Verdict.CLUSTER_IP,
-        key("fd96::10", 80): Verdict.CLUSTER_IP,
-        key("203.0.113.7", 80): Verdict.EXTERNAL,
-        key("198.51.100.9", 80): Verdict.EXTERNAL,
-        key("192.0.2.10", 30080): Verdict.EXTERNAL,
-        key("2001:db8::10", 30080): Verdict.EXTERNAL,
-        key("10.96.0.10", 53, "UDP"): Verdict.CLUSTER_IP,
-        key("fd96::10", 53, "UDP"): Verdict.CLUSTER_IP,
-        key("203.0.113.7", 53, "UDP"): Verdict.EXTERNAL,
-        key("198.51.100.9", 53, "UDP"): Verdict.EXTERNAL,
-        key("192.0.2.10", 30053, "UDP"): Verdict.EXTERNAL,
-        key("2001:db8::10", 30053, "UDP"): Verdict.EXTERNAL,
+        key("10.96.0.10", 80): CIP,
+        key("fd96::10", 80): CIP,
+        key("203.0.113.7", 80): EXT,
+        key("198.51.100.9", 80): EXT,
+        key("192.0.2.10", 30080): EXT,
+        key("2001:db8::10", 30080): EXT,
+        key("10.96.0.10", 53, "UDP"): CIP,
+        key("fd96::10", 53, "UDP"): CIP,
+        key("203.0.113.7", 53, "UDP"): EXT,
+        key("198.51.100.9", 53, "UDP"): EXT,
+        key("192.0.2.10", 30053, "UDP"): EXT,
+        key("2001:db8::10", 30053, "UDP"): EXT,
     }
     local = service("web", type="NodePort", externalTrafficPolicy="Local",
                     internalTrafficPolicy="Local",
                     ports=[{"name": "http", "port": 80, "nodePort": 30080}])
     assert service_elements(desired(local)) == {
-        key("10.96.0.10", 80): Verdict.CLUSTER_IP,  # internal policy changes endpoints only
-        key("192.0.2.10", 30080): Verdict.EXTERNAL_LOCAL,
+        key("10.96.0.10", 80): CIP,  # internal policy changes endpoints only
+        key("192.0.2.10", 30080): EXT_LOCAL,
     }
     assert service_elements(None) == {}
 
@@ -138,12 +156,12 @@ def test_endpoint_changes_leave_the_elements_equal():
 
 def test_element_delta_per_service_change_and_its_text():
     a, b, c = key("10.96.0.10", 80), key("10.96.0.11", 53, "UDP"), key("fd96::10", 80)
-    applied = {a: Verdict.CLUSTER_IP, b: Verdict.EXTERNAL}
-    wanted = {a: Verdict.CLUSTER_IP, b: Verdict.EXTERNAL_LOCAL, c: Verdict.EXTERNAL}
+    applied = {a: CIP, b: EXT}
+    wanted = {a: CIP, b: EXT_LOCAL, c: EXT}
     delta = element_delta(applied, wanted)
     assert delta == ElementDelta(
-        delete=((b, Verdict.EXTERNAL),),
-        add=((c, Verdict.EXTERNAL), (b, Verdict.EXTERNAL_LOCAL)),  # sorted by key
+        delete=((b, EXT),),
+        add=((c, EXT), (b, EXT_LOCAL)),  # sorted by key
     )
     assert delta_ruleset(CONFIG, delta) == (
         "delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 }\n"
@@ -151,17 +169,22 @@ def test_element_delta_per_service_change_and_its_text():
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto external }\n"
     )
     # only the keys asked about: O(the Service), whatever else differs
-    assert element_delta(applied, {}, keys=[a]) == ElementDelta(delete=((a, Verdict.CLUSTER_IP),))
+    assert element_delta(applied, {}, keys=[a]) == ElementDelta(delete=((a, CIP),))
     assert not element_delta(applied, dict(applied))
 
 
+FLUSH_SETS = "".join(f"flush set inet ipvsctl {name}\n" for name in (
+    "firewall4", "firewall6", "firewall-allow4", "firewall-allow6"))
+
+
 def test_full_replacements_are_one_transaction_each():
-    elements = {key("10.96.0.10", 80): Verdict.CLUSTER_IP,
-                key("192.0.2.10", 30080, "SCTP"): Verdict.EXTERNAL,
-                key("fd96::10", 80): Verdict.CLUSTER_IP}
+    elements = {key("10.96.0.10", 80): CIP,
+                key("192.0.2.10", 30080, "SCTP"): EXT,
+                key("fd96::10", 80): CIP}
     assert replace_elements_ruleset(CONFIG, elements) == (
         "flush map inet ipvsctl services4\n"
         "flush map inet ipvsctl services6\n"
+        + FLUSH_SETS +
         "add element inet ipvsctl services4 { 192.0.2.10 . sctp . 30080 : goto external, "
         "10.96.0.10 . tcp . 80 : goto cluster-ip }\n"
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
@@ -171,7 +194,7 @@ def test_full_replacements_are_one_transaction_each():
     assert table.endswith(
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n")
     assert replace_elements_ruleset(CONFIG, {}) == (
-        "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n")
+        "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n" + FLUSH_SETS)
     assert delete_table_ruleset(CONFIG) == "add table inet ipvsctl\ndelete table inet ipvsctl\n"
 
 

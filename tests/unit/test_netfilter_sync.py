@@ -10,7 +10,7 @@ import pytest
 
 from ipvsctl.model import ServiceRef
 from ipvsctl.netfilter.nft import NftError, NftNotFound, NftUnavailable
-from ipvsctl.netfilter.ruleset import RulesetConfig, Verdict
+from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness, vs
@@ -159,8 +159,8 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
     assert nft.scripts[-1][1] == "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
     assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
                               "192.0.2.10 . tcp . 30080": "external-local"}
-    assert sync.applied == {vs(): Verdict.CLUSTER_IP,
-                            vs("192.0.2.10", 30080): Verdict.EXTERNAL_LOCAL}
+    assert sync.applied == {vs(): Element(Verdict.CLUSTER_IP),
+                            vs("192.0.2.10", 30080): Element(Verdict.EXTERNAL_LOCAL)}
 
 
 def test_a_service_removed_and_added_back_in_one_batch_costs_nothing(setup):
