@@ -259,6 +259,62 @@ def test_periodic_check_puts_back_a_flushed_table(world: World) -> None:
     assert masqueraded(world, ask(world.outside, NODE_LAN, 30080)[1])
 
 
+# --- loadBalancerSourceRanges ---------------------------------------------------------------
+def refused(client: Pod | Client, address: str, tcp: int = 80,
+            udp: int = 53) -> dict[str, bool]:
+    """Whether new TCP and UDP connections from `client` are dropped: unanswered, or, for
+    the node's own traffic (dropped at output), refused to the sender with EPERM."""
+    try:
+        client.connect(address, tcp, timeout=3).close()
+        tcp_dropped = False
+    except (TimeoutError, PermissionError):
+        tcp_dropped = True
+
+    def udp_dropped() -> bool:
+        try:
+            return client.udp(address, udp, timeout=1) is None
+        except PermissionError:
+            return True
+
+    return {"tcp": tcp_dropped, "udp": all(udp_dropped() for _ in range(2))}
+
+
+def test_load_balancer_source_ranges_admit_only_listed_sources(world: World) -> None:
+    lb = "198.51.100.10"
+    # The outside host's LAN is listed, and with it the node's own LAN address: the node
+    # may reach the IP too (kube-proxy's allowFromNode).
+    world.write("web.yaml", svc("web", 0, False, loadBalancerSourceRanges=["192.168.50.0/24"]),
+                *slices("web"))
+    wait_for(lambda: "198.51.100.10 . tcp . 80" in sh(
+        "nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name),
+        timeout=60, what="restricted")
+    for client in (world.outside, world.host):
+        assert ask(client, lb, 80)[0] == "web-1"
+        assert ask(client, lb, 53, "udp")[0] == "web-1"
+
+    # Only 10/8 now: the outside host and the node are dropped, a pod in 10/8 is not, and
+    # the same Service's NodePort and external IP stay open (ranges are for LB IPs).
+    world.write("web.yaml", svc("web", 0, False, loadBalancerSourceRanges=["10.0.0.0/8"]),
+                *slices("web"))
+    wait_for(lambda: "10.0.0.0/8" in sh("nft", "list", "set", "inet", "ipvsctl",
+                                        "firewall-allow4", netns=world.node.name),
+             timeout=60, what="ranges changed")
+    assert refused(world.outside, lb) == {"tcp": True, "udp": True}
+    assert refused(world.host, lb) == {"tcp": True, "udp": True}
+    assert ask(world.other, lb, 80)[0] == "web-1"
+    assert ask(world.outside, NODE_LAN, 30080)[0] == "web-1"
+    assert ask(world.outside, "203.0.113.10", 80)[0] == "web-1"
+    assert world.node.ipvsadm()[f"{lb}:80/TCP"].real_servers  # IPVS itself is unchanged
+
+    # No ranges: open to all again.
+    world.write("web.yaml", svc("web", 0, False), *slices("web"))
+    wait_for(lambda: "198.51.100.10" not in sh(
+        "nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name),
+        timeout=60, what="open again")
+    assert ask(world.outside, lb, 80)[0] == "web-1"
+    assert ask(world.outside, lb, 53, "udp")[0] == "web-1"
+
+
 # --- healthCheckNodePort --------------------------------------------------------------------
 def http_get(client: Pod, address: str, port: int) -> tuple[int, dict[str, Any]]:
     s = client.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
