@@ -175,6 +175,20 @@ class Nft:
             raise self._failed(NftError(
                 f"nft {operation}: unexpected JSON ({exc})", operation)) from None
 
+    def list_set(self, target: str, name: str,
+                 operation: str = "check") -> list[tuple[str, ...]] | None:
+        """A set's elements, each as its concatenated fields (strings; an address prefix as
+        `address/length`); None if the set (or table) is missing."""
+        out = self._exec(["-j", "list", "set", *target.split(), name], operation,
+                         missing_ok=True)
+        if out is None:
+            return None
+        try:
+            return parse_set_elements(json.loads(out))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise self._failed(NftError(
+                f"nft {operation}: unexpected JSON ({exc})", operation)) from None
+
     def version(self) -> str:
         return (self._exec(["--version"], "version") or "").strip()
 
@@ -192,3 +206,27 @@ def parse_map_elements(doc: dict[str, Any]) -> list[tuple[str, str, int, str]]:
             verdict = value.get("goto") or value.get("jump") or {}
             out.append((str(address), str(protocol), int(port), str(verdict.get("target", ""))))
     return out
+
+
+def parse_set_elements(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    """`nft -j list set` output -> [(field, ...)] per element."""
+    out: list[tuple[str, ...]] = []
+    for item in doc.get("nftables", []):
+        if "set" not in item:
+            continue
+        for el in item["set"].get("elem", []):
+            if isinstance(el, dict) and "elem" in el:
+                el = el["elem"]["val"]
+            fields = el["concat"] if isinstance(el, dict) and "concat" in el else [el]
+            out.append(tuple(_set_field(f) for f in fields))
+    return out
+
+
+def _set_field(f: Any) -> str:
+    if isinstance(f, dict):
+        if "prefix" in f:
+            return f"{f['prefix']['addr']}/{f['prefix']['len']}"
+        if "range" in f:  # never written by ipvsctl (its ranges are prefixes)
+            return "-".join(str(x) for x in f["range"])
+        raise ValueError(f"unexpected set field {f!r}")
+    return str(f)

@@ -19,10 +19,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,9 +35,11 @@ from ipvsctl.netfilter.ruleset import (
     Element,
     RulesetConfig,
     Verdict,
+    allow_name,
     base_ruleset,
     delta_ruleset,
     element_delta,
+    firewall_name,
     map_name,
     replace_elements_ruleset,
     replace_table_ruleset,
@@ -59,6 +62,9 @@ class NftRunner(Protocol):
 
     def list_map(self, target: str, name: str,
                  operation: str = "check") -> list[tuple[str, str, int, str]] | None: ...
+
+    def list_set(self, target: str, name: str,
+                 operation: str = "check") -> list[tuple[str, ...]] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +246,7 @@ class NetfilterSync:
         if not self._compare(text, self.baseline[1]):
             return False
         found: dict[ServiceKey, Verdict] = {}
+        found_sets: set[tuple[str, ...]] = set()
         strange = False  # an element ipvsctl never writes
         try:
             for family in (4, 6):
@@ -252,14 +259,22 @@ class NetfilterSync:
                         found[key] = Verdict(target)
                     except ValueError:
                         strange = True
+                for name in (firewall_name(family), allow_name(family)):
+                    elements = self.nft.list_set(self.target, name)
+                    if elements is None:
+                        return self.check()
+                    for fields_ in elements:
+                        try:
+                            found_sets.add((name, *_normalized(fields_)))
+                        except ValueError:
+                            strange = True
         except NftError:
             return False
         with self._lock:
-            # The map's verdicts; the source-range sets are covered by the declarations
-            # check only (their contents change with Services, rarely by hand).
             applied = {k: e.verdict for k, e in self.applied.items()}
-            same = (not strange and found == applied) or self.needs_replace \
-                or self.needs_table
+            same = (not strange and found == applied
+                    and found_sets == _set_elements(self.applied)) \
+                or self.needs_replace or self.needs_table
         if not same:
             self._repair("elements", "nftables elements changed by someone else")
         return same
@@ -311,3 +326,25 @@ class NetfilterSync:
             if stop.is_set():
                 return
             self.step()
+
+
+def _normalized(fields_: tuple[str, ...]) -> tuple[str, ...]:
+    """A listed source-range set element as ipvsctl writes it: address, protocol, port and,
+    in the allow sets, a CIDR (nft lists a /32 or /128 as a bare address)."""
+    address, proto, port, *rest = fields_
+    out = (normalize_ip(address), proto, str(int(port)))
+    return out + tuple(ipaddress.ip_network(c, strict=False).compressed for c in rest)
+
+
+def _set_elements(elements: Mapping[ServiceKey, Element]) -> set[tuple[str, ...]]:
+    """What the source-range sets hold for these elements, as `_normalized` gives it."""
+    out: set[tuple[str, ...]] = set()
+    for key, el in elements.items():
+        if el.source_ranges is None:
+            continue
+        head = (key.address, key.protocol.value.lower(), str(key.port))
+        out.add((firewall_name(key.family), *head))
+        for cidr in el.source_ranges:
+            if (":" in cidr) == (key.family == 6):
+                out.add((allow_name(key.family), *head, cidr))
+    return out

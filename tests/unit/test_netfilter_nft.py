@@ -186,6 +186,21 @@ def test_sync_repairs_a_real_table(netns):
     assert nft.list_map(cfg.ruleset.target, "services4") == [("10.96.0.10", "tcp", 80,
                                                                "cluster-ip")]
 
+    # the source-range sets, as nft lists them (a /32 comes back as a bare address)
+    lb = key("203.0.113.7", 80)
+    sync.desired[lb] = Element(Verdict.EXTERNAL, ("198.51.100.0/24", "203.0.113.7/32"))
+    sync.touched.add(lb)
+    assert sync.flush() and sync.audit()
+    assert sorted(nft.list_set(cfg.ruleset.target, "firewall-allow4")) == [
+        ("203.0.113.7", "tcp", "80", "198.51.100.0/24"), ("203.0.113.7", "tcp", "80",
+                                                         "203.0.113.7")]
+    for name in ("firewall4", "firewall-allow4"):
+        subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "set", "inet", "ipvsctl",
+                        name], check=True)
+        assert not sync.audit()
+        assert sync.flush() and sync.audit()
+    assert nft.list_set(cfg.ruleset.target, "firewall4") == [("203.0.113.7", "tcp", "80")]
+
 
 def _set(netns: str, name: str) -> str:
     r = subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "set", "inet", "ipvsctl",

@@ -18,7 +18,11 @@ from tests.unit.test_netfilter_ruleset import desired
 
 CONFIG = SyncConfig(RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10,
                     audit_interval=100)
-_ELEMENTS = re.compile(r"^(add|delete) element inet ipvsctl (services[46]) \{ (.*) \}$")
+_ELEMENTS = re.compile(
+    r"^(add|delete) element inet ipvsctl (services[46]|firewall[46]|firewall-allow[46]) "
+    r"\{ (.*) \}$")
+_NAMES = ("services4", "services6", "firewall4", "firewall6", "firewall-allow4",
+          "firewall-allow6")
 
 
 class FakeNft:
@@ -28,7 +32,7 @@ class FakeNft:
     def __init__(self) -> None:
         self.scripts: list[tuple[str, str]] = []  # (operation, script)
         self.exists = False
-        self.maps: dict[str, dict[str, str]] = {"services4": {}, "services6": {}}
+        self.maps: dict[str, dict[str, str]] = {n: {} for n in _NAMES}  # maps and sets
         self.fail = 0
         self.listing = "table v1"  # chains with rules, sets, maps
         self.declarations = "chains v1"  # chains, sets, maps without rules
@@ -41,10 +45,10 @@ class FakeNft:
         exists = self.exists
         for line in script.splitlines():
             if line.startswith("delete table"):
-                exists, maps = False, {"services4": {}, "services6": {}}
+                exists, maps = False, {n: {} for n in _NAMES}
             elif line.startswith("add table"):
                 exists = True
-            elif line.startswith("flush map"):
+            elif line.startswith(("flush map", "flush set")):
                 maps[line.split()[-1]].clear()
             elif m := _ELEMENTS.match(line):
                 verb, name, items = m.groups()
@@ -74,13 +78,18 @@ class FakeNft:
             out.append((address, proto, int(port), v))
         return out
 
+    def list_set(self, target: str, name: str, operation: str = "check"):
+        if not self.exists:
+            return None
+        return [tuple(k.split(" . ")) for k in self.maps[name]]
+
     def ops(self) -> list[str]:
         out = [op for op, _ in self.scripts]
         self.scripts.clear()
         return out
 
     def elements(self) -> dict[str, str]:
-        return {k: v for m in self.maps.values() for k, v in m.items()}
+        return {k: v for n in ("services4", "services6") for k, v in self.maps[n].items()}
 
 
 def nodeport(name: str = "web", local: bool = False, port: int = 30080, ip: str = "10.96.0.10"):
@@ -214,7 +223,7 @@ def test_periodic_check_rewrites_a_missing_or_changed_table_with_its_elements(se
     assert not sync.check()
     assert sync.flush() and nft.ops() == ["table"]
 
-    nft.exists, nft.maps = False, {"services4": {}, "services6": {}}  # `nft flush ruleset`
+    nft.exists, nft.maps = False, {n: {} for n in _NAMES}  # `nft flush ruleset`
     h.clock.advance(CONFIG.check_interval)
     sync.step()  # the check finds it, the push in the same step rewrites it
     assert nft.ops() == ["table"]
@@ -235,6 +244,30 @@ def test_audit_puts_back_elements_someone_removed(setup):
     assert nft.ops() == ["replace"]
     assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
                               "192.0.2.10 . tcp . 30080": "external"}
+
+
+def test_audit_puts_back_source_ranges_someone_removed(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([service("lb", cluster_ip="10.96.0.30", type="LoadBalancer", lb_ips=["203.0.113.7"],
+                     loadBalancerSourceRanges=["198.51.100.0/24"],
+                     ports=[{"name": "http", "port": 80}])], [])
+    sync.flush()
+    nft.ops()
+    restricted = {"firewall4": {"203.0.113.7 . tcp . 80": ""},
+                  "firewall-allow4": {"203.0.113.7 . tcp . 80 . 198.51.100.0/24": ""}}
+    assert {n: nft.maps[n] for n in restricted} == restricted
+    assert sync.audit()
+    nft.maps["firewall-allow4"].clear()  # e.g. `nft flush set`: the LB IP would be closed
+    h.clock.advance(CONFIG.audit_interval)
+    sync.step()
+    assert nft.ops() == ["replace"]
+    assert {n: nft.maps[n] for n in restricted} == restricted
+    del nft.maps["firewall4"]["203.0.113.7 . tcp . 80"]  # ... or open to all
+    h.clock.advance(CONFIG.audit_interval)
+    sync.step()
+    assert nft.ops() == ["replace"]
+    assert {n: nft.maps[n] for n in restricted} == restricted and sync.audit()
 
 
 def test_start_replaces_a_table_it_cannot_update_in_place():
