@@ -16,13 +16,15 @@ import logging
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 
 log = logging.getLogger("ipvsctl.nft")
 
+T = TypeVar("T")
 TIMEOUT = 60.0  # seconds; a 100k-element transaction takes a few
 
 
@@ -165,26 +167,22 @@ class Nft:
                  operation: str = "check") -> list[tuple[str, str, int, str]] | None:
         """A verdict map's elements as (address, protocol, port, goto target), for maps
         keyed `address . inet_proto . inet_service`; None if the map (or table) is missing."""
-        out = self._exec(["-j", "list", "map", *target.split(), name], operation,
-                         missing_ok=True)
-        if out is None:
-            return None
-        try:
-            return parse_map_elements(json.loads(out))
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise self._failed(NftError(
-                f"nft {operation}: unexpected JSON ({exc})", operation)) from None
+        return self._list_json("map", target, name, operation, parse_map_elements)
 
     def list_set(self, target: str, name: str,
                  operation: str = "check") -> list[tuple[str, ...]] | None:
         """A set's elements, each as its concatenated fields (strings; an address prefix as
         `address/length`); None if the set (or table) is missing."""
-        out = self._exec(["-j", "list", "set", *target.split(), name], operation,
+        return self._list_json("set", target, name, operation, parse_set_elements)
+
+    def _list_json(self, kind: str, target: str, name: str, operation: str,
+                   parse: Callable[[dict[str, Any]], T]) -> T | None:
+        out = self._exec(["-j", "list", kind, *target.split(), name], operation,
                          missing_ok=True)
         if out is None:
             return None
         try:
-            return parse_set_elements(json.loads(out))
+            return parse(json.loads(out))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise self._failed(NftError(
                 f"nft {operation}: unexpected JSON ({exc})", operation)) from None
