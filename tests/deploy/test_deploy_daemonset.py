@@ -11,7 +11,6 @@ from .helpers import (
     DAEMONSET_DIR,
     REPO,
     cli_run_options,
-    contract_path,
     contract_run_options,
     flags_in,
     one,
@@ -168,14 +167,6 @@ def test_headless_metrics_service_selects_the_pods(docs, pod):
 
 
 # --- against shared/CONTRACT.md -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def contract():
-    path = contract_path()
-    if path is None:
-        pytest.skip("shared/CONTRACT.md not found beside the repository")
-    return path.read_text()
 
 
 def test_args_use_only_real_flags(main):

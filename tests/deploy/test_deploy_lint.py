@@ -17,7 +17,6 @@ from .helpers import (
     VAGRANT_DIR,
     cli_commands,
     cli_run_options,
-    contract_path,
     contract_run_options,
 )
 
@@ -118,19 +117,11 @@ def test_node_prep_fails_loudly_without_ipvs(fake_proc_sys, tmp_path):
 DOCS = ("docs/install.md", "docs/migrating-from-kube-router.md")
 
 
-@pytest.fixture(scope="module")
-def contract_text():
-    path = contract_path()
-    if path is None:
-        pytest.skip("shared/CONTRACT.md not found beside the repository")
-    return path.read_text()
-
-
-def test_cli_has_every_contract_command_and_run_option(contract_text):
+def test_cli_has_every_contract_command_and_run_option(contract):
     """The program fulfils CONTRACT.md; it may offer more, which the docs then describe."""
-    commands = set(re.findall(r"^### `ipvsctl ([\w-]+)", contract_text, re.M))
+    commands = set(re.findall(r"^### `ipvsctl ([\w-]+)", contract, re.M))
     assert {"run", "status", "plan"} <= commands <= cli_commands()
-    contract_flags, contract_envs = contract_run_options(contract_text)
+    contract_flags, contract_envs = contract_run_options(contract)
     flags, envs = cli_run_options()
     assert contract_flags <= flags, sorted(contract_flags - flags)
     assert contract_envs <= envs, sorted(contract_envs - envs)
