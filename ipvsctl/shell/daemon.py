@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -29,6 +28,7 @@ from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.shell.http import HTTPServer, as_json, metrics_body, text
+from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
@@ -279,12 +279,7 @@ def run(o: DaemonOptions) -> int:
         nft = Nft(metrics=metrics)
     daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
                     health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    daemon.start()
-    while not stop.wait(1.0):
-        pass
+    serve_until_signal(daemon.start)
     log.info("signal received, stopping")
     daemon.shutdown()
     return 0

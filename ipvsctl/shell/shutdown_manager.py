@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import typer
 
 from ipvsctl.model import normalize_ip
 from ipvsctl.obs.logging import fields
+from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
 from ipvsctl.shutdown.barrier import BarrierConfig
 
@@ -138,12 +138,7 @@ class ShutdownManager:
 
 def run(options: ManagerOptions) -> int:
     manager = ShutdownManager(options)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    manager.start()
-    while not stop.wait(1.0):
-        pass
+    serve_until_signal(manager.start)
     log.info("signal received, stopping", extra=fields(
         barrier="done" if manager.barrier.done else
         "running" if manager.barrier.started else "not started"))
