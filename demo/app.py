@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from demo.netns import enter
+from ipvsctl.kernel.host import enter_netns as enter
 
 
 class App:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from demo.netns import enter
+from ipvsctl.kernel.host import enter_netns as enter
 
 
 class RequestFailed(Exception):

@@ -121,15 +121,24 @@ def netns_path(netns: str) -> str:
     return netns if netns.startswith("/") else os.path.join(NETNS_DIR, netns)
 
 
-def _setns(fd: int) -> None:
-    setns = getattr(os, "setns", None)  # Python >= 3.12
-    if setns is not None:
-        setns(fd, _CLONE_NEWNET)
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
+def enter_netns(netns: str) -> None:
+    """setns(CLONE_NEWNET) into the named namespace, for the calling thread only (for the
+    rest of its life: callers that must come back use run_in_netns)."""
+    try:
+        fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KernelUnavailable(f"network namespace {netns} not found", "setns") from None
+    try:
+        setns = getattr(os, "setns", None)  # Python >= 3.12
+        if setns is not None:
+            setns(fd, _CLONE_NEWNET)
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {netns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def run_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
@@ -145,14 +154,7 @@ def run_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
 
     def run() -> None:
         try:
-            try:
-                fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise KernelUnavailable(f"network namespace {netns} not found", "setns") from None
-            try:
-                _setns(fd)
-            finally:
-                os.close(fd)
+            enter_netns(netns)
             result.append(fn())
         except BaseException as exc:  # re-raised in the caller's thread
             error.append(exc)
