@@ -222,10 +222,13 @@ class Netns:
 # --- servers --------------------------------------------------------------------------------
 class _Server:
     """Answers in a pod: TCP/SCTP send "<pod>\\n" on accept then echo lines until the peer
-    closes; UDP replies "<pod>" to each datagram. One dual-stack socket serves v4 and v6."""
+    closes; UDP replies "<pod>" to each datagram. One dual-stack socket serves v4 and v6.
+    With `report_peer` the answer is "<pod> <peer address>", so tests can check what
+    masquerading did to the source address."""
 
-    def __init__(self, pod: Pod, proto: str, port: int) -> None:
+    def __init__(self, pod: Pod, proto: str, port: int, report_peer: bool = False) -> None:
         self.pod, self.proto, self.port = pod, proto, port
+        self.report_peer = report_peer
         self.stop = threading.Event()
         self.connections: set[socket.socket] = set()
         self.accepted = 0
@@ -245,6 +248,12 @@ class _Server:
                                        name=f"{pod.name}-{proto}-{port}")
         self.thread.start()
 
+    def _answer(self, peer: str) -> bytes:
+        if not self.report_peer:
+            return self.pod.name.encode()
+        peer = peer.removeprefix("::ffff:")  # a v4 client on the dual-stack socket
+        return f"{self.pod.name} {peer}".encode()
+
     def _serve_dgram(self) -> None:
         while not self.stop.is_set():
             try:
@@ -254,12 +263,12 @@ class _Server:
             except OSError:
                 return
             self.accepted += 1
-            self.sock.sendto(self.pod.name.encode(), peer)
+            self.sock.sendto(self._answer(peer[0]), peer)
 
     def _serve_stream(self) -> None:
         while not self.stop.is_set():
             try:
-                conn, _peer = self.sock.accept()
+                conn, peer = self.sock.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -267,11 +276,11 @@ class _Server:
             with self.lock:
                 self.accepted += 1
                 self.connections.add(conn)
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._echo, args=(conn, peer[0]), daemon=True).start()
 
-    def _echo(self, conn: socket.socket) -> None:
+    def _echo(self, conn: socket.socket, peer: str) -> None:
         try:
-            conn.sendall(self.pod.name.encode() + b"\n")
+            conn.sendall(self._answer(peer) + b"\n")
             while True:
                 data = conn.recv(4096)
                 if not data:
@@ -323,8 +332,8 @@ class Pod:
             return self.ip6
         return self.ip
 
-    def serve(self, proto: str, port: int) -> _Server:
-        server = _Server(self, proto, port)
+    def serve(self, proto: str, port: int, report_peer: bool = False) -> _Server:
+        server = _Server(self, proto, port, report_peer)
         self.servers.append(server)
         return server
 

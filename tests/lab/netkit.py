@@ -5,10 +5,9 @@ of labkit's node and pods:
   small LAN (node 192.168.50.1, host 192.168.50.2, fd50::1 / fd50::2): it reaches NodePorts
   on the node's LAN address, and external/load-balancer IPs and the service range through a
   route via the node. Its answers come back through the node: the node is its only route.
-- `PeerServer`: a backend that tells who it is *and the peer address it saw* ("<pod> <ip>"),
-  TCP (greeting line, then echo) and UDP (one reply per datagram), so tests can check what
-  masquerading did to the source address.
-- `serve_peers(pod, tcp=..., udp=...)`; `ask(client, address, port, proto)` -> (pod, peer).
+- `serve_peers(pod, tcp=..., udp=...)`: backends that tell who they are *and the peer
+  address they saw* ("<pod> <ip>"), so tests can check what masquerading did to the source
+  address; `ask(client, address, port, proto)` -> (pod, peer).
 - `run_daemon(...)`: the real daemon in-process (engine, manifests source, netfilter sync,
   health server) against a lab node: IPVS through NetlinkKernel(netns), nft through
   `ip netns exec`, health-check sockets opened inside the node's namespace.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,74 +32,11 @@ NODE_LAN6 = "fd50::1"
 OUTSIDE_IP6 = "fd50::2"
 
 
-class PeerServer:
-    """Answers "<pod> <peer address>" (TCP: greeting line then echo; UDP: per datagram)."""
-
-    def __init__(self, pod: Pod, proto: str, port: int) -> None:
-        self.pod, self.proto, self.port = pod, proto, port
-        self.stop = threading.Event()
-        kind = socket.SOCK_DGRAM if proto == "udp" else socket.SOCK_STREAM
-        s = pod.netns.socket(socket.AF_INET6, kind, 0)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("::", port))
-        if kind == socket.SOCK_STREAM:
-            s.listen(64)
-        s.settimeout(0.5)
-        self.sock = s
-        self.peers: list[str] = []
-        target = self._dgram if proto == "udp" else self._stream
-        threading.Thread(target=target, daemon=True, name=f"{pod.name}-{proto}{port}").start()
-
-    @staticmethod
-    def _plain(address: str) -> str:
-        return address.removeprefix("::ffff:")
-
-    def _answer(self, peer: str) -> bytes:
-        self.peers.append(peer)
-        return f"{self.pod.name} {peer}".encode()
-
-    def _dgram(self) -> None:
-        while not self.stop.is_set():
-            try:
-                _, addr = self.sock.recvfrom(2048)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.sock.sendto(self._answer(self._plain(addr[0])), addr)
-
-    def _stream(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, addr = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn, self._plain(addr[0])),
-                             daemon=True).start()
-
-    def _echo(self, conn: socket.socket, peer: str) -> None:
-        try:
-            conn.sendall(self._answer(peer) + b"\n")
-            while data := conn.recv(4096):
-                conn.sendall(data)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
-
-
-def serve_peers(pod: Pod, tcp: tuple[int, ...] = (8080,),
-                udp: tuple[int, ...] = ()) -> list[PeerServer]:
-    servers = [PeerServer(pod, "tcp", p) for p in tcp] + [PeerServer(pod, "udp", p) for p in udp]
-    pod.servers.extend(servers)  # type: ignore[arg-type]  # closed with the pod
-    return servers
+def serve_peers(pod: Pod, tcp: tuple[int, ...] = (8080,), udp: tuple[int, ...] = ()) -> None:
+    """Backends in `pod` that answer "<pod> <peer address>" (closed with the pod)."""
+    for proto, ports in (("tcp", tcp), ("udp", udp)):
+        for port in ports:
+            pod.serve(proto, port, report_peer=True)
 
 
 def ask(client: Pod | Client, address: str, port: int, proto: str = "tcp",
