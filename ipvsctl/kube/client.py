@@ -55,14 +55,12 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         node_name: str | None = None,
-        on_node_unreadable: Callable[[], None] | None = None,
     ) -> None:
         self._api = api_client
         # With a node name, this node's Node is watched too and a Replace of it is part of
         # the first events (`emits_node`, for EngineConfig.wait_for_node).
         self.node_name = node_name
         self.emits_node = bool(node_name)
-        self._on_node_unreadable = on_node_unreadable
         self.settings = settings or KubeSettings()
         self._on_watch_restart = on_watch_restart
         self._clock = clock
@@ -98,7 +96,6 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         node_name: str | None = None,
-        on_node_unreadable: Callable[[], None] | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -112,7 +109,6 @@ class KubeSource:
             clock=clock,
             rng=rng,
             node_name=node_name,
-            on_node_unreadable=on_node_unreadable,
         )
 
     @property
@@ -164,7 +160,6 @@ class KubeSource:
                 kind=ObjectKind.NODE,
                 resource="nodes",
                 list_func=node_list_func(self._core.list_node, self.node_name, emit,
-                                         on_unreadable=self._on_node_unreadable,
                                          clock=self._clock),
                 trim=trim_node,
                 **common,

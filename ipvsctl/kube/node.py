@@ -26,7 +26,6 @@ def node_list_func(
     node_name: str,
     emit: Callable[[SourceEvent], None],
     *,
-    on_unreadable: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> ListFunc:
     """`list_node` limited to `node_name`, with the first-failure fallback above."""
@@ -54,8 +53,6 @@ def node_list_func(
             state["reported"] = True
         log(logging.WARNING, "node object not readable: no zone for topology hints, node "
             "counted eligible; retrying", node=node_name, error=describe(exc))
-        if on_unreadable is not None:
-            on_unreadable()
         emit(Replace(ObjectKind.NODE, [], clock()))
 
     return call
