@@ -67,14 +67,15 @@ class ProxyHealthServer:
         return False
 
     def run(self, stop: threading.Event) -> None:
-        """Open the port, retrying while it is taken, until `stop`."""
+        """Open the port, retrying while it is taken; return at `stop`. The thread lives as
+        long as the daemon: the daemon's /healthz counts a thread that ended as dead."""
         while not stop.is_set():
             if self.open():
                 log.info("health server listening", extra=fields(
                     address=self.address, port=self.port))
+                stop.wait()
                 return
-            if stop.wait(self.retry_interval):
-                return
+            stop.wait(self.retry_interval)
 
     @property
     def port(self) -> int | None:
