@@ -184,3 +184,24 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
     finally:
         blocker.close()
         d.shutdown()
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("0.0.0.0:10256", "0.0.0.0:10256"), ("", ""), ("  ", ""), ("0.0.0.0", "0.0.0.0:10256"),
+    ("::", "[::]:10256"), ("[::]:10256", "[::]:10256"), ("127.0.0.1:0", "127.0.0.1:0"),
+])
+def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
+    from ipvsctl.shell.cli import _healthz_address
+
+    assert _healthz_address(value) == want
+
+
+@pytest.mark.parametrize("value", ["bogus", "1.2.3.4:99999", ":10256", "1.2.3.4:x"])
+def test_bad_bind_address_is_exit_2(value: str) -> None:
+    import typer
+
+    from ipvsctl.shell.cli import _healthz_address
+
+    with pytest.raises(typer.Exit) as exc:
+        _healthz_address(value)
+    assert exc.value.exit_code == 2
