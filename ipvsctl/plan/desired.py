@@ -57,9 +57,9 @@ def select_endpoints(
     With `topology`, traffic policy Cluster narrows the ready ones by hints (plan.topology)."""
     if local_only:
         endpoints = {k: e for k, e in endpoints.items() if e.node_name == node_name}
-    ready = {k: e for k, e in endpoints.items() if e.ready}
+    ready = frozenset(k for k, e in endpoints.items() if e.ready)
     if ready:
-        return by_topology(ready, topology) if topology and not local_only else frozenset(ready)
+        return by_topology(ready, endpoints, topology) if topology and not local_only else ready
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
@@ -94,7 +94,8 @@ def build_desired_service(
         return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
 
     scheduler = svc.scheduler or node.default_scheduler
-    topo = Topology(node.node_name, node.zone) if svc.topology_hints else None
+    hinted = svc.topology_hints and any(sl.has_hints for sl in slices)
+    topo = Topology(node.node_name, node.zone) if hinted else None
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
 
     def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,

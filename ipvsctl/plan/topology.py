@@ -12,7 +12,7 @@ No fallback is needed after that: a mode is only chosen when it keeps an endpoin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -32,16 +32,15 @@ class Topology:
     zone: str | None = None
 
 
-def topology_mode(endpoints: Mapping[K, EndpointInfo], topo: Topology) -> str:
-    """kube-proxy's topologyModeFromHints over the ready endpoints: "", SAME_NODE or
-    SAME_ZONE."""
+def topology_mode(ready: Iterable[K], endpoints: Mapping[K, EndpointInfo],
+                  topo: Topology) -> str:
+    """kube-proxy's topologyModeFromHints over the ready endpoints (`ready`, keys of
+    `endpoints`): "", SAME_NODE or SAME_ZONE."""
     has_ready = for_node = for_zone = False
     all_node = all_zone = True
-    for ep in endpoints.values():
-        if not ep.ready:
-            continue
+    for key in ready:
         has_ready = True
-        hints = ep.hints
+        hints = endpoints[key].hints
         if hints is None:
             return ""  # the common case: a Service without hints costs one endpoint
         if not hints.nodes:
@@ -72,9 +71,10 @@ def available(ep: EndpointInfo, mode: str, topo: Topology) -> bool:
     return topo.zone in ep.hints.zones
 
 
-def by_topology(ready: Mapping[K, EndpointInfo], topo: Topology) -> frozenset[K]:
+def by_topology(ready: frozenset[K], endpoints: Mapping[K, EndpointInfo],
+                topo: Topology) -> frozenset[K]:
     """The ready endpoints this node should use (all of them unless hints say otherwise)."""
-    mode = topology_mode(ready, topo)
+    mode = topology_mode(ready, endpoints, topo)
     if not mode:
-        return frozenset(ready)
-    return frozenset(k for k, ep in ready.items() if available(ep, mode, topo))
+        return ready
+    return frozenset(k for k in ready if available(endpoints[k], mode, topo))
