@@ -25,11 +25,27 @@ from kubernetes.client.exceptions import ApiException
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
 from ipvsctl.kube.pods import PodFetcher
+from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
-from ipvsctl.kube.watch import Reflector, WatchRestartCallback
+from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
 from ipvsctl.model import PodRef
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, SourceEvent
+
+# The Service every real cluster has: a Service list without it is not the cluster's truth
+# (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
+SENTINEL_SERVICE = ("default", "kubernetes")
+
+
+def require_service(namespace: str, name: str) -> ListCheck:
+    def check(objects: list[RawObject]) -> str | None:
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            if meta.get("name") == name and meta.get("namespace") == namespace:
+                return None
+        return f"no Service {namespace}/{name} among {len(objects)}"
+
+    return check
 
 
 class KubeSource:
@@ -41,7 +57,9 @@ class KubeSource:
     `ipvsctl_watch_restarts_total`. `sink` is called from several threads, one call at a
     time; emitted objects are trimmed (`kube.trim`) and must be treated as read-only (a pod
     answer may be emitted again from the cache). `clock` stamps `received` and times the
-    pod cache; `rng` drives the jitter.
+    pod cache; `rng` drives the jitter. A Service list without `sentinel` (default
+    `default/kubernetes`; None: no check) is refused: the table is kept, one warning is
+    logged, the restart is counted with reason `suspect`, and the list is retried with backoff.
     """
 
     def __init__(
@@ -52,8 +70,10 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
     ) -> None:
         self._api = api_client
+        self._sentinel = sentinel
         self.settings = settings or KubeSettings()
         self._on_watch_restart = on_watch_restart
         self._clock = clock
@@ -71,6 +91,7 @@ class KubeSource:
             clock=clock,
             rng=self._rng,
         )
+        self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self._halt = threading.Event()
         self._sink_lock = threading.Lock()
         self._started = False
@@ -88,6 +109,7 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -100,6 +122,7 @@ class KubeSource:
             on_watch_restart=on_watch_restart,
             clock=clock,
             rng=rng,
+            sentinel=sentinel,
         )
 
     @property
@@ -129,6 +152,7 @@ class KubeSource:
             "on_restart": self._on_watch_restart,
             "clock": self._clock,
             "rng": self._rng,
+            "probe": self.probe,
         }
         self.reflectors = [
             Reflector(
@@ -136,6 +160,7 @@ class KubeSource:
                 resource="services",
                 list_func=self._core.list_service_for_all_namespaces,
                 trim=trim_service,
+                check=require_service(*self._sentinel) if self._sentinel else None,
                 **common,
             ),
             Reflector(
@@ -191,6 +216,15 @@ class KubeSource:
             )
             if not isinstance(exc, Exception):
                 raise
+
+    def _readyz(self) -> int:
+        s = self.settings
+        method, url, headers, body, post = self._api.param_serialize(
+            "GET", "/readyz", auth_settings=["BearerToken"])
+        resp = self._api.call_api(method, url, headers, body, post,
+                                  _request_timeout=(s.connect_timeout, s.probe_timeout))
+        resp.read()  # a few bytes; reading them returns the connection to the pool
+        return int(resp.status)
 
     def _get_pod(self, namespace: str, name: str) -> RawObject | None:
         s = self.settings

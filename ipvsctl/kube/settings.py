@@ -31,6 +31,17 @@ class KubeSettings:
     """Reconnect backoff: doubling from initial to max, jittered; reset by a watch that worked
     (delivered an event or lasted healthy_watch_seconds)."""
 
+    probe_interval: float = 3.0
+    """While a backoff pause is longer than this, `/readyz` is probed every probe_interval
+    (jittered 0.5-1.5x; one probe shared by all reflectors), so a node notices the API
+    server's return within ~probe_interval instead of after up to backoff_max. 0: never."""
+
+    recovery_spread: float = 3.0
+    """Once the probe sees the server back, the retry waits a random 0..recovery_spread:
+    the nodes of a cluster come back spread out, and each within ~10 s of the server."""
+
+    probe_timeout: float = 2.0
+
     healthy_watch_seconds: float = 1.0
     """A watch that ended (cleanly or with 410) after delivering nothing and within this time
     is retried with backoff instead of at once, so a misbehaving server cannot spin us."""

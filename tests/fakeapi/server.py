@@ -109,6 +109,16 @@ class _Watch:
         self.hung = False
 
 
+KUBERNETES_SERVICE: JSON = {
+    "kind": "Service",
+    "apiVersion": "v1",
+    "metadata": {"name": "kubernetes", "namespace": "default",
+                 "labels": {"component": "apiserver", "provider": "kubernetes"}},
+    "spec": {"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"],
+             "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]},
+}
+
+
 def _status(code: int, reason: str, message: str) -> JSON:
     return {
         "kind": "Status",
@@ -213,7 +223,9 @@ class FakeAPIServer:
     watches that asked for them; `max_watch_seconds` caps every watch's timeoutSeconds;
     `history_limit` is how many events per resource are kept for watches that resume from an
     older resourceVersion (older ones get 410); `token` makes every request need
-    `Authorization: Bearer <token>`.
+    `Authorization: Bearer <token>`. `kubernetes_service` seeds `default/kubernetes` (headless,
+    so it programs nothing) as every real cluster has it; `/readyz`, `/livez` and `/healthz`
+    answer 200 "ok" while the server is up.
     """
 
     def __init__(
@@ -226,6 +238,7 @@ class FakeAPIServer:
         token: str | None = None,
         initial_resource_version: int = 1000,
         record_requests: bool = True,
+        kubernetes_service: bool = True,
     ) -> None:
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
@@ -252,6 +265,10 @@ class FakeAPIServer:
         self._stopped = False
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        if kubernetes_service:
+            # Every real cluster has it, and the daemon refuses a Service list without it.
+            # Headless here, so that it programs nothing and tests see only their own objects.
+            self._put(KUBERNETES_SERVICE, mode="create")
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -615,6 +632,9 @@ class FakeAPIServer:
             else:
                 self._send_status(h, fault.status, message)
             return
+        if info is None and method == "GET" and parts.path in ("/readyz", "/livez", "/healthz"):
+            self._send_text(h, 200, b"ok")
+            return
         if info is None:
             self._send_status(
                 h, 404, f"the server could not find the requested resource ({parts.path})"
@@ -633,6 +653,13 @@ class FakeAPIServer:
     def _send_json(self, h: _Handler, code: int, body: bytes) -> None:
         h.send_response(code)
         h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _send_text(self, h: _Handler, code: int, body: bytes) -> None:
+        h.send_response(code)
+        h.send_header("Content-Type", "text/plain; charset=utf-8")
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)

@@ -182,7 +182,10 @@ def harness(api: FakeAPIServer) -> Iterator[Any]:
 
 
 def names(event: Replace) -> list[str]:
-    return sorted(o["metadata"]["name"] for o in event.objects)
+    """Names of a Replace's objects, without the fake server's `default/kubernetes`."""
+    return sorted(o["metadata"]["name"] for o in event.objects
+                  if (o["metadata"].get("namespace"), o["metadata"]["name"])
+                  != ("default", "kubernetes"))
 
 
 def watch_requests(api: FakeAPIServer, kind: str) -> list[dict[str, str]]:
@@ -321,16 +324,18 @@ def test_too_old_resource_version_after_compaction_relists(api, harness) -> None
     h.close()
 
 
-def test_hung_stream_times_out_and_relists(api, harness, logs) -> None:
+def test_hung_stream_times_out_and_resumes_the_watch(api, harness, logs) -> None:
     h = harness(_with(FAST, watch_read_timeout=0.3, list_read_timeout=0.3)).start()
     h.synced()
     api.hang()  # the stream stays open but silent: a half-open connection
     assert h.restart("services") == "timeout"
-    logs.next("watch restart", resource="services", reason="timeout")
+    logs.next("watch restart", resource="services", reason="timeout", relist=False)
     api.add(objects.service("while-hung", cluster_ip="10.96.0.13"))
     api.unhang()
-    replace = h.replace(SVC)
-    assert names(replace) == ["while-hung"]
+    # The watch resumes from the last resourceVersion: the missed change, no relist.
+    event = h.next(SVC)
+    assert isinstance(event, Upsert) and event.obj["metadata"]["name"] == "while-hung"
+    assert api.count("list", "Service") == 1
     h.close()
 
 
@@ -342,14 +347,30 @@ def test_server_down_retries_with_growing_backoff_then_recovers(api, harness, lo
     for _ in range(5):
         rec = logs.next("watch restart", resource="services")
         assert rec.levelno == logging.WARNING
-        assert rec.fields["reason"] == "error" and rec.fields["relist"] is True
+        # Unreachable: the watch is retried from the last resourceVersion, no relist.
+        assert rec.fields["reason"] == "error" and rec.fields["relist"] is False
         delays.append(rec.fields["backoff"])
     assert delays[:4] == sorted(delays[:4]) and delays[0] < delays[3]
     assert all(d <= 0.16 for d in delays)
     api.add(objects.service("back", cluster_ip="10.96.0.14"))
     api.up()
+    event = h.next(SVC)
+    assert isinstance(event, Upsert) and event.obj["metadata"]["name"] == "back"
+    assert api.count("list") == 2  # the two initial lists only
+    h.close()
+
+
+def test_server_down_past_its_watch_history_relists_once_as_a_diff(api, harness) -> None:
+    h = harness(_with(FAST, backoff_initial=0.02, backoff_max=0.16)).start()
+    h.synced()
+    api.down()
+    assert h.restart("services") == "error"
+    api.add(objects.service("back", cluster_ip="10.96.0.14"))
+    api.compact()  # the outage outlived the history: the resumed watch gets 410
+    api.up()
+    assert h.restart("services") == "expired"
     assert names(h.replace(SVC)) == ["back"]
-    assert isinstance(h.next(EPS), Replace)
+    assert api.count("list", "Service") == 2
     h.close()
 
 
