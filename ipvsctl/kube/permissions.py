@@ -21,3 +21,8 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("discovery.k8s.io", "endpointslices", ("list", "watch")),
     Permission("", "pods", ("get",)),  # deletionTimestamp of terminating endpoints' pods
 )
+
+PUBLIC_PATHS: tuple[str, ...] = ("/readyz",)
+"""Non-resource URLs the client GETs (the outage probe, `kube.probe`). Every client may read
+them (the built-in `system:public-info-viewer` ClusterRole, bound to all users), so the
+DaemonSet's ClusterRole grants nothing for them."""

@@ -6,6 +6,10 @@ Wire behaviour:
 - list: `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/pods`
   (and the `/namespaces/{ns}/...` forms), paginated with `limit`/`continue` over a consistent
   snapshot; `metadata.resourceVersion` is the cluster-wide counter at the snapshot.
+  `resourceVersion=0` and `resourceVersion=N&resourceVersionMatch=NotOlderThan` are what the
+  real server answers from its watch cache (`list_reads` tells them from etcd reads); N newer
+  than the server is 504 "Too large resource version"; a resourceVersion with `continue` is
+  400. With `cache_pagination=False`, `resourceVersion=0` ignores `limit` (servers < 1.34).
 - watch: `?watch=true&resourceVersion=N[&allowWatchBookmarks=true][&timeoutSeconds=T]`: a
   chunked stream of one JSON event per line (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR), starting
   after N. N older than the retained history gets HTTP 410; with no N (or "0") the current
@@ -117,6 +121,9 @@ KUBERNETES_SERVICE: JSON = {
     "spec": {"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"],
              "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]},
 }
+
+
+_NON_RESOURCE_PATHS = ("/readyz", "/livez", "/healthz")
 
 
 def _status(code: int, reason: str, message: str) -> JSON:
@@ -239,7 +246,9 @@ class FakeAPIServer:
         initial_resource_version: int = 1000,
         record_requests: bool = True,
         kubernetes_service: bool = True,
+        cache_pagination: bool = True,
     ) -> None:
+        self.cache_pagination = cache_pagination
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.history_limit = history_limit
@@ -422,6 +431,12 @@ class FakeAPIServer:
         with self._cond:
             self._faults.append(_Fault(verb, kind, status, as_event, times))
 
+    def serve_empty_lists(self, kind: str | None = None, *, times: int = 1) -> None:
+        """Answer the next `times` lists of `kind` with 200 and no items (a broken proxy in
+        front of the server, or an etcd restored empty)."""
+        with self._cond:
+            self._faults.append(_Fault("empty-list", kind, 200, False, times))
+
     def clear_faults(self) -> None:
         with self._cond:
             self._faults.clear()
@@ -469,6 +484,21 @@ class FakeAPIServer:
                 for r in self._requests
                 if (verb is None or r.verb == verb) and (plural is None or r.resource == plural)
             )
+
+    def list_reads(self, kind: str | None = None) -> dict[str, int]:
+        """Lists (first pages) by where kube-apiserver would serve them: "cache" (the watch
+        cache: resourceVersion=0, or a resourceVersion with NotOlderThan) or "etcd" (a
+        consistent read: no resourceVersion)."""
+        plural = RESOURCES[kind].plural if kind else None
+        out = {"cache": 0, "etcd": 0}
+        with self._cond:
+            for r in self._requests:
+                if r.verb != "list" or r.query.get("continue"):
+                    continue
+                if plural is not None and r.resource != plural:
+                    continue
+                out["cache" if r.query.get("resourceVersion") else "etcd"] += 1
+        return out
 
     def clear_requests(self) -> None:
         with self._cond:
@@ -589,7 +619,7 @@ class FakeAPIServer:
         is_watch = query.get("watch") in ("true", "1")
         if method != "GET":
             verb = _VERBS.get(method, method.lower())
-        elif name is not None:
+        elif name is not None or parts.path in _NON_RESOURCE_PATHS:
             verb = "get"
         else:
             verb = "watch" if is_watch else "list"
@@ -632,7 +662,7 @@ class FakeAPIServer:
             else:
                 self._send_status(h, fault.status, message)
             return
-        if info is None and method == "GET" and parts.path in ("/readyz", "/livez", "/healthz"):
+        if info is None and method == "GET" and parts.path in _NON_RESOURCE_PATHS:
             self._send_text(h, 200, b"ok")
             return
         if info is None:
@@ -686,7 +716,34 @@ class FakeAPIServer:
             self._send_status(h, 400, "invalid limit")
             return
         token = query.get("continue") or ""
+        rv_param = query.get("resourceVersion") or ""
+        match = query.get("resourceVersionMatch") or ""
+        if token and rv_param:
+            self._send_status(
+                h, 400, "specifying resource version is not allowed when using continue")
+            return
+        if match and not rv_param:
+            self._send_status(
+                h, 400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
+            return
+        if match not in ("", "NotOlderThan"):
+            self._send_status(h, 400, f"resourceVersionMatch={match} is not supported here")
+            return
+        if rv_param == "0" and not self.cache_pagination:
+            limit = 0  # as before 1.34: the watch cache answers in one piece
+        if rv_param not in ("", "0"):
+            try:
+                wanted = int(rv_param)
+            except ValueError:
+                self._send_status(h, 400, "invalid resourceVersion")
+                return
+            if wanted > self.resource_version:
+                # kube-apiserver waits up to 3 s for its cache, then gives up like this.
+                self._send_status(h, 504, f"Too large resource version: {wanted}, "
+                                          f"current: {self.resource_version}")
+                return
         with self._cond:
+            empty = self._take_fault("empty-list", info.kind) is not None
             if token:
                 try:
                     sid, offset = _decode_continue(token)
@@ -703,6 +760,8 @@ class FakeAPIServer:
                 expired = False
                 sid, offset = uuid.uuid4().hex, 0
                 rv, entries = self._rv, self._sorted_entries(info.kind)
+                if empty:
+                    entries = []
                 if namespace is not None:
                     entries = [e for e in entries if e.key[0] == namespace]
             if not expired:
