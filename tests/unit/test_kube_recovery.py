@@ -29,7 +29,7 @@ STRICT = _with(FAST, backoff_initial=0.02, backoff_max=0.64, healthy_watch_secon
                probe_interval=0.0)
 
 
-def restart_fields(logs, n: int) -> list[dict]:  # noqa: F811
+def restart_fields(logs, n: int) -> list[dict]:
     return [logs.next("watch restart", resource="services").fields for _ in range(n)]
 
 
@@ -234,3 +234,33 @@ def test_settings_defaults_meet_the_catch_up_target() -> None:
     s = KubeSettings()
     # Worst case after the server returns: one jittered probe interval, the spread, a list.
     assert 1.5 * s.probe_interval + s.recovery_spread + s.probe_timeout <= 10.0
+
+
+def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None:
+    # Regression (11.7): a 200 OK list without items deleted every virtual server at once.
+    from ipvsctl.kernel.fake import FakeKernel
+    from tests.builders import endpoint, endpoint_slice, service
+    from tests.harness import rs, vs
+    from tests.unit.test_daemon import wait_for
+    from tests.unit.test_daemon_api import A, start_daemon
+
+    with FakeAPIServer() as server:
+        server.add(service("web"))
+        server.add(endpoint_slice("web", [endpoint(A, pod="web-1")]))
+        kernel = FakeKernel()
+        d = start_daemon(server, tmp_path, kernel)
+        try:
+            wait_for(lambda: kernel.weight(vs(), rs(A)) == 1)
+            with d.loop.lock:
+                kernel.take_ops()
+            server.serve_empty_lists("Service", times=2)
+            server.expire_watches("Service")
+            wait_for(lambda: d.metrics.value(
+                "ipvsctl_watch_restarts_total",
+                {"resource": "services", "reason": "suspect"}) >= 2)
+            server.add(service("marker", cluster_ip="10.96.0.99"))  # seen once relisted
+            wait_for(lambda: any("10.96.0.99" in op for op in list(kernel.ops)))
+            assert not [op for op in list(kernel.ops) if op.startswith("del")]
+            assert kernel.weight(vs(), rs(A)) == 1
+        finally:
+            d.shutdown()
