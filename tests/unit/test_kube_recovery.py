@@ -206,6 +206,7 @@ def test_relist_falls_back_to_a_consistent_read_when_the_cache_cannot_serve(
     queries = [r.query for r in api.requests if r.verb == "list" and r.resource == "services"]
     assert "resourceVersion" not in queries[-1]  # etcd, once
     assert api.list_reads("Service") == {"cache": 2, "etcd": 1}
+    h.wait_watching("Service")
     api.expire_watches("Service")
     assert isinstance(h.replace(SVC), Replace)
     assert api.list_reads("Service") == {"cache": 3, "etcd": 1}  # back to the cache
@@ -253,6 +254,7 @@ def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None
             wait_for(lambda: kernel.weight(vs(), rs(A)) == 1)
             with d.loop.lock:
                 kernel.take_ops()
+            assert server.wait_for(lambda: server.open_watches("Service") == 1)
             server.serve_empty_lists("Service", times=2)
             server.expire_watches("Service")
             wait_for(lambda: d.metrics.value(
