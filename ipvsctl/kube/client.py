@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
-from ipvsctl.kube.pods import PodFetcher
+from ipvsctl.kube.pods import LookupCallback, PodFetcher
 from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
@@ -71,6 +71,7 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        on_pod_lookup: LookupCallback | None = None,
     ) -> None:
         self._api = api_client
         self._sentinel = sentinel
@@ -90,6 +91,11 @@ class KubeSource:
             backoff_max=s.pod_backoff_max,
             clock=clock,
             rng=self._rng,
+            rate=s.pod_rate,
+            burst=s.pod_burst,
+            jitter=s.pod_jitter,
+            max_pending=s.pod_max_pending,
+            on_lookup=on_pod_lookup,
         )
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self._halt = threading.Event()
@@ -110,6 +116,7 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        on_pod_lookup: LookupCallback | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -123,6 +130,7 @@ class KubeSource:
             clock=clock,
             rng=rng,
             sentinel=sentinel,
+            on_pod_lookup=on_pod_lookup,
         )
 
     @property
@@ -227,23 +235,25 @@ class KubeSource:
         return int(resp.status)
 
     def _get_pod(self, namespace: str, name: str) -> RawObject | None:
+        """GET one pod with resourceVersion=0: served from the API server's watch cache (no
+        etcd read). The cache lags etcd by milliseconds; the EndpointSlice that made us ask
+        was itself written after the pod's deletionTimestamp, from that same stream."""
         s = self.settings
-        try:
-            resp = self._core.read_namespaced_pod(
-                name,
-                namespace,
-                _preload_content=False,
-                _request_timeout=(s.connect_timeout, s.pod_read_timeout),
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        try:
-            body = resp.data
-        finally:
-            resp.release_conn()
-        obj = json.loads(body)
+        method, url, headers, body, post = self._api.param_serialize(
+            "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
+            path_params={"namespace": namespace, "name": name},
+            query_params=[("resourceVersion", "0")],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._api.call_api(method, url, headers, body, post,
+                                  _request_timeout=(s.connect_timeout, s.pod_read_timeout))
+        data = resp.read()
+        if resp.status == 404:
+            return None
+        if resp.status >= 400:
+            raise ApiException(status=resp.status, reason=resp.reason)
+        obj = json.loads(data)
         if not isinstance(obj, dict):
             raise ValueError("pod response is not a JSON object")
         return obj

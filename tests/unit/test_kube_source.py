@@ -38,6 +38,7 @@ FAST = KubeSettings(
     healthy_watch_seconds=0.0,
     pod_backoff_initial=0.01,
     pod_backoff_max=0.02,
+    pod_jitter=0.0,
     join_timeout=2.0,
 )
 
@@ -506,4 +507,14 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
     delays = [logs.next("watch restart", resource="services").fields["backoff"]
               for _ in range(6)]
     assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
+    h.close()
+
+
+def test_pod_get_reads_the_watch_cache(api, harness) -> None:
+    api.add(objects.pod("web-1"))
+    h = harness().start()
+    h.source.request_pod(PodRef("default", "web-1"))
+    assert isinstance(h.next(POD), Upsert)
+    gets = [r.query for r in api.requests if r.verb == "get" and r.resource == "pods"]
+    assert gets == [{"resourceVersion": "0"}]
     h.close()
