@@ -30,11 +30,21 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
 from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
 from ipvsctl.model import PodRef
-from ipvsctl.source.events import EventSink, ObjectKind, RawObject, SourceEvent
+from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
 # (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
 SENTINEL_SERVICE = ("default", "kubernetes")
+
+
+def count_nodes(slices: list[RawObject]) -> int:
+    """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread."""
+    nodes: set[str] = set()
+    for sl in slices:
+        for ep in sl.get("endpoints") or ():
+            if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
+                nodes.add(ep["nodeName"])
+    return len(nodes)
 
 
 def require_service(namespace: str, name: str) -> ListCheck:
@@ -98,6 +108,7 @@ class KubeSource:
             on_lookup=on_pod_lookup,
         )
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
+        self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
         self._halt = threading.Event()
         self._sink_lock = threading.Lock()
         self._started = False
@@ -149,6 +160,8 @@ class KubeSource:
         halt = self._halt
 
         def emit(event: SourceEvent) -> None:
+            if isinstance(event, Replace) and event.kind is ObjectKind.ENDPOINT_SLICE:
+                self.cluster_nodes = count_nodes(event.objects)
             with self._sink_lock:
                 if not halt.is_set():
                     sink(event)
@@ -161,6 +174,7 @@ class KubeSource:
             "clock": self._clock,
             "rng": self._rng,
             "probe": self.probe,
+            "cluster_nodes": lambda: self.cluster_nodes,
         }
         self.reflectors = [
             Reflector(

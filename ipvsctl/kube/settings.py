@@ -42,6 +42,12 @@ class KubeSettings:
 
     probe_timeout: float = 2.0
 
+    relist_spread_per_node: float = 0.02
+    """A relist after an outage (the resumed watch was too old) waits a random
+    0..relist_spread_per_node x the nodes seen in EndpointSlices: ~20 s at 1,000 nodes,
+    ~100 s at 5,000, so a recovering API server serves ~50 lists/s instead of all at once.
+    An outage shorter than the server's watch history needs no relist and is not spread."""
+
     healthy_watch_seconds: float = 1.0
     """A watch that ended (cleanly or with 410) after delivering nothing and within this time
     is retried with backoff instead of at once, so a misbehaving server cannot spin us."""

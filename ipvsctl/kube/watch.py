@@ -166,6 +166,7 @@ class Reflector:
         rng: random.Random | None = None,
         check: ListCheck | None = None,
         probe: Probe | None = None,
+        cluster_nodes: Callable[[], int] | None = None,
     ) -> None:
         self.kind = kind
         self.resource = resource
@@ -178,6 +179,7 @@ class Reflector:
         self._rng = rng or random.Random()
         self._check = check
         self._probe = probe
+        self._cluster_nodes = cluster_nodes
         self._resp_lock = threading.Lock()
         self._resp: Any = None
         self.resource_version: str | None = None
@@ -232,7 +234,14 @@ class Reflector:
                 shortcut_used = False
             if reason == EXPIRED:
                 expired_streak += 1
-                delay = 0.0 if expired_streak == 1 else backoff.next()
+                if expired_streak > 1:
+                    delay = backoff.next()
+                elif backoff.failures:
+                    # The watch resumed after an outage is too old: every node of the
+                    # cluster is in the same place, so the relists are spread out.
+                    delay = self._herd_spread()
+                else:
+                    delay = 0.0
             elif reason == CLOSED and progress:
                 delay = 0.0
             else:
@@ -247,7 +256,7 @@ class Reflector:
             # that only when it saw the server down itself: a server whose /readyz answers
             # while our requests fail is retried at the backoff's pace, not the probe's.
             armed = not shortcut_used and error is not None and _unreachable(error)
-            stopped, shortcut = self._pause(halt, delay, armed)
+            stopped, shortcut = self._pause(halt, delay, armed, need_list)
             if stopped:
                 return
             shortcut_used = shortcut_used or shortcut
@@ -272,11 +281,20 @@ class Reflector:
         del objects
         log(logging.DEBUG, "list complete", resource=self.resource, resource_version=rv)
 
-    def _pause(self, halt: threading.Event, delay: float, armed: bool) -> tuple[bool, bool]:
+    def _herd_spread(self) -> float:
+        """A random 0..relist_spread_per_node x (nodes seen in EndpointSlices): at 5,000
+        nodes and 0.02 s, relists after a long outage spread over ~100 s (~50 lists/s)."""
+        nodes = self._cluster_nodes() if self._cluster_nodes is not None else 0
+        return self._settings.relist_spread_per_node * nodes * self._rng.random()
+
+    def _pause(
+        self, halt: threading.Event, delay: float, armed: bool, relist: bool = False
+    ) -> tuple[bool, bool]:
         """Wait `delay` seconds (the backoff), probing the server every `probe_interval`
         (jittered) when the wait is long; returns (stopped, ended early by the probe).
         Once the probe sees the server answer after it was seen unreachable, the wait ends
-        after a random `recovery_spread` (so a cluster's nodes do not relist in one burst)."""
+        after a random `recovery_spread` (so a cluster's nodes do not come back in one
+        burst), or the cluster-sized herd spread when the next attempt is a relist."""
         s = self._settings
         probe = self._probe
         if probe is None or s.probe_interval <= 0 or delay <= s.probe_interval:
@@ -295,6 +313,8 @@ class Reflector:
                 armed = True
             elif armed:
                 spread = s.recovery_spread * self._rng.random()
+                if relist:
+                    spread = max(spread, self._herd_spread())
                 log(logging.INFO, "API server answers again", resource=self.resource,
                     retry_in=round(spread, 3))
                 return halt.wait(min(spread, max(0.0, deadline - self._clock()))), True

@@ -183,13 +183,32 @@ class _HTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class _CountingWriter:
+    """The handler's wfile, adding what is written to the server's byte count."""
+
+    def __init__(self, raw: Any, handler: _Handler) -> None:
+        self._raw = raw
+        self._h = handler
+
+    def write(self, data: bytes) -> int:
+        n = self._raw.write(data)
+        self._h.server.fake._count_bytes(self._h.acct, len(data))
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the client expects
     server: _HTTPServer
 
+    acct: tuple[str, str] = ("", "")  # (verb, resource or path) of the current request
+
     def setup(self) -> None:
         super().setup()
         self.server.fake._register(self.connection)
+        self.wfile = _CountingWriter(self.wfile, self)  # type: ignore[assignment]
 
     def finish(self) -> None:
         try:
@@ -268,6 +287,7 @@ class FakeAPIServer:
         self._watches: set[_Watch] = set()
         self._faults: list[_Fault] = []
         self._requests: list[RequestRecord] = []
+        self._bytes: dict[tuple[str, str], int] = {}
         self._conns: set[socket.socket] = set()
         self._hang = False
         self._down = True
@@ -503,6 +523,19 @@ class FakeAPIServer:
     def clear_requests(self) -> None:
         with self._cond:
             self._requests.clear()
+            self._bytes.clear()
+
+    def bytes_sent(self, verb: str | None = None, kind: str | None = None) -> int:
+        """Response bytes written (headers and chunk framing included), by RBAC verb and kind;
+        watch streams count as they flow."""
+        plural = RESOURCES[kind].plural if kind else None
+        with self._cond:
+            return sum(n for (v, r), n in self._bytes.items()
+                       if (verb is None or v == verb) and (plural is None or r == plural))
+
+    def _count_bytes(self, acct: tuple[str, str], n: int) -> None:
+        with self._cond:
+            self._bytes[acct] = self._bytes.get(acct, 0) + n
 
     def open_watches(self, kind: str | None = None) -> int:
         with self._cond:
@@ -633,6 +666,7 @@ class FakeAPIServer:
             namespace,
             name,
         )
+        h.acct = (verb, info.plural if info else parts.path)
         with self._cond:
             if self.record_requests:
                 self._requests.append(record)

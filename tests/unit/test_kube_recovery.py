@@ -296,3 +296,22 @@ def test_daemon_counts_pod_lookups() -> None:
         finally:
             stop.set()
             t.join(5)
+
+
+# ---- 17.4: relists after a long outage are spread by cluster size --------------------------
+
+
+def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs) -> None:
+    api.add(objects.endpoint_slice("web-1", "web", [
+        objects.endpoint(f"10.244.{n}.5", node=f"node-{n}") for n in range(3)]))
+    h = harness(_with(FAST, relist_spread_per_node=0.05, probe_interval=0.0)).start()
+    h.synced()
+    assert h.source.cluster_nodes == 3
+    api.down()
+    assert h.restart("services") == "error"
+    api.compact()  # longer than the watch history: the resumed watch will get 410
+    api.up()
+    rec = logs.next("watch restart", resource="services", reason="expired")
+    assert 0.0 < rec.fields["backoff"] <= 0.05 * 3  # spread, not at once
+    assert isinstance(h.replace(SVC), Replace)
+    h.close()
