@@ -309,6 +309,7 @@ def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs
     assert h.source.cluster_nodes == 3
     api.down()
     assert h.restart("services") == "error"
+    api.add(objects.service("during", cluster_ip="10.96.0.30"))
     api.compact()  # longer than the watch history: the resumed watch will get 410
     api.up()
     rec = logs.next("watch restart", resource="services", reason="expired")
