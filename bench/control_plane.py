@@ -217,8 +217,10 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
 
     def row(name: str, req: float, byt: float, pod_req: float = 0.0,
             kp_req: float = 0.0, kp_bytes: float = 0.0,
-            kr_req: float = 0.0, kr_bytes: float = 0.0) -> None:
+            kr_req: float = 0.0, kr_bytes: float = 0.0,
+            events: float = 0.0, kr_events: float = 0.0) -> None:
         rows[name] = {
+            "cluster_events": events * nodes, "kube_router_cluster_events": kr_events * nodes,
             "daemon_requests": req, "daemon_bytes": byt,
             "cluster_requests": req * nodes, "cluster_bytes": byt * nodes,
             "pod_gets_cluster": pod_req * nodes,
@@ -233,7 +235,8 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
     steady_events = STEADY_SLICE_UPDATES_PER_SECOND * 3600
     row("steady state (per hour)", rewatch, steady_events * slice_event,
         kp_req=rewatch, kp_bytes=steady_events * slice_event,
-        kr_req=rewatch * 1.5, kr_bytes=steady_events * slice_event)
+        kr_req=rewatch * 1.5, kr_bytes=steady_events * slice_event,
+        events=steady_events, kr_events=steady_events)
     # 1,000-pod rollout: slice events; one pod GET per terminating pod (upper bound: the
     # annotation skips them all; the bucket spreads them).
     rolled = 1000
@@ -245,14 +248,18 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
         pod_req=rolled * gets_per_pod,
         kp_bytes=rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
         kr_bytes=rolled * (SLICE_EVENTS_PER_ROLLED_POD * slice_event
-                           + POD_EVENTS_PER_ROLLED_POD * ob["pod"]))
+                           + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
+        events=rolled * SLICE_EVENTS_PER_ROLLED_POD,
+        kr_events=rolled * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD))
     drained = PODS_PER_NODE
     row("node drain (30 pods)", drained * gets_per_pod,
         drained * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + gets_per_pod * ob["pod"]),
         pod_req=drained * gets_per_pod,
         kp_bytes=drained * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
         kr_bytes=drained * (SLICE_EVENTS_PER_ROLLED_POD * slice_event
-                            + POD_EVENTS_PER_ROLLED_POD * ob["pod"]))
+                            + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
+        events=drained * SLICE_EVENTS_PER_ROLLED_POD,
+        kr_events=drained * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD))
     # 10-minute outage and recovery: refused watch retries and probes during, then one
     # relist of each resource (from the watch cache) and two watches.
     recovery = sum(m["outage_recovery"]["requests"].get(k, 0) for k in (
@@ -281,18 +288,20 @@ def _count(n: float) -> str:
 
 def markdown(m: dict[str, Any]) -> str:
     lines = ["| scenario | nodes | per daemon: requests | per daemon: bytes | cluster: requests "
-             "(of which pod GETs) | cluster: bytes | kube-proxy: requests / bytes | "
-             "kube-router: requests / bytes |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(of which pod GETs) | cluster: watch events | cluster: bytes | "
+             "kube-proxy: requests / bytes | kube-router: requests / events / bytes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for nodes in (1000, 5000):
         for name, r in model(m, nodes).items():
             lines.append(
                 f"| {name} | {nodes:,} | {_count(r['daemon_requests'])} | "
                 f"{_human(r['daemon_bytes'])} | {_count(r['cluster_requests'])} "
-                f"({_count(r['pod_gets_cluster'])}) | {_human(r['cluster_bytes'])} | "
+                f"({_count(r['pod_gets_cluster'])}) | {_count(r['cluster_events'])} | "
+                f"{_human(r['cluster_bytes'])} | "
                 f"{_count(r['kube_proxy_cluster_requests'])} / "
                 f"{_human(r['kube_proxy_cluster_bytes'])} | "
                 f"{_count(r['kube_router_cluster_requests'])} / "
+                f"{_count(r['kube_router_cluster_events'])} / "
                 f"{_human(r['kube_router_cluster_bytes'])} |")
     return "\n".join(lines)
 
