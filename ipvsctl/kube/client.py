@@ -2,11 +2,13 @@
 
 Threads (all daemon threads, started by `run` and stopped when `stop` is set):
 - `ipvsctl-kube-services`, `ipvsctl-kube-endpointslices`: one reflector each (`kube.watch`):
-  paginated list -> Replace -> watch -> Upsert/Delete, relisting on 410 and broken streams;
-- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`).
+  list (watch cache) -> Replace -> watch -> Upsert/Delete, resuming broken watches and
+  relisting on 410; a shared `/readyz` probe (`kube.probe`) shortens pauses after outages;
+- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`), bounded.
 
 Only the calls in `kube.permissions.REQUIRED_PERMISSIONS` are made: list+watch Services and
-EndpointSlices in all namespaces, get Pods.
+EndpointSlices in all namespaces, get Pods; plus `GET /readyz` (`PUBLIC_PATHS`), which every
+client may read.
 """
 
 from __future__ import annotations

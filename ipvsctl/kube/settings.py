@@ -11,6 +11,12 @@ class KubeSettings:
     """Objects per list page (`limit`); `continue` fetches the rest, so a list of 100,000
     endpoints is never one huge JSON document in memory."""
 
+    watch_list: bool = False
+    """Get the initial state by WatchList (`sendInitialEvents`, KEP-3157) instead of a list,
+    falling back to lists for good when the server does not offer it. Off by default: lists
+    from the watch cache are what every supported server does; WatchList is for servers
+    where it is known to be on (a beta feature of recent servers)."""
+
     watch_timeout: float = 300.0
     """Server-side watch timeout: each watch asks for timeoutSeconds in [T, 2T), jittered so
     that nodes do not re-watch in lockstep."""

@@ -69,6 +69,13 @@ class WatchStatusError(Exception):
         self.code = code
 
 
+class WatchListUnavailable(Exception):
+    """The server does not offer WatchList (rejected it, or sent no initial-events-end)."""
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
 class SuspectList(Exception):
     """A list that `check` refused (the table is kept; retried with backoff)."""
 
@@ -254,6 +261,7 @@ class Reflector:
         self._opened = False
         self._rv_unavailable = False  # the last relist at our resourceVersion failed
         self._suspect = False  # the last list was refused by `check` (one log line a streak)
+        self._watch_list = settings.watch_list  # cleared for good when the server lacks it
         self.lists = 0  # completed lists (each emitted one Replace)
 
     # ---- the loop -----------------------------------------------------------------------
@@ -330,7 +338,7 @@ class Reflector:
 
     def _relist(self, halt: threading.Event) -> None:
         with gc_paused():
-            objects, rv = self._list(halt)
+            objects, rv = self._list_or_stream(halt)
         problem = self._check(objects) if self._check is not None else None
         if problem is not None:
             del objects
@@ -432,6 +440,73 @@ class Reflector:
             # Unread data must not go back to the pool with the connection.
             resp.close()
         resp.release_conn()
+
+    def _list_or_stream(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+        if self._watch_list:
+            try:
+                return self._stream_list(halt)
+            except WatchListUnavailable as exc:
+                reason = str(exc)
+            except ApiException as exc:
+                if exc.status not in (400, 403, 405, 422):
+                    raise
+                reason = f"HTTP {exc.status}"
+            self._watch_list = False
+            log(logging.INFO, "watch-list not offered, listing instead",
+                resource=self.resource, reason=reason)
+        return self._list(halt)
+
+    def _stream_list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+        """WatchList (KEP-3157): the initial state as a watch stream of ADDED events, ended
+        by a bookmark annotated `k8s.io/initial-events-end`, served from the watch cache
+        without a list's one big response. The stream is closed there; the regular watch
+        follows from the bookmark's resourceVersion."""
+        s = self._settings
+        kwargs: dict[str, Any] = {
+            "watch": True,
+            "send_initial_events": True,
+            "resource_version_match": "NotOlderThan",
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": max(1, int(s.watch_timeout)),
+            # Each read waits at most this: an old server that ignores sendInitialEvents
+            # sends the objects and then nothing, which ends here.
+            "_request_timeout": (s.connect_timeout, s.list_read_timeout),
+        }
+        if self.resource_version:
+            kwargs["resource_version"] = self.resource_version
+        resp = self._open(halt, **kwargs)
+        objects: list[RawObject] = []
+        trim = self._trim
+        try:
+            for line in iter_lines(resp.stream(None, decode_content=False)):
+                if halt.is_set():
+                    raise _Stopped
+                event = json.loads(line)
+                if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                    raise ValueError("watch event without an object")
+                obj = event["object"]
+                type_ = event.get("type")
+                if type_ == "ADDED":
+                    objects.append(trim(obj))
+                elif type_ == "BOOKMARK":
+                    meta = obj.get("metadata") or {}
+                    annotations = meta.get("annotations") or {}
+                    rv = meta.get("resourceVersion")
+                    if annotations.get(INITIAL_EVENTS_END) == "true" and rv:
+                        return objects, str(rv)
+                    raise WatchListUnavailable("a bookmark before the initial-events end")
+                elif type_ == "ERROR":
+                    code = obj.get("code")
+                    if code in (400, 403, 422):
+                        raise WatchListUnavailable(f"ERROR {code}")
+                    self._handle(event, self._clock())  # raises WatchExpired / status
+                else:
+                    raise WatchListUnavailable(f"{type_} before the initial-events end")
+            raise WatchListUnavailable("the stream ended before the initial-events end")
+        except ReadTimeoutError as exc:
+            raise WatchListUnavailable("no initial-events end within the read timeout") from exc
+        finally:
+            self._release(resp, clean=False)
 
     def _list_options(self) -> dict[str, Any]:
         """Where the list is served from, as client-go's reflector chooses: the first list

@@ -10,6 +10,10 @@ Wire behaviour:
   real server answers from its watch cache (`list_reads` tells them from etcd reads); N newer
   than the server is 504 "Too large resource version"; a resourceVersion with `continue` is
   400. With `cache_pagination=False`, `resourceVersion=0` ignores `limit` (servers < 1.34).
+- WatchList (KEP-3157): `?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan`
+  streams the current objects as ADDED, then a BOOKMARK annotated
+  `k8s.io/initial-events-end: "true"`, then changes. `watch_list="off"` answers 422 (the
+  feature gate off), `"ignore"` ignores the parameter (servers before 1.27).
 - watch: `?watch=true&resourceVersion=N[&allowWatchBookmarks=true][&timeoutSeconds=T]`: a
   chunked stream of one JSON event per line (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR), starting
   after N. N older than the retained history gets HTTP 410; with no N (or "0") the current
@@ -27,6 +31,7 @@ import base64
 import bisect
 import contextlib
 import json
+import select
 import socket
 import struct
 import threading
@@ -266,8 +271,10 @@ class FakeAPIServer:
         record_requests: bool = True,
         kubernetes_service: bool = True,
         cache_pagination: bool = True,
+        watch_list: str = "on",
     ) -> None:
         self.cache_pagination = cache_pagination
+        self.watch_list = watch_list
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.history_limit = history_limit
@@ -862,6 +869,22 @@ class FakeAPIServer:
     ) -> None:
         kind = info.kind
         rv_param = query.get("resourceVersion") or ""
+        watch_list = query.get("sendInitialEvents") in ("true", "1")
+        if watch_list and self.watch_list == "off":
+            self._send_status(h, 422, "sendInitialEvents is forbidden for watch unless the "
+                                      "WatchList feature gate is enabled")
+            return
+        if watch_list and self.watch_list == "ignore":  # a server older than 1.27
+            watch_list = False
+        if watch_list:
+            if query.get("resourceVersionMatch") != "NotOlderThan":
+                self._send_status(h, 422, "sendInitialEvents requires "
+                                          "resourceVersionMatch=NotOlderThan")
+                return
+            if rv_param not in ("", "0") and int(rv_param) > self.resource_version:
+                self._send_status(h, 504, f"Too large resource version: {rv_param}")
+                return
+            rv_param = ""  # the current state, then changes
         try:
             since = int(rv_param) if rv_param not in ("", "0") else None
             timeout = float(query["timeoutSeconds"]) if "timeoutSeconds" in query else 1800.0
@@ -884,6 +907,8 @@ class FakeAPIServer:
                     if namespace is None or e.key[0] == namespace
                 ]
                 cursor = self._log_base[kind] + len(log)
+                if watch_list:  # KEP-3157: the end of the initial state is a bookmark
+                    initial.append(_bookmark_line(info, self._rv, initial_events_end=True))
             elif since < self._dropped_rv[kind]:
                 cursor = -1
             else:
@@ -956,8 +981,11 @@ class FakeAPIServer:
                         w.next_bookmark = now + (self.bookmark_interval or float("inf"))
                     if lines or end:
                         break
+                    if _client_gone(h.connection):  # as the real server sees a closed stream
+                        end = "abort"
+                        break
                     wake = min(deadline, w.next_bookmark if w.bookmarks else deadline)
-                    self._cond.wait(max(0.0, wake - now))
+                    self._cond.wait(min(0.2, max(0.0, wake - now)))
             if end == "abort":
                 h.close_connection = True
                 _abort(h.connection)
@@ -969,6 +997,17 @@ class FakeAPIServer:
                 return
 
 
+def _client_gone(sock: socket.socket) -> bool:
+    """The client closed its end (EOF readable) while the stream waits for news."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (OSError, ValueError):
+        return True
+
+
 def _reason(code: int) -> str:
     return _REASONS.get(code, "Unknown")
 
@@ -977,12 +1016,11 @@ def _event(type_: bytes, raw: bytes) -> bytes:
     return b'{"type":"%s","object":%s}\n' % (type_, raw)
 
 
-def _bookmark_line(info: ResourceInfo, rv: int) -> bytes:
-    obj = {
-        "kind": info.kind,
-        "apiVersion": info.api_version,
-        "metadata": {"resourceVersion": str(rv)},
-    }
+def _bookmark_line(info: ResourceInfo, rv: int, *, initial_events_end: bool = False) -> bytes:
+    meta: JSON = {"resourceVersion": str(rv)}
+    if initial_events_end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    obj = {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta}
     return _event(b"BOOKMARK", _dumps(obj))
 
 

@@ -316,3 +316,53 @@ def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs
     assert 0.0 < rec.fields["backoff"] <= 0.05 * 3  # spread, not at once
     assert isinstance(h.replace(SVC), Replace)
     h.close()
+
+
+# ---- 17.2: WatchList where the server offers it, lists where it does not -------------------
+
+
+def _watch_list_requests(server: FakeAPIServer, plural: str) -> list[dict]:
+    return [dict(r.query) for r in server.requests if r.resource == plural
+            and r.verb == "watch" and r.query.get("sendInitialEvents") == "true"]
+
+
+def test_watch_list_streams_the_initial_state_without_a_list() -> None:
+    with FakeAPIServer() as server:
+        server.add(objects.service("web", cluster_ip="10.96.0.10"))
+        h = Harness(server, _with(FAST, watch_list=True)).start()
+        try:
+            services, _ = h.synced()
+            assert names(services) == ["web"]
+            assert server.count("list") == 0
+            q = _watch_list_requests(server, "services")
+            assert len(q) == 1 and q[0]["resourceVersionMatch"] == "NotOlderThan"
+            server.add(objects.service("later", cluster_ip="10.96.0.11"))
+            event = h.next(SVC)  # on the regular watch from the end bookmark's version
+            assert isinstance(event, Upsert) and event.obj["metadata"]["name"] == "later"
+            server.expire_watches("Service")
+            assert names(h.replace(SVC)) == ["later", "web"]
+            assert server.count("list") == 0
+            assert len(_watch_list_requests(server, "services")) == 2
+        finally:
+            h.close()
+
+
+@pytest.mark.parametrize("mode", ["off", "ignore"])
+def test_watch_list_falls_back_to_lists_for_good(mode: str, logs) -> None:
+    with FakeAPIServer(watch_list=mode) as server:
+        server.add(objects.service("web", cluster_ip="10.96.0.10"))
+        h = Harness(server, _with(FAST, watch_list=True, list_read_timeout=0.3)).start()
+        try:
+            assert names(h.replace(SVC)) == ["web"]
+            assert server.count("list", "Service") == 1
+            logs.next("watch-list not offered, listing instead", resource="services")
+            # The regular watch is open (an ignored watch-list stream may linger on the
+            # server until its timeout, so open watches are not counted exactly).
+            assert server.wait_for(lambda: server.count("watch", "Service") > len(
+                _watch_list_requests(server, "services")) and server.open_watches("Service"))
+            server.expire_watches("Service")
+            assert names(h.replace(SVC)) == ["web"]
+            assert server.count("list", "Service") == 2
+            assert len(_watch_list_requests(server, "services")) <= 1  # never tried again
+        finally:
+            h.close()
