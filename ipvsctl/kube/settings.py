@@ -54,9 +54,11 @@ class KubeSettings:
     ~100 s at 5,000, so a recovering API server serves ~50 lists/s instead of all at once.
     An outage shorter than the server's watch history needs no relist and is not spread."""
 
-    healthy_watch_seconds: float = 1.0
-    """A watch that ended (cleanly or with 410) after delivering nothing and within this time
-    is retried with backoff instead of at once, so a misbehaving server cannot spin us."""
+    healthy_watch_seconds: float = 10.0
+    """A watch counts as working (and resets the backoff) when it delivered an object or a
+    bookmark, or stayed open this long; an ERROR event is no progress. One that ended sooner
+    with nothing is retried with backoff, so a misbehaving server cannot spin us (real
+    watches last 300-600 s and carry bookmarks about every minute)."""
 
     pod_workers: int = 2
     """Threads answering `request_pod` (one GET each at a time)."""
