@@ -134,4 +134,3 @@ def test_status_command_against_the_daemon(api, tmp_path):
         assert "default/web:http" in r.stdout
     finally:
         d.shutdown()
-
