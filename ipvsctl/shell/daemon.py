@@ -135,12 +135,14 @@ class Daemon:
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
         dead = [t.name for t in self.threads if not t.is_alive()]
+        # A source's own threads (the API reflectors) die unseen behind its run() thread.
+        dead += getattr(self.source, "dead_threads", list)()
         if dead or age > self.options.stale_after:
             return text(503, f"unhealthy: stopped={dead} loop_idle={age:.1f}s\n")
         return text(200, "ok\n")
 
     def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        if self.engine.started:
+        if self.engine.started and all(t.is_alive() for t in self.threads):
             return text(200, "ready\n")
         return text(503, "waiting for the first full list to reach the kernel\n")
 

@@ -485,3 +485,23 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
               for _ in range(6)]
     assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
     h.close()
+
+
+def test_a_crashed_reflector_is_a_dead_thread_for_healthz(api, harness, monkeypatch) -> None:
+    # Issue 16.4: the source's run() thread lived on, so /healthz never saw the dead reflector.
+    from ipvsctl.kube import watch
+
+    real_run = watch.Reflector.run
+
+    def run(self: Any, halt: threading.Event) -> None:
+        if self.resource == "endpointslices":
+            raise RuntimeError("a bug")
+        real_run(self, halt)
+
+    monkeypatch.setattr(watch.Reflector, "run", run)
+    h = harness().start()
+    h.replace(SVC)
+    assert api.wait_for(lambda: h.source.dead_threads() == ["ipvsctl-kube-endpointslices"],
+                        WAIT)
+    h.close()
+    assert h.source.dead_threads() == []  # stopped on purpose: nothing to report
