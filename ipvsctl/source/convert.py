@@ -7,14 +7,13 @@ relist or a status-only update then causes no work).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
-from ipvsctl.source.validate import InvalidObject, affinity_timeout, optional_str
+from ipvsctl.source.validate import InvalidObject, affinity_timeout, cidr, optional_str
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
@@ -251,7 +250,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         valid = []
         for text in raw_ranges:
             try:
-                valid.append(ipaddress.ip_network(str(text).strip(), strict=False).compressed)
+                valid.append(cidr(str(text)))
             except ValueError:
                 warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
         source_ranges = _dedupe(valid)

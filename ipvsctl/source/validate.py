@@ -5,6 +5,7 @@ far from the object that carried it (an unhashable name kills the loop; a timeou
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 # Kubernetes' own limit (ValidateClientIPAffinityConfig); IPVS takes a u32.
@@ -29,6 +30,14 @@ def affinity_timeout(value: Any, where: str) -> int:
         raise InvalidObject(
             f"{where}: {_short(value)} is not an integer from 1 to {MAX_AFFINITY_TIMEOUT}")
     return value
+
+
+def cidr(text: str) -> str:
+    """A CIDR in compressed form; ValueError if not one. Zone ids are refused: `ipaddress`
+    accepts `fe80::%eth0/64`, and nft rejects the whole batch that carries it."""
+    if "%" in text:
+        raise ValueError(f"{text!r}: a zone id")
+    return ipaddress.ip_network(text.strip(), strict=False).compressed
 
 
 def _short(value: Any) -> str:

@@ -168,3 +168,29 @@ def test_fuzz_any_file_loads_or_is_one_manifest_error(docs: list[Any]) -> None:
         except ManifestError:
             return
         plan_objects(objects, NODE)
+
+
+def test_a_zone_id_in_a_source_range_is_ignored_not_sent_to_nft() -> None:
+    svc = _svc(spec__type="LoadBalancer", spec__loadBalancerSourceRanges=["fe80::%eth0/64",
+                                                                          "10.0.0.0/8"])
+    parsed = parse_service(svc)
+    assert parsed.value.source_ranges == ("10.0.0.0/8",)
+    assert any("fe80::%eth0/64" in w for w in parsed.warnings)
+
+
+def test_a_zone_id_in_cluster_cidr_is_a_flag_error() -> None:
+    from ipvsctl.netfilter.ruleset import parse_cidrs
+
+    with pytest.raises(ValueError, match="not a CIDR"):
+        parse_cidrs(["fd00::%eth0/64"])
+
+
+def test_a_value_that_does_not_fit_netlink_is_a_kernel_error_not_a_crash() -> None:
+    # Issue 16.7: struct.error escaped the adapter's error translation and killed the loop.
+    import struct
+
+    from ipvsctl.kernel import netlink
+    from ipvsctl.kernel.port import KernelError
+
+    with pytest.raises(KernelError), netlink._errors("add_virtual_server", "10.96.0.1:80/TCP"):
+        struct.pack("=I", 2**33)
