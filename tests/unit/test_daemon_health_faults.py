@@ -47,3 +47,35 @@ def test_a_dead_source_thread_is_unhealthy(tmp_path: Path) -> None:
         assert status == 503 and "ipvsctl-kube-services" in body
     finally:
         d.shutdown()
+
+
+@pytest.mark.usefixtures("folder")
+def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
+    """Issue 16.3: ten shapes killed the loop or source thread in --manifests mode."""
+    from tests.builders import endpoint, endpoint_slice, service
+    from tests.harness import rs, vs
+    from tests.unit.test_daemon import write
+    from tests.unit.test_hostile_manifests import HOSTILE
+
+    kernel = FakeKernel()
+    d = make(tmp_path, kernel)
+    m = tmp_path / "m"
+    try:
+        d.start()
+        base = f"http://127.0.0.1:{d.http.port}"
+        wait_for(lambda: get(base + "/readyz")[0] == 200)
+        for name, obj in HOSTILE.items():
+            write(m, f"bad-{name}.yaml", obj)
+        (m / "deep.yaml").write_text("[" * 100_000 + "]" * 100_000)
+        (m / "bomb.yaml").write_text("".join(
+            f"l{i}: &l{i} [{','.join([f'*l{i - 1}' if i else 'x'] * 9)}]\n" for i in range(10)))
+        (m / "items.json").write_text('{"kind": "List", "items": 5}')
+        # a change after them all still reaches the kernel: both threads are alive
+        write(m, "web2.yaml", service("web2", cluster_ip="10.96.0.11"),
+              endpoint_slice("web2", [endpoint("10.244.1.7")]))
+        wait_for(lambda: kernel.weight(vs("10.96.0.11"), rs("10.244.1.7")) == 1)
+        assert get(base + "/healthz")[0] == 200
+        assert all(t.is_alive() for t in d.threads)
+        assert d.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"}) >= 1
+    finally:
+        d.shutdown()
