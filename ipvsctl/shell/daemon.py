@@ -247,7 +247,8 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
         from ipvsctl.source.manifests import ManifestSource
 
         try:
-            return ManifestSource(o.manifests)
+            return ManifestSource(o.manifests, on_file_error=lambda: metrics.invalid_objects.labels(
+                "ManifestFile").inc())
         except SourceConfigError as exc:
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import KubeSource

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,9 +123,11 @@ def load_paths(paths: Iterable[str | Path]) -> dict[ObjectKind, list[RawObject]]
 class ManifestSource:
     """Follows a folder by polling file stats (no extra dependency, works on any fs)."""
 
-    def __init__(self, folder: str | Path, interval: float = 1.0) -> None:
+    def __init__(self, folder: str | Path, interval: float = 1.0,
+                 on_file_error: Callable[[], None] | None = None) -> None:
         self.folder = Path(folder)
         self.interval = interval
+        self.on_file_error = on_file_error  # counts a file refused (a metric in the daemon)
         if not self.folder.is_dir():
             raise SourceConfigError(f"--manifests {folder}: not a readable folder")
         self._stats: dict[Path, tuple[float, int]] = {}
@@ -150,6 +152,8 @@ class ManifestSource:
         except ManifestError as exc:
             log.error("manifest file unreadable, keeping its last good objects",
                       extra=fields(file=f, error=exc))
+            if self.on_file_error is not None:
+                self.on_file_error()
             return None
 
     def initial(self) -> list[Replace]:

@@ -52,6 +52,7 @@ def test_a_dead_source_thread_is_unhealthy(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("folder")
 def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
     """Issue 16.3: ten shapes killed the loop or source thread in --manifests mode."""
+    from ipvsctl.source.manifests import ManifestSource
     from tests.builders import endpoint, endpoint_slice, service
     from tests.harness import rs, vs
     from tests.unit.test_daemon import write
@@ -60,6 +61,8 @@ def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
     kernel = FakeKernel()
     d = make(tmp_path, kernel)
     m = tmp_path / "m"
+    files = d.metrics.invalid_objects.labels("ManifestFile")
+    d.source = ManifestSource(m, interval=0.05, on_file_error=files.inc)
     try:
         d.start()
         base = f"http://127.0.0.1:{d.http.port}"
@@ -77,5 +80,6 @@ def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
         assert get(base + "/healthz")[0] == 200
         assert all(t.is_alive() for t in d.threads)
         assert d.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"}) >= 1
+        assert d.metrics.value("ipvsctl_invalid_objects_total", {"kind": "ManifestFile"}) == 3
     finally:
         d.shutdown()
