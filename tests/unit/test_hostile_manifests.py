@@ -18,6 +18,7 @@ from ipvsctl.plan.cluster import plan_objects
 from ipvsctl.source.convert import parse_endpoint_slice, parse_pod, parse_service
 from ipvsctl.source.events import ObjectKind, Replace
 from ipvsctl.source.manifests import ManifestError, load_file, load_paths
+from ipvsctl.source.node import parse_node
 from ipvsctl.source.store import ObjectStore
 from ipvsctl.source.validate import InvalidObject
 from tests.builders import endpoint, endpoint_slice, service
@@ -139,14 +140,16 @@ _json = st.recursive(_scalars, lambda inner: st.one_of(
          "addresses", "targetRef", "conditions", "sessionAffinity", "sessionAffinityConfig",
          "clientIP", "timeoutSeconds", "nodePort", "externalIPs", "status", "loadBalancer",
          "ingress", "ip", "items", "kubernetes.io/service-name", "ipvsctl.io/scheduler",
-         "deletionTimestamp", "nodeName"]), inner, max_size=6)), max_leaves=30)
+         "deletionTimestamp", "nodeName", "hints", "forZones", "forNodes",
+         "trafficDistribution", "topology.kubernetes.io/zone"]), inner, max_size=6)),
+    max_leaves=30)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(list(ObjectKind)), _json)
 def test_fuzz_any_shape_is_parsed_or_invalid_never_a_crash(kind: ObjectKind, obj: Any) -> None:
     parse = {ObjectKind.SERVICE: parse_service, ObjectKind.ENDPOINT_SLICE: parse_endpoint_slice,
-             ObjectKind.POD: parse_pod}.get(kind)
+             ObjectKind.POD: parse_pod, ObjectKind.NODE: parse_node}.get(kind)
     if parse is not None:
         with contextlib.suppress(InvalidObject):
             parse(obj)
