@@ -65,6 +65,7 @@ class Loop:
         self._next_audit = self.clock.monotonic() + self.config.audit_interval
         self._saved_version = engine.queue.version
         self._saved_keys: frozenset[object] = frozenset(e.key for e in engine.queue)
+        self._persist_failing = False  # a failing disk is retried per interval, not per step
         self._next_persist = 0.0
         # The start-up addresses are fresh: the first re-read is one interval after the
         # first step.
@@ -192,7 +193,8 @@ class Loop:
             return None
         now = self.clock.monotonic()
         entries = list(self.engine.queue)
-        if now < self._next_persist and not {e.key for e in entries} - self._saved_keys:
+        if now < self._next_persist and (
+                self._persist_failing or not {e.key for e in entries} - self._saved_keys):
             return None
         self._next_persist = now + self.config.persist_interval
         return self.engine.queue.version, entries
@@ -203,6 +205,8 @@ class Loop:
             self.save_queue(entries)
             self._saved_version = version
             self._saved_keys = frozenset(e.key for e in entries)
+            self._persist_failing = False
         except OSError as exc:
+            self._persist_failing = True
             self.engine.metrics.state_write_errors.inc()
             log.error("drain state write failed", extra=fields(error=exc))

@@ -172,3 +172,31 @@ def test_the_raw_objects_of_a_batch_are_freed_before_the_sync():
     loop.step()
     assert h.engine.started and len(h.fake.services) == 1
     assert kernel.alive_at_sync == [False, False]
+
+
+def test_a_failing_state_write_is_retried_per_interval_not_per_step():
+    h = Harness()
+    events: queue.Queue = queue.Queue()
+    calls: list[int] = []
+
+    def save(entries: list) -> None:
+        calls.append(len(entries))
+        raise OSError(28, "No space left on device")
+
+    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0), clock=h.clock,
+                save_queue=save)
+    eps = [endpoint(f"10.0.0.{i}") for i in range(1, 6)]
+    events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", eps)], 0))
+    loop.step()
+    key = next(iter(h.fake.services))
+    for rs in list(h.fake.services[key].dests):
+        h.fake.set_connections(key, rs, 1)
+    for n in range(4, 0, -1):
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice("web", eps[:n]), 0))
+        loop.step()
+    assert calls == [1]  # the first new drain tried at once; the failure holds the rest
+    assert h.metrics.value("ipvsctl_state_write_errors_total") == 1
+    h.clock.advance(2.0)
+    loop.step()
+    assert calls == [1, 4]
