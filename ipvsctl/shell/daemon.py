@@ -28,6 +28,7 @@ from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.shell.http import HTTPServer, as_json, metrics_body, text
 from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
@@ -99,9 +100,11 @@ class Daemon:
         )
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
+        # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
+        self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
         self.loop = Loop(self.engine, self.events,
                          LoopConfig(drain_check_interval=o.drain_check_interval),
-                         save_queue=self.state.save, read_node_ips=self.read_node_ips)
+                         save_queue=self.writer.submit, read_node_ips=self.read_node_ips)
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
             self.netfilter = NetfilterSync(
@@ -192,7 +195,7 @@ class Daemon:
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
-                           ("proxy-health", self.proxy_health)):
+                           ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
             if part is not None:
                 self.threads.append(threading.Thread(
                     target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
