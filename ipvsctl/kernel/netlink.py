@@ -109,7 +109,9 @@ def _errors(operation: str, subject: object = "", scheduler: str | None = None) 
         yield
     except KernelError:
         raise
-    except (NetlinkError, OSError, RuntimeError) as exc:  # RuntimeError: pyroute2 event loop
+    # RuntimeError: pyroute2 event loop; struct.error/OverflowError: a value that does not
+    # fit its netlink field (parsing validates them; this keeps a miss to one Service).
+    except (NetlinkError, OSError, RuntimeError, struct.error, OverflowError) as exc:
         err = translate_error(exc, operation, str(subject))
         if scheduler is not None and isinstance(err, KernelNotFound):
             # a new/changed service gets ENOENT only for an unknown scheduler

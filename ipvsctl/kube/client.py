@@ -222,6 +222,7 @@ class KubeSource:
             )
             for r in self.reflectors
         ]
+        self._threads = threads
         self._pods.start(emit, halt)
         for t in threads:
             t.start()
@@ -245,6 +246,13 @@ class KubeSource:
 
     def request_pod(self, ref: PodRef) -> None:
         self._pods.request(ref)
+
+    def dead_threads(self) -> list[str]:
+        """Names of this source's threads that ended while it runs (for /healthz)."""
+        if self._halt.is_set():
+            return []
+        threads = getattr(self, "_threads", []) + self._pods.threads()
+        return [t.name for t in threads if not t.is_alive()]
 
     # ---- internals ----------------------------------------------------------------------
 

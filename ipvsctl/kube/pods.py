@@ -137,6 +137,9 @@ class PodFetcher:
             t.start()
             self._threads.append(t)
 
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
     def wake(self) -> None:
         """Make idle workers notice `halt`."""
         with self._cond:

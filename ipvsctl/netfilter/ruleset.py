@@ -116,6 +116,8 @@ def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:
     out: list[str] = []
     for text in texts:
         try:
+            if "%" in text:  # a zone id: ipaddress takes it, nft refuses the whole batch
+                raise ValueError(text)
             net = ipaddress.ip_network(text.strip(), strict=False)
         except ValueError:
             raise ValueError(f"{text}: not a CIDR") from None

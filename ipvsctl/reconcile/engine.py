@@ -579,13 +579,12 @@ class Engine:
         for key in sorted(observed.keys() - wanted_rs.keys()):
             self._delete_orphan(key, len(observed[key][1]), result)
         self.dirty |= set(self.store.services)
-        try:
-            for ref in sorted(self.dirty):
-                self._sync_service(ref, result, built)
-        finally:
-            # Only now: `started` is /readyz ("the first full list is in the kernel") and
-            # what /v1/quiesced calls ready, and other threads read it without the lock.
-            self.started = True
+        for ref in sorted(self.dirty):
+            self._sync_service(ref, result, built)
+        # Only now, and not when the sync raised: `started` is /readyz ("the first full
+        # list is in the kernel") and what /v1/quiesced calls ready, and other threads read
+        # it without the lock.
+        self.started = True
         self.dirty = set(result.failed)
         self._finish_sync(result, t0)
         log.info("initial sync done", extra=fields(

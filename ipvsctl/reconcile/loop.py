@@ -64,6 +64,8 @@ class Loop:
         self._next_drain = 0.0
         self._next_audit = self.clock.monotonic() + self.config.audit_interval
         self._saved_version = engine.queue.version
+        self._saved_keys: frozenset[object] = frozenset(e.key for e in engine.queue)
+        self._persist_failing = False  # a failing disk is retried per interval, not per step
         self._next_persist = 0.0
         # The start-up addresses are fresh: the first re-read is one interval after the
         # first step.
@@ -120,8 +122,10 @@ class Loop:
                 if e.audit_step():
                     self._sync(now)
                 self._next_audit = now + self.config.audit_interval
-            self._persist()
+            snapshot = self._persist_snapshot()
             self.heartbeat = self.clock.monotonic()
+        if snapshot is not None:  # the fsyncs outside the lock: /status never waits on disk
+            self._persist(*snapshot)
 
     def _read_node_ips(self) -> list[str] | None:
         """The node's addresses when a re-read is due, else None. A failed read keeps the
@@ -179,21 +183,30 @@ class Loop:
             self._retry_at = None
             self._retry_delay = self.config.retry_min
 
-    def _persist(self) -> None:
-        """Write the queue when it changed, at most every `persist_interval`: a whole-queue
-        JSON write with two fsyncs per event halved the loop's throughput (bench profile).
-        A crash inside the window loses at most the newest entries' deadlines; their real
-        servers are still at weight 0 and get adopted on restart."""
+    def _persist_snapshot(self) -> tuple[int, list[DrainEntry]] | None:
+        """The queue to write now, if any (called under the lock). A queue that gained an
+        entry is written at once: a drain started just before a SIGKILL must keep its
+        deadline (a 600 s annotation became the 30 s default after a restart). Other changes
+        (deletions, deadline moves) are coalesced to one write per `persist_interval`: a
+        whole-queue JSON write with two fsyncs per event halved the loop's throughput."""
         if self.save_queue is None or self.engine.queue.version == self._saved_version:
-            return
+            return None
         now = self.clock.monotonic()
-        if now < self._next_persist:
-            return
+        entries = list(self.engine.queue)
+        if now < self._next_persist and (
+                self._persist_failing or not {e.key for e in entries} - self._saved_keys):
+            return None
         self._next_persist = now + self.config.persist_interval
-        version = self.engine.queue.version
+        return self.engine.queue.version, entries
+
+    def _persist(self, version: int, entries: list[DrainEntry]) -> None:
+        assert self.save_queue is not None
         try:
-            self.save_queue(list(self.engine.queue))
+            self.save_queue(entries)
             self._saved_version = version
+            self._saved_keys = frozenset(e.key for e in entries)
+            self._persist_failing = False
         except OSError as exc:
+            self._persist_failing = True
             self.engine.metrics.state_write_errors.inc()
             log.error("drain state write failed", extra=fields(error=exc))

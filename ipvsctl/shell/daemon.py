@@ -28,6 +28,7 @@ from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.shell.http import HTTPServer, as_json, metrics_body, text
 from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
@@ -99,9 +100,11 @@ class Daemon:
         )
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
+        # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
+        self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
         self.loop = Loop(self.engine, self.events,
                          LoopConfig(drain_check_interval=o.drain_check_interval),
-                         save_queue=self.state.save, read_node_ips=self.read_node_ips)
+                         save_queue=self.writer.submit, read_node_ips=self.read_node_ips)
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
             self.netfilter = NetfilterSync(
@@ -159,12 +162,14 @@ class Daemon:
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
         dead = [t.name for t in self.threads if not t.is_alive()]
+        # A source's own threads (the API reflectors) die unseen behind its run() thread.
+        dead += getattr(self.source, "dead_threads", list)()
         if dead or age > self.options.stale_after:
             return text(503, f"unhealthy: stopped={dead} loop_idle={age:.1f}s\n")
         return text(200, "ok\n")
 
     def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        if self.engine.started:
+        if self.engine.started and all(t.is_alive() for t in self.threads):
             return text(200, "ready\n")
         return text(503, "waiting for the first full list to reach the kernel\n")
 
@@ -190,7 +195,7 @@ class Daemon:
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
-                           ("proxy-health", self.proxy_health)):
+                           ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
             if part is not None:
                 self.threads.append(threading.Thread(
                     target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
@@ -272,7 +277,8 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
         from ipvsctl.source.manifests import ManifestSource
 
         try:
-            return ManifestSource(o.manifests)
+            return ManifestSource(o.manifests, on_file_error=lambda: metrics.invalid_objects.labels(
+                "ManifestFile").inc())
         except SourceConfigError as exc:
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import KubeSource

@@ -7,7 +7,6 @@ relist or a status-only update then causes no work).
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
+from ipvsctl.source.validate import InvalidObject, affinity_timeout, cidr, optional_str
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
@@ -27,8 +27,7 @@ IPVS_SCHEDULERS = frozenset(
 )
 
 
-class InvalidObject(ValueError):
-    """An object ipvsctl cannot use; the message says why."""
+__all__ = ["InvalidObject"]  # defined in validate, imported from here by the store
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +166,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     annotations = _mapping(meta.get("annotations"), "metadata.annotations")
     warnings: list[str] = []
 
-    svc_type = spec.get("type") or "ClusterIP"
+    svc_type = optional_str(spec.get("type"), "spec.type") or "ClusterIP"
     if svc_type not in SERVICE_TYPES:
         raise InvalidObject(f"spec.type: unknown type {svc_type!r}")
 
@@ -218,19 +217,15 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         timeout = client_ip.get("timeoutSeconds")
         if timeout is None:
             affinity = DEFAULT_AFFINITY_TIMEOUT
-        elif isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0:
-            affinity = timeout
         else:
-            raise InvalidObject(
-                f"spec.sessionAffinityConfig.clientIP.timeoutSeconds: {timeout!r} is not a "
-                "positive integer"
-            )
+            affinity = affinity_timeout(
+                timeout, "spec.sessionAffinityConfig.clientIP.timeoutSeconds")
 
     scheduler = None
     for key in SCHEDULER_ANNOTATIONS:
         value = annotations.get(key)
         if value:
-            if value in IPVS_SCHEDULERS:
+            if isinstance(value, str) and value in IPVS_SCHEDULERS:
                 scheduler = value
             else:
                 warnings.append(
@@ -258,7 +253,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         valid = []
         for text in raw_ranges:
             try:
-                valid.append(ipaddress.ip_network(str(text).strip(), strict=False).compressed)
+                valid.append(cidr(str(text)))
             except ValueError:
                 warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
         source_ranges = _dedupe(valid)
@@ -305,8 +300,9 @@ def _condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
     namespace, name, meta = _meta(obj)
     labels = _mapping(meta.get("labels"), "metadata.labels")
-    service_name = labels.get(SERVICE_NAME_LABEL) or None
-    address_type = obj.get("addressType")
+    service_name = optional_str(labels.get(SERVICE_NAME_LABEL),
+                                f"metadata.labels.{SERVICE_NAME_LABEL}") or None
+    address_type = optional_str(obj.get("addressType"), "addressType")
     if address_type not in _ADDRESS_TYPES:
         raise InvalidObject(f"addressType: unknown address type {address_type!r}")
     family = _ADDRESS_TYPES[address_type]
@@ -347,7 +343,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
         target = _mapping(ep.get("targetRef"), f"endpoints[{i}].targetRef")
         pod = None
         if target.get("kind") == "Pod" and target.get("name"):
-            pod = PodRef(target.get("namespace") or namespace, target["name"])
+            pod = PodRef(
+                optional_str(target.get("namespace"), f"endpoints[{i}].targetRef.namespace")
+                or namespace,
+                optional_str(target["name"], f"endpoints[{i}].targetRef.name") or "")
         node_name = ep.get("nodeName")
         hints, warning = parse_hints(ep.get("hints"), f"endpoints[{i}].hints")
         if warning:

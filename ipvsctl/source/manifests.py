@@ -8,11 +8,10 @@ stops parsing keeps its last good objects in force (a typo must not delete Servi
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from ipvsctl.source.events import (
     SourceConfigError,
     Upsert,
 )
+from ipvsctl.source.safeyaml import MAX_BYTES, load_all_yaml, load_json
 
 log = logging.getLogger("ipvsctl.manifests")
 
@@ -52,23 +52,28 @@ class FileObjects:
 
 def _documents(path: Path) -> Iterator[Any]:
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise ManifestError(f"{path}: larger than {MAX_BYTES} bytes")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path}: cannot read: {exc}") from None
     try:
         if path.suffix == ".json":
-            yield json.loads(text)
+            yield load_json(text)
         else:
-            yield from yaml.safe_load_all(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            yield from load_all_yaml(text)
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
         msg = " ".join(str(exc).split())
         raise ManifestError(f"{path}: not valid {path.suffix[1:].upper()}: {msg}") from None
 
 
-def _unpack(doc: Any) -> Iterator[Any]:
+def _unpack(path: Path, doc: Any) -> Iterator[Any]:
     if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
-        for item in doc.get("items") or []:
-            yield from _unpack(item)
+        items = doc.get("items") or []
+        if not isinstance(items, list):
+            raise ManifestError(f"{path}: {doc.get('kind')}: items is not a list")
+        for item in items:
+            yield from _unpack(path, item)
     elif doc is not None:
         yield doc
 
@@ -79,8 +84,9 @@ def load_file(path: Path) -> FileObjects:
     objects: dict[ObjectId, RawObject] = {}
     ignored = 0
     for doc in _documents(path):
-        for obj in _unpack(doc):
-            kind = _KINDS.get(obj.get("kind")) if isinstance(obj, dict) else None
+        for obj in _unpack(path, doc):
+            raw_kind = obj.get("kind") if isinstance(obj, dict) else None
+            kind = _KINDS.get(raw_kind) if isinstance(raw_kind, str) else None
             if kind is None:
                 ignored += 1
                 continue
@@ -120,9 +126,11 @@ class ManifestSource:
 
     emits_node = True  # the first events include a Replace of Nodes (EngineConfig)
 
-    def __init__(self, folder: str | Path, interval: float = 1.0) -> None:
+    def __init__(self, folder: str | Path, interval: float = 1.0,
+                 on_file_error: Callable[[], None] | None = None) -> None:
         self.folder = Path(folder)
         self.interval = interval
+        self.on_file_error = on_file_error  # counts a file refused (a metric in the daemon)
         if not self.folder.is_dir():
             raise SourceConfigError(f"--manifests {folder}: not a readable folder")
         self._stats: dict[Path, tuple[float, int]] = {}
@@ -147,6 +155,8 @@ class ManifestSource:
         except ManifestError as exc:
             log.error("manifest file unreadable, keeping its last good objects",
                       extra=fields(file=f, error=exc))
+            if self.on_file_error is not None:
+                self.on_file_error()
             return None
 
     def initial(self) -> list[Replace]:

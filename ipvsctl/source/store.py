@@ -119,6 +119,10 @@ class ObjectStore:
             # The last good version (if any) stays in force: skipping a bad update must
             # not take traffic away from a working Service.
             change.problems.append(Problem(kind, object_name(obj), str(exc)))
+        except (TypeError, AttributeError, OverflowError, RecursionError) as exc:
+            # A shape the converters did not foresee: still one object skipped, never a dead
+            # loop (the fuzz test hunts these down; each found gets a proper check).
+            change.problems.append(Problem(kind, object_name(obj), f"malformed: {exc}"))
         return change
 
     def _delete(self, kind: ObjectKind, namespace: str, name: str) -> StoreChange:
@@ -145,8 +149,10 @@ class ObjectStore:
         for obj in objects:
             change.merge(self._upsert(kind, obj))
             meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-            if isinstance(meta, Mapping) and meta.get("name"):
-                listed.add((meta.get("namespace") or "default", meta["name"]))
+            if isinstance(meta, Mapping) and isinstance(meta.get("name"), str) and meta["name"]:
+                namespace = meta.get("namespace") or "default"
+                if isinstance(namespace, str):  # else skipped above as invalid
+                    listed.add((namespace, meta["name"]))
         if kind is ObjectKind.SERVICE:
             gone: Iterable[tuple[str, str]] = [
                 (r.namespace, r.name) for r in self.services if (r.namespace, r.name) not in listed

@@ -92,12 +92,27 @@ def test_failed_sync_is_retried_after_backoff():
     assert not h.engine.dirty and len(h.fake.services) == 1
 
 
-def test_drain_state_is_written_at_most_every_persist_interval():
-    h = Harness()
+def _persisting_loop(h: Harness, saved: list[int], locked: list[bool]) -> tuple[queue.Queue, Loop]:
     events: queue.Queue = queue.Queue()
+    holder: list[Loop] = []
+
+    def save(entries: list) -> None:
+        saved.append(len(entries))
+        locked.append(holder[0].lock.locked())
+
+    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0, drain_check_interval=1.0),
+                clock=h.clock, save_queue=save)
+    holder.append(loop)
+    return events, loop
+
+
+def test_a_new_drain_is_written_at_once_other_changes_at_most_every_persist_interval():
+    # Issue 16.6: a drain started just before a SIGKILL lost its 600 s deadline because its
+    # first write waited for the coalescing interval.
+    h = Harness()
     saved: list[int] = []
-    loop = Loop(h.engine, events, LoopConfig(persist_interval=0.5), clock=h.clock,
-                save_queue=lambda entries: saved.append(len(entries)))
+    locked: list[bool] = []
+    events, loop = _persisting_loop(h, saved, locked)
     svc = service("web")
     eps = [endpoint(f"10.0.0.{i}") for i in range(1, 6)]
     events.put(Replace(ObjectKind.SERVICE, [svc], 0))
@@ -106,14 +121,21 @@ def test_drain_state_is_written_at_most_every_persist_interval():
     key = next(iter(h.fake.services))
     for rs in list(h.fake.services[key].dests):
         h.fake.set_connections(key, rs, 1)
-    for n in range(4, 0, -1):  # four drains in quick succession
+    for n in range(4, 0, -1):  # four drains in quick succession: each new entry at once
         events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice("web", eps[:n]), 0))
         loop.step()
-    assert saved == [1]  # the first change at once, the rest wait for the interval
-    assert loop._timeout() <= 0.5
-    h.clock.advance(0.5)
+    assert saved == [1, 2, 3, 4]
+    assert locked == [False] * 4  # the fsyncs are not under the loop's lock
+    for rs in list(h.fake.services[key].dests):  # two drains end: removals are coalesced
+        if rs.address in ("10.0.0.5", "10.0.0.4"):
+            h.fake.set_connections(key, rs, 0)
+    h.clock.advance(1.0)
     loop.step()
-    assert saved == [1, 4]
+    assert len(h.engine.queue) == 2 and saved == [1, 2, 3, 4]
+    assert loop._timeout() <= 1.0
+    h.clock.advance(1.0)
+    loop.step()
+    assert saved == [1, 2, 3, 4, 2]
 
 
 class _Raw(dict):
@@ -150,3 +172,31 @@ def test_the_raw_objects_of_a_batch_are_freed_before_the_sync():
     loop.step()
     assert h.engine.started and len(h.fake.services) == 1
     assert kernel.alive_at_sync == [False, False]
+
+
+def test_a_failing_state_write_is_retried_per_interval_not_per_step():
+    h = Harness()
+    events: queue.Queue = queue.Queue()
+    calls: list[int] = []
+
+    def save(entries: list) -> None:
+        calls.append(len(entries))
+        raise OSError(28, "No space left on device")
+
+    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0), clock=h.clock,
+                save_queue=save)
+    eps = [endpoint(f"10.0.0.{i}") for i in range(1, 6)]
+    events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", eps)], 0))
+    loop.step()
+    key = next(iter(h.fake.services))
+    for rs in list(h.fake.services[key].dests):
+        h.fake.set_connections(key, rs, 1)
+    for n in range(4, 0, -1):
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice("web", eps[:n]), 0))
+        loop.step()
+    assert calls == [1]  # the first new drain tried at once; the failure holds the rest
+    assert h.metrics.value("ipvsctl_state_write_errors_total") == 1
+    h.clock.advance(2.0)
+    loop.step()
+    assert calls == [1, 4]

@@ -1,0 +1,105 @@
+"""Hostile state files (issue 16.5): each is set aside and start-up goes on by adoption."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason
+from ipvsctl.persist.drain_state import FILE_NAME, DrainStateFile
+from tests.harness import rs, vs
+
+GOOD = DrainEntry(vs(), rs("10.244.1.6"), None, DrainReason.TERMINATING, 1000.0, 1600.0,
+                  DeadlineSource.ANNOTATION)
+
+
+def _doc(**over: object) -> dict:
+    entry = GOOD.to_json() | over
+    return {"version": 1, "entries": [entry]}
+
+
+def _load(tmp_path: Path, raw: bytes) -> tuple[list[DrainEntry], DrainStateFile]:
+    (tmp_path / FILE_NAME).write_bytes(raw)
+    state = DrainStateFile(tmp_path)
+    return state.load(), state
+
+
+def _set_aside(tmp_path: Path) -> bool:
+    return (not os.path.lexists(tmp_path / FILE_NAME)
+            and any(p.name.startswith(f"{FILE_NAME}.corrupt-") for p in tmp_path.iterdir()))
+
+
+def test_a_good_file_round_trips(tmp_path: Path) -> None:
+    state = DrainStateFile(tmp_path)
+    state.save([GOOD])
+    assert state.load() == [GOOD] and state.load_error is None
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"version":1,"entries":[\xff\xfe]}',  # not UTF-8
+    json.dumps(_doc(vport=None)).replace("null", "1e999").encode(),  # inf in a port
+    json.dumps(_doc(port=None)).replace("null", "1e999").encode(),
+    json.dumps(_doc(deadline=None)).replace("null", "NaN").encode(),
+    json.dumps(_doc(deadline=None)).replace("null", "Infinity").encode(),
+    json.dumps(_doc(since=None)).replace("null", "1e999").encode(),  # inf via overflow
+    b'{"version":1,"entries":' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
+    json.dumps(_doc(vport=70000)).encode(),
+    json.dumps(_doc(vport=True)).encode(),
+    json.dumps(_doc(vip="fe80::1%eth0")).encode(),
+    json.dumps(_doc(address=["10.0.0.1"])).encode(),
+    json.dumps(_doc(service={"a": 1})).encode(),
+    json.dumps(_doc(pod="nopodslash")).encode(),
+    json.dumps(_doc(reason="gone")).encode(),
+    json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
+    json.dumps([1, 2]).encode(),
+], ids=["non-utf8", "inf-vport", "inf-port", "nan-deadline", "infinity-deadline",
+        "overflow-since", "deep", "big-port", "bool-port", "zone-id", "list-ip", "dict-service",
+        "bad-pod", "bad-reason", "entries-dict", "top-list"])
+def test_a_bad_file_is_set_aside_and_start_up_goes_on(tmp_path: Path, raw: bytes) -> None:
+    entries, state = _load(tmp_path, raw)
+    assert entries == []
+    assert state.load_error and state.load_error.startswith("corrupt")
+    assert _set_aside(tmp_path)
+
+
+def test_a_fifo_in_place_of_the_file_does_not_hang_start_up(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / FILE_NAME)
+    state = DrainStateFile(tmp_path)
+    result: list[list[DrainEntry]] = []
+    t = threading.Thread(target=lambda: result.append(state.load()), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "load() blocked on a FIFO"
+    assert result == [[]] and _set_aside(tmp_path)
+
+
+def test_a_symlink_in_place_of_the_file_is_not_followed(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_doc()))
+    (tmp_path / FILE_NAME).symlink_to(other)
+    state = DrainStateFile(tmp_path)
+    assert state.load() == [] and _set_aside(tmp_path)
+    assert other.read_text() == json.dumps(_doc())
+
+
+def test_a_symlinked_tmp_does_not_make_the_write_overwrite_another_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / f".{FILE_NAME}.tmp").symlink_to(victim)
+    state = DrainStateFile(tmp_path)
+    state.save([GOOD])
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / FILE_NAME).is_symlink()
+    assert state.load() == [GOOD]
+
+
+def test_a_nan_deadline_is_never_written(tmp_path: Path) -> None:
+    state = DrainStateFile(tmp_path)
+    bad = GOOD.with_deadline(float("nan"), DeadlineSource.DEFAULT)
+    with pytest.raises(OSError):
+        state.save([bad])  # OSError: the loop counts it as a failed write, never dies
+    assert not (tmp_path / FILE_NAME).exists()
