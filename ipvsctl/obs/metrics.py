@@ -104,6 +104,15 @@ class Metrics:
             "ipvsctl_health_check_node_port_errors",
             "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
         )
+        self.virtual_server_conflicts = Counter(
+            "ipvsctl_virtual_server_conflicts",
+            "Times a Service lost a virtual server it claims to another Service "
+            "(cluster IP first, then the older Service).", registry=r,
+        )
+        self.virtual_server_conflict_losers = Gauge(
+            "ipvsctl_virtual_server_conflict_losers",
+            "Claims on virtual servers currently lost to another Service.", registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):

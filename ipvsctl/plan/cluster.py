@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
+from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source.events import ObjectKind, RawObject, Replace
 from ipvsctl.source.store import ObjectStore, Problem
@@ -14,19 +15,23 @@ def plan_objects(
     objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
 ) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
-    A virtual server two Services want goes to the first in namespace/name order."""
+    A virtual server two Services want goes to the winner by plan/conflicts.py's rule."""
     store = ObjectStore(node.default_scheduler)
     problems: list[Problem] = []
     for kind in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
+    built = {ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
+             for ref in sorted(store.services)}
+    winners = resolve((ref, key, rank(dvs.kind, store.services[ref].created, ref))
+                      for ref, desired in built.items()
+                      for key, dvs in desired.virtual_servers.items())
     chosen: dict[ServiceKey, tuple[DesiredService, DesiredVirtualServer]] = {}
-    for ref in sorted(store.services):
-        desired = build_desired_service(store.services[ref], store.slices_of(ref), node)
+    for ref, desired in built.items():
         for key, dvs in desired.virtual_servers.items():
-            if key in chosen:
+            if winners[key] != ref:
                 problems.append(Problem(
                     ObjectKind.SERVICE, str(ref),
-                    f"virtual server {key} is already {chosen[key][0].ref}'s", fatal=False))
+                    f"virtual server {key} is {winners[key]}'s", fatal=False))
                 continue
             chosen[key] = (desired, dvs)
     return [chosen[k] for k in sorted(chosen)], problems

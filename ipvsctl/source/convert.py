@@ -56,6 +56,9 @@ class ServiceInfo:
     # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
     # listed range was invalid: closed rather than open to all.
     source_ranges: tuple[str, ...] | None = None
+    # metadata.creationTimestamp, epoch seconds: the older of two Services claiming one
+    # virtual server keeps it (plan/conflicts.py). None: unknown (ranks after any time).
+    created: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +266,14 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     hc = spec.get("healthCheckNodePort")
     hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
 
+    created = None
+    raw_created = meta.get("creationTimestamp")
+    if raw_created:
+        try:
+            created = parse_timestamp(str(raw_created))
+        except ValueError:
+            warnings.append(f"metadata.creationTimestamp: {raw_created!r} is not a time, ignored")
+
     info = ServiceInfo(
         ref=ServiceRef(namespace, name),
         type=svc_type,
@@ -278,6 +289,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         drain_timeout=drain_timeout,
         health_check_node_port=hc_port,
         source_ranges=source_ranges,
+        created=created,
     )
     return Parsed(info, tuple(warnings))
 
