@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -103,11 +103,16 @@ class Element:
 Elements = Mapping[ServiceKey, Element]
 
 
-def element_for(dvs: DesiredVirtualServer, health_port: int | None = None) -> Element:
+def element_for(dvs: DesiredVirtualServer, health_port: int | None = None,
+                node_ips: Collection[str] = ()) -> Element:
+    """`node_ips`: an external or load-balancer IP that is also one of the node's own
+    addresses stays out of the port filter (else sshd on the node's address would be
+    refused; kube-proxy does not even bind such an address)."""
     ranges = dvs.source_ranges
     lb = dvs.kind is VirtualServerKind.LOAD_BALANCER
+    vip = dvs.kind.binds_address and dvs.key.address not in node_ips
     return Element(verdict_for(dvs), None if ranges is None else collapse_cidrs(ranges),
-                   dvs.kind.binds_address, health_port if lb else None)
+                   vip, health_port if lb else None)
 
 
 def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
@@ -120,12 +125,14 @@ def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def service_elements(desired: DesiredService | None) -> dict[ServiceKey, Element]:
+def service_elements(desired: DesiredService | None,
+                     node_ips: Collection[str] = ()) -> dict[ServiceKey, Element]:
     """The table elements one Service needs: one per virtual server."""
     if desired is None:
         return {}
     hcnp = desired.health_check_node_port
-    return {key: element_for(dvs, hcnp) for key, dvs in desired.virtual_servers.items()}
+    return {key: element_for(dvs, hcnp, node_ips)
+            for key, dvs in desired.virtual_servers.items()}
 
 
 def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -93,6 +93,7 @@ class NetfilterSync:
         ready: Callable[[], bool] = lambda: True,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        node_ips: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.nft = nft
         self.config = config or SyncConfig()
@@ -100,6 +101,7 @@ class NetfilterSync:
         self.ready = ready
         self.metrics = metrics
         self.clock = clock
+        self.node_ips = node_ips  # the node's own addresses: never in the port filter
         self.desired: dict[ServiceKey, Element] = {}
         self.owner: dict[ServiceKey, ServiceRef] = {}
         self.applied: dict[ServiceKey, Element] = {}
@@ -127,7 +129,8 @@ class NetfilterSync:
     def on_service(self, ref: ServiceRef, old: DesiredService | None,
                    new: DesiredService | None) -> None:
         """Engine service listener: note this Service's element changes, O(the Service)."""
-        old_el, new_el = service_elements(old), service_elements(new)
+        nodes = frozenset(self.node_ips())
+        old_el, new_el = service_elements(old, nodes), service_elements(new, nodes)
         if old_el == new_el:
             return  # endpoints only: nothing for nftables
         with self._lock:

@@ -374,3 +374,17 @@ def test_audit_puts_back_port_filter_elements_someone_removed(setup):
     h.clock.advance(CONFIG.audit_interval)
     sync.step()
     assert nft.ops() == ["replace"] and _filter(nft) == want and sync.audit()
+
+
+def test_the_daemon_s_node_addresses_are_never_filtered():
+    h = Harness()
+    nft = FakeNft()
+    sync = NetfilterSync(nft, CONFIG, ready=lambda: h.engine.started, clock=h.clock.monotonic,
+                         node_ips=lambda: h.engine.config.node.node_ips)
+    h.engine.service_listeners.append(sync.on_service)
+    sync.start()
+    h.start([service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])],
+            [])
+    assert sync.flush()
+    assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 80"}}
+    assert nft.elements()["192.0.2.10 . tcp . 80"] == "external"  # still masqueraded
