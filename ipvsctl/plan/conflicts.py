@@ -41,6 +41,7 @@ class Claims:
 
     by_key: dict[ServiceKey, dict[ServiceRef, Rank]] = field(default_factory=dict)
     by_ref: dict[ServiceRef, frozenset[ServiceKey]] = field(default_factory=dict)
+    _losing: int = 0  # sum over keys of (claimants - 1), kept as claims come and go
 
     def winner(self, key: ServiceKey) -> ServiceRef | None:
         claims = self.by_key.get(key)
@@ -62,10 +63,12 @@ class Claims:
         for key in old_keys | new_keys:
             before = self.winner(key)
             entry = self.by_key.setdefault(key, {})
+            self._losing -= max(0, len(entry) - 1)
             if key in claims:
                 entry[ref] = claims[key]
             else:
                 entry.pop(ref, None)
+            self._losing += max(0, len(entry) - 1)
             if not entry:
                 del self.by_key[key]
             after = self.winner(key)
@@ -78,8 +81,8 @@ class Claims:
         return affected
 
     def conflicts(self) -> int:
-        """Claims currently losing (one per Service and key)."""
-        return sum(len(c) - 1 for c in self.by_key.values())
+        """Claims currently losing (one per Service and key); O(1)."""
+        return self._losing
 
 
 def resolve(claims: Iterable[tuple[ServiceRef, ServiceKey, Rank]]) -> dict[ServiceKey, ServiceRef]:
