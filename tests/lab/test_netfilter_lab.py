@@ -325,7 +325,8 @@ def icmp_echo(netns: Any, address: str, timeout: float = 3.0) -> bool:
         s.settimeout(timeout)
         body = struct.pack("!HH", 0x1234, 1) + b"ipvsctl"
         head = struct.pack("!BBH", 8, 0, 0) + body
-        total = sum(struct.unpack(f"!{len(head) // 2}H", head + b"\0" * (len(head) % 2)))
+        padded = head + b"\0" * (len(head) % 2)
+        total = sum(struct.unpack(f"!{len(padded) // 2}H", padded))
         while total >> 16:
             total = (total & 0xFFFF) + (total >> 16)
         s.sendto(struct.pack("!BBH", 8, 0, ~total & 0xFFFF) + body, (address, 0))
