@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
@@ -15,11 +16,15 @@ def plan_objects(
     objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
 ) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
-    A virtual server two Services want goes to the winner by plan/conflicts.py's rule."""
-    store = ObjectStore(node.default_scheduler)
+    A virtual server two Services want goes to the winner by plan/conflicts.py's rule. A
+    `kind: Node` named as the node gives its zone (topology hints)."""
+    store = ObjectStore(node.default_scheduler, node_name=node.node_name)
     problems: list[Problem] = []
-    for kind in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
+    for kind in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+                 ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
+    if store.node is not None:
+        node = dataclasses.replace(node, zone=store.node.zone)
     built = {ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
              for ref in sorted(store.services)}
     winners = resolve((ref, key, rank(dvs.kind, store.services[ref].created, ref))
