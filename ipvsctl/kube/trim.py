@@ -53,7 +53,8 @@ def _prefixed(src: Any, prefixes: tuple[str, ...]) -> dict[str, Any]:
 
 def trim_service(obj: Mapping[str, Any]) -> RawObject:
     meta = obj.get("metadata") or {}
-    out_meta = _pick(meta, ("name", "namespace", "uid"))
+    # creationTimestamp: the older of two Services claiming one virtual server keeps it
+    out_meta = _pick(meta, ("name", "namespace", "uid", "creationTimestamp"))
     annotations = _prefixed(meta.get("annotations"), SERVICE_ANNOTATION_PREFIXES)
     if annotations:
         out_meta["annotations"] = annotations

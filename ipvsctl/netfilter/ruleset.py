@@ -35,6 +35,18 @@ with each allowed CIDR, an interval set). kube-proxy's special case is kept: whe
 holds one of the node's addresses, the node may reach the IP (its packets carry the IP
 itself as source). This is the only thing ipvsctl drops, and only because a Service asks.
 
+The virtual-IP port filter (kube-proxy's KUBE-IPVS-FILTER, kubernetes#72236): every address
+ipvsctl binds on the dummy interface is a local address of the node, so without it sshd, the
+kubelet or any host listener would answer on every ClusterIP, external IP and load-balancer
+IP, from pods and from outside. New TCP, UDP and SCTP connections to such an address at a
+protocol and port that is no virtual server are rejected at the input hook (which the node's
+own traffic to a local address also crosses, as with kube-proxy's INPUT rule); replies and
+established connections (not `ct state new`), ICMP, and node addresses (NodePorts) are not
+touched. Two sets per family: `vips` (the bound addresses) and `vip-ports` (their address .
+protocol . port virtual servers, plus the healthCheckNodePort on load-balancer IPs, which some
+clouds probe at the load-balancer IP). Several virtual servers share an address, so these
+sets are counted (`filter_counts`) and an element leaves only with its last user.
+
 No accept rules and no drop policy: an `accept` in one nftables table does not overrule a
 `drop` in another, so accept rules here could not help a host firewall with a drop policy
 (docs/netfilter.md says what to allow there).
@@ -43,7 +55,8 @@ No accept rules and no drop policy: an `accept` in one nftables table does not o
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -83,14 +96,23 @@ class Element:
 
     verdict: Verdict
     source_ranges: tuple[str, ...] | None = None
+    vip: bool = False  # the address is on the dummy interface: the port filter covers it
+    health_port: int | None = None  # a load-balancer IP's healthCheckNodePort, let through
 
 
 Elements = Mapping[ServiceKey, Element]
 
 
-def element_for(dvs: DesiredVirtualServer) -> Element:
+def element_for(dvs: DesiredVirtualServer, health_port: int | None = None,
+                node_ips: Collection[str] = ()) -> Element:
+    """`node_ips`: an external or load-balancer IP that is also one of the node's own
+    addresses stays out of the port filter (else sshd on the node's address would be
+    refused; kube-proxy does not even bind such an address)."""
     ranges = dvs.source_ranges
-    return Element(verdict_for(dvs), None if ranges is None else collapse_cidrs(ranges))
+    lb = dvs.kind is VirtualServerKind.LOAD_BALANCER
+    vip = dvs.kind.binds_address and dvs.key.address not in node_ips
+    return Element(verdict_for(dvs), None if ranges is None else collapse_cidrs(ranges),
+                   vip, health_port if lb else None)
 
 
 def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
@@ -103,11 +125,14 @@ def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def service_elements(desired: DesiredService | None) -> dict[ServiceKey, Element]:
+def service_elements(desired: DesiredService | None,
+                     node_ips: Collection[str] = ()) -> dict[ServiceKey, Element]:
     """The table elements one Service needs: one per virtual server."""
     if desired is None:
         return {}
-    return {key: element_for(dvs) for key, dvs in desired.virtual_servers.items()}
+    hcnp = desired.health_check_node_port
+    return {key: element_for(dvs, hcnp, node_ips)
+            for key, dvs in desired.virtual_servers.items()}
 
 
 def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:
@@ -154,6 +179,37 @@ def allow_name(family: int) -> str:
     return f"firewall-allow{family}"
 
 
+def vips_name(family: int) -> str:
+    return f"vips{family}"
+
+
+def vip_ports_name(family: int) -> str:
+    return f"vip-ports{family}"
+
+
+# One port-filter set element: (set name, field, ...), fields as nft lists them.
+FilterItem = tuple[str, ...]
+
+
+def filter_items(key: ServiceKey, el: Element) -> tuple[FilterItem, ...]:
+    """The port-filter set elements one virtual server needs (none for a NodePort)."""
+    if not el.vip:
+        return ()
+    f, proto = key.family, key.protocol.value.lower()
+    out = [(vips_name(f), key.address), (vip_ports_name(f), key.address, proto, str(key.port))]
+    if el.health_port is not None:
+        out.append((vip_ports_name(f), key.address, "tcp", str(el.health_port)))
+    return tuple(out)
+
+
+def filter_counts(items: Iterable[tuple[ServiceKey, Element]]) -> Counter[FilterItem]:
+    """How many virtual servers need each port-filter set element."""
+    out: Counter[FilterItem] = Counter()
+    for key, el in items:
+        out.update(filter_items(key, el))
+    return out
+
+
 def _ip(family: int) -> str:
     return "ip6" if family == 6 else "ip"
 
@@ -187,9 +243,16 @@ def _chains(config: RulesetConfig) -> dict[str, list[str]]:
         f"{_ip(f)} daddr . meta l4proto . th dport . {_ip(f)} saddr != @{allow_name(f)} drop"
         for f in (4, 6)
     ]
+    # Not a virtual server on a bound address: refused (kube-proxy's KUBE-IPVS-FILTER).
+    vip_filter = [
+        f"meta nfproto ipv{f} {_ip(f)} daddr @{vips_name(f)} "
+        f"{_ip(f)} daddr . meta l4proto . th dport != @{vip_ports_name(f)} reject"
+        for f in (4, 6)
+    ]
     return {
         "hairpin": hairpin,
         "source-ranges": source_ranges,
+        "vip-filter": vip_filter,
         Verdict.CLUSTER_IP.value: cluster_ip,
         Verdict.EXTERNAL.value: [MASQUERADE],
         Verdict.EXTERNAL_LOCAL.value: ["jump hairpin", f"fib saddr type local {MASQUERADE}"],
@@ -212,6 +275,8 @@ FILTER_CHAINS = {
     "filter-output": "{ type filter hook output priority mangle ; policy accept ; }",
 }
 _FILTER_RULE = "ct state new meta l4proto { tcp, udp, sctp } jump source-ranges"
+# Input only (as kube-proxy): the node's own connections to a local address cross it too.
+_VIP_FILTER_RULE = "ct state new meta l4proto { tcp, udp, sctp } jump vip-filter"
 
 
 def base_statements(config: RulesetConfig) -> list[str]:
@@ -231,6 +296,10 @@ def base_statements(config: RulesetConfig) -> list[str]:
                    "inet_service ; }")
         out.append(f"add set {t} {allow_name(f)} {{ type {_addr_type(f)} . inet_proto . "
                    f"inet_service . {_addr_type(f)} ; flags interval ; }}")
+    for f in (4, 6):
+        out.append(f"add set {t} {vips_name(f)} {{ type {_addr_type(f)} ; }}")
+        out.append(f"add set {t} {vip_ports_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+                   "inet_service ; }")
     chains = _chains(config)
     for name in chains:
         out.append(f"add chain {t} {name}")
@@ -239,7 +308,8 @@ def base_statements(config: RulesetConfig) -> list[str]:
         out.append(f"add chain {t} {name} {spec}")
     for name in [*chains, BASE_CHAIN, *FILTER_CHAINS]:
         out.append(f"flush chain {t} {name}")
-    base = [(BASE_CHAIN, _postrouting()), *((n, [_FILTER_RULE]) for n in FILTER_CHAINS)]
+    base = [(BASE_CHAIN, _postrouting()), *((n, [_FILTER_RULE]) for n in FILTER_CHAINS),
+            ("filter-input", [_VIP_FILTER_RULE])]
     for name, rules in [*chains.items(), *base]:
         out.extend(f"add rule {t} {name} {rule}" for rule in rules)
     return out
@@ -277,45 +347,74 @@ def _element_statements(config: RulesetConfig, verb: str,
     return out
 
 
+def _filter_statements(config: RulesetConfig, verb: str,
+                       items: Iterable[FilterItem]) -> list[str]:
+    groups: dict[str, list[str]] = {}
+    for name, *fields_ in sorted(items):
+        groups.setdefault(name, []).append(" . ".join(fields_))
+    return [f"{verb} element {config.target} {name} {{ {', '.join(texts)} }}"
+            for name, texts in sorted(groups.items())]
+
+
 @dataclass(frozen=True, slots=True)
 class ElementDelta:
     """Element changes for one transaction: deletions first, then additions (a verdict
-    change is both)."""
+    change is both). The port-filter set elements whose last user leaves, or whose first
+    comes, ride along."""
 
     delete: tuple[tuple[ServiceKey, Element], ...] = ()  # with the element being removed
     add: tuple[tuple[ServiceKey, Element], ...] = ()
+    filter_delete: tuple[FilterItem, ...] = ()
+    filter_add: tuple[FilterItem, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.delete or self.add)
+        return bool(self.delete or self.add or self.filter_delete or self.filter_add)
 
 
 def element_delta(applied: Elements, desired: Elements,
-                  keys: Iterable[ServiceKey] | None = None) -> ElementDelta:
+                  keys: Iterable[ServiceKey] | None = None,
+                  applied_counts: Mapping[FilterItem, int] | None = None,
+                  desired_counts: Mapping[FilterItem, int] | None = None) -> ElementDelta:
     """What turns `applied` into `desired`, looking only at `keys` (default: all of both),
-    so that one Service's change costs O(that Service)."""
+    so that one Service's change costs O(that Service). The counts (`filter_counts` of
+    each side; computed here, O(all), when not given) say which port-filter set elements
+    change."""
     if keys is None:
         keys = applied.keys() | desired.keys()
+    if applied_counts is None:
+        applied_counts = filter_counts(applied.items())
+    if desired_counts is None:
+        desired_counts = filter_counts(desired.items())
     delete, add = [], []
+    touched: set[FilterItem] = set()
     for key in sorted(keys):
         have, want = applied.get(key), desired.get(key)
         if have == want:
             continue
         if have is not None:
             delete.append((key, have))
+            touched.update(filter_items(key, have))
         if want is not None:
             add.append((key, want))
-    return ElementDelta(tuple(delete), tuple(add))
+            touched.update(filter_items(key, want))
+    was = {i for i in touched if applied_counts.get(i, 0) > 0}
+    now = {i for i in touched if desired_counts.get(i, 0) > 0}
+    return ElementDelta(tuple(delete), tuple(add),
+                        tuple(sorted(was - now)), tuple(sorted(now - was)))
 
 
 def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
     """Incremental: delete and add elements, in one transaction."""
     out = _element_statements(config, "delete", delta.delete)
+    out += _filter_statements(config, "delete", delta.filter_delete)
     out += _element_statements(config, "add", delta.add)
+    out += _filter_statements(config, "add", delta.filter_add)
     return _text(out)
 
 
 def _all_elements(config: RulesetConfig, elements: Elements) -> list[str]:
-    return _element_statements(config, "add", elements.items())
+    return (_element_statements(config, "add", elements.items())
+            + _filter_statements(config, "add", filter_counts(elements.items())))
 
 
 def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
@@ -323,7 +422,8 @@ def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
     refilled in one transaction, so no packet sees them half-filled."""
     t = config.target
     out = [f"flush map {t} {map_name(f)}" for f in (4, 6)]
-    out += [f"flush set {t} {name(f)}" for name in (firewall_name, allow_name) for f in (4, 6)]
+    out += [f"flush set {t} {name(f)}"
+            for name in (firewall_name, allow_name, vips_name, vip_ports_name) for f in (4, 6)]
     return _text(out + _all_elements(config, elements))
 
 

@@ -23,7 +23,8 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,17 +34,22 @@ from ipvsctl.model import Protocol as L4Protocol
 from ipvsctl.netfilter.nft import NftError, NftPermissionDenied, NftUnavailable
 from ipvsctl.netfilter.ruleset import (
     Element,
+    FilterItem,
     RulesetConfig,
     Verdict,
     allow_name,
     base_ruleset,
     delta_ruleset,
     element_delta,
+    filter_counts,
+    filter_items,
     firewall_name,
     map_name,
     replace_elements_ruleset,
     replace_table_ruleset,
     service_elements,
+    vip_ports_name,
+    vips_name,
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
@@ -87,6 +93,7 @@ class NetfilterSync:
         ready: Callable[[], bool] = lambda: True,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        node_ips: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.nft = nft
         self.config = config or SyncConfig()
@@ -94,9 +101,13 @@ class NetfilterSync:
         self.ready = ready
         self.metrics = metrics
         self.clock = clock
+        self.node_ips = node_ips  # the node's own addresses: never in the port filter
         self.desired: dict[ServiceKey, Element] = {}
         self.owner: dict[ServiceKey, ServiceRef] = {}
         self.applied: dict[ServiceKey, Element] = {}
+        # port-filter set elements (`filter_counts`) of `desired` and of `applied`
+        self.desired_counts: Counter[FilterItem] = Counter()
+        self.applied_counts: Counter[FilterItem] = Counter()
         self.touched: set[ServiceKey] = set()
         self.needs_replace = True  # the first push after start-up rewrites every element
         self.needs_table = False  # the table went missing or was changed by someone else
@@ -118,18 +129,22 @@ class NetfilterSync:
     def on_service(self, ref: ServiceRef, old: DesiredService | None,
                    new: DesiredService | None) -> None:
         """Engine service listener: note this Service's element changes, O(the Service)."""
-        old_el, new_el = service_elements(old), service_elements(new)
+        nodes = frozenset(self.node_ips())
+        old_el, new_el = service_elements(old, nodes), service_elements(new, nodes)
         if old_el == new_el:
             return  # endpoints only: nothing for nftables
         with self._lock:
             for key in old_el.keys() - new_el.keys():
                 if self.owner.get(key) == ref:
                     del self.owner[key]
-                    del self.desired[key]
+                    self.desired_counts.subtract(filter_items(key, self.desired.pop(key)))
                     self.touched.add(key)
             for key, element in new_el.items():
                 if self.desired.get(key) != element or self.owner.get(key) != ref:
+                    if key in self.desired:
+                        self.desired_counts.subtract(filter_items(key, self.desired[key]))
                     self.desired[key] = element
+                    self.desired_counts.update(filter_items(key, element))
                     self.owner[key] = ref
                     self.touched.add(key)
         self.wake.set()
@@ -172,7 +187,8 @@ class NetfilterSync:
                 elif self.touched:
                     kind, elements = "elements", {}
                     touched, self.touched = self.touched, set()
-                    delta = element_delta(self.applied, self.desired, touched)
+                    delta = element_delta(self.applied, self.desired, touched,
+                                          self.applied_counts, self.desired_counts)
                     if not delta:
                         return True
                 else:
@@ -197,12 +213,16 @@ class NetfilterSync:
         with self._lock:
             if delta is None:
                 self.applied = elements
+                self.applied_counts = filter_counts(elements.items())
                 self.needs_replace = False
                 if kind == "table":
                     self.needs_table = False
             else:
-                for key, _ in delta.delete:
+                for key, el in delta.delete:
                     self.applied.pop(key, None)
+                    self.applied_counts.subtract(filter_items(key, el))
+                for key, el in delta.add:
+                    self.applied_counts.update(filter_items(key, el))
                 self.applied.update(delta.add)
             n = len(self.applied)
         if self.metrics is not None:
@@ -259,21 +279,23 @@ class NetfilterSync:
                         found[key] = Verdict(target)
                     except ValueError:
                         strange = True
-                for name in (firewall_name(family), allow_name(family)):
+                for name in (firewall_name(family), allow_name(family),
+                             vips_name(family), vip_ports_name(family)):
                     elements = self.nft.list_set(self.target, name)
                     if elements is None:
                         return self.check()
                     for fields_ in elements:
                         try:
                             found_sets.add((name, *_normalized(fields_)))
-                        except ValueError:
+                        except (ValueError, TypeError):
                             strange = True
         except NftError:
             return False
         with self._lock:
             applied = {k: e.verdict for k, e in self.applied.items()}
-            same = (not strange and found == applied
-                    and found_sets == _set_elements(self.applied)) \
+            wanted_sets = _set_elements(self.applied) | {
+                item for item, n in self.applied_counts.items() if n > 0}
+            same = (not strange and found == applied and found_sets == wanted_sets) \
                 or self.needs_replace or self.needs_table
         if not same:
             self._repair("elements", "nftables elements changed by someone else")
@@ -330,7 +352,10 @@ class NetfilterSync:
 
 def _normalized(fields_: tuple[str, ...]) -> tuple[str, ...]:
     """A listed source-range set element as ipvsctl writes it: address, protocol, port and,
-    in the allow sets, a CIDR (nft lists a /32 or /128 as a bare address)."""
+    in the allow sets, a CIDR (nft lists a /32 or /128 as a bare address); in the vips sets
+    the address alone."""
+    if len(fields_) == 1:
+        return (normalize_ip(fields_[0]),)
     address, proto, port, *rest = fields_
     out = (normalize_ip(address), proto, str(int(port)))
     return out + tuple(ipaddress.ip_network(c, strict=False).compressed for c in rest)

@@ -125,6 +125,15 @@ class Metrics:
             "Answers of the --healthz-bind-address server, by path and code.",
             ["path", "code"], registry=r,
         )
+        self.virtual_server_conflicts = Counter(
+            "ipvsctl_virtual_server_conflicts",
+            "Times a Service lost a virtual server it claims to another Service "
+            "(cluster IP first, then the older Service).", registry=r,
+        )
+        self.virtual_server_conflict_losers = Gauge(
+            "ipvsctl_virtual_server_conflict_losers",
+            "Claims on virtual servers currently lost to another Service.", registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):

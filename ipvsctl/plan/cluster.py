@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
+from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source.events import ObjectKind, RawObject, Replace
 from ipvsctl.source.store import ObjectStore, Problem
@@ -15,7 +16,7 @@ def plan_objects(
     objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
 ) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
-    A virtual server two Services want goes to the first in namespace/name order. A
+    A virtual server two Services want goes to the winner by plan/conflicts.py's rule. A
     `kind: Node` named as the node gives its zone (topology hints)."""
     store = ObjectStore(node.default_scheduler, node_name=node.node_name)
     problems: list[Problem] = []
@@ -24,14 +25,18 @@ def plan_objects(
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
     if store.node is not None:
         node = dataclasses.replace(node, zone=store.node.zone)
+    built = {ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
+             for ref in sorted(store.services)}
+    winners = resolve((ref, key, rank(dvs.kind, store.services[ref].created, ref))
+                      for ref, desired in built.items()
+                      for key, dvs in desired.virtual_servers.items())
     chosen: dict[ServiceKey, tuple[DesiredService, DesiredVirtualServer]] = {}
-    for ref in sorted(store.services):
-        desired = build_desired_service(store.services[ref], store.slices_of(ref), node)
+    for ref, desired in built.items():
         for key, dvs in desired.virtual_servers.items():
-            if key in chosen:
+            if winners[key] != ref:
                 problems.append(Problem(
                     ObjectKind.SERVICE, str(ref),
-                    f"virtual server {key} is already {chosen[key][0].ref}'s", fatal=False))
+                    f"virtual server {key} is {winners[key]}'s", fatal=False))
                 continue
             chosen[key] = (desired, dvs)
     return [chosen[k] for k in sorted(chosen)], problems

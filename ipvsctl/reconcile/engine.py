@@ -41,6 +41,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.conflicts import Claims, rank
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.diff import DrainPolicy, diff_service
 from ipvsctl.plan.drain import check_drains
@@ -123,6 +124,8 @@ class Engine:
         self._arrivals: dict[ServiceRef, list[float]] = {}
         self._pods_requested: set[PodRef] = set()
         self._conflicts: dict[ServiceKey, set[ServiceRef]] = {}
+        self.claims = Claims()  # who claims which virtual server; plan/conflicts.py's rule
+        self._losing: dict[ServiceRef, frozenset[ServiceKey]] = {}
         self._n_vs = 0
         self._n_rs = 0
         self._failing: set[ServiceRef] = set()
@@ -254,9 +257,15 @@ class Engine:
             return self._initial_sync()
         result = SyncResult()
         t0 = self.clock.monotonic()
-        for ref in sorted(self.dirty):
-            self._sync_service(ref, result)
-        self.dirty = set(result.failed)
+        # A Service can make others dirty while syncing (it released or lost a virtual
+        # server another one waits for): those go in a second round of the same sync.
+        for _ in range(3):
+            todo, self.dirty = self.dirty - result.failed, set()
+            if not todo:
+                break
+            for ref in sorted(todo):
+                self._sync_service(ref, result)
+        self.dirty |= result.failed
         self._finish_sync(result, t0)
         return result
 
@@ -273,25 +282,42 @@ class Engine:
                            self.store.pod_deadlines())
 
     def _build(self, ref: ServiceRef) -> DesiredService | None:
+        desired = self._build_and_claim(ref)
+        return None if desired is None else self._resolve_conflicts(ref, desired)
+
+    def _build_and_claim(self, ref: ServiceRef) -> DesiredService | None:
+        """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
         svc = self.store.services.get(ref)
-        if svc is None:
-            return None
-        desired = build_desired_service(svc, self.store.slices_of(ref), self.config.node)
-        return self._resolve_conflicts(ref, desired)
+        desired = None if svc is None else build_desired_service(
+            svc, self.store.slices_of(ref), self.config.node)
+        claims = {} if desired is None else {
+            k: rank(dvs.kind, svc.created if svc else None, ref)
+            for k, dvs in desired.virtual_servers.items()}
+        # Services that won or lost a key by this change: rebuilt in this or the next pass
+        self.dirty |= self.claims.update(ref, claims)
+        if desired is None:
+            self._losing.pop(ref, None)
+        self.metrics.virtual_server_conflict_losers.set(self.claims.conflicts())
+        return desired
 
     def _resolve_conflicts(self, ref: ServiceRef, desired: DesiredService) -> DesiredService:
         """Two Services wanting one virtual server (say the same external IP and port): the
-        one that programmed it first keeps it; the other waits until it is released."""
+        winner by plan/conflicts.py's rule gets it, once the other has released it."""
+        lost = frozenset(k for k in desired.virtual_servers if self.claims.winner(k) != ref)
+        for key in sorted(lost - self._losing.get(ref, frozenset())):
+            self.metrics.virtual_server_conflicts.inc()
+            log.warning("virtual server claimed by another service", extra=fields(
+                service=ref, vs=key, winner=self.claims.winner(key)))
+        if lost:
+            self._losing[ref] = lost
+        else:
+            self._losing.pop(ref, None)
         taken = [k for k in desired.virtual_servers
-                 if self.vs_owner.get(k, ref) != ref]
+                 if k in lost or self.vs_owner.get(k, ref) != ref]
         if not taken:
             return desired
         for key in taken:
-            if ref not in self._conflicts.setdefault(key, set()):
-                self._conflicts[key].add(ref)
-                self.metrics.invalid_objects.labels(ObjectKind.SERVICE.value).inc()
-                log.warning("virtual server claimed by another service", extra=fields(
-                    service=ref, vs=key, owner=self.vs_owner[key]))
+            self._conflicts.setdefault(key, set()).add(ref)  # rebuilt when it is released
         kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}
         return DesiredService(ref, kept, desired.drain_timeout, desired.endpoints,
                               desired.health_check_node_port)
@@ -533,8 +559,12 @@ class Engine:
         now = self.clock.wall()
         wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
         built: dict[ServiceRef, DesiredService | None] = {}
-        for ref in sorted(self.store.services):
-            desired = built[ref] = self._build(ref)
+        # every claim first, so that who wins does not depend on the order of building
+        claimed = {ref: self._build_and_claim(ref) for ref in sorted(self.store.services)}
+        for ref, desired in claimed.items():
+            if desired is not None:
+                desired = self._resolve_conflicts(ref, desired)
+            built[ref] = desired
             if desired is not None:
                 for key, dvs in desired.virtual_servers.items():
                     wanted_rs[key] = dvs.real_servers

@@ -110,7 +110,7 @@ class Daemon:
             self.netfilter = NetfilterSync(
                 self.nft, SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
                 batch_lock=self.loop.lock, ready=lambda: self.engine.started,
-                metrics=self.metrics)
+                metrics=self.metrics, node_ips=lambda: self.engine.config.node.node_ips)
             self.engine.service_listeners.append(self.netfilter.on_service)
         if self.health is not None:
             self.health.metrics = self.metrics

@@ -57,6 +57,9 @@ class ServiceInfo:
     # listed range was invalid: closed rather than open to all.
     source_ranges: tuple[str, ...] | None = None
     topology_hints: bool = True  # False: unknown spec.trafficDistribution, hints ignored
+    # metadata.creationTimestamp, epoch seconds: the older of two Services claiming one
+    # virtual server keeps it (plan/conflicts.py). None: unknown (ranks after any time).
+    created: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,14 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     hc = spec.get("healthCheckNodePort")
     hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
 
+    created = None
+    raw_created = meta.get("creationTimestamp")
+    if raw_created:
+        try:
+            created = parse_timestamp(str(raw_created))
+        except ValueError:
+            warnings.append(f"metadata.creationTimestamp: {raw_created!r} is not a time, ignored")
+
     info = ServiceInfo(
         ref=ServiceRef(namespace, name),
         type=svc_type,
@@ -281,6 +292,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         health_check_node_port=hc_port,
         source_ranges=source_ranges,
         topology_hints=topology_hints,
+        created=created,
     )
     return Parsed(info, tuple(warnings))
 

@@ -61,7 +61,10 @@ def arg_value(container, flag, default=None):
 def test_runs_on_every_node_in_the_host_network(docs, pod):
     spec = pod["spec"]
     assert spec["hostNetwork"] is True
-    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # The node's resolver: the cluster DNS is a ClusterIP this daemon programs itself, so
+    # a fresh node could never resolve a named API server (a boot deadlock).
+    assert spec["dnsPolicy"] == "Default"
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert spec["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in spec["tolerations"]
     strategy = one(docs, "DaemonSet")["spec"]["updateStrategy"]

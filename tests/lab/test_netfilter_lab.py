@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ from ipvsctl.kernel.netlink import configure_host
 from ipvsctl.model import Protocol, ServiceKey, VirtualServer
 from tests.builders import endpoint, endpoint_slice, service
 from tests.lab import netkit
-from tests.lab.labkit import Node, Pod, sh, wait_for
+from tests.lab.labkit import Node, Pod, _Server, sh, wait_for
 from tests.lab.netkit import (
     NODE_LAN,
     NODE_LAN6,
@@ -313,6 +315,70 @@ def test_load_balancer_source_ranges_admit_only_listed_sources(world: World) -> 
         timeout=60, what="open again")
     assert ask(world.outside, lb, 80)[0] == "web-1"
     assert ask(world.outside, lb, 53, "udp")[0] == "web-1"
+
+
+# --- the virtual-IP port filter ------------------------------------------------------------
+def icmp_echo(netns: Any, address: str, timeout: float = 3.0) -> bool:
+    """One ICMP echo (no `ping` binary in every lab): answered?"""
+    s = netns.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    try:
+        s.settimeout(timeout)
+        body = struct.pack("!HH", 0x1234, 1) + b"ipvsctl"
+        head = struct.pack("!BBH", 8, 0, 0) + body
+        padded = head + b"\0" * (len(head) % 2)
+        total = sum(struct.unpack(f"!{len(padded) // 2}H", padded))
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        s.sendto(struct.pack("!BBH", 8, 0, ~total & 0xFFFF) + body, (address, 0))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data, peer = s.recvfrom(2048)
+            ihl = (data[0] & 0x0F) * 4
+            if peer[0] == address and data[ihl] == 0:  # echo reply
+                return True
+        return False
+    except TimeoutError:
+        return False
+    finally:
+        s.close()
+
+
+def tcp_refused(client: Pod | Client, address: str, port: int) -> bool:
+    try:
+        client.connect(address, port, timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_port_filter_hides_node_listeners_behind_service_addresses(world: World) -> None:
+    """kube-proxy's KUBE-IPVS-FILTER: a listener on the node (think sshd, the kubelet) at a
+    port that is no Service port answers on the node's addresses, never through a ClusterIP,
+    external IP or LB IP, whoever asks; the Service ports keep working."""
+    node_listener = SimpleNamespace(netns=world.node.netns, name="node-sshd")
+    servers = [_Server(node_listener, proto, 2222) for proto in ("tcp", "udp")]  # type: ignore[arg-type]
+    try:
+        # on the node's own address it is reachable: node addresses are not filtered
+        assert ask(world.outside, NODE_LAN, 2222)[0] == "node-sshd"
+        assert ask(world.outside, NODE_LAN, 2222, "udp")[0] == "node-sshd"
+        assert ask(world.outside, NODE_LAN6, 2222)[0] == "node-sshd"
+        clients: list[tuple[str, Pod | Client]] = [
+            ("pod", world.other), ("outside", world.outside), ("node", world.host)]
+        for who, client in clients:
+            for vip in ("10.96.0.10", "fd96::10", "198.51.100.10", "203.0.113.10"):
+                assert tcp_refused(client, vip, 2222), f"{who} reached the node via {vip}"
+                assert client.udp(vip, 2222, timeout=1) is None, f"{who} udp via {vip}"
+                assert ask(client, vip, 80)[0] == "web-1", f"{who} -> {vip}:80"
+                assert ask(client, vip, 53, "udp")[0] == "web-1", f"{who} -> {vip}:53/udp"
+        # the load-balancer IP's healthCheckNodePort is let through (clouds probe it there)
+        assert http_get(world.outside, "198.51.100.11", HC_PORT)[0] == 200
+        assert icmp_echo(world.outside.netns, "10.96.0.10")  # ICMP is not filtered
+        filter_sets = sh("nft", "list", "set", "inet", "ipvsctl", "vips4",
+                         netns=world.node.name)
+        assert "10.96.0.10" in filter_sets and NODE_LAN not in filter_sets
+    finally:
+        for server in servers:
+            server.close()
 
 
 # --- healthCheckNodePort --------------------------------------------------------------------

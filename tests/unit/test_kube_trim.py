@@ -60,6 +60,8 @@ def test_trim_service_keeps_what_the_engine_reads() -> None:
             "name": "web",
             "namespace": "prod",
             "uid": "u1",
+            # the older of two Services claiming one virtual server keeps it
+            "creationTimestamp": "2024-01-01T00:00:00Z",
             "labels": {"service.kubernetes.io/service-proxy-name": "other"},
             "annotations": {
                 "ipvsctl.io/scheduler": "wrr",

@@ -242,3 +242,67 @@ def element_for_ranges(verdict: Verdict, ranges: tuple[str, ...]) -> Element:
     from ipvsctl.netfilter.ruleset import collapse_cidrs
 
     return Element(verdict, collapse_cidrs(ranges))
+
+
+def _connect(netns: str, address: str, port: int, proto: str = "tcp") -> str:
+    """From inside the netns (the node itself): 'open', 'refused' or 'timeout'."""
+    code = (
+        "import socket,sys\n"
+        f"fam = socket.AF_INET6 if ':' in {address!r} else socket.AF_INET\n"
+        f"s = socket.socket(fam, socket.SOCK_STREAM if {proto!r} == 'tcp' else socket.SOCK_DGRAM)\n"
+        "s.settimeout(3)\n"
+        "try:\n"
+        f"    s.connect(({address!r}, {port}))\n"
+        f"    if {proto!r} == 'udp':\n"
+        "        s.send(b'x'); s.recv(10)\n"
+        "    print('open')\n"
+        "except ConnectionRefusedError: print('refused')\n"
+        "except TimeoutError: print('timeout')\n"
+    )
+    r = subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code],
+                       capture_output=True, text=True, timeout=20)
+    return r.stdout.strip() or r.stderr.strip()
+
+
+def test_port_filter_refuses_host_listeners_behind_virtual_ips(netns):
+    """Real packets in a netns (no IPVS needed: the filter decides before IPVS would): the
+    node's own connection to a bound address at a port that is no virtual server is refused;
+    at a virtual server's port, at a node address, and once the address is unbound, it is
+    not. (tests/lab/test_netfilter_lab.py does the same through IPVS, from pods and outside.)"""
+    def sh(*cmd: str) -> None:
+        subprocess.run(["ip", "netns", "exec", netns, *cmd], check=True, capture_output=True)
+
+    sh("ip", "link", "set", "lo", "up")
+    # the VIP on lo: this host kernel may lack the dummy module, and the filter matches the
+    # address, not the interface
+    sh("ip", "addr", "add", "10.96.0.10/32", "dev", "lo")
+    sh("ip", "addr", "add", "192.0.2.10/32", "dev", "lo")  # a node address
+    # "sshd": one listener on every address at a port that is no Service port; "the service":
+    # a listener at the virtual server's port (IPVS would take it; here the host answers)
+    listeners = [subprocess.Popen(
+        ["ip", "netns", "exec", netns, "python3", "-c",
+         "import socket,time\n"
+         f"s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         f"s.bind(('0.0.0.0', {port})); s.listen(8)\n"
+         "while True:\n c,_=s.accept(); c.close()\n"]) for port in (2222, 80)]
+    try:
+        cfg = RulesetConfig()
+        nft = Nft(netns=netns)
+        vip = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP, vip=True),
+               key("192.0.2.10", 30080): Element(Verdict.EXTERNAL)}
+        for _ in range(100):  # the listeners are up once the plain host port answers
+            if _connect(netns, "192.0.2.10", 2222) == "open":
+                break
+        assert _connect(netns, "10.96.0.10", 2222) == "open"  # without the filter: exposed
+        nft.apply(base_ruleset(cfg), "base")
+        nft.apply(replace_elements_ruleset(cfg, vip), "replace")
+        assert _connect(netns, "10.96.0.10", 2222) == "refused"  # sshd behind the VIP
+        assert _connect(netns, "10.96.0.10", 80) == "open"  # the virtual server's port
+        assert _connect(netns, "192.0.2.10", 2222) == "open"  # node addresses: untouched
+        # the Service goes: its address leaves the filter (and would leave the interface)
+        nft.apply(delta_ruleset(cfg, element_delta(vip, {})), "elements")
+        assert _connect(netns, "10.96.0.10", 2222) == "open"
+    finally:
+        for p in listeners:
+            p.kill()
+            p.wait()

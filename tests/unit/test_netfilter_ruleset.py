@@ -17,6 +17,7 @@ from ipvsctl.netfilter.ruleset import (
     delete_table_ruleset,
     delta_ruleset,
     element_delta,
+    filter_counts,
     parse_cidrs,
     replace_elements_ruleset,
     replace_table_ruleset,
@@ -31,6 +32,8 @@ CONFIG = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
 # Map elements without source ranges, by verdict
 CIP, EXT, EXT_LOCAL = (Element(Verdict.CLUSTER_IP), Element(Verdict.EXTERNAL),
                        Element(Verdict.EXTERNAL_LOCAL))
+# ... on an address of the dummy interface (the port filter covers it)
+VCIP, VEXT = Element(Verdict.CLUSTER_IP, vip=True), Element(Verdict.EXTERNAL, vip=True)
 
 GOLDEN_BASE = """\
 add table inet ipvsctl
@@ -42,8 +45,13 @@ add set inet ipvsctl firewall4 { type ipv4_addr . inet_proto . inet_service ; }
 add set inet ipvsctl firewall-allow4 { type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ; }
 add set inet ipvsctl firewall6 { type ipv6_addr . inet_proto . inet_service ; }
 add set inet ipvsctl firewall-allow6 { type ipv6_addr . inet_proto . inet_service . ipv6_addr ; flags interval ; }
+add set inet ipvsctl vips4 { type ipv4_addr ; }
+add set inet ipvsctl vip-ports4 { type ipv4_addr . inet_proto . inet_service ; }
+add set inet ipvsctl vips6 { type ipv6_addr ; }
+add set inet ipvsctl vip-ports6 { type ipv6_addr . inet_proto . inet_service ; }
 add chain inet ipvsctl hairpin
 add chain inet ipvsctl source-ranges
+add chain inet ipvsctl vip-filter
 add chain inet ipvsctl cluster-ip
 add chain inet ipvsctl external
 add chain inet ipvsctl external-local
@@ -52,6 +60,7 @@ add chain inet ipvsctl filter-input { type filter hook input priority mangle ; p
 add chain inet ipvsctl filter-output { type filter hook output priority mangle ; policy accept ; }
 flush chain inet ipvsctl hairpin
 flush chain inet ipvsctl source-ranges
+flush chain inet ipvsctl vip-filter
 flush chain inet ipvsctl cluster-ip
 flush chain inet ipvsctl external
 flush chain inet ipvsctl external-local
@@ -62,6 +71,8 @@ add rule inet ipvsctl hairpin meta nfproto ipv4 update @hairpin4 { ip saddr . ip
 add rule inet ipvsctl hairpin meta nfproto ipv6 update @hairpin6 { ip6 saddr . ip6 saddr } ip6 saddr . ip6 daddr @hairpin6 masquerade fully-random
 add rule inet ipvsctl source-ranges meta nfproto ipv4 ip daddr . meta l4proto . th dport @firewall4 ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow4 drop
 add rule inet ipvsctl source-ranges meta nfproto ipv6 ip6 daddr . meta l4proto . th dport @firewall6 ip6 daddr . meta l4proto . th dport . ip6 saddr != @firewall-allow6 drop
+add rule inet ipvsctl vip-filter meta nfproto ipv4 ip daddr @vips4 ip daddr . meta l4proto . th dport != @vip-ports4 reject
+add rule inet ipvsctl vip-filter meta nfproto ipv6 ip6 daddr @vips6 ip6 daddr . meta l4proto . th dport != @vip-ports6 reject
 add rule inet ipvsctl cluster-ip jump hairpin
 add rule inet ipvsctl cluster-ip fib saddr type local masquerade fully-random
 add rule inet ipvsctl cluster-ip meta nfproto ipv4 ip saddr != { 10.244.0.0/16 } masquerade fully-random
@@ -73,6 +84,7 @@ add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct origina
 add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct original ip6 daddr . meta l4proto . ct original proto-dst vmap @services6
 add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
 add rule inet ipvsctl filter-output ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
+add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } jump vip-filter
 """  # noqa: E501
 
 
@@ -121,16 +133,16 @@ def test_elements_per_address_kind_and_traffic_policy():
                          {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}])
     got = service_elements(desired(svc))
     assert got == {
-        key("10.96.0.10", 80): CIP,
-        key("fd96::10", 80): CIP,
-        key("203.0.113.7", 80): EXT,
-        key("198.51.100.9", 80): EXT,
-        key("192.0.2.10", 30080): EXT,
+        key("10.96.0.10", 80): VCIP,
+        key("fd96::10", 80): VCIP,
+        key("203.0.113.7", 80): VEXT,
+        key("198.51.100.9", 80): VEXT,
+        key("192.0.2.10", 30080): EXT,  # node addresses: no port filter
         key("2001:db8::10", 30080): EXT,
-        key("10.96.0.10", 53, "UDP"): CIP,
-        key("fd96::10", 53, "UDP"): CIP,
-        key("203.0.113.7", 53, "UDP"): EXT,
-        key("198.51.100.9", 53, "UDP"): EXT,
+        key("10.96.0.10", 53, "UDP"): VCIP,
+        key("fd96::10", 53, "UDP"): VCIP,
+        key("203.0.113.7", 53, "UDP"): VEXT,
+        key("198.51.100.9", 53, "UDP"): VEXT,
         key("192.0.2.10", 30053, "UDP"): EXT,
         key("2001:db8::10", 30053, "UDP"): EXT,
     }
@@ -138,7 +150,7 @@ def test_elements_per_address_kind_and_traffic_policy():
                     internalTrafficPolicy="Local",
                     ports=[{"name": "http", "port": 80, "nodePort": 30080}])
     assert service_elements(desired(local)) == {
-        key("10.96.0.10", 80): CIP,  # internal policy changes endpoints only
+        key("10.96.0.10", 80): VCIP,  # internal policy changes endpoints only
         key("192.0.2.10", 30080): EXT_LOCAL,
     }
     assert service_elements(None) == {}
@@ -174,7 +186,8 @@ def test_element_delta_per_service_change_and_its_text():
 
 
 FLUSH_SETS = "".join(f"flush set inet ipvsctl {name}\n" for name in (
-    "firewall4", "firewall6", "firewall-allow4", "firewall-allow6"))
+    "firewall4", "firewall6", "firewall-allow4", "firewall-allow6",
+    "vips4", "vips6", "vip-ports4", "vip-ports6"))
 
 
 def test_full_replacements_are_one_transaction_each():
@@ -204,3 +217,63 @@ def test_service_ref_is_not_in_the_text():
     text = replace_elements_ruleset(CONFIG, service_elements(desired(svc)))
     assert "secret" not in text and "team" not in text
     assert ServiceRef("team", "secret-name")  # (the listener keeps the owner itself)
+
+
+def test_port_filter_elements_for_every_bound_address_and_health_check_port():
+    svc = service("web", type="LoadBalancer", externalIPs=["203.0.113.7"],
+                  lb_ips=["198.51.100.9"], externalTrafficPolicy="Local",
+                  healthCheckNodePort=32000,
+                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    elements = service_elements(desired(svc))
+    assert filter_counts(elements.items()) == {
+        ("vips4", "10.96.0.10"): 1, ("vip-ports4", "10.96.0.10", "tcp", "80"): 1,
+        ("vips4", "203.0.113.7"): 1, ("vip-ports4", "203.0.113.7", "tcp", "80"): 1,
+        ("vips4", "198.51.100.9"): 1, ("vip-ports4", "198.51.100.9", "tcp", "80"): 1,
+        # cloud load balancers may probe the health check at the load-balancer IP
+        ("vip-ports4", "198.51.100.9", "tcp", "32000"): 1,
+    }  # nothing for the NodePort on 192.0.2.10: node addresses are not filtered
+    text = replace_elements_ruleset(CONFIG, elements)
+    assert ("add element inet ipvsctl vips4 { 10.96.0.10, 198.51.100.9, 203.0.113.7 }\n"
+            in text)
+    assert ("add element inet ipvsctl vip-ports4 { 10.96.0.10 . tcp . 80, 198.51.100.9 . tcp "
+            ". 32000, 198.51.100.9 . tcp . 80, 203.0.113.7 . tcp . 80 }\n") in text
+
+
+def test_a_shared_address_leaves_the_vips_set_with_its_last_virtual_server():
+    http, dns, dns_tcp = (key("10.96.0.10", 80), key("10.96.0.10", 53, "UDP"),
+                          key("10.96.0.10", 53))
+    applied = {http: VCIP, dns: VCIP}
+    # one of two virtual servers on the address goes: only its port leaves
+    delta = element_delta(applied, {http: VCIP}, keys=[dns],
+                          applied_counts=filter_counts(applied.items()),
+                          desired_counts=filter_counts({http: VCIP}.items()))
+    assert delta.filter_delete == (("vip-ports4", "10.96.0.10", "udp", "53"),)
+    assert delta.filter_add == ()
+    assert delta_ruleset(CONFIG, delta) == (
+        "delete element inet ipvsctl services4 { 10.96.0.10 . udp . 53 }\n"
+        "delete element inet ipvsctl vip-ports4 { 10.96.0.10 . udp . 53 }\n")
+    # the last one goes: the address leaves too
+    delta = element_delta({http: VCIP}, {})
+    assert delta.filter_delete == (("vip-ports4", "10.96.0.10", "tcp", "80"),
+                                   ("vips4", "10.96.0.10"))
+    # a first virtual server on a new address brings it; a second only its port
+    delta = element_delta({}, {dns_tcp: VCIP, dns: VCIP})
+    assert delta.filter_add == (("vip-ports4", "10.96.0.10", "tcp", "53"),
+                                ("vip-ports4", "10.96.0.10", "udp", "53"),
+                                ("vips4", "10.96.0.10"))
+    # a verdict change on a bound address leaves the filter sets alone
+    delta = element_delta({http: VCIP}, {http: VEXT})
+    assert delta.delete and delta.add and not (delta.filter_add or delta.filter_delete)
+    # a NodePort has no filter elements at all
+    assert not element_delta({}, {key("192.0.2.10", 30080): EXT}).filter_add
+
+
+def test_an_external_ip_that_is_a_node_address_stays_out_of_the_port_filter():
+    # else every host port on the node's own address (sshd) would be refused
+    svc = service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])
+    elements = service_elements(desired(svc), node_ips=NODE.node_ips)
+    assert elements[key("192.0.2.10", 80)] == EXT
+    assert ("vips4", "192.0.2.10") not in filter_counts(elements.items())
+    assert ("vips4", "10.96.0.10") in filter_counts(elements.items())
+    # without knowing the node's addresses it would be filtered
+    assert service_elements(desired(svc))[key("192.0.2.10", 80)].vip

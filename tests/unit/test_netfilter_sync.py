@@ -19,10 +19,11 @@ from tests.unit.test_netfilter_ruleset import desired
 CONFIG = SyncConfig(RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10,
                     audit_interval=100)
 _ELEMENTS = re.compile(
-    r"^(add|delete) element inet ipvsctl (services[46]|firewall[46]|firewall-allow[46]) "
+    r"^(add|delete) element inet ipvsctl "
+    r"(services[46]|firewall[46]|firewall-allow[46]|vips[46]|vip-ports[46]) "
     r"\{ (.*) \}$")
 _NAMES = ("services4", "services6", "firewall4", "firewall6", "firewall-allow4",
-          "firewall-allow6")
+          "firewall-allow6", "vips4", "vips6", "vip-ports4", "vip-ports6")
 
 
 class FakeNft:
@@ -160,15 +161,20 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
         "delete element inet ipvsctl services4 { 192.0.2.10 . tcp . 30080 }\n"
         "add element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 : goto cluster-ip, "
         "192.0.2.10 . tcp . 30080 : goto external-local }\n"
+        "add element inet ipvsctl vip-ports4 { 10.96.0.20 . tcp . 80 }\n"
+        "add element inet ipvsctl vips4 { 10.96.0.20 }\n"
     )
     nft.ops()
 
     h.delete(service("db"))
     assert sync.flush()
-    assert nft.scripts[-1][1] == "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
+    assert nft.scripts[-1][1] == (
+        "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
+        "delete element inet ipvsctl vip-ports4 { 10.96.0.20 . tcp . 80 }\n"
+        "delete element inet ipvsctl vips4 { 10.96.0.20 }\n")
     assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
                               "192.0.2.10 . tcp . 30080": "external-local"}
-    assert sync.applied == {vs(): Element(Verdict.CLUSTER_IP),
+    assert sync.applied == {vs(): Element(Verdict.CLUSTER_IP, vip=True),
                             vs("192.0.2.10", 30080): Element(Verdict.EXTERNAL_LOCAL)}
 
 
@@ -321,3 +327,64 @@ def test_the_thread_pushes_when_woken(setup):
         sync.wake.set()
         t.join(5)
     assert not t.is_alive()
+
+
+def _filter(nft: FakeNft) -> dict[str, set[str]]:
+    return {n: set(nft.maps[n]) for n in ("vips4", "vip-ports4") if nft.maps[n]}
+
+
+def test_port_filter_sets_follow_services_sharing_an_address(setup):
+    h, nft, sync = setup
+    sync.start()
+    # two Services on one external IP, at different ports
+    web = service("web", cluster_ip="10.96.0.10", externalIPs=["203.0.113.7"],
+                  ports=[{"name": "http", "port": 80}])
+    dns = service("dns", cluster_ip="10.96.0.53", externalIPs=["203.0.113.7"],
+                  ports=[{"name": "dns", "port": 53, "protocol": "UDP"}])
+    h.start([web, dns], [])
+    assert sync.flush()
+    assert _filter(nft) == {
+        "vips4": {"10.96.0.10", "10.96.0.53", "203.0.113.7"},
+        "vip-ports4": {"10.96.0.10 . tcp . 80", "203.0.113.7 . tcp . 80",
+                       "10.96.0.53 . udp . 53", "203.0.113.7 . udp . 53"}}
+    nft.ops()
+    h.delete(web)  # the shared address stays for dns; only web's ports leave
+    assert sync.flush() and nft.ops() == ["elements"]
+    assert _filter(nft) == {"vips4": {"10.96.0.53", "203.0.113.7"},
+                            "vip-ports4": {"10.96.0.53 . udp . 53", "203.0.113.7 . udp . 53"}}
+    h.delete(dns)
+    assert sync.flush() and _filter(nft) == {}
+    assert +sync.applied_counts == {} and +sync.desired_counts == {}
+
+
+def test_audit_puts_back_port_filter_elements_someone_removed(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+    want = _filter(nft)
+    assert want == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 80"}}
+    assert sync.audit()
+    nft.maps["vip-ports4"].clear()  # the ClusterIP's own port would be refused
+    h.clock.advance(CONFIG.audit_interval)
+    sync.step()
+    assert nft.ops() == ["replace"] and _filter(nft) == want
+    nft.maps["vips4"].clear()  # ... or the address open on every port
+    h.clock.advance(CONFIG.audit_interval)
+    sync.step()
+    assert nft.ops() == ["replace"] and _filter(nft) == want and sync.audit()
+
+
+def test_the_daemon_s_node_addresses_are_never_filtered():
+    h = Harness()
+    nft = FakeNft()
+    sync = NetfilterSync(nft, CONFIG, ready=lambda: h.engine.started, clock=h.clock.monotonic,
+                         node_ips=lambda: h.engine.config.node.node_ips)
+    h.engine.service_listeners.append(sync.on_service)
+    sync.start()
+    h.start([service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])],
+            [])
+    assert sync.flush()
+    assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 80"}}
+    assert nft.elements()["192.0.2.10 . tcp . 80"] == "external"  # still masqueraded

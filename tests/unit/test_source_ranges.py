@@ -38,10 +38,10 @@ def key(address: str, port: int = 80) -> ServiceKey:
 
 def test_only_load_balancer_ips_are_restricted_each_to_its_own_family():
     got = elements(lb_service(["198.51.100.0/24", "2001:db8:99::/48"]))
-    assert got[key(LB4)] == Element(Verdict.EXTERNAL, ("198.51.100.0/24",))
-    assert got[key(LB6)] == Element(Verdict.EXTERNAL, ("2001:db8:99::/48",))
+    assert got[key(LB4)] == Element(Verdict.EXTERNAL, ("198.51.100.0/24",), vip=True)
+    assert got[key(LB6)] == Element(Verdict.EXTERNAL, ("2001:db8:99::/48",), vip=True)
     # cluster IPs and NodePorts stay open, as kube-proxy does it
-    assert got[key("10.96.0.10")] == Element(Verdict.CLUSTER_IP)
+    assert got[key("10.96.0.10")] == Element(Verdict.CLUSTER_IP, vip=True)
     assert got[key("192.0.2.10", 30080)] == Element(Verdict.EXTERNAL)
 
 
