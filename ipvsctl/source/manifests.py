@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,7 @@ log = logging.getLogger("ipvsctl.manifests")
 
 SUFFIXES = (".yaml", ".yml", ".json")
 _KINDS = {k.value: k for k in ObjectKind}
+STDIN = Path("-")  # `plan -f -`: YAML or JSON (a YAML subset) from standard input
 
 
 class ManifestError(Exception):
@@ -52,7 +54,7 @@ class FileObjects:
 
 def _documents(path: Path) -> Iterator[Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = sys.stdin.read() if path == STDIN else path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path}: cannot read: {exc}") from None
     try:
@@ -96,7 +98,7 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if p.is_dir():
             out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES))
-        elif p.exists():
+        elif p.exists() or p == STDIN:
             out.append(p)
         else:
             raise ManifestError(f"{p}: no such file or folder")
