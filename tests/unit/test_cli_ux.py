@@ -170,3 +170,17 @@ def test_status_table_fits_ipv6():
     text = render_status(join_status(kernel, None, None, "down", "http://x"))
     (line,) = [ln for ln in text.splitlines() if ln.startswith("  -> [")]
     assert cells(line) == [f"-> [{V6_POD}]:8080", "1", "12345", "7"]
+
+
+def test_shell_completion_completes_commands_and_output_formats():
+    def complete(words: str) -> list[str]:
+        env = {"PATH": "/usr/bin:/bin", "_IPVSCTL_COMPLETE": "complete_bash",
+               "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1
+                                                      + words.endswith(" "))}
+        r = subprocess.run([sys.executable, "-c", "from ipvsctl.shell.cli import main; "
+                            "import sys; sys.argv[0] = 'ipvsctl'; main()"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        return r.stdout.split()
+
+    assert complete("ipvsctl st") == ["status"]
+    assert complete("ipvsctl status -o ") == ["table", "wide", "json", "yaml"]
