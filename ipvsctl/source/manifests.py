@@ -64,7 +64,8 @@ def _documents(path: Path) -> Iterator[Any]:
             yield from yaml.safe_load_all(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         msg = " ".join(str(exc).split())
-        raise ManifestError(f"{path}: not valid {path.suffix[1:].upper()}: {msg}") from None
+        name, fmt = ("standard input", "YAML") if path == STDIN else (path, path.suffix[1:].upper())
+        raise ManifestError(f"{name}: not valid {fmt}: {msg}") from None
 
 
 def _unpack(doc: Any) -> Iterator[Any]:
