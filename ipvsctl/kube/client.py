@@ -2,12 +2,14 @@
 
 Threads (all daemon threads, started by `run` and stopped when `stop` is set):
 - `ipvsctl-kube-services`, `ipvsctl-kube-endpointslices`: one reflector each (`kube.watch`):
-  paginated list -> Replace -> watch -> Upsert/Delete, relisting on 410 and broken streams;
-- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`);
+  list (watch cache) -> Replace -> watch -> Upsert/Delete, resuming broken watches and
+  relisting on 410; a shared `/readyz` probe (`kube.probe`) shortens pauses after outages;
+- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`), bounded;
 - `ipvsctl-kube-nodes` (with a node name): this node's own Node, one object (`kube.node`).
 
 Only the calls in `kube.permissions.REQUIRED_PERMISSIONS` are made: list+watch Services and
-EndpointSlices in all namespaces, get Pods.
+EndpointSlices in all namespaces, get Pods; plus `GET /readyz` (`PUBLIC_PATHS`), which every
+client may read.
 """
 
 from __future__ import annotations
@@ -26,12 +28,38 @@ from kubernetes.client.exceptions import ApiException
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
 from ipvsctl.kube.node import node_list_func
-from ipvsctl.kube.pods import PodFetcher
+from ipvsctl.kube.pods import LookupCallback, PodFetcher
+from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
-from ipvsctl.kube.watch import Reflector, WatchRestartCallback
+from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
 from ipvsctl.model import PodRef
-from ipvsctl.source.events import EventSink, ObjectKind, RawObject, SourceEvent
+from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
+
+# The Service every real cluster has: a Service list without it is not the cluster's truth
+# (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
+SENTINEL_SERVICE = ("default", "kubernetes")
+
+
+def count_nodes(slices: list[RawObject]) -> int:
+    """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread."""
+    nodes: set[str] = set()
+    for sl in slices:
+        for ep in sl.get("endpoints") or ():
+            if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
+                nodes.add(ep["nodeName"])
+    return len(nodes)
+
+
+def require_service(namespace: str, name: str) -> ListCheck:
+    def check(objects: list[RawObject]) -> str | None:
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            if meta.get("name") == name and meta.get("namespace") == namespace:
+                return None
+        return f"no Service {namespace}/{name} among {len(objects)}"
+
+    return check
 
 
 class KubeSource:
@@ -43,7 +71,9 @@ class KubeSource:
     `ipvsctl_watch_restarts_total`. `sink` is called from several threads, one call at a
     time; emitted objects are trimmed (`kube.trim`) and must be treated as read-only (a pod
     answer may be emitted again from the cache). `clock` stamps `received` and times the
-    pod cache; `rng` drives the jitter.
+    pod cache; `rng` drives the jitter. A Service list without `sentinel` (default
+    `default/kubernetes`; None: no check) is refused: the table is kept, one warning is
+    logged, the restart is counted with reason `suspect`, and the list is retried with backoff.
     """
 
     def __init__(
@@ -55,8 +85,11 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         node_name: str | None = None,
+        sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        on_pod_lookup: LookupCallback | None = None,
     ) -> None:
         self._api = api_client
+        self._sentinel = sentinel
         # With a node name, this node's Node is watched too and a Replace of it is part of
         # the first events (`emits_node`, for EngineConfig.wait_for_node).
         self.node_name = node_name
@@ -77,7 +110,14 @@ class KubeSource:
             backoff_max=s.pod_backoff_max,
             clock=clock,
             rng=self._rng,
+            rate=s.pod_rate,
+            burst=s.pod_burst,
+            jitter=s.pod_jitter,
+            max_pending=s.pod_max_pending,
+            on_lookup=on_pod_lookup,
         )
+        self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
+        self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
         self._halt = threading.Event()
         self._sink_lock = threading.Lock()
         self._started = False
@@ -96,6 +136,8 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         node_name: str | None = None,
+        sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        on_pod_lookup: LookupCallback | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -109,6 +151,8 @@ class KubeSource:
             clock=clock,
             rng=rng,
             node_name=node_name,
+            sentinel=sentinel,
+            on_pod_lookup=on_pod_lookup,
         )
 
     @property
@@ -127,6 +171,8 @@ class KubeSource:
         halt = self._halt
 
         def emit(event: SourceEvent) -> None:
+            if isinstance(event, Replace) and event.kind is ObjectKind.ENDPOINT_SLICE:
+                self.cluster_nodes = count_nodes(event.objects)
             with self._sink_lock:
                 if not halt.is_set():
                     sink(event)
@@ -138,6 +184,8 @@ class KubeSource:
             "on_restart": self._on_watch_restart,
             "clock": self._clock,
             "rng": self._rng,
+            "probe": self.probe,
+            "cluster_nodes": lambda: self.cluster_nodes,
         }
         self.reflectors = [
             Reflector(
@@ -145,6 +193,7 @@ class KubeSource:
                 resource="services",
                 list_func=self._core.list_service_for_all_namespaces,
                 trim=trim_service,
+                check=require_service(*self._sentinel) if self._sentinel else None,
                 **common,
             ),
             Reflector(
@@ -210,24 +259,35 @@ class KubeSource:
             if not isinstance(exc, Exception):
                 raise
 
-    def _get_pod(self, namespace: str, name: str) -> RawObject | None:
+    def _readyz(self) -> int:
         s = self.settings
-        try:
-            resp = self._core.read_namespaced_pod(
-                name,
-                namespace,
-                _preload_content=False,
-                _request_timeout=(s.connect_timeout, s.pod_read_timeout),
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        try:
-            body = resp.data
-        finally:
-            resp.release_conn()
-        obj = json.loads(body)
+        method, url, headers, body, post = self._api.param_serialize(
+            "GET", "/readyz", auth_settings=["BearerToken"])
+        resp = self._api.call_api(method, url, headers, body, post,
+                                  _request_timeout=(s.connect_timeout, s.probe_timeout))
+        resp.read()  # a few bytes; reading them returns the connection to the pool
+        return int(resp.status)
+
+    def _get_pod(self, namespace: str, name: str) -> RawObject | None:
+        """GET one pod with resourceVersion=0: served from the API server's watch cache (no
+        etcd read). The cache lags etcd by milliseconds; the EndpointSlice that made us ask
+        was itself written after the pod's deletionTimestamp, from that same stream."""
+        s = self.settings
+        method, url, headers, body, post = self._api.param_serialize(
+            "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
+            path_params={"namespace": namespace, "name": name},
+            query_params=[("resourceVersion", "0")],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._api.call_api(method, url, headers, body, post,
+                                  _request_timeout=(s.connect_timeout, s.pod_read_timeout))
+        data = resp.read()
+        if resp.status == 404:
+            return None
+        if resp.status >= 400:
+            raise ApiException(status=resp.status, reason=resp.reason)
+        obj = json.loads(data)
         if not isinstance(obj, dict):
             raise ValueError("pod response is not a JSON object")
         return obj

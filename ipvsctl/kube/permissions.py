@@ -23,3 +23,8 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     # This node's own Node (one object, by field selector): zone and deletion (as kube-proxy).
     Permission("", "nodes", ("get", "list", "watch")),
 )
+
+PUBLIC_PATHS: tuple[str, ...] = ("/readyz",)
+"""Non-resource URLs the client GETs (the outage probe, `kube.probe`). Every client may read
+them (the built-in `system:public-info-viewer` ClusterRole, bound to all users), so the
+DaemonSet's ClusterRole grants nothing for them."""

@@ -11,6 +11,12 @@ class KubeSettings:
     """Objects per list page (`limit`); `continue` fetches the rest, so a list of 100,000
     endpoints is never one huge JSON document in memory."""
 
+    watch_list: bool = False
+    """Get the initial state by WatchList (`sendInitialEvents`, KEP-3157) instead of a list,
+    falling back to lists for good when the server does not offer it. Off by default: lists
+    from the watch cache are what every supported server does; WatchList is for servers
+    where it is known to be on (a beta feature of recent servers)."""
+
     watch_timeout: float = 300.0
     """Server-side watch timeout: each watch asks for timeoutSeconds in [T, 2T), jittered so
     that nodes do not re-watch in lockstep."""
@@ -31,9 +37,28 @@ class KubeSettings:
     """Reconnect backoff: doubling from initial to max, jittered; reset by a watch that worked
     (delivered an event or lasted healthy_watch_seconds)."""
 
-    healthy_watch_seconds: float = 1.0
-    """A watch that ended (cleanly or with 410) after delivering nothing and within this time
-    is retried with backoff instead of at once, so a misbehaving server cannot spin us."""
+    probe_interval: float = 3.0
+    """While a backoff pause is longer than this, `/readyz` is probed every probe_interval
+    (jittered 0.5-1.5x; one probe shared by all reflectors), so a node notices the API
+    server's return within ~probe_interval instead of after up to backoff_max. 0: never."""
+
+    recovery_spread: float = 3.0
+    """Once the probe sees the server back, the retry waits a random 0..recovery_spread:
+    the nodes of a cluster come back spread out, and each within ~10 s of the server."""
+
+    probe_timeout: float = 2.0
+
+    relist_spread_per_node: float = 0.02
+    """A relist after an outage (the resumed watch was too old) waits a random
+    0..relist_spread_per_node x the nodes seen in EndpointSlices: ~20 s at 1,000 nodes,
+    ~100 s at 5,000, so a recovering API server serves ~50 lists/s instead of all at once.
+    An outage shorter than the server's watch history needs no relist and is not spread."""
+
+    healthy_watch_seconds: float = 10.0
+    """A watch counts as working (and resets the backoff) when it delivered an object or a
+    bookmark, or stayed open this long; an ERROR event is no progress. One that ended sooner
+    with nothing is retried with backoff, so a misbehaving server cannot spin us (real
+    watches last 300-600 s and carry bookmarks about every minute)."""
 
     pod_workers: int = 2
     """Threads answering `request_pod` (one GET each at a time)."""
@@ -41,6 +66,19 @@ class KubeSettings:
     pod_read_timeout: float = 10.0
     pod_cache_seconds: float = 2.0
     """How long a pod answer is reused: a burst of endpoints of one pod costs one GET."""
+
+    pod_rate: float = 5.0
+    pod_burst: int = 20
+    """Token bucket of pod GETs per node (per second, burst): at 5,000 nodes the cluster-wide
+    peak is bounded by 25,000/s of watch-cache reads whatever the churn (see
+    docs/benchmarks.md, "Control-plane cost")."""
+
+    pod_jitter: float = 2.0
+    """Each pod GET waits a random 0..pod_jitter s: the nodes seeing one EndpointSlice update
+    spread their lookups instead of asking in the same instant."""
+
+    pod_max_pending: int = 2000
+    """Lookups waiting at most; more are dropped (the drain falls back to --drain-timeout)."""
 
     pod_attempts: int = 4
     pod_backoff_initial: float = 0.5

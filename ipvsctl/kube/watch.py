@@ -1,9 +1,19 @@
 """List-then-watch of one resource (a reflector, as client-go and kopf do it).
 
-    list (paginated) -> Replace -> watch from the list's resourceVersion -> Upsert/Delete ...
+    list (from the watch cache) -> Replace -> watch from its resourceVersion -> Upsert/Delete
     stream ended cleanly (server timeout)  -> watch again from the last resourceVersion
-    410 Gone (ERROR event or HTTP 410)     -> relist -> Replace (the engine diffs it)
-    read timeout / reset / other error     -> backoff, relist -> Replace
+    410 Gone (ERROR event or HTTP 410)     -> relist -> Replace (the engine diffs it); at once
+                                              the first time, with backoff if it repeats
+    read timeout / reset / refused / 5xx   -> backoff, watch again from the last
+                                              resourceVersion (410 there: relist)
+    bad data, other errors                 -> backoff, relist -> Replace
+
+Backoff as client-go's reflector: only a watch that made progress (delivered an object or a
+bookmark, or lasted `healthy_watch_seconds`) resets it; an ERROR event is no progress. While
+backed off, a shared probe (`/readyz`, readable by everyone) notices the server's return, so
+a node catches up within seconds of an outage instead of after its grown backoff
+(`_pause`). Lists are served from the API server's watch cache (`resourceVersion=0`, as
+client-go does), not from etcd: see `_list` for what that means for time going backwards.
 
 The resourceVersion is taken from every event, bookmarks included, so a re-watch after a
 quiet period does not replay or expire. Raw JSON is read (`_preload_content=False`) and
@@ -24,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.logs import describe, log
@@ -39,6 +49,12 @@ CLOSED = "closed"  # the stream ended cleanly (server timeout): re-watch, no rel
 EXPIRED = "expired"  # 410 Gone: relist
 TIMEOUT = "timeout"  # no data within the read timeout (half-open connection): relist
 ERROR = "error"  # connection refused/reset, HTTP error, bad data: relist
+SUSPECT = "suspect"  # a list that cannot be the whole truth (see ListCheck): kept out, retried
+
+# A list that must not be applied: returns a short reason, or None when the list is fine.
+ListCheck = Callable[[list[RawObject]], str | None]
+# Is the API server answering again? (a cheap request; see kube.probe)
+Probe = Callable[[], bool]
 
 
 class WatchExpired(Exception):
@@ -47,6 +63,38 @@ class WatchExpired(Exception):
 
 class WatchStatusError(Exception):
     """An ERROR event other than 410."""
+
+    def __init__(self, message: str, code: object = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WatchListUnavailable(Exception):
+    """The server does not offer WatchList (rejected it, or sent no initial-events-end)."""
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+class SuspectList(Exception):
+    """A list that `check` refused (the table is kept; retried with backoff)."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error of the connection or of an overloaded/restarting server, after which the
+    watch can resume from the last resourceVersion: no relist, so an outage shorter than the
+    server's watch history costs each node one watch, not a list of everything."""
+    if isinstance(exc, ApiException):
+        return exc.status in (429, 500, 502, 503, 504)
+    if isinstance(exc, WatchStatusError):
+        return exc.code in (429, 500, 502, 503, 504)
+    return isinstance(exc, (HTTPError, OSError, TimeoutError))
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """No HTTP answer at all (refused, reset, timed out): the server may be down."""
+    return isinstance(exc, (HTTPError, OSError, TimeoutError)) and not isinstance(
+        exc, ApiException)
 
 
 class _Stopped(Exception):
@@ -89,6 +137,73 @@ def _shutdown(resp: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+_DECODER = json.JSONDecoder()
+_WS = " \t\n\r"
+
+
+def decode_list(
+    body: bytes, trim: Callable[[Mapping[str, Any]], RawObject]
+) -> tuple[list[RawObject], dict[str, Any]]:
+    """Decode a list response item by item, trimming each at once: a list answered in one
+    piece (resourceVersion=0 from the watch cache of a server older than 1.34 ignores
+    `limit`) never exists as one full object tree, only as its text and the trimmed items.
+    Returns (trimmed items, metadata). ValueError on anything but a JSON object."""
+    text = body.decode()
+    del body
+    n = len(text)
+
+    def skip(i: int) -> int:
+        while i < n and text[i] in _WS:
+            i += 1
+        return i
+
+    i = skip(0)
+    if i >= n or text[i] != "{":
+        raise ValueError("list response is not a JSON object")
+    items: list[RawObject] = []
+    meta: dict[str, Any] = {}
+    i = skip(i + 1)
+    if i < n and text[i] == "}":
+        return items, meta
+    while True:
+        key, i = _DECODER.raw_decode(text, i)
+        i = skip(i)
+        if i >= n or text[i] != ":":
+            raise ValueError("bad JSON object")
+        i = skip(i + 1)
+        if key == "items" and i < n and text[i] == "[":
+            i = skip(i + 1)
+            if i < n and text[i] == "]":
+                i += 1
+            else:
+                while True:
+                    item, i = _DECODER.raw_decode(text, i)
+                    if isinstance(item, dict):
+                        items.append(trim(item))
+                    del item
+                    i = skip(i)
+                    if i < n and text[i] == ",":
+                        i = skip(i + 1)
+                        continue
+                    if i < n and text[i] == "]":
+                        i += 1
+                        break
+                    raise ValueError("bad JSON array")
+        else:
+            value, i = _DECODER.raw_decode(text, i)
+            if key == "items" and value is not None:
+                raise ValueError("list response items is not a list")
+            if key == "metadata" and isinstance(value, dict):
+                meta = value
+        i = skip(i)
+        if i < n and text[i] == ",":
+            i = skip(i + 1)
+            continue
+        if i < n and text[i] == "}":
+            return items, meta
+        raise ValueError("bad JSON object")
+
+
 def iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
     """Split a watch stream into its non-empty lines (one JSON event each)."""
     rest = b""
@@ -123,6 +238,9 @@ class Reflector:
         on_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        check: ListCheck | None = None,
+        probe: Probe | None = None,
+        cluster_nodes: Callable[[], int] | None = None,
     ) -> None:
         self.kind = kind
         self.resource = resource
@@ -133,10 +251,17 @@ class Reflector:
         self._on_restart = on_restart
         self._clock = clock
         self._rng = rng or random.Random()
+        self._check = check
+        self._probe = probe
+        self._cluster_nodes = cluster_nodes
         self._resp_lock = threading.Lock()
         self._resp: Any = None
         self.resource_version: str | None = None
-        self._delivered = False  # the current watch has delivered an event (bookmarks count)
+        self._delivered = False  # the current watch delivered an object or a bookmark
+        self._opened = False
+        self._rv_unavailable = False  # the last relist at our resourceVersion failed
+        self._suspect = False  # the last list was refused by `check` (one log line a streak)
+        self._watch_list = settings.watch_list  # cleared for good when the server lacks it
         self.lists = 0  # completed lists (each emitted one Replace)
 
     # ---- the loop -----------------------------------------------------------------------
@@ -145,48 +270,129 @@ class Reflector:
         s = self._settings
         backoff = Backoff(s.backoff_initial, s.backoff_max, rng=self._rng)
         need_list = True
+        expired_streak = 0  # 410s in a row without progress: only the first relists at once
+        shortcut_used = False  # the probe ended a pause early since the last progress
         while not halt.is_set():
             started = self._clock()
             self._delivered = False
-            watching = False  # the list (if any) worked and a watch was opened
+            self._opened = False  # the watch request got a response
             error: BaseException | None = None
             try:
                 if need_list:
-                    with gc_paused():
-                        objects, rv = self._list(halt)
-                    self.resource_version = rv
-                    self.lists += 1
-                    self._emit(Replace(self.kind, objects, self._clock()))
-                    del objects
+                    self._relist(halt)
                     need_list = False
-                    log(logging.DEBUG, "list complete", resource=self.resource, resource_version=rv)
                 started = self._clock()
-                watching = True
                 self._watch(halt)
                 reason = CLOSED
             except _Stopped:
                 return
+            except SuspectList as exc:
+                reason, error = SUSPECT, exc
             except WatchExpired as exc:
                 reason, error = EXPIRED, exc
             except ApiException as exc:
                 reason, error = (EXPIRED if exc.status == 410 else ERROR), exc
             except (ReadTimeoutError, TimeoutError) as exc:
                 reason, error = TIMEOUT, exc
-            except Exception as exc:  # connection errors, bad JSON, a failing sink: relist
+            except Exception as exc:  # connection errors, bad JSON, a failing sink
                 reason, error = ERROR, exc
             if halt.is_set():
                 return
-            healthy = watching and (
+            progress = self._opened and (
                 self._delivered or self._clock() - started >= s.healthy_watch_seconds)
-            if healthy:
+            if progress:
                 # Only a watch that worked resets the backoff: a server that lists fine
-                # but breaks every watch must not make us relist 10,000 Services in a loop.
+                # but breaks every watch must not make us relist 10,000 Services in a loop,
+                # and an ERROR event is no sign of a working watch.
                 backoff.reset()
-            delay = 0.0 if reason in (CLOSED, EXPIRED) and healthy else backoff.next()
-            need_list = need_list or reason != CLOSED
+                expired_streak = 0
+                shortcut_used = False
+            if reason == EXPIRED:
+                expired_streak += 1
+                if expired_streak > 1:
+                    delay = backoff.next()
+                elif backoff.failures:
+                    # The watch resumed after an outage is too old: every node of the
+                    # cluster is in the same place, so the relists are spread out.
+                    delay = self._herd_spread()
+                else:
+                    delay = 0.0
+            elif reason == CLOSED and progress:
+                delay = 0.0
+            else:
+                delay = backoff.next()
+            if reason in (EXPIRED, SUSPECT) or (reason in (ERROR, TIMEOUT) and not (
+                    error is not None and _transient(error) and self.resource_version)):
+                need_list = True
             self._restarted(reason, delay, need_list, error)
-            if delay > 0 and halt.wait(delay):
+            if delay <= 0:
+                continue
+            # The probe may end this pause early once per outage on its own word, and after
+            # that only when it saw the server down itself: a server whose /readyz answers
+            # while our requests fail is retried at the backoff's pace, not the probe's.
+            armed = not shortcut_used and error is not None and _unreachable(error)
+            stopped, shortcut = self._pause(halt, delay, armed, need_list)
+            if stopped:
                 return
+            shortcut_used = shortcut_used or shortcut
+
+    def _relist(self, halt: threading.Event) -> None:
+        with gc_paused():
+            objects, rv = self._list_or_stream(halt)
+        problem = self._check(objects) if self._check is not None else None
+        if problem is not None:
+            del objects
+            if not self._suspect:
+                self._suspect = True
+                log(logging.WARNING, "list refused, table kept", resource=self.resource,
+                    problem=problem)
+            raise SuspectList(problem)
+        if self._suspect:
+            self._suspect = False
+            log(logging.INFO, "list accepted again", resource=self.resource)
+        self.resource_version = rv
+        self.lists += 1
+        self._emit(Replace(self.kind, objects, self._clock()))
+        del objects
+        log(logging.DEBUG, "list complete", resource=self.resource, resource_version=rv)
+
+    def _herd_spread(self) -> float:
+        """A random 0..relist_spread_per_node x (nodes seen in EndpointSlices): at 5,000
+        nodes and 0.02 s, relists after a long outage spread over ~100 s (~50 lists/s)."""
+        nodes = self._cluster_nodes() if self._cluster_nodes is not None else 0
+        return self._settings.relist_spread_per_node * nodes * self._rng.random()
+
+    def _pause(
+        self, halt: threading.Event, delay: float, armed: bool, relist: bool = False
+    ) -> tuple[bool, bool]:
+        """Wait `delay` seconds (the backoff), probing the server every `probe_interval`
+        (jittered) when the wait is long; returns (stopped, ended early by the probe).
+        Once the probe sees the server answer after it was seen unreachable, the wait ends
+        after a random `recovery_spread` (so a cluster's nodes do not come back in one
+        burst), or the cluster-sized herd spread when the next attempt is a relist."""
+        s = self._settings
+        probe = self._probe
+        if probe is None or s.probe_interval <= 0 or delay <= s.probe_interval:
+            return halt.wait(delay), False
+        deadline = self._clock() + delay
+        while True:
+            left = deadline - self._clock()
+            if left <= 0:
+                return False, False
+            step = s.probe_interval * (0.5 + self._rng.random())
+            if halt.wait(min(left, step)):
+                return True, False
+            if self._clock() >= deadline:
+                return False, False
+            if not probe():
+                armed = True
+            elif armed:
+                spread = s.recovery_spread * self._rng.random()
+                if relist:
+                    spread = max(spread, self._herd_spread())
+                log(logging.INFO, "API server answers again", resource=self.resource,
+                    retry_in=round(spread, 3))
+                return halt.wait(min(spread, max(0.0, deadline - self._clock()))), True
 
     def _restarted(
         self, reason: str, delay: float, relist: bool, error: BaseException | None
@@ -235,42 +441,133 @@ class Reflector:
             resp.close()
         resp.release_conn()
 
+    def _list_or_stream(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+        if self._watch_list:
+            try:
+                return self._stream_list(halt)
+            except WatchListUnavailable as exc:
+                reason = str(exc)
+            except ApiException as exc:
+                if exc.status not in (400, 403, 405, 422):
+                    raise
+                reason = f"HTTP {exc.status}"
+            self._watch_list = False
+            log(logging.INFO, "watch-list not offered, listing instead",
+                resource=self.resource, reason=reason)
+        return self._list(halt)
+
+    def _stream_list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+        """WatchList (KEP-3157): the initial state as a watch stream of ADDED events, ended
+        by a bookmark annotated `k8s.io/initial-events-end`, served from the watch cache
+        without a list's one big response. The stream is closed there; the regular watch
+        follows from the bookmark's resourceVersion."""
+        s = self._settings
+        kwargs: dict[str, Any] = {
+            "watch": True,
+            "send_initial_events": True,
+            "resource_version_match": "NotOlderThan",
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": max(1, int(s.watch_timeout)),
+            # Each read waits at most this: an old server that ignores sendInitialEvents
+            # sends the objects and then nothing, which ends here.
+            "_request_timeout": (s.connect_timeout, s.list_read_timeout),
+        }
+        if self.resource_version:
+            kwargs["resource_version"] = self.resource_version
+        resp = self._open(halt, **kwargs)
+        objects: list[RawObject] = []
+        trim = self._trim
+        try:
+            for line in iter_lines(resp.stream(None, decode_content=False)):
+                if halt.is_set():
+                    raise _Stopped
+                event = json.loads(line)
+                if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                    raise ValueError("watch event without an object")
+                obj = event["object"]
+                type_ = event.get("type")
+                if type_ == "ADDED":
+                    objects.append(trim(obj))
+                elif type_ == "BOOKMARK":
+                    meta = obj.get("metadata") or {}
+                    annotations = meta.get("annotations") or {}
+                    rv = meta.get("resourceVersion")
+                    if annotations.get(INITIAL_EVENTS_END) == "true" and rv:
+                        return objects, str(rv)
+                    raise WatchListUnavailable("a bookmark before the initial-events end")
+                elif type_ == "ERROR":
+                    code = obj.get("code")
+                    if code in (400, 403, 422):
+                        raise WatchListUnavailable(f"ERROR {code}")
+                    self._handle(event, self._clock())  # raises WatchExpired / status
+                else:
+                    raise WatchListUnavailable(f"{type_} before the initial-events end")
+            raise WatchListUnavailable("the stream ended before the initial-events end")
+        except ReadTimeoutError as exc:
+            raise WatchListUnavailable("no initial-events end within the read timeout") from exc
+        finally:
+            self._release(resp, clean=False)
+
+    def _list_options(self) -> dict[str, Any]:
+        """Where the list is served from, as client-go's reflector chooses: the first list
+        with resourceVersion=0 (the API server's watch cache, any age); a relist with the
+        last resourceVersion seen and NotOlderThan (the cache once it is at least that new,
+        so the table never goes back before what was applied); after that failed (410, or
+        the cache did not catch up), a consistent read (etcd). A cache answer for "0" may be
+        older than a previous list from another API server: the watch from its
+        resourceVersion then replays the newer events, as for any informer."""
+        if self.resource_version is None:
+            return {"resource_version": "0"}
+        if self._rv_unavailable:
+            return {}
+        return {"resource_version": self.resource_version,
+                "resource_version_match": "NotOlderThan"}
+
     def _list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
         s = self._settings
         objects: list[RawObject] = []
         token: str | None = None
         rv: str | None = None
         trim = self._trim
+        first = self._list_options()
         while True:
+            # A page size is always asked for: servers that paginate cache reads (1.34+)
+            # keep each page bounded; older ones answer resourceVersion=0 in one piece.
             kwargs: dict[str, Any] = {
                 "limit": s.page_size,
                 "_request_timeout": (s.connect_timeout, s.list_read_timeout),
             }
             if token:
-                kwargs["_continue"] = token
-            resp = self._open(halt, **kwargs)
+                kwargs["_continue"] = token  # the token carries the snapshot's version
+            else:
+                kwargs.update(first)
+            try:
+                resp = self._open(halt, **kwargs)
+            except ApiException as exc:
+                # 410 (too old) or 504 (cache too far behind): the next list reads etcd.
+                if not token and first.get("resource_version_match") and exc.status in (
+                        410, 504):
+                    self._rv_unavailable = True
+                raise
             clean = False
             try:
                 body = resp.data
                 clean = True
             finally:
                 self._release(resp, clean=clean)
-            page = json.loads(body)
+            items, meta = decode_list(body, trim)
             del body
-            if not isinstance(page, dict):
-                raise ValueError("list response is not a JSON object")
-            items = page.get("items") or ()
-            objects.extend(trim(item) for item in items if isinstance(item, dict))
-            meta = page.get("metadata") or {}
+            objects.extend(items)
+            del items
             rv = meta.get("resourceVersion") or rv
             token = meta.get("continue") or None
-            del page
             if not token:
                 break
             if halt.is_set():
                 raise _Stopped
         if not rv:
             raise ValueError("list response has no metadata.resourceVersion")
+        self._rv_unavailable = False
         return objects, rv
 
     def _watch(self, halt: threading.Event) -> None:
@@ -287,15 +584,14 @@ class Reflector:
             timeout_seconds=timeout_seconds,
             _request_timeout=(s.connect_timeout, read_timeout),
         )
+        self._opened = True
         clean = False
         try:
             for line in iter_lines(resp.stream(None, decode_content=False)):
                 received = self._clock()
                 if halt.is_set():
                     raise _Stopped
-                event = json.loads(line)
-                self._delivered = True
-                self._handle(event, received)
+                self._handle(json.loads(line), received)
             clean = True
         finally:
             self._release(resp, clean=clean)
@@ -310,7 +606,8 @@ class Reflector:
             message = f"{code} {obj.get('reason')}: {obj.get('message')}"
             if code == 410:
                 raise WatchExpired(message)
-            raise WatchStatusError(message)
+            raise WatchStatusError(message, code)
+        self._delivered = True  # an object or a bookmark: the watch works
         meta = obj.get("metadata") or {}
         if type_ in ("ADDED", "MODIFIED"):
             self._emit(Upsert(self.kind, self._trim(obj), received))

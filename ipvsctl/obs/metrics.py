@@ -92,6 +92,12 @@ class Metrics:
             "Failed re-reads of the node's addresses (the addresses in force were kept).",
             registry=r,
         )
+        # Kubernetes API (ipvsctl/kube): pod deadline lookups, by outcome
+        self.pod_lookups = Counter(
+            "ipvsctl_pod_lookups",
+            "Pod GETs for drain deadlines, by result (ok, not_found, error, dropped).",
+            ["result"], registry=r,
+        )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
         self.nft_errors = Counter(
             "ipvsctl_nft_errors", "Failed nft runs, by operation.", ["operation"], registry=r,

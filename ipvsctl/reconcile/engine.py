@@ -325,8 +325,8 @@ class Engine:
             result.failed.add(ref)
 
     def _request_pods(self, desired: DesiredService | None) -> None:
-        if desired is None:
-            return
+        if desired is None or desired.drain_timeout is not None:
+            return  # the Service's annotation decides the deadline: no pod lookup needed
         deadlines = self.store.pod_deadlines()
         for meta in desired.endpoints.values():
             pod = meta.pod

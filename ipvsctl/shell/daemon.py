@@ -282,6 +282,7 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             kubeconfig=o.kubeconfig, apiserver=o.apiserver, node_name=o.node.node_name,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason).inc(),
+            on_pod_lookup=lambda result: metrics.pod_lookups.labels(result).inc(),
         )
     except SourceConfigError as exc:
         raise StartupError(str(exc)) from None

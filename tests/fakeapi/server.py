@@ -6,6 +6,14 @@ Wire behaviour:
 - list: `GET /api/v1/services`, `/apis/discovery.k8s.io/v1/endpointslices`, `/api/v1/pods`
   (and the `/namespaces/{ns}/...` forms), paginated with `limit`/`continue` over a consistent
   snapshot; `metadata.resourceVersion` is the cluster-wide counter at the snapshot.
+  `resourceVersion=0` and `resourceVersion=N&resourceVersionMatch=NotOlderThan` are what the
+  real server answers from its watch cache (`list_reads` tells them from etcd reads); N newer
+  than the server is 504 "Too large resource version"; a resourceVersion with `continue` is
+  400. With `cache_pagination=False`, `resourceVersion=0` ignores `limit` (servers < 1.34).
+- WatchList (KEP-3157): `?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan`
+  streams the current objects as ADDED, then a BOOKMARK annotated
+  `k8s.io/initial-events-end: "true"`, then changes. `watch_list="off"` answers 422 (the
+  feature gate off), `"ignore"` ignores the parameter (servers before 1.27).
 - watch: `?watch=true&resourceVersion=N[&allowWatchBookmarks=true][&timeoutSeconds=T]`: a
   chunked stream of one JSON event per line (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR), starting
   after N. N older than the retained history gets HTTP 410; with no N (or "0") the current
@@ -24,6 +32,7 @@ import base64
 import bisect
 import contextlib
 import json
+import select
 import socket
 import struct
 import threading
@@ -112,6 +121,19 @@ class _Watch:
         self.name: str | None = None  # fieldSelector metadata.name
 
 
+KUBERNETES_SERVICE: JSON = {
+    "kind": "Service",
+    "apiVersion": "v1",
+    "metadata": {"name": "kubernetes", "namespace": "default",
+                 "labels": {"component": "apiserver", "provider": "kubernetes"}},
+    "spec": {"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"],
+             "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]},
+}
+
+
+_NON_RESOURCE_PATHS = ("/readyz", "/livez", "/healthz")
+
+
 def _status(code: int, reason: str, message: str) -> JSON:
     return {
         "kind": "Status",
@@ -169,13 +191,32 @@ class _HTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class _CountingWriter:
+    """The handler's wfile, adding what is written to the server's byte count."""
+
+    def __init__(self, raw: Any, handler: _Handler) -> None:
+        self._raw = raw
+        self._h = handler
+
+    def write(self, data: bytes) -> int:
+        n = self._raw.write(data)
+        self._h.server.fake._count_bytes(self._h.acct, len(data))
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the client expects
     server: _HTTPServer
 
+    acct: tuple[str, str] = ("", "")  # (verb, resource or path) of the current request
+
     def setup(self) -> None:
         super().setup()
         self.server.fake._register(self.connection)
+        self.wfile = _CountingWriter(self.wfile, self)  # type: ignore[assignment]
 
     def finish(self) -> None:
         try:
@@ -216,7 +257,9 @@ class FakeAPIServer:
     watches that asked for them; `max_watch_seconds` caps every watch's timeoutSeconds;
     `history_limit` is how many events per resource are kept for watches that resume from an
     older resourceVersion (older ones get 410); `token` makes every request need
-    `Authorization: Bearer <token>`.
+    `Authorization: Bearer <token>`. `kubernetes_service` seeds `default/kubernetes` (headless,
+    so it programs nothing) as every real cluster has it; `/readyz`, `/livez` and `/healthz`
+    answer 200 "ok" while the server is up.
     """
 
     def __init__(
@@ -229,7 +272,12 @@ class FakeAPIServer:
         token: str | None = None,
         initial_resource_version: int = 1000,
         record_requests: bool = True,
+        kubernetes_service: bool = True,
+        cache_pagination: bool = True,
+        watch_list: str = "on",
     ) -> None:
+        self.cache_pagination = cache_pagination
+        self.watch_list = watch_list
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.history_limit = history_limit
@@ -249,12 +297,17 @@ class FakeAPIServer:
         self._watches: set[_Watch] = set()
         self._faults: list[_Fault] = []
         self._requests: list[RequestRecord] = []
+        self._bytes: dict[tuple[str, str], int] = {}
         self._conns: set[socket.socket] = set()
         self._hang = False
         self._down = True
         self._stopped = False
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        if kubernetes_service:
+            # Every real cluster has it, and the daemon refuses a Service list without it.
+            # Headless here, so that it programs nothing and tests see only their own objects.
+            self._put(KUBERNETES_SERVICE, mode="create")
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -408,6 +461,12 @@ class FakeAPIServer:
         with self._cond:
             self._faults.append(_Fault(verb, kind, status, as_event, times))
 
+    def serve_empty_lists(self, kind: str | None = None, *, times: int = 1) -> None:
+        """Answer the next `times` lists of `kind` with 200 and no items (a broken proxy in
+        front of the server, or an etcd restored empty)."""
+        with self._cond:
+            self._faults.append(_Fault("empty-list", kind, 200, False, times))
+
     def clear_faults(self) -> None:
         with self._cond:
             self._faults.clear()
@@ -456,9 +515,37 @@ class FakeAPIServer:
                 if (verb is None or r.verb == verb) and (plural is None or r.resource == plural)
             )
 
+    def list_reads(self, kind: str | None = None) -> dict[str, int]:
+        """Lists (first pages) by where kube-apiserver would serve them: "cache" (the watch
+        cache: resourceVersion=0, or a resourceVersion with NotOlderThan) or "etcd" (a
+        consistent read: no resourceVersion)."""
+        plural = RESOURCES[kind].plural if kind else None
+        out = {"cache": 0, "etcd": 0}
+        with self._cond:
+            for r in self._requests:
+                if r.verb != "list" or r.query.get("continue"):
+                    continue
+                if plural is not None and r.resource != plural:
+                    continue
+                out["cache" if r.query.get("resourceVersion") else "etcd"] += 1
+        return out
+
     def clear_requests(self) -> None:
         with self._cond:
             self._requests.clear()
+            self._bytes.clear()
+
+    def bytes_sent(self, verb: str | None = None, kind: str | None = None) -> int:
+        """Response bytes written (headers and chunk framing included), by RBAC verb and kind;
+        watch streams count as they flow."""
+        plural = RESOURCES[kind].plural if kind else None
+        with self._cond:
+            return sum(n for (v, r), n in self._bytes.items()
+                       if (verb is None or v == verb) and (plural is None or r == plural))
+
+    def _count_bytes(self, acct: tuple[str, str], n: int) -> None:
+        with self._cond:
+            self._bytes[acct] = self._bytes.get(acct, 0) + n
 
     def open_watches(self, kind: str | None = None) -> int:
         with self._cond:
@@ -579,7 +666,7 @@ class FakeAPIServer:
         is_watch = query.get("watch") in ("true", "1")
         if method != "GET":
             verb = _VERBS.get(method, method.lower())
-        elif name is not None:
+        elif name is not None or parts.path in _NON_RESOURCE_PATHS:
             verb = "get"
         else:
             verb = "watch" if is_watch else "list"
@@ -593,6 +680,7 @@ class FakeAPIServer:
             namespace,
             name,
         )
+        h.acct = (verb, info.plural if info else parts.path)
         with self._cond:
             if self.record_requests:
                 self._requests.append(record)
@@ -622,6 +710,9 @@ class FakeAPIServer:
             else:
                 self._send_status(h, fault.status, message)
             return
+        if info is None and method == "GET" and parts.path in _NON_RESOURCE_PATHS:
+            self._send_text(h, 200, b"ok")
+            return
         if info is None:
             self._send_status(
                 h, 404, f"the server could not find the requested resource ({parts.path})"
@@ -640,6 +731,13 @@ class FakeAPIServer:
     def _send_json(self, h: _Handler, code: int, body: bytes) -> None:
         h.send_response(code)
         h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _send_text(self, h: _Handler, code: int, body: bytes) -> None:
+        h.send_response(code)
+        h.send_header("Content-Type", "text/plain; charset=utf-8")
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
@@ -666,7 +764,34 @@ class FakeAPIServer:
             self._send_status(h, 400, "invalid limit")
             return
         token = query.get("continue") or ""
+        rv_param = query.get("resourceVersion") or ""
+        match = query.get("resourceVersionMatch") or ""
+        if token and rv_param:
+            self._send_status(
+                h, 400, "specifying resource version is not allowed when using continue")
+            return
+        if match and not rv_param:
+            self._send_status(
+                h, 400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
+            return
+        if match not in ("", "NotOlderThan"):
+            self._send_status(h, 400, f"resourceVersionMatch={match} is not supported here")
+            return
+        if rv_param == "0" and not self.cache_pagination:
+            limit = 0  # as before 1.34: the watch cache answers in one piece
+        if rv_param not in ("", "0"):
+            try:
+                wanted = int(rv_param)
+            except ValueError:
+                self._send_status(h, 400, "invalid resourceVersion")
+                return
+            if wanted > self.resource_version:
+                # kube-apiserver waits up to 3 s for its cache, then gives up like this.
+                self._send_status(h, 504, f"Too large resource version: {wanted}, "
+                                          f"current: {self.resource_version}")
+                return
         with self._cond:
+            empty = self._take_fault("empty-list", info.kind) is not None
             if token:
                 try:
                     sid, offset = _decode_continue(token)
@@ -683,6 +808,8 @@ class FakeAPIServer:
                 expired = False
                 sid, offset = uuid.uuid4().hex, 0
                 rv, entries = self._rv, self._sorted_entries(info.kind)
+                if empty:
+                    entries = []
                 if namespace is not None:
                     entries = [e for e in entries if e.key[0] == namespace]
                 if query.get("fieldSelector"):
@@ -752,6 +879,22 @@ class FakeAPIServer:
     ) -> None:
         kind = info.kind
         rv_param = query.get("resourceVersion") or ""
+        watch_list = query.get("sendInitialEvents") in ("true", "1")
+        if watch_list and self.watch_list == "off":
+            self._send_status(h, 422, "sendInitialEvents is forbidden for watch unless the "
+                                      "WatchList feature gate is enabled")
+            return
+        if watch_list and self.watch_list == "ignore":  # a server older than 1.27
+            watch_list = False
+        if watch_list:
+            if query.get("resourceVersionMatch") != "NotOlderThan":
+                self._send_status(h, 422, "sendInitialEvents requires "
+                                          "resourceVersionMatch=NotOlderThan")
+                return
+            if rv_param not in ("", "0") and int(rv_param) > self.resource_version:
+                self._send_status(h, 504, f"Too large resource version: {rv_param}")
+                return
+            rv_param = ""  # the current state, then changes
         try:
             since = int(rv_param) if rv_param not in ("", "0") else None
             timeout = float(query["timeoutSeconds"]) if "timeoutSeconds" in query else 1800.0
@@ -776,6 +919,8 @@ class FakeAPIServer:
                     and (not only_name or e.key[1] == only_name)
                 ]
                 cursor = self._log_base[kind] + len(log)
+                if watch_list:  # KEP-3157: the end of the initial state is a bookmark
+                    initial.append(_bookmark_line(info, self._rv, initial_events_end=True))
             elif since < self._dropped_rv[kind]:
                 cursor = -1
             else:
@@ -851,8 +996,11 @@ class FakeAPIServer:
                         w.next_bookmark = now + (self.bookmark_interval or float("inf"))
                     if lines or end:
                         break
+                    if _client_gone(h.connection):  # as the real server sees a closed stream
+                        end = "abort"
+                        break
                     wake = min(deadline, w.next_bookmark if w.bookmarks else deadline)
-                    self._cond.wait(max(0.0, wake - now))
+                    self._cond.wait(min(0.2, max(0.0, wake - now)))
             if end == "abort":
                 h.close_connection = True
                 _abort(h.connection)
@@ -864,6 +1012,17 @@ class FakeAPIServer:
                 return
 
 
+def _client_gone(sock: socket.socket) -> bool:
+    """The client closed its end (EOF readable) while the stream waits for news."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (OSError, ValueError):
+        return True
+
+
 def _reason(code: int) -> str:
     return _REASONS.get(code, "Unknown")
 
@@ -872,12 +1031,11 @@ def _event(type_: bytes, raw: bytes) -> bytes:
     return b'{"type":"%s","object":%s}\n' % (type_, raw)
 
 
-def _bookmark_line(info: ResourceInfo, rv: int) -> bytes:
-    obj = {
-        "kind": info.kind,
-        "apiVersion": info.api_version,
-        "metadata": {"resourceVersion": str(rv)},
-    }
+def _bookmark_line(info: ResourceInfo, rv: int, *, initial_events_end: bool = False) -> bytes:
+    meta: JSON = {"resourceVersion": str(rv)}
+    if initial_events_end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    obj = {"kind": info.kind, "apiVersion": info.api_version, "metadata": meta}
     return _event(b"BOOKMARK", _dumps(obj))
 
 

@@ -81,7 +81,8 @@ def error_of(**kwargs: object) -> str:
 
 def test_kubeconfig_with_token(api: FakeAPIServer, tmp_path: Path) -> None:
     source = KubeSource.from_config(str(kubeconfig(tmp_path, api.url)), environ={})
-    assert [o["metadata"]["name"] for o in first_replace(source).objects] == ["web"]
+    listed = {o["metadata"]["name"] for o in first_replace(source).objects}
+    assert listed == {"web", "kubernetes"}  # the fake, like a cluster, has default/kubernetes
 
 
 def test_kubeconfig_from_the_environment(api: FakeAPIServer, tmp_path: Path) -> None:

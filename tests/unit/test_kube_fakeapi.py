@@ -22,7 +22,7 @@ SERVICES = "/api/v1/services"
 
 @pytest.fixture
 def api() -> Iterator[FakeAPIServer]:
-    server = FakeAPIServer().start()
+    server = FakeAPIServer(kubernetes_service=False).start()
     try:
         yield server
     finally:

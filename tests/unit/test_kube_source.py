@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ipvsctl.kube.client import KubeSource
-from ipvsctl.kube.permissions import REQUIRED_PERMISSIONS
+from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import PodRef
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
@@ -38,6 +38,7 @@ FAST = KubeSettings(
     healthy_watch_seconds=0.0,
     pod_backoff_initial=0.01,
     pod_backoff_max=0.02,
+    pod_jitter=0.0,
     join_timeout=2.0,
 )
 
@@ -48,7 +49,8 @@ def _with(settings: KubeSettings, **changes: Any) -> KubeSettings:
 
 def assert_permitted(api: FakeAPIServer) -> None:
     allowed = {(p.api_group, p.resource, v) for p in REQUIRED_PERMISSIONS for v in p.verbs}
-    seen = {(r.group, r.resource, r.verb) for r in api.requests}
+    seen = {(r.group, r.resource, r.verb) for r in api.requests
+            if not (r.resource is None and r.path in PUBLIC_PATHS and r.verb == "get")}
     assert seen <= allowed, f"calls outside REQUIRED_PERMISSIONS: {seen - allowed}"
 
 
@@ -182,7 +184,10 @@ def harness(api: FakeAPIServer) -> Iterator[Any]:
 
 
 def names(event: Replace) -> list[str]:
-    return sorted(o["metadata"]["name"] for o in event.objects)
+    """Names of a Replace's objects, without the fake server's `default/kubernetes`."""
+    return sorted(o["metadata"]["name"] for o in event.objects
+                  if (o["metadata"].get("namespace"), o["metadata"]["name"])
+                  != ("default", "kubernetes"))
 
 
 def watch_requests(api: FakeAPIServer, kind: str) -> list[dict[str, str]]:
@@ -321,16 +326,18 @@ def test_too_old_resource_version_after_compaction_relists(api, harness) -> None
     h.close()
 
 
-def test_hung_stream_times_out_and_relists(api, harness, logs) -> None:
+def test_hung_stream_times_out_and_resumes_the_watch(api, harness, logs) -> None:
     h = harness(_with(FAST, watch_read_timeout=0.3, list_read_timeout=0.3)).start()
     h.synced()
     api.hang()  # the stream stays open but silent: a half-open connection
     assert h.restart("services") == "timeout"
-    logs.next("watch restart", resource="services", reason="timeout")
+    logs.next("watch restart", resource="services", reason="timeout", relist=False)
     api.add(objects.service("while-hung", cluster_ip="10.96.0.13"))
     api.unhang()
-    replace = h.replace(SVC)
-    assert names(replace) == ["while-hung"]
+    # The watch resumes from the last resourceVersion: the missed change, no relist.
+    event = h.next(SVC)
+    assert isinstance(event, Upsert) and event.obj["metadata"]["name"] == "while-hung"
+    assert api.count("list", "Service") == 1
     h.close()
 
 
@@ -342,14 +349,30 @@ def test_server_down_retries_with_growing_backoff_then_recovers(api, harness, lo
     for _ in range(5):
         rec = logs.next("watch restart", resource="services")
         assert rec.levelno == logging.WARNING
-        assert rec.fields["reason"] == "error" and rec.fields["relist"] is True
+        # Unreachable: the watch is retried from the last resourceVersion, no relist.
+        assert rec.fields["reason"] == "error" and rec.fields["relist"] is False
         delays.append(rec.fields["backoff"])
     assert delays[:4] == sorted(delays[:4]) and delays[0] < delays[3]
     assert all(d <= 0.16 for d in delays)
     api.add(objects.service("back", cluster_ip="10.96.0.14"))
     api.up()
+    event = h.next(SVC)
+    assert isinstance(event, Upsert) and event.obj["metadata"]["name"] == "back"
+    assert api.count("list") == 2  # the two initial lists only
+    h.close()
+
+
+def test_server_down_past_its_watch_history_relists_once_as_a_diff(api, harness) -> None:
+    h = harness(_with(FAST, backoff_initial=0.02, backoff_max=0.16)).start()
+    h.synced()
+    api.down()
+    assert h.restart("services") == "error"
+    api.add(objects.service("back", cluster_ip="10.96.0.14"))
+    api.compact()  # the outage outlived the history: the resumed watch gets 410
+    api.up()
+    assert h.restart("services") == "expired"
     assert names(h.replace(SVC)) == ["back"]
-    assert isinstance(h.next(EPS), Replace)
+    assert api.count("list", "Service") == 2
     h.close()
 
 
@@ -484,4 +507,14 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
     delays = [logs.next("watch restart", resource="services").fields["backoff"]
               for _ in range(6)]
     assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
+    h.close()
+
+
+def test_pod_get_reads_the_watch_cache(api, harness) -> None:
+    api.add(objects.pod("web-1"))
+    h = harness().start()
+    h.source.request_pod(PodRef("default", "web-1"))
+    assert isinstance(h.next(POD), Upsert)
+    gets = [r.query for r in api.requests if r.verb == "get" and r.resource == "pods"]
+    assert gets == [{"resourceVersion": "0"}]
     h.close()
