@@ -66,7 +66,7 @@ bench-smoke: venv
 
 # make image: the OCI image from Debian's packages (mmdebstrap) and the wheels pinned in
 # daemonset/constraints.txt (umoci), no Docker Hub: out/image/{oci,ipvsctl-oci.tar,rootfs}.
-# Needs root and network, ~5 minutes; not part of make test. make image-test: builds it and
+# Needs root and network, 2-6 minutes; not part of make test. make image-test: builds it and
 # runs ipvsctl and the node tools inside its root filesystem (tests/image).
 IMAGE_OUT := out/image
 image: venv
