@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench
+.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test constraints
 
 all: test
 
@@ -63,3 +63,23 @@ bench: venv lab-deps
 
 bench-smoke: venv
 	BENCH_SMOKE=1 $(BIN)/python -m bench.run smoke --out out/bench-smoke
+
+# make image: the OCI image from Debian's packages (mmdebstrap) and the wheels pinned in
+# daemonset/constraints.txt (umoci), no Docker Hub: out/image/{oci,ipvsctl-oci.tar,rootfs}.
+# Needs root and network, 2-6 minutes; not part of make test. make image-test: builds it and
+# runs ipvsctl and the node tools inside its root filesystem (tests/image).
+IMAGE_OUT := out/image
+image: venv
+	IMAGE_OUT=$(IMAGE_OUT) PIP=$(BIN)/pip bash daemonset/image/build.sh
+
+image-test: image
+	IPVSCTL_IMAGE_ROOTFS=$(IMAGE_OUT)/rootfs $(BIN)/pytest -q tests/image
+
+# make constraints: re-pin daemonset/constraints.txt (the image's Python packages, shared by
+# the Dockerfile and make image) to what `pip install .` resolves today.
+constraints:
+	rm -rf out/constraints-venv && $(PY) -m venv out/constraints-venv
+	out/constraints-venv/bin/pip install -q .
+	{ grep '^#' daemonset/constraints.txt; out/constraints-venv/bin/pip freeze --exclude ipvsctl; } \
+		> daemonset/constraints.txt.new && mv daemonset/constraints.txt.new daemonset/constraints.txt
+	rm -rf out/constraints-venv

@@ -4,8 +4,20 @@ Labels never carry a Service name or an IP: per-object detail belongs to /status
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import generate_latest
+
+from ipvsctl import __version__
+
+# No `_created` series: one more per counter and histogram child, which nobody queries.
+disable_created_metrics()
 
 # Event-to-kernel latencies: netlink changes take ~100 us, Python under load a few ms;
 # the tail up to tens of seconds is what kube-router's full resyncs cost.
@@ -134,6 +146,13 @@ class Metrics:
             "ipvsctl_virtual_server_conflict_losers",
             "Claims on virtual servers currently lost to another Service.", registry=r,
         )
+        self.build_info = Gauge(
+            "ipvsctl_build_info", "Always 1; the running ipvsctl's version.", ["version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__).set(1)
+        # process_resident_memory_bytes, process_cpu_seconds_total, open fds (Linux /proc)
+        ProcessCollector(registry=r)
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -13,18 +12,47 @@ import typer
 
 from ipvsctl.model import NodeContext, normalize_ip
 from ipvsctl.shell.cleanup import register as register_cleanup
+from ipvsctl.shell.output import Output, choose, dump
 from ipvsctl.shell.shutdown_manager import register as register_shutdown_manager
 
 app = typer.Typer(
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish (docs/reference.md)
+    add_completion=True,
     no_args_is_help=True,
     help="A per-node Kubernetes service proxy on Linux IPVS with graceful termination.",
     pretty_exceptions_enable=False,
+    # Plain click help: rich truncates long option names at 80 columns and reads
+    # "[default: ...]" in help strings as markup, swallowing it.
+    rich_markup_mode=None,
 )
 
+def _version(value: bool) -> None:
+    if value:
+        from ipvsctl import __version__
+
+        typer.echo(f"ipvsctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    ] = False,
+) -> None:
     """A per-node Kubernetes service proxy on Linux IPVS with graceful termination."""
+
+
+OutputOpt = Annotated[Output | None, typer.Option(
+    "-o", "--output", help="Output format [default: table].", show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="Same as -o json.")]
+
+
+def _output(output: Output | None, as_json: bool) -> Output:
+    try:
+        return choose(output, as_json)
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
 
 
 NodeName = Annotated[
@@ -73,17 +101,19 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
 @app.command()
 def plan(
     files: Annotated[list[Path], typer.Option("-f", "--filename", help=(
-        "Manifest file or folder (*.yaml, *.yml, *.json; repeatable)."))],
+        "Manifest file or folder (*.yaml, *.yml, *.json; repeatable; - reads stdin)."))],
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
     scheduler: Scheduler = "rr",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    output: OutputOpt = None,
+    as_json: AsJson = False,
 ) -> None:
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
     from ipvsctl.plan.cluster import plan_objects
     from ipvsctl.shell.render import plan_json, plan_text
     from ipvsctl.source.manifests import ManifestError, load_paths
 
+    fmt = _output(output, as_json)
     node = _node(node_name, node_ip, scheduler)
     try:
         objects = load_paths(files)
@@ -93,10 +123,10 @@ def plan(
     for p in problems:
         what = "skipped" if p.fatal else "warning"
         typer.echo(f"ipvsctl: {p.kind.value} {p.name} {what}: {p.reason}", err=True)
-    if as_json:
-        typer.echo(json.dumps(plan_json(result), indent=2))
+    if fmt in (Output.json, Output.yaml):
+        typer.echo(dump(plan_json(result), fmt), nl=False)
     else:
-        typer.echo(plan_text(result), nl=False)
+        typer.echo(plan_text(result, wide=fmt is Output.wide), nl=False)
 
 
 @app.command()
@@ -196,29 +226,42 @@ def _healthz_address(value: str) -> str:
 @app.command()
 def status(
     endpoint: Annotated[str, typer.Option(
-        "--endpoint", help="The daemon to ask.")] = "http://127.0.0.1:9796",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        "--endpoint", help="The daemon to ask; one on another machine is shown without "
+        "this machine's kernel table.")] = "http://127.0.0.1:9796",
+    output: OutputOpt = None,
+    as_json: AsJson = False,
 ) -> None:
     """The node's IPVS table with its Kubernetes meaning, and the drain queue."""
-    from ipvsctl.shell.status import fetch_daemon_status, join_status, render_status
+    from ipvsctl.shell.status import (
+        endpoint_is_local,
+        fetch_daemon_status,
+        join_status,
+        render_status,
+    )
 
+    fmt = _output(output, as_json)
     daemon, daemon_error = fetch_daemon_status(endpoint)
     kernel, kernel_error = None, None
-    try:
-        from ipvsctl.kernel.netlink import read_table
+    remote = not endpoint_is_local(endpoint)
+    if remote:  # another node's daemon: this machine's kernel table is not its table
+        kernel_error = "not read: the daemon is on another machine"
+    else:
+        try:
+            from ipvsctl.kernel.netlink import read_table
 
-        kernel = read_table()
-    except Exception as exc:  # any reason the table cannot be read is shown, not raised
-        kernel_error = str(exc) or type(exc).__name__
+            kernel = read_table()
+        except Exception as exc:  # any reason the table cannot be read is shown, not raised
+            kernel_error = str(exc) or type(exc).__name__
     if kernel is None and daemon is None:
-        typer.echo(f"ipvsctl: {daemon_error}; kernel table not readable: {kernel_error}",
+        typer.echo(f"ipvsctl: {daemon_error}; kernel table {kernel_error}" if remote else
+                   f"ipvsctl: {daemon_error}; kernel table not readable: {kernel_error}",
                    err=True)
         raise typer.Exit(1)
-    doc = join_status(kernel, kernel_error, daemon, daemon_error, endpoint)
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+    doc = join_status(kernel, kernel_error, daemon, daemon_error, endpoint, remote=remote)
+    if fmt in (Output.json, Output.yaml):
+        typer.echo(dump(doc, fmt), nl=False)
     else:
-        typer.echo(render_status(doc), nl=False)
+        typer.echo(render_status(doc, wide=fmt is Output.wide), nl=False)
 
 
 register_shutdown_manager(app)

@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, ServiceKey
-
-
-def _hostport(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+from ipvsctl.shell.output import columns, hostport
 
 
 def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[str, Any]:
@@ -30,21 +27,41 @@ def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[s
     ]}
 
 
-def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> str:
-    """ipvsadm -Ln's shape, with each virtual server's Kubernetes meaning beside it."""
+def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]], wide: bool = False) -> str:
+    """ipvsadm -Ln's shape, with each virtual server's Kubernetes meaning beside it; `wide`
+    adds traffic policy Local, source ranges and each endpoint's node."""
     if not plan:
         return "no virtual servers\n"
-    lines = [f"{'Prot':<5}{'LocalAddress:Port':<42}{'Sched':<7}{'Persist':<9}Service"]
+    vs_rows = [["Prot", "LocalAddress:Port", "Sched", "Persist", "Service"]
+               + (["Local", "SourceRanges"] if wide else [])]
+    rs_rows: list[list[str]] = [["  -> RemoteAddress:Port", "Weight", "Pod"]
+                                + (["Node"] if wide else [])]
+    order: list[tuple[str, int]] = []  # ("vs"|"rs"|"none", row index)
     for desired, dvs in plan:
         key: ServiceKey = dvs.key
         persist = str(dvs.vs.persistent_timeout) if dvs.vs.persistent_timeout else "-"
         svc = f"{desired.ref}:{dvs.port_name}" if dvs.port_name else str(desired.ref)
-        lines.append(f"{key.protocol.value:<5}{_hostport(key.address, key.port):<42}"
-                     f"{dvs.vs.scheduler:<7}{persist:<9}{svc} ({dvs.kind.value})")
+        row = [key.protocol.value, hostport(key.address, key.port), dvs.vs.scheduler, persist,
+               f"{svc} ({dvs.kind.value})"]
+        if wide:
+            ranges = ",".join(dvs.source_ranges) if dvs.source_ranges is not None else "-"
+            row += ["yes" if dvs.local_only else "-", ranges]
+        vs_rows.append(row)
+        order.append(("vs", len(vs_rows) - 1))
         if not dvs.real_servers:
-            lines.append("  (no endpoints)")
+            order.append(("none", 0))
         for rs in sorted(dvs.real_servers):
-            pod = desired.endpoints.get(rs.address)
-            who = f"  {pod.pod}" if pod and pod.pod else ""
-            lines.append(f"  -> {_hostport(rs.address, rs.port):<40}weight 1{who}")
+            info = desired.endpoints.get(rs.address)
+            pod = str(info.pod) if info and info.pod else "-"
+            rrow = [f"  -> {hostport(rs.address, rs.port)}", "1", pod]
+            if wide:
+                rrow.append(info.node_name or "-" if info else "-")
+            rs_rows.append(rrow)
+            order.append(("rs", len(rs_rows) - 1))
+    vs_lines = columns(vs_rows)
+    rs_lines = columns(rs_rows, right=frozenset({1}))
+    lines = [vs_lines[0], rs_lines[0]]
+    for what, i in order:
+        lines.append(vs_lines[i] if what == "vs" else rs_lines[i] if what == "rs"
+                     else "  (no endpoints)")
     return "\n".join(lines) + "\n"

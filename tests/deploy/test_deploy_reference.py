@@ -1,0 +1,193 @@
+"""docs/reference.md against the real program: every command's flags, env vars and defaults
+(both ways), the metrics table against what the daemon exports (both ways), the JSON example
+against `ipvsctl plan`; and every relative link in README.md and docs/ resolves."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import REPO
+
+REFERENCE = REPO / "docs" / "reference.md"
+
+
+def cli_root():
+    import typer.main
+
+    from ipvsctl.shell.cli import app
+
+    return typer.main.get_command(app)
+
+
+def cli_commands() -> dict[str, object]:
+    root = cli_root()
+    return {"": root, **root.commands}  # type: ignore[attr-defined]
+
+
+def sections() -> dict[str, str]:
+    """`### \\`ipvsctl CMD\\`` section bodies by command ("" for `ipvsctl` itself)."""
+    text = REFERENCE.read_text()
+    out = {}
+    for m in re.finditer(r"^### `ipvsctl( [\w-]+)?`\n(.*?)(?=^##)", text, re.S | re.M):
+        out[(m.group(1) or "").strip()] = m.group(2)
+    return out
+
+
+def flag_rows(body: str) -> list[list[str]]:
+    rows = []
+    for line in body.splitlines():
+        if line.startswith("| `-"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))])
+    return rows
+
+
+def documented(body: str) -> tuple[set[str], set[str], dict[str, str]]:
+    """(flags, env vars, default cell by flag) of one command's table."""
+    flags: set[str] = set()
+    envs: set[str] = set()
+    defaults: dict[str, str] = {}
+    for flag_cell, env_cell, default_cell, *_ in flag_rows(body):
+        names = re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", flag_cell.split("`")[1])
+        flags.update(names)
+        envs.update(re.findall(r"`([A-Z][A-Z0-9_]*)`", env_cell))
+        for n in names:
+            defaults[n] = default_cell
+    return flags, envs, defaults
+
+
+def real(command) -> tuple[set[str], set[str], dict[str, object]]:
+    flags: set[str] = set()
+    envs: set[str] = set()
+    defaults: dict[str, object] = {}
+    for p in command.params:
+        names = [o for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
+        flags.update(names)
+        if p.envvar:
+            envs.update([p.envvar] if isinstance(p.envvar, str) else p.envvar)
+        for n in p.opts:
+            defaults[n] = p.default
+    flags.discard("--help")
+    return flags, envs, defaults
+
+
+def test_every_command_has_a_section():
+    assert set(sections()) == set(cli_commands())
+
+
+@pytest.mark.parametrize("name", sorted(cli_commands()), ids=lambda n: n or "ipvsctl")
+def test_flags_and_env_vars_match_the_cli_both_ways(name):
+    body = sections()[name]
+    doc_flags, doc_envs, _ = documented(body)
+    cli_flags, cli_envs, _ = real(cli_commands()[name])
+    missing, invented = sorted(cli_flags - doc_flags), sorted(doc_flags - cli_flags)
+    assert not missing, f"ipvsctl {name}: undocumented {missing}"
+    assert not invented, f"ipvsctl {name}: no such flag {invented}"
+    assert doc_envs == cli_envs
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@pytest.mark.parametrize("name", sorted(cli_commands()), ids=lambda n: n or "ipvsctl")
+def test_defaults_match_the_cli(name):
+    _, _, doc_defaults = documented(sections()[name])
+    _, _, cli_defaults = real(cli_commands()[name])
+    checked = 0
+    for flag, default in cli_defaults.items():
+        if default in (None, "", (), []) or isinstance(default, bool) or flag not in doc_defaults:
+            continue
+        assert f"`{_shown(default)}`" in doc_defaults[flag], (
+            f"ipvsctl {name} {flag}: the code's default is {default!r}, "
+            f"the reference says {doc_defaults[flag]!r}")
+        checked += 1
+    if name in ("run", "shutdown-manager"):
+        assert checked >= 5
+
+
+def test_the_checks_catch_a_missing_and_an_invented_flag():
+    body = sections()["status"]
+    flags, _, _ = documented(body.replace("| `--endpoint URL`", "| `--endpoint-url URL`"))
+    real_flags, _, _ = real(cli_commands()["status"])
+    assert "--endpoint" in real_flags - flags and "--endpoint-url" in flags - real_flags
+
+
+def _exported() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (type, label names) of every ipvsctl_ metric the daemon defines."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from ipvsctl.obs.metrics import Metrics
+
+    out = {}
+    for m in vars(Metrics()).values():
+        if isinstance(m, MetricWrapperBase):
+            name = m._name + ("_total" if m._type == "counter" else "")
+            out[name] = (m._type, tuple(m._labelnames))
+    return out
+
+
+def test_metrics_table_matches_the_daemon_both_ways():
+    text = REFERENCE.read_text()
+    table = text[text.index("## Metrics"):text.index("## Shell completion")]
+    rows = {}
+    for line in table.splitlines():
+        if not line.startswith("| `ipvsctl_"):
+            continue
+        name, kind, labels, *_ = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]
+        # label names are the code spans not after "=" or "\|" (those are values)
+        names = re.findall(r"(?:^|, )`([a-z_]+)`", labels)
+        rows[name.strip("`")] = (kind, tuple(names))
+    exported = _exported()
+    assert not set(exported) - set(rows), f"undocumented: {sorted(set(exported) - set(rows))}"
+    assert not set(rows) - set(exported), f"not exported: {sorted(set(rows) - set(exported))}"
+    for name, (kind, labels) in exported.items():
+        assert rows[name][0] == kind, name
+        assert set(rows[name][1]) == set(labels), (name, rows[name][1], labels)
+
+
+def test_plan_json_example_is_what_plan_prints():
+    text = REFERENCE.read_text()
+    example = re.search(r"`plan -o json`.*?```json\n(.*?)```", text, re.S).group(1)
+    r = subprocess.run([sys.executable, "-m", "ipvsctl", "plan", "-f", "examples/",
+                        "--node-ip", "192.0.2.10", "-o", "json"], capture_output=True,
+                       text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(example) == json.loads(r.stdout)
+
+
+def markdown_files() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: p.name)
+def test_relative_links_resolve_inside_the_repository(doc):
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:|^#", target):
+            continue
+        path = (doc.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{doc.name}: link to {target} leads nowhere"
+        assert REPO in path.parents or path == REPO, f"{doc.name}: {target} is outside the repo"
+
+
+def test_readme_links_to_the_reference():
+    readme = (REPO / "README.md").read_text()
+    assert "(docs/reference.md)" in readme and "shared/CONTRACT.md" not in readme
+
+
+def test_readme_plan_example_is_what_plan_prints():
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"```\n\$ (ipvsctl plan -f examples/ [^\n]*)\n(.*?)```", readme, re.S)
+    assert block, "README has no plan example"
+    r = subprocess.run([sys.executable, "-m", *block.group(1).split()], capture_output=True,
+                       text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == block.group(2)

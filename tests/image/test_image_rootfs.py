@@ -1,0 +1,99 @@
+"""Smoke test of the image `make image` builds (daemonset/image/build.sh), run by
+`make image-test` as root: ipvsctl and the node tools run inside its root filesystem
+(chroot), and it holds no build tools. IPVSCTL_IMAGE_ROOTFS names the root filesystem."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ipvsctl
+
+REPO = Path(__file__).resolve().parents[2]
+ROOTFS = Path(os.environ.get("IPVSCTL_IMAGE_ROOTFS", REPO / "out" / "image" / "rootfs"))
+
+pytestmark = pytest.mark.skipif(
+    not (ROOTFS / "usr" / "local" / "bin" / "ipvsctl").exists() or os.geteuid() != 0,
+    reason="no image root filesystem (make image) or not root (chroot)")
+
+
+def chroot(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    # As the image runs: its PATH and env, nothing of the host's.
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
+    return subprocess.run(["chroot", str(ROOTFS), *args], input=stdin, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_version():
+    r = chroot("ipvsctl", "--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"ipvsctl {ipvsctl.__version__}\n"
+
+
+def test_plan_in_the_image_equals_plan_here():
+    manifests = (REPO / "examples" / "web.yaml").read_text()
+    args = ["plan", "-f", "-", "--node-ip", "192.0.2.10", "-o", "json"]
+    r = chroot("ipvsctl", *args, stdin=manifests)
+    assert r.returncode == 0, r.stderr
+    here = subprocess.run([sys.executable, "-m", "ipvsctl", *args], input=manifests,
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert json.loads(r.stdout) == json.loads(here.stdout)
+    assert json.loads(r.stdout)["virtual_servers"]
+
+
+def test_every_ipvsctl_module_imports():
+    """Whatever the image leaves out (kubernetes.aio, aiohttp, ...) no ipvsctl module needs."""
+    code = ("import pkgutil, importlib, ipvsctl\n"
+            "for m in pkgutil.walk_packages(ipvsctl.__path__, 'ipvsctl.'):\n"
+            "    if not m.name.endswith('__main__'):\n"
+            "        importlib.import_module(m.name)\n"
+            "import kubernetes.client, kubernetes.config, kubernetes.watch\n"
+            "print('ok')")
+    r = chroot("python3", "-c", code)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+
+
+@pytest.mark.parametrize("tool", [["nft", "--version"], ["conntrack", "--version"],
+                                  ["ipvsadm", "--help"], ["ip", "-V"],
+                                  ["modprobe", "--version"], ["ipvsctl-node-prep", "--help"]])
+def test_node_tools_are_there(tool):
+    r = chroot("sh", "-c", f"command -v {tool[0]}")
+    assert r.returncode == 0, f"{tool[0]} missing from the image"
+    if tool[0] != "ipvsctl-node-prep":
+        assert chroot(*tool).returncode in (0, 2), tool  # ipvsadm --help exits 2
+
+
+def test_no_build_tools_in_the_image():
+    for absent in ("pip", "setuptools", "wheel", "ensurepip"):
+        r = chroot("python3", "-c", f"import {absent}")
+        assert r.returncode != 0, f"python module {absent} is in the image"
+    for exe in ("gcc", "cc", "make", "pip", "pip3"):
+        assert chroot("sh", "-c", f"command -v {exe}").returncode != 0, exe
+
+
+def test_default_user_and_no_bytecode_written():
+    assert "ipvsctl:x:10001:10001:" in (ROOTFS / "etc" / "passwd").read_text()
+    site = ROOTFS / "usr/local/lib/python3.11/dist-packages/ipvsctl"
+    assert list(site.rglob("*.pyc")), "ipvsctl is not precompiled (read-only root in the pod)"
+
+
+def test_oci_image_config():
+    oci = ROOTFS.parent / "oci"
+    index = json.loads((oci / "index.json").read_text())
+    (manifest_ref,) = index["manifests"]
+    assert manifest_ref["annotations"]["org.opencontainers.image.ref.name"] == ipvsctl.__version__
+
+    def blob(ref: dict) -> dict:
+        return json.loads((oci / "blobs" / "sha256" / ref["digest"].split(":")[1]).read_text())
+
+    manifest = blob(manifest_ref)
+    config = blob(manifest["config"])["config"]
+    assert (config["Entrypoint"], config["Cmd"], config["User"]) == (["ipvsctl"], ["run"],
+                                                                     "10001")
+    assert len(manifest["layers"]) == 1
