@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -42,6 +43,19 @@ Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS schedu
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"ipvsctl: {message}", err=True)
     return typer.Exit(code)
+
+
+def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
+    """A SECONDS flag: plain seconds or a Go duration (CONTRACT.md "Durations"); exit 2."""
+    from ipvsctl.source.duration import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise _fail(f"{flag}: {exc}", 2) from None
+    if seconds < minimum:
+        raise _fail(f"{flag} {value}: must be at least {minimum:g} seconds", 2)
+    return seconds
 
 
 def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
@@ -114,22 +128,28 @@ def run(
     interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
         "kube-ipvs0"),
     scheduler: Scheduler = "rr",
-    drain_timeout: Annotated[float, typer.Option(
-        "--drain-timeout", min=0, help="Longest drain when no better deadline is known.")] = 30,
-    drain_check_interval: Annotated[float, typer.Option(
-        "--drain-check-interval", min=0.05, help="Seconds between connection-count reads.")] = 1,
-    ipvs_tcp_timeout: Annotated[int, typer.Option(
-        "--ipvs-tcp-timeout", min=0, help="IPVS TCP timeout (0: kernel's).")] = 0,
-    ipvs_tcpfin_timeout: Annotated[int, typer.Option(
-        "--ipvs-tcpfin-timeout", min=0, help="IPVS TCP FIN timeout (0: kernel's).")] = 0,
-    ipvs_udp_timeout: Annotated[int, typer.Option(
-        "--ipvs-udp-timeout", min=0, help="IPVS UDP timeout (0: kernel's).")] = 0,
+    drain_timeout: Annotated[str, typer.Option(
+        "--drain-timeout", metavar="SECONDS",
+        help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).")] = "30",
+    drain_check_interval: Annotated[str, typer.Option(
+        "--drain-check-interval", metavar="SECONDS",
+        help="Time between connection-count reads (1, 500ms...).")] = "1",
+    ipvs_tcp_timeout: Annotated[str, typer.Option(
+        "--ipvs-tcp-timeout", metavar="SECONDS",
+        help="IPVS TCP timeout (0: kernel's; 900, 15m...).")] = "0",
+    ipvs_tcpfin_timeout: Annotated[str, typer.Option(
+        "--ipvs-tcpfin-timeout", metavar="SECONDS",
+        help="IPVS TCP FIN timeout (0: kernel's).")] = "0",
+    ipvs_udp_timeout: Annotated[str, typer.Option(
+        "--ipvs-udp-timeout", metavar="SECONDS", help="IPVS UDP timeout (0: kernel's).")] = "0",
     state_dir: Annotated[str, typer.Option(
         "--state-dir", help="Where the drain queue survives restarts.")] = "/var/lib/ipvsctl",
     listen: Annotated[str, typer.Option(
         "--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")] = "0.0.0.0:9796",
     log_format: Annotated[str, typer.Option(
         "--log-format", help="text or json.")] = "text",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", help="debug, info, warning or error.")] = "info",
     cluster_cidr: Annotated[list[str] | None, typer.Option(
         "--cluster-cidr", help="The cluster's pod CIDR (repeatable, one per family): traffic "
         "to ClusterIPs from outside it is masqueraded.")] = None,
@@ -146,6 +166,10 @@ def run(
 
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
+    try:
+        level = obs_logging.parse_level(log_level)
+    except ValueError as exc:
+        raise _fail(f"--log-level {log_level}: {exc}", 2) from None
     if ":" not in listen or not listen.rpartition(":")[2].isdigit():
         raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
     from ipvsctl.netfilter.ruleset import parse_cidrs
@@ -154,13 +178,19 @@ def run(
         cluster_cidrs = parse_cidrs(cluster_cidr or ())
     except ValueError as exc:
         raise _fail(f"--cluster-cidr {exc}", 2) from None
-    obs_logging.setup(log_format)
+    drain_seconds = _seconds("--drain-timeout", drain_timeout)
+    check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
+    # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
+    tcp, tcpfin, udp = (math.ceil(_seconds(flag, value)) for flag, value in (
+        ("--ipvs-tcp-timeout", ipvs_tcp_timeout), ("--ipvs-tcpfin-timeout", ipvs_tcpfin_timeout),
+        ("--ipvs-udp-timeout", ipvs_udp_timeout)))
+    obs_logging.setup(log_format, level)
     node = _node(node_name, node_ip, scheduler, interface)
     options = DaemonOptions(
         node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
-        interface=interface, drain_timeout=drain_timeout,
-        drain_check_interval=drain_check_interval, tcp_timeout=ipvs_tcp_timeout,
-        tcpfin_timeout=ipvs_tcpfin_timeout, udp_timeout=ipvs_udp_timeout,
+        interface=interface, drain_timeout=drain_seconds,
+        drain_check_interval=check_seconds, tcp_timeout=tcp, tcpfin_timeout=tcpfin,
+        udp_timeout=udp,
         state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all, nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.source.duration import parse_duration
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
@@ -239,15 +240,10 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     raw_timeout = annotations.get(DRAIN_TIMEOUT_ANNOTATION)
     if raw_timeout is not None:
         try:
-            drain_timeout = float(raw_timeout)
-            if not drain_timeout >= 0 or drain_timeout == float("inf"):
-                raise ValueError
-        except (TypeError, ValueError):
-            drain_timeout = None
-            warnings.append(
-                f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {raw_timeout!r} is not a number of "
-                "seconds, ignored"
-            )
+            drain_timeout = parse_duration(raw_timeout)
+        except ValueError as exc:
+            # The next rule of the deadline order applies (the pod's, else --drain-timeout).
+            warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
 
     source_ranges = None
     raw_ranges = _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
