@@ -11,6 +11,7 @@ EndpointSlices in all namespaces, get Pods.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -52,8 +53,11 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        service_label_selector: str | None = None,
     ) -> None:
         self._api = api_client
+        # --service-proxy-name: only Services this proxy serves are listed and watched
+        self._service_selector = service_label_selector
         self.settings = settings or KubeSettings()
         self._on_watch_restart = on_watch_restart
         self._clock = clock
@@ -88,6 +92,7 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        service_label_selector: str | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -100,6 +105,7 @@ class KubeSource:
             on_watch_restart=on_watch_restart,
             clock=clock,
             rng=rng,
+            service_label_selector=service_label_selector,
         )
 
     @property
@@ -130,11 +136,17 @@ class KubeSource:
             "clock": self._clock,
             "rng": self._rng,
         }
+        list_services: Any = self._core.list_service_for_all_namespaces
+        if self._service_selector:
+            # On the list and on every watch: a Service relabelled away from the selector
+            # then arrives as DELETED (the store also drops one that does not match).
+            list_services = functools.partial(
+                list_services, label_selector=self._service_selector)
         self.reflectors = [
             Reflector(
                 kind=ObjectKind.SERVICE,
                 resource="services",
-                list_func=self._core.list_service_for_all_namespaces,
+                list_func=list_services,
                 trim=trim_service,
                 **common,
             ),

@@ -29,6 +29,8 @@ class NodeContext:
     node_name: str
     node_ips: tuple[str, ...] = ()
     default_scheduler: str = "rr"
+    # --service-proxy-name: serve only Services labelled with it (None: only unlabelled ones)
+    service_proxy_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ def plan_objects(
 ) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
     A virtual server two Services want goes to the first in namespace/name order."""
-    store = ObjectStore(node.default_scheduler)
+    store = ObjectStore(node.default_scheduler, service_proxy_name=node.service_proxy_name)
     problems: list[Problem] = []
     for kind in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems

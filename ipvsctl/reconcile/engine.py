@@ -105,7 +105,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.owned = owned
         self.request_pod = request_pod
-        self.store = ObjectStore(config.node.default_scheduler)
+        self.store = ObjectStore(config.node.default_scheduler,
+                                 service_proxy_name=config.node.service_proxy_name)
         self.queue = DrainQueue()
         self.applied: dict[ServiceRef, dict[ServiceKey, AppliedVirtualServer]] = {}
         self.desired: dict[ServiceRef, DesiredService] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -38,11 +39,21 @@ NodeIPs = Annotated[
                  "[default: the node's global addresses]."),
 ]
 Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS scheduler.")]
+ServiceProxyName = Annotated[
+    str | None,
+    typer.Option("--service-proxy-name", help="Serve only Services labelled "
+                 "service.kubernetes.io/service-proxy-name=NAME [default: only Services "
+                 "without that label]."),
+]
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.echo(f"ipvsctl: {message}", err=True)
     return typer.Exit(code)
+
+
+# A Kubernetes label value (it goes into the Service watch's label selector).
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 
 
 def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
@@ -59,8 +70,12 @@ def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
 
 
 def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
-          interface: str = "kube-ipvs0") -> NodeContext:
+          interface: str = "kube-ipvs0", service_proxy_name: str | None = None) -> NodeContext:
     from ipvsctl.source.convert import IPVS_SCHEDULERS
+
+    if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
+        raise _fail(f"--service-proxy-name {service_proxy_name!r}: not a label value (up "
+                    "to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)", 2)
 
     if scheduler not in IPVS_SCHEDULERS:
         raise _fail(f"--scheduler {scheduler}: unknown IPVS scheduler "
@@ -81,7 +96,8 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
         except Exception as exc:  # no netlink route socket: plan still works without
             typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); "
                        "NodePorts need --node-ip", err=True)
-    return NodeContext(node_name or socket.gethostname(), tuple(dict.fromkeys(ips)), scheduler)
+    return NodeContext(node_name or socket.gethostname(), tuple(dict.fromkeys(ips)), scheduler,
+                       service_proxy_name=service_proxy_name or None)
 
 
 @app.command()
@@ -91,6 +107,7 @@ def plan(
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
     scheduler: Scheduler = "rr",
+    service_proxy_name: ServiceProxyName = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
@@ -98,7 +115,7 @@ def plan(
     from ipvsctl.shell.render import plan_json, plan_text
     from ipvsctl.source.manifests import ManifestError, load_paths
 
-    node = _node(node_name, node_ip, scheduler)
+    node = _node(node_name, node_ip, scheduler, service_proxy_name=service_proxy_name)
     try:
         objects = load_paths(files)
     except ManifestError as exc:
@@ -128,6 +145,7 @@ def run(
     interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
         "kube-ipvs0"),
     scheduler: Scheduler = "rr",
+    service_proxy_name: ServiceProxyName = None,
     drain_timeout: Annotated[str, typer.Option(
         "--drain-timeout", metavar="SECONDS",
         help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).")] = "30",
@@ -185,7 +203,7 @@ def run(
         ("--ipvs-tcp-timeout", ipvs_tcp_timeout), ("--ipvs-tcpfin-timeout", ipvs_tcpfin_timeout),
         ("--ipvs-udp-timeout", ipvs_udp_timeout)))
     obs_logging.setup(log_format, level)
-    node = _node(node_name, node_ip, scheduler, interface)
+    node = _node(node_name, node_ip, scheduler, interface, service_proxy_name)
     options = DaemonOptions(
         node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
         interface=interface, drain_timeout=drain_seconds,

@@ -249,12 +249,14 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
         except SourceConfigError as exc:
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import KubeSource
+    from ipvsctl.source.convert import service_label_selector
 
     try:
         return KubeSource.from_config(
             kubeconfig=o.kubeconfig, apiserver=o.apiserver,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason).inc(),
+            service_label_selector=service_label_selector(o.node.service_proxy_name),
         )
     except SourceConfigError as exc:
         raise StartupError(str(exc)) from None

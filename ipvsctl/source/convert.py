@@ -17,6 +17,8 @@ from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of,
 from ipvsctl.source.duration import parse_duration
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+HEADLESS_LABEL = "service.kubernetes.io/headless"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
 DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
@@ -100,6 +102,29 @@ def object_name(obj: Mapping[str, Any]) -> str:
     if not isinstance(meta, Mapping):
         return "<no metadata>"
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<no name>'}"
+
+
+def service_label_selector(proxy_name: str | None) -> str:
+    """The label selector of the Services this proxy serves, as kube-proxy's."""
+    if proxy_name:
+        return f"{SERVICE_PROXY_NAME_LABEL}={proxy_name},!{HEADLESS_LABEL}"
+    return f"!{HEADLESS_LABEL},!{SERVICE_PROXY_NAME_LABEL}"
+
+
+def is_proxied(obj: Mapping[str, Any], proxy_name: str | None) -> bool:
+    """Whether this proxy serves the Service (kube-proxy's label rules): not labelled
+    headless (any value), and its service-proxy-name label equal to `proxy_name`, or absent
+    when there is none. The same rule as `service_label_selector`, for sources without
+    one (manifests, plan) and for a Service relabelled away while watched."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return not proxy_name
+    if HEADLESS_LABEL in labels:
+        return False
+    if SERVICE_PROXY_NAME_LABEL not in labels:
+        return not proxy_name
+    return bool(proxy_name) and labels[SERVICE_PROXY_NAME_LABEL] == proxy_name
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:

@@ -81,3 +81,125 @@ def test_plan_warns_once_about_an_invalid_drain_timeout():
     _, problems = plan([service("web", annotations={"ipvsctl.io/drain-timeout": "5 min"})])
     assert len(problems) == 1 and not problems[0].fatal
     assert "ipvsctl.io/drain-timeout" in problems[0].reason
+
+
+# --- --service-proxy-name and service.kubernetes.io/headless --------------------------
+
+PROXY = "service.kubernetes.io/service-proxy-name"
+HEADLESS = "service.kubernetes.io/headless"
+
+
+@pytest.mark.parametrize(("proxy_name", "labels", "served"), [
+    (None, {}, True),
+    (None, {"app": "web"}, True),
+    (None, {PROXY: "cilium"}, False),
+    (None, {PROXY: ""}, False),  # labelled at all: another proxy's, as kube-proxy
+    (None, {HEADLESS: ""}, False),
+    (None, {HEADLESS: "true"}, False),
+    ("ipvsctl", {}, False),
+    ("ipvsctl", {PROXY: "ipvsctl"}, True),
+    ("ipvsctl", {PROXY: "cilium"}, False),
+    ("ipvsctl", {PROXY: "ipvsctl", HEADLESS: ""}, False),
+])
+def test_service_labels(proxy_name, labels, served):
+    node = NodeContext("node-a", ("192.0.2.10",), "rr", service_proxy_name=proxy_name)
+    got, problems = plan([labelled(service("web"), **labels)],
+                         [endpoint_slice("web", [endpoint(A)])], node)
+    assert got == ({"TCP 10.96.0.10:80": [f"{A}:8080"]} if served else {})
+    assert problems == []  # another proxy's Service is no problem of ours
+
+
+def test_label_selector_matches_the_filter():
+    from ipvsctl.source.convert import service_label_selector
+
+    assert service_label_selector(None) == f"!{HEADLESS},!{PROXY}"
+    assert service_label_selector("ipvsctl") == f"{PROXY}=ipvsctl,!{HEADLESS}"
+
+
+def test_service_relabelled_to_another_proxy_is_removed_like_a_deleted_one():
+    h = Harness()
+    h.start([service("web")], [endpoint_slice("web", [endpoint(A)])])
+    h.ops()
+    h.upsert(labelled(service("web"), **{PROXY: "cilium"}))
+    assert h.ops() == ["del-vs 10.96.0.10:80/TCP"]
+    assert h.engine.store.services == {}
+    h.upsert(service("web"))  # label removed again: ours again
+    assert "add-vs 10.96.0.10:80/TCP rr" in h.ops()[0]
+
+
+def test_relist_drops_a_service_that_is_no_longer_ours():
+    from ipvsctl.source.events import Replace
+
+    h = Harness()
+    h.start([service("web"), service("db", cluster_ip="10.96.0.11")],
+            [endpoint_slice("web", [endpoint(A)])])
+    h.ops()
+    h.engine.handle(Replace(ObjectKind.SERVICE, [
+        service("web"), labelled(service("db", cluster_ip="10.96.0.11"), **{HEADLESS: ""})],
+        h.clock.monotonic()))
+    h.engine.sync()
+    assert h.ops() == ["del-vs 10.96.0.11:80/TCP"]
+
+
+@pytest.mark.parametrize("bad", ["a,b", "x=y", "-a", "a" * 64, "bad name", "!x"])
+def test_bad_service_proxy_name_is_exit_2(bad, tmp_path):
+    from typer.testing import CliRunner
+
+    from ipvsctl.shell.cli import app
+
+    for cmd in (["plan", "-f", str(tmp_path)], ["run", "--manifests", str(tmp_path)]):
+        r = CliRunner().invoke(app, [*cmd, "--service-proxy-name", bad])
+        assert r.exit_code == 2, r.output
+        assert "--service-proxy-name" in r.output.strip().splitlines()[-1]
+
+
+def test_plan_cli_takes_service_proxy_name(tmp_path):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from ipvsctl.shell.cli import app
+
+    docs = [labelled(service("mine"), **{PROXY: "ipvsctl"}),
+            service("theirs", cluster_ip="10.96.0.11"),
+            labelled(service("headless", cluster_ip="10.96.0.12"), **{HEADLESS: ""}),
+            endpoint_slice("mine", [endpoint(A)]), endpoint_slice("theirs", [endpoint(B)])]
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump_all(docs))
+    base = ["plan", "-f", str(tmp_path), "--node-ip", "192.0.2.10", "--json"]
+    for extra, want in (([], ["default/theirs"]),
+                        (["--service-proxy-name", "ipvsctl"], ["default/mine"])):
+        r = CliRunner().invoke(app, base + extra)
+        assert r.exit_code == 0, r.output
+        js = json.loads(r.stdout)
+        assert [v["service"] for v in js["virtual_servers"]] == want
+
+
+def test_api_list_and_watch_of_services_carry_the_selector():
+    import queue
+    import threading
+
+    from ipvsctl.kube.client import KubeSource
+    from ipvsctl.kube.settings import KubeSettings
+    from ipvsctl.source.convert import service_label_selector
+    from tests.fakeapi import FakeAPIServer
+
+    api = FakeAPIServer().start()
+    try:
+        selector = service_label_selector("ipvsctl")
+        source = KubeSource.from_config(
+            None, api.url, environ={}, settings=KubeSettings(join_timeout=2.0),
+            service_label_selector=selector)
+        events: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        t = threading.Thread(target=source.run, args=(events.put, stop), daemon=True)
+        t.start()
+        assert api.wait_for(lambda: api.open_watches() == 2, 5.0)
+        stop.set()
+        t.join(5.0)
+        calls = {(r.resource, r.verb): r.query.get("labelSelector") for r in api.requests
+                 if r.resource in ("services", "endpointslices")}
+        assert calls == {("services", "list"): selector, ("services", "watch"): selector,
+                         ("endpointslices", "list"): None, ("endpointslices", "watch"): None}
+    finally:
+        api.stop()

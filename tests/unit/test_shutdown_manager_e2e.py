@@ -311,7 +311,8 @@ def test_the_command_and_its_flags(cli, monkeypatch):
 
 def test_a_listen_address_in_use_is_a_start_up_error(cli, monkeypatch):
     taken = socket.create_server(("127.0.0.1", 0))
-    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)  # keep pytest's logging
+    # keep pytest's logging
+    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)
     try:
         monkeypatch.setenv("POD_IP", f"{POD},fd00::5")
         r = CliRunner().invoke(cli, ["shutdown-manager", "--listen",
