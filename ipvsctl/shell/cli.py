@@ -146,6 +146,10 @@ def run(
         "kube-ipvs0"),
     scheduler: Scheduler = "rr",
     service_proxy_name: ServiceProxyName = None,
+    service_node_port_range: Annotated[str, typer.Option(
+        "--service-node-port-range", metavar="A-B",
+        help="The cluster's NodePort range (the API server's flag): which virtual servers "
+        "on node addresses are ipvsctl's.")] = "30000-32767",
     drain_timeout: Annotated[str, typer.Option(
         "--drain-timeout", metavar="SECONDS",
         help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).")] = "30",
@@ -196,6 +200,12 @@ def run(
         cluster_cidrs = parse_cidrs(cluster_cidr or ())
     except ValueError as exc:
         raise _fail(f"--cluster-cidr {exc}", 2) from None
+    from ipvsctl.model.portrange import parse_port_range
+
+    try:
+        node_ports = parse_port_range(service_node_port_range)
+    except ValueError as exc:
+        raise _fail(f"--service-node-port-range {exc}", 2) from None
     drain_seconds = _seconds("--drain-timeout", drain_timeout)
     check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
     # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
@@ -212,6 +222,7 @@ def run(
         state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all, nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
+        node_port_range=node_ports,
     )
     try:
         code = run_daemon(options)

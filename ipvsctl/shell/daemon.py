@@ -19,6 +19,7 @@ from typing import Any
 from ipvsctl.health.server import HealthServer
 from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
@@ -33,7 +34,7 @@ from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
 
-NODE_PORT_RANGE = range(30000, 32768)
+NODE_PORT_RANGE = DEFAULT_NODE_PORT_RANGE
 
 
 class StartupError(Exception):
@@ -61,6 +62,8 @@ class DaemonOptions:
     # No --node-ip: node.node_ips were read from the host and are re-read while running
     # (NodePort virtual servers follow); with --node-ip they are fixed.
     follow_node_ips: bool = False
+    # --service-node-port-range: NodePort virtual servers on node IPs in it are ipvsctl's
+    node_port_range: range = NODE_PORT_RANGE
 
 
 @dataclass
@@ -222,9 +225,10 @@ def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None
         raise StartupError(str(exc)) from None
     fixed = frozenset(o.node.node_ips)
     current = node_ips or (lambda: fixed)
+    node_ports = o.node_port_range
 
     def owned(key: ServiceKey) -> bool:
-        return key.address in bound or (key.port in NODE_PORT_RANGE
+        return key.address in bound or (key.port in node_ports
                                         and key.address in current())
 
     return kernel, owned

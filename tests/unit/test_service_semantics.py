@@ -203,3 +203,94 @@ def test_api_list_and_watch_of_services_carry_the_selector():
                          ("endpointslices", "list"): None, ("endpointslices", "watch"): None}
     finally:
         api.stop()
+
+
+# --- --service-node-port-range --------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "ports"), [
+    ("30000-32767", range(30000, 32768)), ("20000-22767", range(20000, 22768)),
+    ("80", range(80, 81)), ("1-65535", range(1, 65536)), (" 100 - 200 ", range(100, 201)),
+])
+def test_node_port_range_accepted(text, ports):
+    from ipvsctl.model.portrange import parse_port_range
+
+    assert parse_port_range(text) == ports
+
+
+@pytest.mark.parametrize("text", [
+    "", "-", "32767-30000", "0-100", "1-65536", "a-b", "30000:32767", "30000-", "-32767",
+    "1-2-3", "99999999999-1", "\uff11-\uff12",
+])
+def test_node_port_range_rejected(text):
+    from ipvsctl.model.portrange import parse_port_range
+
+    with pytest.raises(ValueError):
+        parse_port_range(text)
+
+
+def _keys(*pairs):
+    from ipvsctl.model import Protocol, ServiceKey
+
+    return [ServiceKey(Protocol.TCP, ip, port) for ip, port in pairs]
+
+
+@pytest.mark.parametrize(("ports", "owned"), [
+    (None, [("192.0.2.10", 30080)]),  # the default range
+    (range(20000, 22768), [("192.0.2.10", 20080)]),
+    (range(20000, 32768), [("192.0.2.10", 20080), ("192.0.2.10", 30080)]),
+])
+def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
+    from ipvsctl.shell.cleanup import owned_virtual_servers
+
+    candidates = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("192.0.2.10", 22),
+                       ("192.0.2.99", 20080))
+    args = () if ports is None else (ports,)
+    assert owned_virtual_servers(candidates, [], ["192.0.2.10"], *args) == _keys(*owned)
+
+
+def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
+    """A NodePort virtual server outside the default range is the daemon's (adopted and
+    removed when nothing wants it) once --service-node-port-range says so."""
+    from ipvsctl.kernel import netlink
+    from ipvsctl.shell.daemon import DaemonOptions, open_kernel
+
+    class Kernel:
+        def __init__(self, interface: str) -> None:
+            pass
+
+        def bound_addresses(self):
+            return ["10.96.0.10"]
+
+    monkeypatch.setattr(netlink, "NetlinkKernel", Kernel)
+    monkeypatch.setattr(netlink, "configure_host", lambda **kw: None)
+    node = NodeContext("node-a", ("192.0.2.10",))
+    k20080, k30080, kvip = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080),
+                                 ("10.96.0.10", 80))
+    _, default = open_kernel(DaemonOptions(node=node))
+    assert (default(k20080), default(k30080), default(kvip)) == (False, True, True)
+    _, custom = open_kernel(DaemonOptions(node=node, node_port_range=range(20000, 22768)))
+    assert (custom(k20080), custom(k30080), custom(kvip)) == (True, False, True)
+
+
+@pytest.mark.parametrize("bad", ["32767-30000", "0-10", "1-70000", "many"])
+def test_bad_node_port_range_is_exit_2(bad, tmp_path):
+    from typer.testing import CliRunner
+
+    from ipvsctl.shell.cli import app
+
+    for cmd in (["run", "--manifests", str(tmp_path)],
+                ["cleanup", "--node-ip", "192.0.2.10", "--dry-run"]):
+        r = CliRunner().invoke(app, [*cmd, "--service-node-port-range", bad])
+        assert r.exit_code == 2, r.output
+        assert "--service-node-port-range" in r.output.strip().splitlines()[-1]
+
+
+def test_cleanup_removes_node_ports_of_a_custom_range(tmp_path):
+    from ipvsctl.shell.cleanup import cleanup_node
+    from tests.unit.test_cleanup import FakeHost
+
+    host = FakeHost()
+    before = set(host.vs)
+    cleanup_node(host, "kube-ipvs0", ["192.0.2.10"], None, node_port_range=range(22, 23))
+    gone = sorted(str(k) for k in before - set(host.vs))
+    assert "192.0.2.10:22/TCP" in gone and "192.0.2.10:30080/TCP" not in gone
