@@ -118,11 +118,17 @@ def build_desired_service(
             # policy: one set then serves both (memory at 100,000 endpoints).
             if not has_external:
                 continue
-            external[family] = (
+            ext = (
                 cluster[family]
                 if svc.external_local == svc.internal_local
                 else select_endpoints(eps, svc.external_local, node.node_name)
             )
+            if svc.external_local and not ext:
+                # No local endpoint: the cluster-wide ones, as kube-proxy's IPVS mode
+                # (kubernetes#97081), so pods and the host here still reach their own load
+                # balancer; the healthCheckNodePort's 503 keeps outside traffic away.
+                ext = select_endpoints(eps, False, node.node_name)
+            external[family] = ext
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)
         for ip in svc.external_ips:

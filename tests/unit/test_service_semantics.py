@@ -294,3 +294,54 @@ def test_cleanup_removes_node_ports_of_a_custom_range(tmp_path):
     cleanup_node(host, "kube-ipvs0", ["192.0.2.10"], None, node_port_range=range(22, 23))
     gone = sorted(str(k) for k in before - set(host.vs))
     assert "192.0.2.10:22/TCP" in gone and "192.0.2.10:30080/TCP" not in gone
+
+
+# --- externalTrafficPolicy: Local with no local endpoint (kube-proxy IPVS, #97081) -----
+
+def _etp_local(itp="Cluster"):
+    return service("web", type="LoadBalancer", externalTrafficPolicy="Local",
+                   internalTrafficPolicy=itp, externalIPs=["203.0.113.7"],
+                   lb_ips=["198.51.100.9"], healthCheckNodePort=32000,
+                   ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+
+
+LOCAL, REMOTE, REMOTE2 = "10.244.1.5", "10.244.2.6", "10.244.3.7"
+EXTERNAL = ("TCP 192.0.2.10:30080", "TCP 198.51.100.9:80", "TCP 203.0.113.7:80")
+
+
+@pytest.mark.parametrize(("itp", "eps", "cluster", "external"), [
+    # a local endpoint: external addresses use only it
+    ("Cluster", [endpoint(LOCAL), endpoint(REMOTE, node="node-b")],
+     [LOCAL, REMOTE], [LOCAL]),
+    # none local: the cluster-wide endpoints instead of none
+    ("Cluster", [endpoint(REMOTE, node="node-b"), endpoint(REMOTE2, node="node-c")],
+     [REMOTE, REMOTE2], [REMOTE, REMOTE2]),
+    # a local one that is not ready: KEP-1669 first (a serving, terminating local one)
+    ("Cluster", [terminating(LOCAL), endpoint(REMOTE, node="node-b")],
+     [REMOTE], [LOCAL]),
+    # local but neither ready nor serving: no local endpoint, so cluster-wide
+    ("Cluster", [terminating(LOCAL, serving=False), endpoint(REMOTE, node="node-b")],
+     [REMOTE], [REMOTE]),
+    # internalTrafficPolicy Local has no such fallback (kube-proxy drops, as here)
+    ("Local", [endpoint(REMOTE, node="node-b")], [], [REMOTE]),
+    # no endpoint anywhere: nothing
+    ("Cluster", [], [], []),
+])
+def test_external_local_without_local_endpoints(itp, eps, cluster, external):
+    got, _ = plan([_etp_local(itp)], [endpoint_slice("web", eps)])
+    assert got["TCP 10.96.0.10:80"] == [f"{a}:8080" for a in cluster]
+    for key in EXTERNAL:
+        assert got[key] == [f"{a}:8080" for a in external], key
+
+
+def test_fallback_keeps_the_health_check_at_503():
+    """The healthCheckNodePort counts local ready endpoints, never the fallback's."""
+    from ipvsctl.health.state import local_ready_endpoints
+
+    result, _ = plan_objects(
+        {ObjectKind.SERVICE: [_etp_local()],
+         ObjectKind.ENDPOINT_SLICE: [endpoint_slice("web", [endpoint(REMOTE, node="node-b")])]},
+        NODE)
+    desired = result[0][0]
+    assert local_ready_endpoints(desired, "node-a") == 0
+    assert desired.health_check_node_port == 32000
