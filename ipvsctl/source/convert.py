@@ -215,8 +215,18 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
         for ing in _list(lb.get("ingress"), "status.loadBalancer.ingress"):
             ing = _mapping(ing, "status.loadBalancer.ingress[]")
-            if ing.get("ip"):  # hostname-only ingresses have no VIP to program
-                lb_ips.append(_ip(ing["ip"], "status.loadBalancer.ingress[].ip"))
+            if not ing.get("ip"):  # hostname-only ingresses have no VIP to program
+                continue
+            ip = _ip(ing["ip"], "status.loadBalancer.ingress[].ip")
+            ip_mode = ing.get("ipMode")
+            if ip_mode == "Proxy":
+                # KEP-1860: the load balancer proxies (PROXY protocol, TLS); in-cluster
+                # traffic must reach it, not be captured here.
+                continue
+            if ip_mode not in (None, "VIP"):
+                warnings.append(f"status.loadBalancer.ingress[].ipMode: unknown mode "
+                                f"{ip_mode!r} for {ip}, taken as VIP")
+            lb_ips.append(ip)
 
     ports = []
     seen_names: set[tuple[str, Protocol, int]] = set()

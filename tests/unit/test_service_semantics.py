@@ -345,3 +345,37 @@ def test_fallback_keeps_the_health_check_at_503():
     desired = result[0][0]
     assert local_ready_endpoints(desired, "node-a") == 0
     assert desired.health_check_node_port == 32000
+
+
+# --- LoadBalancer ingress ipMode (KEP-1860) -------------------------------------------
+
+@pytest.mark.parametrize(("ingress", "vips", "warned"), [
+    ([{"ip": "198.51.100.9"}], ["198.51.100.9"], False),
+    ([{"ip": "198.51.100.9", "ipMode": "VIP"}], ["198.51.100.9"], False),
+    ([{"ip": "198.51.100.9", "ipMode": "Proxy"}], [], False),
+    ([{"ip": "198.51.100.9", "ipMode": "Proxy"}, {"ip": "198.51.100.10", "ipMode": "VIP"}],
+     ["198.51.100.10"], False),
+    ([{"ip": "198.51.100.9", "ipMode": "proxy"}], ["198.51.100.9"], True),  # case matters
+    ([{"ip": "198.51.100.9", "ipMode": "Tunnel"}], ["198.51.100.9"], True),
+    ([{"ip": "198.51.100.9", "ipMode": 7}], ["198.51.100.9"], True),
+    ([{"hostname": "lb.example.org", "ipMode": "Proxy"}], [], False),
+])
+def test_load_balancer_ip_mode(ingress, vips, warned):
+    svc = service("web", type="LoadBalancer")
+    svc["status"] = {"loadBalancer": {"ingress": ingress}}
+    got, problems = plan([svc], [endpoint_slice("web", [endpoint(A)])])
+    assert sorted(k.split()[1] for k in got if not k.startswith("TCP 10.96.")) == [
+        f"{ip}:80" for ip in vips]
+    assert "TCP 10.96.0.10:80" in got  # the Service itself is never skipped
+    assert [p.fatal for p in problems] == ([False] if warned else [])
+    if warned:
+        assert "ipMode" in problems[0].reason
+
+
+def test_unknown_ip_mode_is_counted():
+    svc = service("web", type="LoadBalancer")
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.9", "ipMode": "X"}]}}
+    h = Harness()
+    h.start([svc], [endpoint_slice("web", [endpoint(A)])])
+    assert h.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"}) == 1
+    assert "198.51.100.9:80/TCP" in h.fake.dump()
