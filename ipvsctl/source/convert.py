@@ -21,6 +21,16 @@ SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
 DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
+# kube-router's Service annotations that mean nothing to ipvsctl, with what to do instead
+# (docs/migrating-from-kube-router.md); any other kube-router.io/service.* is ignored too.
+KUBE_ROUTER_IGNORED = {
+    "kube-router.io/service.dsr": "ipvsctl forwards with NAT only",
+    "kube-router.io/service.local": "use internalTrafficPolicy/externalTrafficPolicy: Local",
+    "kube-router.io/service.hairpin": "hairpin is always on",
+    "kube-router.io/service.hairpin.externalips": "hairpin is always on",
+    "kube-router.io/service.skiplbips": "every load-balancer IP is served",
+}
+KUBE_ROUTER_HONOURED = frozenset({"kube-router.io/service.scheduler"})
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
 SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
 IPVS_SCHEDULERS = frozenset(
@@ -270,6 +280,14 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                     f"annotation {key}: unknown scheduler {value!r}, using {default_scheduler}"
                 )
             break
+
+    ignored = [
+        f"{key} ({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
+        for key in sorted(k for k in annotations if isinstance(k, str))
+        if key.startswith("kube-router.io/service.") and key not in KUBE_ROUTER_HONOURED
+    ]
+    if ignored:  # one line per Service, however many
+        warnings.append(f"kube-router annotations ignored: {', '.join(ignored)}")
 
     drain_timeout = None
     raw_timeout = annotations.get(DRAIN_TIMEOUT_ANNOTATION)

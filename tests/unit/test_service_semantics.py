@@ -379,3 +379,49 @@ def test_unknown_ip_mode_is_counted():
     h.start([svc], [endpoint_slice("web", [endpoint(A)])])
     assert h.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"}) == 1
     assert "198.51.100.9:80/TCP" in h.fake.dump()
+
+
+# --- kube-router annotations with no ipvsctl meaning ----------------------------------
+
+@pytest.mark.parametrize(("annotations", "named"), [
+    ({"kube-router.io/service.dsr": "tunnel"},
+     ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)"]),
+    ({"kube-router.io/service.local": "true"},
+     ["kube-router.io/service.local (use internalTrafficPolicy/externalTrafficPolicy: Local)"]),
+    ({"kube-router.io/service.hairpin": ""},
+     ["kube-router.io/service.hairpin (hairpin is always on)"]),
+    ({"kube-router.io/service.hairpin.externalips": ""},
+     ["kube-router.io/service.hairpin.externalips (hairpin is always on)"]),
+    ({"kube-router.io/service.skiplbips": "true"},
+     ["kube-router.io/service.skiplbips (every load-balancer IP is served)"]),
+    ({"kube-router.io/service.dsr": "tunnel", "kube-router.io/service.local": "true",
+      "kube-router.io/service.hairpin": ""},
+     ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)",
+      "kube-router.io/service.hairpin (hairpin is always on)",
+      "kube-router.io/service.local (use internalTrafficPolicy/externalTrafficPolicy: Local)"]),
+    ({"kube-router.io/service.scheduler": "lc"}, []),  # honoured: no warning
+    ({"kube-router.io/other": "x", "ipvsctl.io/scheduler": "rr"}, []),
+])
+def test_kube_router_annotations_warn_once_per_service(annotations, named):
+    got, problems = plan([service("web", annotations=annotations)],
+                         [endpoint_slice("web", [endpoint(A)])])
+    assert got == {"TCP 10.96.0.10:80": [f"{A}:8080"]}  # the Service is still served
+    if not named:
+        assert problems == []
+        return
+    assert len(problems) == 1 and not problems[0].fatal
+    assert problems[0].reason == f"kube-router annotations ignored: {', '.join(named)}"
+
+
+def test_plan_prints_the_kube_router_warning(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from ipvsctl.shell.cli import app
+
+    (tmp_path / "svc.yaml").write_text(yaml.safe_dump(
+        service("web", annotations={"kube-router.io/service.dsr": "tunnel"})))
+    r = CliRunner().invoke(app, ["plan", "-f", str(tmp_path), "--node-ip", "192.0.2.10"])
+    assert r.exit_code == 0
+    warnings = [line for line in r.stderr.splitlines() if "kube-router" in line]
+    assert len(warnings) == 1 and "default/web warning" in warnings[0]
