@@ -20,6 +20,7 @@ from ipvsctl.model import (
     VirtualServerKind,
     family_of,
 )
+from ipvsctl.model.ipvs import SCHED_FLAG_2
 from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
 
@@ -91,6 +92,11 @@ def build_desired_service(
         return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
 
     scheduler = svc.scheduler or node.default_scheduler
+    sched_flags = svc.sched_flags
+    if sched_flags is None:
+        # As kube-proxy: mh hashes on the source port too (mh-port), so that one client's
+        # connections spread over the real servers.
+        sched_flags = SCHED_FLAG_2 if scheduler == "mh" else 0
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
 
     def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,
@@ -98,7 +104,7 @@ def build_desired_service(
         key = ServiceKey(proto, address, port)
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
             return
-        vs = VirtualServer(key, scheduler, svc.affinity_timeout)
+        vs = VirtualServer(key, scheduler, svc.affinity_timeout, sched_flags)
         local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local
         ranges = (source_ranges(svc.source_ranges, address, node.node_ips)
                   if kind is VirtualServerKind.LOAD_BALANCER else None)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.source.duration import parse_duration
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -30,7 +31,15 @@ KUBE_ROUTER_IGNORED = {
     "kube-router.io/service.hairpin.externalips": "hairpin is always on",
     "kube-router.io/service.skiplbips": "every load-balancer IP is served",
 }
-KUBE_ROUTER_HONOURED = frozenset({"kube-router.io/service.scheduler"})
+KUBE_ROUTER_HONOURED = frozenset(
+    {"kube-router.io/service.scheduler", "kube-router.io/service.schedflags"})
+SCHED_FLAGS_ANNOTATIONS = ("ipvsctl.io/scheduler-flags", "kube-router.io/service.schedflags")
+# ipvsadm's names for the scheduler flags (flag-1..3 as kube-router's annotation takes them)
+SCHED_FLAG_NAMES = {
+    "flag-1": SCHED_FLAG_1, "sh-fallback": SCHED_FLAG_1, "mh-fallback": SCHED_FLAG_1,
+    "flag-2": SCHED_FLAG_2, "sh-port": SCHED_FLAG_2, "mh-port": SCHED_FLAG_2,
+    "flag-3": SCHED_FLAG_3,
+}
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
 SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
 IPVS_SCHEDULERS = frozenset(
@@ -64,6 +73,7 @@ class ServiceInfo:
     internal_local: bool = False
     external_local: bool = False
     scheduler: str | None = None  # from annotations
+    sched_flags: int | None = None  # from annotations (None: the scheduler's default)
     drain_timeout: float | None = None  # from annotation
     health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
     # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
@@ -281,6 +291,23 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                 )
             break
 
+    sched_flags = None
+    for key in SCHED_FLAGS_ANNOTATIONS:
+        value = annotations.get(key)
+        if value is None:
+            continue
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        unknown = [n for n in names if n not in SCHED_FLAG_NAMES]
+        if unknown:
+            warnings.append(f"annotation {key}: unknown scheduler flags {unknown!r} "
+                            f"(known: flag-1, flag-2, flag-3, sh-/mh-fallback, sh-/mh-port), "
+                            "ignored")
+        else:
+            sched_flags = 0
+            for n in names:
+                sched_flags |= SCHED_FLAG_NAMES[n]
+        break
+
     ignored = [
         f"{key} ({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
         for key in sorted(k for k in annotations if isinstance(k, str))
@@ -324,6 +351,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         internal_local=spec.get("internalTrafficPolicy") == "Local",
         external_local=spec.get("externalTrafficPolicy") == "Local",
         scheduler=scheduler,
+        sched_flags=sched_flags,
         drain_timeout=drain_timeout,
         health_check_node_port=hc_port,
         source_ranges=source_ranges,

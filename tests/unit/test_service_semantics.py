@@ -425,3 +425,47 @@ def test_plan_prints_the_kube_router_warning(tmp_path):
     assert r.exit_code == 0
     warnings = [line for line in r.stderr.splitlines() if "kube-router" in line]
     assert len(warnings) == 1 and "default/web warning" in warnings[0]
+
+
+# --- scheduler flags (mh as kube-proxy; kube-router's schedflags; ipvsctl's) ------------
+
+@pytest.mark.parametrize(("annotations", "default", "scheduler", "flags", "warned"), [
+    ({}, "rr", "rr", None, False),
+    ({}, "mh", "mh", ["flag-2"], False),  # kube-proxy: mh hashes the source port too
+    ({"ipvsctl.io/scheduler": "mh"}, "rr", "mh", ["flag-2"], False),
+    ({"kube-router.io/service.scheduler": "mh",
+      "kube-router.io/service.schedflags": "flag-1,flag-2"}, "rr", "mh",
+     ["flag-1", "flag-2"], False),
+    ({"ipvsctl.io/scheduler": "sh", "ipvsctl.io/scheduler-flags": "sh-fallback, sh-port"},
+     "rr", "sh", ["flag-1", "flag-2"], False),
+    ({"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": ""}, "rr", "mh", None,
+     False),  # explicitly none
+    # ipvsctl's annotation wins over kube-router's
+    ({"ipvsctl.io/scheduler-flags": "flag-3", "kube-router.io/service.schedflags": "flag-1"},
+     "rr", "rr", ["flag-3"], False),
+    # unknown flag: one warning, the scheduler's default
+    ({"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": "flag-9"}, "rr", "mh",
+     ["flag-2"], True),
+    ({"kube-router.io/service.schedflags": "fast"}, "rr", "rr", None, True),
+])
+def test_scheduler_flags(annotations, default, scheduler, flags, warned):
+    node = NodeContext("node-a", ("192.0.2.10",), default)
+    result, problems = plan_objects(
+        {ObjectKind.SERVICE: [service("web", annotations=annotations)]}, node)
+    v = plan_json(result)["virtual_servers"][0]
+    assert v["scheduler"] == scheduler
+    assert v.get("scheduler_flags") == flags
+    assert len(problems) == (1 if warned else 0)
+
+
+def test_adopted_virtual_server_gets_its_flags_corrected():
+    """A virtual server found in the kernel with other flags is set, not left as found."""
+    from ipvsctl.model import VirtualServer
+
+    h = Harness(node=NodeContext("node-a", ("192.0.2.10",), "mh"))
+    h.fake.add_virtual_server(VirtualServer(vs(), "mh", 0, 0x08), True)  # mh-fallback only
+    h.ops()
+    h.start([service("web")], [endpoint_slice("web", [endpoint(A)])])
+    ops = h.ops()
+    assert any(op.startswith("set-vs 10.96.0.10:80/TCP mh flag-2") for op in ops), ops
+    assert "mh flag-2" in h.fake.dump()
