@@ -469,3 +469,18 @@ def test_adopted_virtual_server_gets_its_flags_corrected():
     ops = h.ops()
     assert any(op.startswith("set-vs 10.96.0.10:80/TCP mh flag-2") for op in ops), ops
     assert "mh flag-2" in h.fake.dump()
+
+
+# --- external IPs that are node addresses (kube-proxy's shouldBind) --------------------
+
+@pytest.mark.parametrize(("external", "bound"), [
+    ("203.0.113.7", {"10.96.0.10", "203.0.113.7"}),  # a plain external IP: on the interface
+    ("192.0.2.10", {"10.96.0.10"}),  # a node address: IPVS serves it, never re-bound
+])
+def test_external_ip_that_is_a_node_address_is_not_bound(external, bound):
+    h = Harness(node=NodeContext("node-a", ("192.0.2.10",)))
+    h.start([service("web", externalIPs=[external])], [endpoint_slice("web", [endpoint(A)])])
+    assert f"{external}:80/TCP" in h.fake.dump()
+    assert set(h.fake.bound) == bound
+    h.delete(service("web"))
+    assert not h.fake.bound and h.fake.dump() == ""
