@@ -41,9 +41,9 @@ NodeIPs = Annotated[
 Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS scheduler.")]
 ServiceProxyName = Annotated[
     str | None,
-    typer.Option("--service-proxy-name", help="Serve only Services labelled "
-                 "service.kubernetes.io/service-proxy-name=NAME [default: only Services "
-                 "without that label]."),
+    typer.Option("--service-proxy-name", metavar="NAME", help="Serve only Services labelled "
+                 "service.kubernetes.io/service-proxy-name=NAME (default: only Services "
+                 "without that label)."),
 ]
 
 
@@ -171,7 +171,7 @@ def run(
     log_format: Annotated[str, typer.Option(
         "--log-format", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(
-        "--log-level", help="debug, info, warning or error.")] = "info",
+        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
     cluster_cidr: Annotated[list[str] | None, typer.Option(
         "--cluster-cidr", help="The cluster's pod CIDR (repeatable, one per family): traffic "
         "to ClusterIPs from outside it is masqueraded.")] = None,

@@ -231,7 +231,7 @@ def shutdown_manager(
         "--proc-net", help="Where tcp and tcp6 are read from (tests).")] = "/proc/net",
     log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(
-        "--log-level", help="debug, info, warning or error.")] = "info",
+        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Sidecar: a preStop /shutdown that waits until no node sends this pod new connections.
 
