@@ -175,28 +175,29 @@ def test_plan_cli_takes_service_proxy_name(tmp_path):
         assert [v["service"] for v in js["virtual_servers"]] == want
 
 
-def test_api_list_and_watch_of_services_carry_the_selector():
+@pytest.mark.parametrize("proxy_name", [None, "ipvsctl"])
+def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
+    """Through the daemon's own wiring (open_source) and the real client, on the wire."""
     import queue
     import threading
 
-    from ipvsctl.kube.client import KubeSource
-    from ipvsctl.kube.settings import KubeSettings
+    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.shell.daemon import DaemonOptions, open_source
     from ipvsctl.source.convert import service_label_selector
     from tests.fakeapi import FakeAPIServer
 
     api = FakeAPIServer().start()
     try:
-        selector = service_label_selector("ipvsctl")
-        source = KubeSource.from_config(
-            None, api.url, environ={}, settings=KubeSettings(join_timeout=2.0),
-            service_label_selector=selector)
+        node = NodeContext("node-a", service_proxy_name=proxy_name)
+        source = open_source(DaemonOptions(node=node, apiserver=api.url), Metrics())
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
         t = threading.Thread(target=source.run, args=(events.put, stop), daemon=True)
         t.start()
         assert api.wait_for(lambda: api.open_watches() == 2, 5.0)
         stop.set()
-        t.join(5.0)
+        t.join(10.0)
+        selector = service_label_selector(proxy_name)
         calls = {(r.resource, r.verb): r.query.get("labelSelector") for r in api.requests
                  if r.resource in ("services", "endpointslices")}
         assert calls == {("services", "list"): selector, ("services", "watch"): selector,
