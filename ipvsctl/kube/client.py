@@ -3,7 +3,8 @@
 Threads (all daemon threads, started by `run` and stopped when `stop` is set):
 - `ipvsctl-kube-services`, `ipvsctl-kube-endpointslices`: one reflector each (`kube.watch`):
   paginated list -> Replace -> watch -> Upsert/Delete, relisting on 410 and broken streams;
-- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`).
+- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`);
+- `ipvsctl-kube-nodes` (with a node name): this node's own Node, one object (`kube.node`).
 
 Only the calls in `kube.permissions.REQUIRED_PERMISSIONS` are made: list+watch Services and
 EndpointSlices in all namespaces, get Pods.
@@ -25,9 +26,10 @@ from kubernetes.client.exceptions import ApiException
 
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
+from ipvsctl.kube.node import node_list_func
 from ipvsctl.kube.pods import PodFetcher
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
+from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
 from ipvsctl.kube.watch import Reflector, WatchRestartCallback
 from ipvsctl.model import PodRef
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, SourceEvent
@@ -54,10 +56,15 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         service_label_selector: str | None = None,
+        node_name: str | None = None,
     ) -> None:
         self._api = api_client
         # --service-proxy-name: only Services this proxy serves are listed and watched
         self._service_selector = service_label_selector
+        # With a node name, this node's Node is watched too and a Replace of it is part of
+        # the first events (`emits_node`, for EngineConfig.wait_for_node).
+        self.node_name = node_name
+        self.emits_node = bool(node_name)
         self.settings = settings or KubeSettings()
         self._on_watch_restart = on_watch_restart
         self._clock = clock
@@ -93,6 +100,7 @@ class KubeSource:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         service_label_selector: str | None = None,
+        node_name: str | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -106,6 +114,7 @@ class KubeSource:
             clock=clock,
             rng=rng,
             service_label_selector=service_label_selector,
+            node_name=node_name,
         )
 
     @property
@@ -158,6 +167,15 @@ class KubeSource:
                 **common,
             ),
         ]
+        if self.node_name:
+            self.reflectors.append(Reflector(
+                kind=ObjectKind.NODE,
+                resource="nodes",
+                list_func=node_list_func(self._core.list_node, self.node_name, emit,
+                                         clock=self._clock),
+                trim=trim_node,
+                **common,
+            ))
         threads = [
             threading.Thread(
                 target=self._run_reflector,

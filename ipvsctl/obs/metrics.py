@@ -104,6 +104,21 @@ class Metrics:
             "ipvsctl_health_check_node_port_errors",
             "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
         )
+        # This node's Node and kube-proxy's health server (--healthz-bind-address)
+        self.node_object_known = Gauge(
+            "ipvsctl_node_object_known",
+            "1 while this node's Node object is known (zone, deletion), else 0.", registry=r,
+        )
+        self.proxy_health_errors = Counter(
+            "ipvsctl_proxy_health_errors",
+            "Attempts to open --healthz-bind-address that failed (port taken, ...).",
+            registry=r,
+        )
+        self.proxy_health_responses = Counter(
+            "ipvsctl_proxy_health_responses",
+            "Answers of the --healthz-bind-address server, by path and code.",
+            ["path", "code"], registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):

@@ -21,6 +21,7 @@ from ipvsctl.model import (
     family_of,
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_2
+from ipvsctl.plan.topology import Topology, by_topology
 from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
 
@@ -49,15 +50,17 @@ def collect_endpoints(
 
 
 def select_endpoints(
-    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str
+    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str,
+    topology: Topology | None = None,
 ) -> frozenset[RealServerKey]:
     """kube-proxy's CategorizeEndpoints: the ready ones; if none is ready, those serving and
-    terminating (KEP-1669), so a Service whose pods are all terminating still answers."""
+    terminating (KEP-1669), so a Service whose pods are all terminating still answers.
+    With `topology`, traffic policy Cluster narrows the ready ones by hints (plan.topology)."""
     if local_only:
         endpoints = {k: e for k, e in endpoints.items() if e.node_name == node_name}
     ready = frozenset(k for k, e in endpoints.items() if e.ready)
     if ready:
-        return ready
+        return by_topology(ready, endpoints, topology) if topology and not local_only else ready
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
@@ -97,6 +100,8 @@ def build_desired_service(
         # As kube-proxy: mh hashes on the source port too (mh-port), so that one client's
         # connections spread over the real servers.
         sched_flags = SCHED_FLAG_2 if scheduler == "mh" else 0
+    hinted = svc.topology_hints and any(sl.has_hints for sl in slices)
+    topo = Topology(node.node_name, node.zone) if hinted else None
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
 
     def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,
@@ -119,7 +124,7 @@ def build_desired_service(
         external: dict[int, frozenset[RealServerKey]] = {}
         for family in (4, 6):
             eps = collect_endpoints(slices, family, p.name, p.protocol)
-            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name)
+            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name, topo)
             # Most Services have no external addresses, and most that do share the cluster
             # policy: one set then serves both (memory at 100,000 endpoints).
             if not has_external:
@@ -127,13 +132,13 @@ def build_desired_service(
             ext = (
                 cluster[family]
                 if svc.external_local == svc.internal_local
-                else select_endpoints(eps, svc.external_local, node.node_name)
+                else select_endpoints(eps, svc.external_local, node.node_name, topo)
             )
             if svc.external_local and not ext:
                 # No local endpoint: the cluster-wide ones, as kube-proxy's IPVS mode
                 # (kubernetes#97081), so pods and the host here still reach their own load
                 # balancer; the healthCheckNodePort's 503 keeps outside traffic away.
-                ext = select_endpoints(eps, False, node.node_name)
+                ext = select_endpoints(eps, False, node.node_name, topo)
             external[family] = ext
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)
