@@ -54,6 +54,7 @@ from ipvsctl.model import (
     VirtualServer,
     VirtualServerStatus,
 )
+from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
 log = logging.getLogger("ipvsctl.kernel")
 
@@ -140,12 +141,15 @@ def service_key_spec(key: ServiceKey) -> IPVSService:
 
 
 def service_spec(vs: VirtualServer) -> IPVSService:
-    """A full virtual server for add/set. Only the persistent flag is in the mask, so a set
-    leaves any other flag (set by hand, e.g. one-packet scheduling) as it is."""
+    """A full virtual server for add/set. Only the persistent and scheduler flags are in the
+    mask, so a set leaves any other flag (set by hand, e.g. one-packet scheduling) as it is."""
     spec = service_key_spec(vs.key)
     persistent = vs.persistent_timeout > 0
     spec["sched_name"] = vs.scheduler
-    spec["flags"] = {"flags": SVC_F_PERSISTENT if persistent else 0, "mask": SVC_F_PERSISTENT}
+    spec["flags"] = {
+        "flags": (SVC_F_PERSISTENT if persistent else 0) | (vs.sched_flags & SCHED_FLAGS_MASK),
+        "mask": SVC_F_PERSISTENT | SCHED_FLAGS_MASK,
+    }
     spec["timeout"] = vs.persistent_timeout if persistent else 0
     return spec
 
@@ -167,6 +171,7 @@ def virtual_server_from_message(m: Any) -> VirtualServer | None:
         key=ServiceKey(protocol, ipaddress.ip_address(addr).compressed, int(port)),
         scheduler=m.get(("service", "sched_name")) or "",
         persistent_timeout=timeout,
+        sched_flags=flags & SCHED_FLAGS_MASK,
     )
 
 

@@ -14,6 +14,7 @@ client may read.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -84,12 +85,15 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         on_pod_lookup: LookupCallback | None = None,
     ) -> None:
         self._api = api_client
         self._sentinel = sentinel
+        # --service-proxy-name: only Services this proxy serves are listed and watched
+        self._service_selector = service_label_selector
         # With a node name, this node's Node is watched too and a Replace of it is part of
         # the first events (`emits_node`, for EngineConfig.wait_for_node).
         self.node_name = node_name
@@ -135,6 +139,7 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         on_pod_lookup: LookupCallback | None = None,
@@ -150,6 +155,7 @@ class KubeSource:
             on_watch_restart=on_watch_restart,
             clock=clock,
             rng=rng,
+            service_label_selector=service_label_selector,
             node_name=node_name,
             sentinel=sentinel,
             on_pod_lookup=on_pod_lookup,
@@ -187,11 +193,17 @@ class KubeSource:
             "probe": self.probe,
             "cluster_nodes": lambda: self.cluster_nodes,
         }
+        list_services: Any = self._core.list_service_for_all_namespaces
+        if self._service_selector:
+            # On the list and on every watch: a Service relabelled away from the selector
+            # then arrives as DELETED (the store also drops one that does not match).
+            list_services = functools.partial(
+                list_services, label_selector=self._service_selector)
         self.reflectors = [
             Reflector(
                 kind=ObjectKind.SERVICE,
                 resource="services",
-                list_func=self._core.list_service_for_all_namespaces,
+                list_func=list_services,
                 trim=trim_service,
                 check=require_service(*self._sentinel) if self._sentinel else None,
                 **common,

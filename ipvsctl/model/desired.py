@@ -30,6 +30,8 @@ class NodeContext:
     node_ips: tuple[str, ...] = ()
     default_scheduler: str = "rr"
     zone: str | None = None  # label topology.kubernetes.io/zone of this node's Node
+    # --service-proxy-name: serve only Services labelled with it (None: only unlabelled ones)
+    service_proxy_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

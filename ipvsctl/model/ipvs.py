@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 
 from ipvsctl.model.keys import RealServerKey, ServiceKey
 
+# The scheduler flags, as the kernel's IP_VS_SVC_F_SCHED1..3 bits (ipvsadm's flag-1..3:
+# sh-fallback/mh-fallback, sh-port/mh-port, flag-3 unused by today's schedulers).
+SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3 = 0x08, 0x10, 0x20
+SCHED_FLAGS_MASK = SCHED_FLAG_1 | SCHED_FLAG_2 | SCHED_FLAG_3
+
+
+def sched_flag_names(flags: int) -> list[str]:
+    return [f"flag-{n}" for n, bit in enumerate((SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3), 1)
+            if flags & bit]
+
 
 @dataclass(frozen=True, slots=True)
 class VirtualServer:
@@ -14,10 +24,12 @@ class VirtualServer:
     key: ServiceKey
     scheduler: str = "rr"
     persistent_timeout: int = 0  # seconds; 0 = no persistence
+    sched_flags: int = 0  # SCHED_FLAG_* bits
 
     def __str__(self) -> str:
         persist = f" persistent {self.persistent_timeout}" if self.persistent_timeout else ""
-        return f"{self.key} {self.scheduler}{persist}"
+        flags = f" {','.join(sched_flag_names(self.sched_flags))}" if self.sched_flags else ""
+        return f"{self.key} {self.scheduler}{persist}{flags}"
 
 
 @dataclass(frozen=True, slots=True)

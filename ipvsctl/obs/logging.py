@@ -52,7 +52,21 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup(fmt: str = "text", level: int = logging.INFO) -> None:
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
+
+
+def parse_level(name: str) -> int:
+    """`--log-level` -> a logging level; ValueError for anything else."""
+    try:
+        return LOG_LEVELS[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"must be one of {'|'.join(LOG_LEVELS)}") from None
+
+
+def setup(fmt: str = "text", level: int | str = logging.INFO) -> None:
+    if isinstance(level, str):
+        level = parse_level(level)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

@@ -18,7 +18,8 @@ def plan_objects(
     """Every virtual server the objects ask for, sorted by key, with the problems found.
     A virtual server two Services want goes to the winner by plan/conflicts.py's rule. A
     `kind: Node` named as the node gives its zone (topology hints)."""
-    store = ObjectStore(node.default_scheduler, node_name=node.node_name)
+    store = ObjectStore(node.default_scheduler, node_name=node.node_name,
+                         service_proxy_name=node.service_proxy_name)
     problems: list[Problem] = []
     for kind in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
                  ObjectKind.ENDPOINT_SLICE):

@@ -20,6 +20,7 @@ from ipvsctl.model import (
     VirtualServerKind,
     family_of,
 )
+from ipvsctl.model.ipvs import SCHED_FLAG_2
 from ipvsctl.plan.topology import Topology, by_topology
 from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
@@ -94,6 +95,11 @@ def build_desired_service(
         return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
 
     scheduler = svc.scheduler or node.default_scheduler
+    sched_flags = svc.sched_flags
+    if sched_flags is None:
+        # As kube-proxy: mh hashes on the source port too (mh-port), so that one client's
+        # connections spread over the real servers.
+        sched_flags = SCHED_FLAG_2 if scheduler == "mh" else 0
     hinted = svc.topology_hints and any(sl.has_hints for sl in slices)
     topo = Topology(node.node_name, node.zone) if hinted else None
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
@@ -103,7 +109,7 @@ def build_desired_service(
         key = ServiceKey(proto, address, port)
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
             return
-        vs = VirtualServer(key, scheduler, svc.affinity_timeout)
+        vs = VirtualServer(key, scheduler, svc.affinity_timeout, sched_flags)
         local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local
         ranges = (source_ranges(svc.source_ranges, address, node.node_ips)
                   if kind is VirtualServerKind.LOAD_BALANCER else None)
@@ -123,11 +129,17 @@ def build_desired_service(
             # policy: one set then serves both (memory at 100,000 endpoints).
             if not has_external:
                 continue
-            external[family] = (
+            ext = (
                 cluster[family]
                 if svc.external_local == svc.internal_local
                 else select_endpoints(eps, svc.external_local, node.node_name, topo)
             )
+            if svc.external_local and not ext:
+                # No local endpoint: the cluster-wide ones, as kube-proxy's IPVS mode
+                # (kubernetes#97081), so pods and the host here still reach their own load
+                # balancer; the healthCheckNodePort's 503 keeps outside traffic away.
+                ext = select_endpoints(eps, False, node.node_name, topo)
+            external[family] = ext
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)
         for ip in svc.external_ips:

@@ -38,6 +38,7 @@ from ipvsctl.model import (
     ServiceKey,
     ServiceRef,
     VirtualServer,
+    VirtualServerKind,
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
@@ -110,7 +111,8 @@ class Engine:
         self.owned = owned
         self.request_pod = request_pod
         self.store = ObjectStore(config.node.default_scheduler,
-                                 node_name=config.node.node_name)
+                                 node_name=config.node.node_name,
+                                 service_proxy_name=config.node.service_proxy_name)
         self.queue = DrainQueue()
         self.applied: dict[ServiceRef, dict[ServiceKey, AppliedVirtualServer]] = {}
         self.desired: dict[ServiceRef, DesiredService] = {}
@@ -437,11 +439,18 @@ class Engine:
             "since": since, "for_seconds": round(now - since, 3) if since else None,
         }
 
+    def _binds(self, kind: VirtualServerKind, key: ServiceKey) -> bool:
+        """Whether the address goes on the dummy interface: not a node IP (NodePorts), and,
+        as kube-proxy's shouldBind, not an external or LB IP that is already one of the
+        node's addresses (on another interface: adding and later removing it here would
+        disturb the node's own address)."""
+        return kind.binds_address and key.address not in self.config.node.node_ips
+
     def _apply_op(self, ref: ServiceRef | None, op: Op) -> bool:
         k = self.kernel
         surprised = False
         if isinstance(op, AddVirtualServer):
-            bind = op.kind.binds_address
+            bind = self._binds(op.kind, op.vs.key)
             try:
                 k.add_virtual_server(op.vs, bind)
                 weights: dict[RealServerKey, int] = {}
@@ -583,7 +592,7 @@ class Engine:
             for key, dvs in desired.virtual_servers.items():
                 if key in observed:
                     vs, dests = observed[key]
-                    state = AppliedVirtualServer(vs, dvs.kind.binds_address)
+                    state = AppliedVirtualServer(vs, self._binds(dvs.kind, key))
                     self.applied.setdefault(ref, {})[key] = state
                     self._n_vs += 1
                     for d in dests:

@@ -3,8 +3,9 @@ kube-router (or kube-proxy) or to uninstall.
 
 What goes, in this order:
 1. the IPVS virtual servers ipvsctl owns: those whose address is on its dummy interface
-   (`--interface`), and NodePort ones (ports 30000-32767) on the node's addresses
-   (`--node-ip`, default: the node's global addresses); other virtual servers stay;
+   (`--interface`), and NodePort ones (ports in `--service-node-port-range`, default
+   30000-32767) on the node's addresses (`--node-ip`, default: the node's global
+   addresses); other virtual servers stay;
 2. the dummy interface, with its addresses (only if it is a dummy interface);
 3. the nftables table `inet ipvsctl`;
 4. the drain queue's state file in `--state-dir` (and the folder, if then empty).
@@ -28,6 +29,7 @@ from typing import Annotated, Protocol
 import typer
 
 from ipvsctl.model import ServiceKey
+from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE, parse_port_range
 from ipvsctl.persist.drain_state import FILE_NAME as STATE_FILE
 
 
@@ -36,15 +38,14 @@ class CleanupError(Exception):
 
 
 def owned_virtual_servers(virtual_servers: Iterable[ServiceKey], bound: Iterable[str],
-                          node_ips: Iterable[str]) -> list[ServiceKey]:
-    """ipvsctl's virtual servers (the daemon's own ownership rule): on its dummy interface's
-    addresses, or NodePorts on node IPs."""
-    from ipvsctl.shell.daemon import NODE_PORT_RANGE  # the daemon's own rule (open_kernel)
-
+                          node_ips: Iterable[str],
+                          node_port_range: range = DEFAULT_NODE_PORT_RANGE) -> list[ServiceKey]:
+    """ipvsctl's virtual servers (the daemon's own ownership rule, open_kernel): on its
+    dummy interface's addresses, or NodePorts (ports in `node_port_range`) on node IPs."""
     bound, node_ips = set(bound), set(node_ips)
     return sorted(k for k in virtual_servers
                   if k.address in bound or (k.address in node_ips
-                                            and k.port in NODE_PORT_RANGE))
+                                            and k.port in node_port_range))
 
 
 class Host(Protocol):
@@ -66,7 +67,8 @@ class Report:
 
 
 def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir: Path | None,
-                 dry_run: bool = False) -> Report:
+                 dry_run: bool = False,
+                 node_port_range: range = DEFAULT_NODE_PORT_RANGE) -> Report:
     """Remove what ipvsctl created; every step is tried even if an earlier one failed."""
     r = Report()
     verb = "would delete" if dry_run else "deleted"
@@ -93,7 +95,7 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
     bound = found[1] if found else []
 
     try:
-        keys = owned_virtual_servers(host.virtual_servers(), bound, node_ips)
+        keys = owned_virtual_servers(host.virtual_servers(), bound, node_ips, node_port_range)
     except CleanupError as exc:
         r.errors.append(str(exc))
         keys = []
@@ -271,9 +273,18 @@ def register(app: typer.Typer) -> None:
             "--force", help="Clean up even while a daemon answers.")] = False,
         dry_run: Annotated[bool, typer.Option(
             "--dry-run", help="Print what would be removed; remove nothing.")] = False,
+        service_node_port_range: Annotated[str, typer.Option(
+            "--service-node-port-range", metavar="A-B",
+            help="The cluster's NodePort range, as the daemon's flag.")] = "30000-32767",
     ) -> None:
         """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
         from ipvsctl.model import normalize_ip
+
+        try:
+            node_ports = parse_port_range(service_node_port_range)
+        except ValueError as exc:
+            typer.echo(f"ipvsctl: --service-node-port-range {exc}", err=True)
+            raise typer.Exit(2) from None
 
         ips: list[str] = []
         for ip in node_ip or ():
@@ -294,7 +305,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"ipvsctl: a daemon answers at {endpoint}: stop it first (it would put "
                        "everything back), or pass --force", err=True)
             raise typer.Exit(1)
-        report = cleanup_node(SystemHost(interface), interface, ips, Path(state_dir), dry_run)
+        report = cleanup_node(SystemHost(interface), interface, ips, Path(state_dir), dry_run,
+                              node_ports)
         for line in report.lines:
             typer.echo(line)
         for error in report.errors:

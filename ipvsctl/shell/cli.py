@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -65,6 +67,12 @@ NodeIPs = Annotated[
                  "[default: the node's global addresses]."),
 ]
 Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS scheduler.")]
+ServiceProxyName = Annotated[
+    str | None,
+    typer.Option("--service-proxy-name", metavar="NAME", help="Serve only Services labelled "
+                 "service.kubernetes.io/service-proxy-name=NAME (default: only Services "
+                 "without that label)."),
+]
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -72,9 +80,30 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+# A Kubernetes label value (it goes into the Service watch's label selector).
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
+
+
+def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
+    """A SECONDS flag: plain seconds or a Go duration (CONTRACT.md "Durations"); exit 2."""
+    from ipvsctl.source.duration import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise _fail(f"{flag}: {exc}", 2) from None
+    if seconds < minimum:
+        raise _fail(f"{flag} {value}: must be at least {minimum:g} seconds", 2)
+    return seconds
+
+
 def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
-          interface: str = "kube-ipvs0") -> NodeContext:
+          interface: str = "kube-ipvs0", service_proxy_name: str | None = None) -> NodeContext:
     from ipvsctl.source.convert import IPVS_SCHEDULERS
+
+    if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
+        raise _fail(f"--service-proxy-name {service_proxy_name!r}: not a label value (up "
+                    "to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)", 2)
 
     if scheduler not in IPVS_SCHEDULERS:
         raise _fail(f"--scheduler {scheduler}: unknown IPVS scheduler "
@@ -95,7 +124,8 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
         except Exception as exc:  # no netlink route socket: plan still works without
             typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); "
                        "NodePorts need --node-ip", err=True)
-    return NodeContext(node_name or socket.gethostname(), tuple(dict.fromkeys(ips)), scheduler)
+    return NodeContext(node_name or socket.gethostname(), tuple(dict.fromkeys(ips)), scheduler,
+                       service_proxy_name=service_proxy_name or None)
 
 
 @app.command()
@@ -105,6 +135,7 @@ def plan(
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
     scheduler: Scheduler = "rr",
+    service_proxy_name: ServiceProxyName = None,
     output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
@@ -114,7 +145,7 @@ def plan(
     from ipvsctl.source.manifests import ManifestError, load_paths
 
     fmt = _output(output, as_json)
-    node = _node(node_name, node_ip, scheduler)
+    node = _node(node_name, node_ip, scheduler, service_proxy_name=service_proxy_name)
     try:
         objects = load_paths(files)
     except ManifestError as exc:
@@ -144,22 +175,33 @@ def run(
     interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
         "kube-ipvs0"),
     scheduler: Scheduler = "rr",
-    drain_timeout: Annotated[float, typer.Option(
-        "--drain-timeout", min=0, help="Longest drain when no better deadline is known.")] = 30,
-    drain_check_interval: Annotated[float, typer.Option(
-        "--drain-check-interval", min=0.05, help="Seconds between connection-count reads.")] = 1,
-    ipvs_tcp_timeout: Annotated[int, typer.Option(
-        "--ipvs-tcp-timeout", min=0, help="IPVS TCP timeout (0: kernel's).")] = 0,
-    ipvs_tcpfin_timeout: Annotated[int, typer.Option(
-        "--ipvs-tcpfin-timeout", min=0, help="IPVS TCP FIN timeout (0: kernel's).")] = 0,
-    ipvs_udp_timeout: Annotated[int, typer.Option(
-        "--ipvs-udp-timeout", min=0, help="IPVS UDP timeout (0: kernel's).")] = 0,
+    service_proxy_name: ServiceProxyName = None,
+    service_node_port_range: Annotated[str, typer.Option(
+        "--service-node-port-range", metavar="A-B",
+        help="The cluster's NodePort range (the API server's flag): which virtual servers "
+        "on node addresses are ipvsctl's.")] = "30000-32767",
+    drain_timeout: Annotated[str, typer.Option(
+        "--drain-timeout", metavar="SECONDS",
+        help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).")] = "30",
+    drain_check_interval: Annotated[str, typer.Option(
+        "--drain-check-interval", metavar="SECONDS",
+        help="Time between connection-count reads (1, 500ms...).")] = "1",
+    ipvs_tcp_timeout: Annotated[str, typer.Option(
+        "--ipvs-tcp-timeout", metavar="SECONDS",
+        help="IPVS TCP timeout (0: kernel's; 900, 15m...).")] = "0",
+    ipvs_tcpfin_timeout: Annotated[str, typer.Option(
+        "--ipvs-tcpfin-timeout", metavar="SECONDS",
+        help="IPVS TCP FIN timeout (0: kernel's).")] = "0",
+    ipvs_udp_timeout: Annotated[str, typer.Option(
+        "--ipvs-udp-timeout", metavar="SECONDS", help="IPVS UDP timeout (0: kernel's).")] = "0",
     state_dir: Annotated[str, typer.Option(
         "--state-dir", help="Where the drain queue survives restarts.")] = "/var/lib/ipvsctl",
     listen: Annotated[str, typer.Option(
         "--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")] = "0.0.0.0:9796",
     log_format: Annotated[str, typer.Option(
         "--log-format", help="text or json.")] = "text",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
     cluster_cidr: Annotated[list[str] | None, typer.Option(
         "--cluster-cidr", help="The cluster's pod CIDR (repeatable, one per family): traffic "
         "to ClusterIPs from outside it is masqueraded.")] = None,
@@ -179,6 +221,10 @@ def run(
 
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
+    try:
+        level = obs_logging.parse_level(log_level)
+    except ValueError as exc:
+        raise _fail(f"--log-level {log_level}: {exc}", 2) from None
     if ":" not in listen or not listen.rpartition(":")[2].isdigit():
         raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
     healthz_bind_address = _healthz_address(healthz_bind_address)
@@ -188,16 +234,29 @@ def run(
         cluster_cidrs = parse_cidrs(cluster_cidr or ())
     except ValueError as exc:
         raise _fail(f"--cluster-cidr {exc}", 2) from None
-    obs_logging.setup(log_format)
-    node = _node(node_name, node_ip, scheduler, interface)
+    from ipvsctl.model.portrange import parse_port_range
+
+    try:
+        node_ports = parse_port_range(service_node_port_range)
+    except ValueError as exc:
+        raise _fail(f"--service-node-port-range {exc}", 2) from None
+    drain_seconds = _seconds("--drain-timeout", drain_timeout)
+    check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
+    # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
+    tcp, tcpfin, udp = (math.ceil(_seconds(flag, value)) for flag, value in (
+        ("--ipvs-tcp-timeout", ipvs_tcp_timeout), ("--ipvs-tcpfin-timeout", ipvs_tcpfin_timeout),
+        ("--ipvs-udp-timeout", ipvs_udp_timeout)))
+    obs_logging.setup(log_format, level)
+    node = _node(node_name, node_ip, scheduler, interface, service_proxy_name)
     options = DaemonOptions(
         node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
-        interface=interface, drain_timeout=drain_timeout,
-        drain_check_interval=drain_check_interval, tcp_timeout=ipvs_tcp_timeout,
-        tcpfin_timeout=ipvs_tcpfin_timeout, udp_timeout=ipvs_udp_timeout,
+        interface=interface, drain_timeout=drain_seconds,
+        drain_check_interval=check_seconds, tcp_timeout=tcp, tcpfin_timeout=tcpfin,
+        udp_timeout=udp,
         state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all, nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
+        node_port_range=node_ports,
         healthz_bind_address=healthz_bind_address,
     )
     try:

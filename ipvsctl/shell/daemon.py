@@ -20,6 +20,7 @@ from ipvsctl.health.proxy import ProxyState
 from ipvsctl.health.server import HealthServer
 from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
@@ -36,7 +37,7 @@ from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
 
-NODE_PORT_RANGE = range(30000, 32768)
+NODE_PORT_RANGE = DEFAULT_NODE_PORT_RANGE
 
 
 class StartupError(Exception):
@@ -64,6 +65,8 @@ class DaemonOptions:
     # No --node-ip: node.node_ips were read from the host and are re-read while running
     # (NodePort virtual servers follow); with --node-ip they are fixed.
     follow_node_ips: bool = False
+    # --service-node-port-range: NodePort virtual servers on node IPs in it are ipvsctl's
+    node_port_range: range = NODE_PORT_RANGE
     # --healthz-bind-address: kube-proxy's health server ("" : none). The CLI's default is
     # 0.0.0.0:10256; in-process daemons (tests) serve none unless asked.
     healthz_bind_address: str = ""
@@ -254,9 +257,10 @@ def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None
         raise StartupError(str(exc)) from None
     fixed = frozenset(o.node.node_ips)
     current = node_ips or (lambda: fixed)
+    node_ports = o.node_port_range
 
     def owned(key: ServiceKey) -> bool:
-        return key.address in bound or (key.port in NODE_PORT_RANGE
+        return key.address in bound or (key.port in node_ports
                                         and key.address in current())
 
     return kernel, owned
@@ -281,7 +285,8 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
                 "ManifestFile").inc())
         except SourceConfigError as exc:
             raise StartupError(str(exc)) from None
-    from ipvsctl.kube.client import KubeSource
+    from ipvsctl.kube.client import SENTINEL_SERVICE, KubeSource
+    from ipvsctl.source.convert import service_label_selector
 
     try:
         return KubeSource.from_config(
@@ -289,6 +294,10 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason).inc(),
             on_pod_lookup=lambda result: metrics.pod_lookups.labels(result).inc(),
+            service_label_selector=service_label_selector(o.node.service_proxy_name),
+            # default/kubernetes carries no proxy-name label: with a name it is never listed,
+            # so it cannot vouch for a Service list (the empty-list guard is off then).
+            sentinel=None if o.node.service_proxy_name else SENTINEL_SERVICE,
         )
     except SourceConfigError as exc:
         raise StartupError(str(exc)) from None

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, ServiceKey
+from ipvsctl.model.ipvs import sched_flag_names
 from ipvsctl.shell.output import columns, hostport
 
 
 def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[str, Any]:
     return {"virtual_servers": [
         {
+            **({"scheduler_flags": sched_flag_names(dvs.vs.sched_flags)}
+               if dvs.vs.sched_flags else {}),
             "protocol": dvs.key.protocol.value,
             "address": dvs.key.address,
             "port": dvs.key.port,

@@ -28,6 +28,7 @@ from ipvsctl.obs.logging import fields
 from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
 from ipvsctl.shutdown.barrier import BarrierConfig
+from ipvsctl.source.duration import parse_duration as _parse_duration
 
 if TYPE_CHECKING:
     from ipvsctl.shutdown.probes import Resolver
@@ -148,16 +149,10 @@ def run(options: ManagerOptions) -> int:
 
 # --- flags --------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
-
-
 def parse_duration(value: str) -> float:
-    """Seconds from `25`, `25s`, `500ms` or `1m` (Contour's flags take Go durations)."""
-    m = _DURATION.match(value)
-    if not m:
-        raise ValueError(f"{value!r} is not a duration (e.g. 25, 25s, 500ms, 1m)")
-    number, unit = float(m.group(1)), m.group(2) or "s"
-    return number * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+    """Seconds from `25`, `25s`, `500ms`, `1m` or `1m30s` (Contour's flags take Go
+    durations); one parser for every duration of ipvsctl."""
+    return _parse_duration(value)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -235,6 +230,8 @@ def shutdown_manager(
     proc_net: Annotated[str, typer.Option(
         "--proc-net", help="Where tcp and tcp6 are read from (tests).")] = "/proc/net",
     log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Sidecar: a preStop /shutdown that waits until no node sends this pod new connections.
 
@@ -247,6 +244,10 @@ def shutdown_manager(
 
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json")
+    try:
+        level = obs_logging.parse_level(log_level)
+    except ValueError as exc:
+        raise _fail(f"--log-level {log_level}: {exc}") from None
     if ":" not in listen or not listen.rpartition(":")[2].isdigit():
         raise _fail(f"--listen {listen}: must be HOST:PORT")
     daemons: list[str] = []
@@ -267,7 +268,7 @@ def shutdown_manager(
             wait_connections=wait_connections,
         ),
     )
-    obs_logging.setup(log_format)
+    obs_logging.setup(log_format, level)
     try:
         code = run(options)
     except StartupError as exc:

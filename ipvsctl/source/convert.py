@@ -13,12 +13,34 @@ from datetime import datetime
 from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
+from ipvsctl.source.duration import parse_duration
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
 from ipvsctl.source.validate import InvalidObject, affinity_timeout, cidr, optional_str
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+HEADLESS_LABEL = "service.kubernetes.io/headless"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
 DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
+# kube-router's Service annotations that mean nothing to ipvsctl, with what to do instead
+# (docs/migrating-from-kube-router.md); any other kube-router.io/service.* is ignored too.
+KUBE_ROUTER_IGNORED = {
+    "kube-router.io/service.dsr": "ipvsctl forwards with NAT only",
+    "kube-router.io/service.local": "use internalTrafficPolicy/externalTrafficPolicy: Local",
+    "kube-router.io/service.hairpin": "hairpin is always on",
+    "kube-router.io/service.hairpin.externalips": "hairpin is always on",
+    "kube-router.io/service.skiplbips": "every load-balancer IP is served",
+}
+KUBE_ROUTER_HONOURED = frozenset(
+    {"kube-router.io/service.scheduler", "kube-router.io/service.schedflags"})
+SCHED_FLAGS_ANNOTATIONS = ("ipvsctl.io/scheduler-flags", "kube-router.io/service.schedflags")
+# ipvsadm's names for the scheduler flags (flag-1..3 as kube-router's annotation takes them)
+SCHED_FLAG_NAMES = {
+    "flag-1": SCHED_FLAG_1, "sh-fallback": SCHED_FLAG_1, "mh-fallback": SCHED_FLAG_1,
+    "flag-2": SCHED_FLAG_2, "sh-port": SCHED_FLAG_2, "mh-port": SCHED_FLAG_2,
+    "flag-3": SCHED_FLAG_3,
+}
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
 SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
 IPVS_SCHEDULERS = frozenset(
@@ -51,6 +73,7 @@ class ServiceInfo:
     internal_local: bool = False
     external_local: bool = False
     scheduler: str | None = None  # from annotations
+    sched_flags: int | None = None  # from annotations (None: the scheduler's default)
     drain_timeout: float | None = None  # from annotation
     health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
     # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
@@ -104,6 +127,29 @@ def object_name(obj: Mapping[str, Any]) -> str:
     if not isinstance(meta, Mapping):
         return "<no metadata>"
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<no name>'}"
+
+
+def service_label_selector(proxy_name: str | None) -> str:
+    """The label selector of the Services this proxy serves, as kube-proxy's."""
+    if proxy_name:
+        return f"{SERVICE_PROXY_NAME_LABEL}={proxy_name},!{HEADLESS_LABEL}"
+    return f"!{HEADLESS_LABEL},!{SERVICE_PROXY_NAME_LABEL}"
+
+
+def is_proxied(obj: Mapping[str, Any], proxy_name: str | None) -> bool:
+    """Whether this proxy serves the Service (kube-proxy's label rules): not labelled
+    headless (any value), and its service-proxy-name label equal to `proxy_name`, or absent
+    when there is none. The same rule as `service_label_selector`, for sources without
+    one (manifests, plan) and for a Service relabelled away while watched."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return not proxy_name
+    if HEADLESS_LABEL in labels:
+        return False
+    if SERVICE_PROXY_NAME_LABEL not in labels:
+        return not proxy_name
+    return bool(proxy_name) and labels[SERVICE_PROXY_NAME_LABEL] == proxy_name
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
@@ -194,8 +240,18 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
         for ing in _list(lb.get("ingress"), "status.loadBalancer.ingress"):
             ing = _mapping(ing, "status.loadBalancer.ingress[]")
-            if ing.get("ip"):  # hostname-only ingresses have no VIP to program
-                lb_ips.append(_ip(ing["ip"], "status.loadBalancer.ingress[].ip"))
+            if not ing.get("ip"):  # hostname-only ingresses have no VIP to program
+                continue
+            ip = _ip(ing["ip"], "status.loadBalancer.ingress[].ip")
+            ip_mode = ing.get("ipMode")
+            if ip_mode == "Proxy":
+                # KEP-1860: the load balancer proxies (PROXY protocol, TLS); in-cluster
+                # traffic must reach it, not be captured here.
+                continue
+            if ip_mode not in (None, "VIP"):
+                warnings.append(f"status.loadBalancer.ingress[].ipMode: unknown mode "
+                                f"{ip_mode!r} for {ip}, taken as VIP")
+            lb_ips.append(ip)
 
     ports = []
     seen_names: set[tuple[str, Protocol, int]] = set()
@@ -236,19 +292,39 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                 )
             break
 
+    sched_flags = None
+    for key in SCHED_FLAGS_ANNOTATIONS:
+        value = annotations.get(key)
+        if value is None:
+            continue
+        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        unknown = [n for n in names if n not in SCHED_FLAG_NAMES]
+        if unknown:
+            warnings.append(f"annotation {key}: unknown scheduler flags {unknown!r} "
+                            f"(known: flag-1, flag-2, flag-3, sh-/mh-fallback, sh-/mh-port), "
+                            "ignored")
+        else:
+            sched_flags = 0
+            for n in names:
+                sched_flags |= SCHED_FLAG_NAMES[n]
+        break
+
+    ignored = [
+        f"{key} ({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
+        for key in sorted(k for k in annotations if isinstance(k, str))
+        if key.startswith("kube-router.io/service.") and key not in KUBE_ROUTER_HONOURED
+    ]
+    if ignored:  # one line per Service, however many
+        warnings.append(f"kube-router annotations ignored: {', '.join(ignored)}")
+
     drain_timeout = None
     raw_timeout = annotations.get(DRAIN_TIMEOUT_ANNOTATION)
     if raw_timeout is not None:
         try:
-            drain_timeout = float(raw_timeout)
-            if not drain_timeout >= 0 or drain_timeout == float("inf"):
-                raise ValueError
-        except (TypeError, ValueError):
-            drain_timeout = None
-            warnings.append(
-                f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {raw_timeout!r} is not a number of "
-                "seconds, ignored"
-            )
+            drain_timeout = parse_duration(raw_timeout)
+        except ValueError as exc:
+            # The next rule of the deadline order applies (the pod's, else --drain-timeout).
+            warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
 
     source_ranges = None
     raw_ranges = _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
@@ -288,6 +364,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         internal_local=spec.get("internalTrafficPolicy") == "Local",
         external_local=spec.get("externalTrafficPolicy") == "Local",
         scheduler=scheduler,
+        sched_flags=sched_flags,
         drain_timeout=drain_timeout,
         health_check_node_port=hc_port,
         source_ranges=source_ranges,

@@ -18,6 +18,7 @@ from ipvsctl.source.convert import (
     PodInfo,
     ServiceInfo,
     SliceInfo,
+    is_proxied,
     object_name,
     parse_endpoint_slice,
     parse_pod,
@@ -54,8 +55,10 @@ class StoreChange:
 
 class ObjectStore:
     def __init__(self, default_scheduler: str = "rr", pod_retention: float = 3600.0,
-                 node_name: str | None = None) -> None:
+                 node_name: str | None = None,
+                 service_proxy_name: str | None = None) -> None:
         self.default_scheduler = default_scheduler
+        self.service_proxy_name = service_proxy_name  # --service-proxy-name
         # This node's Node (other Nodes are ignored): None until seen; once seen and then
         # deleted, a NodeInfo with present=False. Replaced whole, so other threads (the
         # health server) can read it without a lock.
@@ -100,6 +103,11 @@ class ObjectStore:
         change = StoreChange()
         try:
             if kind is ObjectKind.SERVICE:
+                if not is_proxied(obj, self.service_proxy_name):
+                    # Not ours (another proxy's, or headless), perhaps since a relabel:
+                    # as if deleted.
+                    namespace, name = _name_of(obj)
+                    return self._delete(kind, namespace, name) if name else change
                 parsed = parse_service(obj, self.default_scheduler)
                 self._warn(change, kind, obj, parsed.warnings)
                 self._put_service(parsed.value, change)
@@ -220,6 +228,14 @@ class ObjectStore:
             heapq.heappush(
                 self._pod_expiry, (info.deletion_deadline + self.pod_retention, info.ref)
             )
+
+
+def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return "", None
+    namespace = meta.get("namespace") or "default"
+    return (namespace if isinstance(namespace, str) else ""), meta["name"] or None
 
 
 class _PodDeadlines(Mapping[PodRef, float]):

@@ -193,11 +193,12 @@ def _ep(n, ready=True, serving=None, term=None, local=True):
      [0, 1], [0, 1]),
     # "iTP: Cluster, eTP: Local, some endpoints local"
     ("Cluster", "Local", [_ep(0), _ep(1, local=False)], [0, 1], [0]),
-    # "iTP: Local, eTP: Local, all endpoints remote"
-    ("Local", "Local", [_ep(0, local=False), _ep(1, local=False)], [], []),
+    # "iTP: Local, eTP: Local, all endpoints remote": kube-proxy's IPVS mode (#97081, and
+    # CONTRACT.md) gives the external addresses the cluster-wide endpoints instead
+    ("Local", "Local", [_ep(0, local=False), _ep(1, local=False)], [], [0, 1]),
     # "iTP: Local, eTP: Local, PTE enabled, all endpoints remote and terminating"
     ("Local", "Local", [_ep(0, False, True, True, False), _ep(1, False, True, True, False)],
-     [], []),
+     [], [0, 1]),
     # "iTP: Cluster, eTP: Local, PTE enabled, with terminating endpoints"
     ("Cluster", "Local", [_ep(0, local=False), _ep(1, False, False, None),
                           _ep(2, False, True, True), _ep(3, False, True, True, False)],

@@ -84,8 +84,8 @@ def test_ipv4_service_spec() -> None:
     assert (a["IPVS_SVC_ATTR_ADDR"], a["IPVS_SVC_ATTR_PORT"]) == ("10.96.0.10", 53)
     assert a["IPVS_SVC_ATTR_NETMASK"] == "255.255.255.255"
     assert a["IPVS_SVC_ATTR_SCHED_NAME"] == "rr"
-    # only the persistent bit is ours: a "set" keeps any other flag as it is
-    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0, "mask": 1}
+    # only the persistent and scheduler bits are ours: a "set" keeps any other flag as it is
+    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0, "mask": 0x39}
     assert a["IPVS_SVC_ATTR_TIMEOUT"] == 0
 
 
@@ -96,8 +96,20 @@ def test_ipv6_persistent_sctp_service_spec() -> None:
     assert a["IPVS_SVC_ATTR_PROTOCOL"] == 132
     # the kernel reads the netmask as a host-order u32 prefix length: 128 for IPv6
     assert struct.unpack("=I", socket.inet_aton(a["IPVS_SVC_ATTR_NETMASK"]))[0] == 128
-    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 1, "mask": 1}
+    assert a["IPVS_SVC_ATTR_FLAGS"] == {"flags": 1, "mask": 0x39}
     assert a["IPVS_SVC_ATTR_TIMEOUT"] == 10800
+
+
+def test_scheduler_flags_in_the_spec_and_back() -> None:
+    """mh with mh-port (0x10, IP_VS_SVC_F_SCHED2) as kube-proxy programs it, read back."""
+    vs = VirtualServer(ServiceKey(Protocol.TCP, "10.96.0.10", 80), "mh", 0, 0x10)
+    assert attrs(service_spec(vs))["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0x10, "mask": 0x39}
+    vs = VirtualServer(ServiceKey(Protocol.TCP, "10.96.0.10", 80), "sh", 60, 0x08 | 0x20)
+    assert attrs(service_spec(vs))["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0x29, "mask": 0x39}
+    m = service_message(af=2, protocol=6, addr="10.96.0.10", port=80, sched_name="mh",
+                        flags={"flags": 0x2 | 0x10 | 0x40, "mask": 0xFFFFFFFF}, timeout=0)
+    assert virtual_server_from_message(m) == VirtualServer(
+        ServiceKey(Protocol.TCP, "10.96.0.10", 80), "mh", 0, 0x10)
 
 
 def test_service_key_spec_carries_only_the_identity() -> None:

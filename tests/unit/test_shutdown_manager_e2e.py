@@ -311,7 +311,8 @@ def test_the_command_and_its_flags(cli, monkeypatch):
 
 def test_a_listen_address_in_use_is_a_start_up_error(cli, monkeypatch):
     taken = socket.create_server(("127.0.0.1", 0))
-    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt: None)  # keep pytest's logging
+    # keep pytest's logging
+    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)
     try:
         monkeypatch.setenv("POD_IP", f"{POD},fd00::5")
         r = CliRunner().invoke(cli, ["shutdown-manager", "--listen",
@@ -324,7 +325,8 @@ def test_a_listen_address_in_use_is_a_start_up_error(cli, monkeypatch):
 def test_durations_take_seconds_or_go_style_units():
     assert parse_duration("25") == 25 and parse_duration("2.5s") == 2.5
     assert parse_duration("500ms") == 0.5 and parse_duration("1m") == 60
-    for bad in ("", "-1", "1h", "s"):
+    assert parse_duration("1h") == 3600 and parse_duration("1m30s") == 90
+    for bad in ("", "-1", "1d", "s", "nan", "inf"):
         with pytest.raises(ValueError):
             parse_duration(bad)
 
