@@ -19,6 +19,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check ipvsctl tests
+	$(BIN)/lint-imports
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit

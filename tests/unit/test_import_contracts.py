@@ -1,0 +1,42 @@
+"""The import contracts in .importlinter (run by `make lint`) hold, and catch a violation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LINT = Path(sys.executable).parent / "lint-imports"
+
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter not installed")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT), "--config", str(REPO / ".importlinter")], cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = _lint(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("module", "line", "contract"), [
+    ("model/keys.py", "import typer", "only shell/ imports typer"),
+    ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
+    ("source/convert.py", "import ipvsctl.reconcile.engine", "shell > reconcile"),
+])
+def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str,
+                                   contract: str) -> None:
+    shutil.copytree(REPO / "ipvsctl", tmp_path / "ipvsctl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "ipvsctl" / module
+    target.write_text(target.read_text() + f"\n{line}  # planted\n")
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert contract in result.stdout
