@@ -104,6 +104,20 @@ class Metrics:
             "ipvsctl_health_check_node_port_errors",
             "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
         )
+        self.http_refused = Counter(
+            "ipvsctl_http_refused",
+            "HTTP connections or requests refused, by server (daemon, health) and reason "
+            "(busy, evicted, timeout, too_large, bad_request, method, forbidden).",
+            ["server", "reason"], registry=r,
+        )
+        self.status_renders = Counter(
+            "ipvsctl_status_renders", "/status documents rendered (callers share one).",
+            registry=r,
+        )
+        self.status_render_seconds = Gauge(
+            "ipvsctl_status_render_seconds", "How long the last /status rendering took.",
+            registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):
