@@ -32,6 +32,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ipvsctl.obs.logging import fields
@@ -421,6 +422,15 @@ class BoundedServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._wake_r.close()
         self._wake_w.close()
+
+
+def direct_opener() -> Any:
+    """A urllib opener that never goes through a proxy: ipvsctl's own requests (to the
+    node's daemon, to other nodes' daemons) are direct, whatever http_proxy/HTTPS_PROXY a
+    pod inherited (through a proxy they would time out or reach the wrong daemon)."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
