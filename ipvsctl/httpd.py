@@ -193,12 +193,12 @@ class BoundedServer:
 
     # --- the selector thread ----------------------------------------------------------------
     def serve(self, stop: threading.Event | None = None,
-              tick: Callable[[], None] | None = None) -> None:
-        """Run until `stop` (or `close()`); `tick` is called about once a second."""
+              tick: Callable[[], None] | None = None, tick_interval: float = 1.0) -> None:
+        """Run until `stop` (or `close()`); `tick` is called about every `tick_interval`."""
         next_tick = 0.0
         while not self._stop.is_set() and not (stop is not None and stop.is_set()):
             now = self.clock()
-            timeout = 1.0
+            timeout = min(1.0, tick_interval)
             if self._reading:
                 timeout = max(0.0, min(timeout, next(iter(self._reading.values())).deadline - now))
             events = self._selector.select(timeout)
@@ -214,7 +214,7 @@ class BoundedServer:
                     self._accept(key.fileobj, key.data[1])  # type: ignore[arg-type]
             self._expire(self.clock())
             if tick is not None and self.clock() >= next_tick:
-                next_tick = self.clock() + 1.0
+                next_tick = self.clock() + tick_interval
                 tick()
         self._shutdown()
 

@@ -64,6 +64,7 @@ class ShutdownManager:
 
     def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
                  sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
+        from ipvsctl.httpd import Limits
         from ipvsctl.shell.http import HTTPServer, as_json, text
         from ipvsctl.shutdown.probes import (
             ConnectionCounter,
@@ -74,6 +75,9 @@ class ShutdownManager:
         )
         from ipvsctl.shutdown.runner import SharedBarrier
 
+        # /shutdown calls block up to --timeout each: enough workers that a few stray ones
+        # leave room for the kubelet's own call and the probes.
+        limits = Limits(max_connections=64, workers=16)
         self.options = options
         self._inflight = 0
         self._cond = threading.Condition()
@@ -82,7 +86,7 @@ class ShutdownManager:
                 "/shutdown": self._shutdown,
                 "/healthz": lambda q: text(200, "ok\n"),
                 "/status": lambda q: as_json(200, self.barrier.status()),
-            })
+            }, limits=limits, name="shutdown-manager")
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
         daemons = (StaticDaemons(options.daemons) if options.daemons
