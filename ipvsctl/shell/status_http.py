@@ -44,6 +44,7 @@ class StatusDocument:
         self.on_render = on_render
         self.clock = clock
         self._cond = threading.Condition()
+        self._sending = threading.Lock()
         self._rendering = False
         self._doc: list[bytes] | None = None  # compressed pieces
         self._expires = 0.0
@@ -53,14 +54,16 @@ class StatusDocument:
     def handler(self, q: dict[str, list[str]]) -> tuple[int, str, Iterator[bytes]]:
         return 200, "application/json", self._inflate(self.current())
 
-    @staticmethod
-    def _inflate(pieces: list[bytes]) -> Iterator[bytes]:
-        d = zlib.decompressobj()
-        for piece in pieces:
-            if out := d.decompress(piece):
+    def _inflate(self, pieces: list[bytes]) -> Iterator[bytes]:
+        # One response streamed at a time (the others wait their turn): however many
+        # callers poll, /status uses at most one CPU for inflating and sending.
+        with self._sending:
+            d = zlib.decompressobj()
+            for piece in pieces:
+                if out := d.decompress(piece):
+                    yield out
+            if out := d.flush():
                 yield out
-        if out := d.flush():
-            yield out
 
     def current(self) -> list[bytes]:
         """The shared compressed document: a fresh rendering, the one under way, or the last
