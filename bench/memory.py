@@ -5,6 +5,7 @@ updates). RSS peak is the daemon process's VmHWM; CPU time its utime+stime, both
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.common import REPO, log
+from bench.common import REPO, log, summary
 
 
 def _proc(pid: int) -> dict[str, float]:
@@ -47,6 +48,14 @@ def _buckets(port: int) -> dict[float, float]:
     return out
 
 
+def _latencies(port: int) -> list[float]:
+    """Exact event-to-kernel seconds since the last call (bench.daemon_proc's route)."""
+    import json
+
+    url = f"http://127.0.0.1:{port}/bench/latencies"
+    return json.loads(urllib.request.urlopen(url, timeout=30).read())
+
+
 def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
     """The bucket upper bound (seconds) under which `q` of the observations made between
     the two readings fall."""
@@ -66,6 +75,7 @@ class StatusPollers:
         import threading
 
         self.url = f"http://127.0.0.1:{port}/status"
+        self.lock = threading.Lock()
         self.stop = threading.Event()
         self.done = 0
         self.bytes = 0
@@ -79,10 +89,13 @@ class StatusPollers:
         while not self.stop.is_set():
             try:
                 with opener.open(self.url, timeout=60) as resp:
-                    self.bytes += len(resp.read())
-                self.done += 1
-            except OSError:
-                self.errors += 1
+                    n = len(resp.read())
+                with self.lock:  # `+=` around a slow read would lose the other threads' counts
+                    self.bytes += n
+                    self.done += 1
+            except (OSError, ValueError, http.client.HTTPException):
+                with self.lock:
+                    self.errors += 1
                 time.sleep(0.1)
 
     def close(self) -> dict[str, Any]:
@@ -134,6 +147,7 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             time.sleep(1.0)
         pollers = StatusPollers(port, status_clients) if status_clients else None
         buckets0 = _buckets(port)
+        _latencies(port)  # drop the initial sync's
         t1 = time.monotonic()
         api.stdin.write(f"churn {events} {rate}\n")
         api.stdin.flush()
@@ -150,6 +164,7 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
         t_events = time.monotonic() - t1
         polled = pollers.close() if pollers else {}
         buckets1 = _buckets(port)
+        exact = sorted(_latencies(port))
         time.sleep(1.0)
         end = _proc(daemon.pid)
         restarts = _metric(port, "ipvsctl_watch_restarts_total")
@@ -171,6 +186,7 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             "cpu_events_s": round(end["cpu_s"] - after_list["cpu_s"], 2),
             "wall_total_s": round(time.monotonic() - t0, 2),
             "rss_max_during_events_mb": round(rss_max, 1),
+            "event_to_kernel_ms": summary(exact) if exact else None,
             "event_to_kernel_p50_le_ms": _ms(quantile(buckets0, buckets1, 0.5)),
             "event_to_kernel_p99_le_ms": _ms(quantile(buckets0, buckets1, 0.99)),
             **polled,

@@ -9,9 +9,11 @@ Instead:
   loop thread gets the GIL at once when an event comes;
 - the document is kept compressed (zlib: a few MB at 100,000 endpoints) and shared: callers
   that come while it is rendered wait for that rendering, callers within `max_age` of it
-  get it again (`max_age` grows with the rendering's own time, so polling clients cannot
-  keep a CPU busy);
-- each caller gets the JSON decompressed chunk by chunk as it is sent (chunked encoding).
+  get it again (`max_age` is the larger of 1 s and four times the rendering's own time, so
+  polling clients cannot keep a CPU busy: at 100,000 endpoints a rendering is a few
+  seconds old at most);
+- each caller gets the JSON decompressed chunk by chunk as it is sent (chunked encoding),
+  one caller at a time and at most five a second.
 Each Service's part is consistent; the document as a whole is not one instant (Services
 changed during the rendering show their state when their batch was read).
 """
@@ -34,6 +36,7 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 class StatusDocument:
     def __init__(self, engine: Engine, lock: AbstractContextManager[Any], *,
                  batch: int = 20, pause: float = 0.0003, min_age: float = 1.0,
+                 age_factor: float = 4.0, min_gap: float = 0.2,
                  on_render: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
@@ -41,6 +44,9 @@ class StatusDocument:
         self.batch = batch
         self.pause = pause
         self.min_age = min_age
+        self.age_factor = age_factor  # rendering uses at most ~1/(1+age_factor) of a CPU
+        self.min_gap = min_gap
+        self._last_sent = -min_gap
         self.on_render = on_render
         self.clock = clock
         self._cond = threading.Condition()
@@ -55,15 +61,22 @@ class StatusDocument:
         return 200, "application/json", self._inflate(self.current())
 
     def _inflate(self, pieces: list[bytes]) -> Iterator[bytes]:
-        # One response streamed at a time (the others wait their turn): however many
-        # callers poll, /status uses at most one CPU for inflating and sending.
+        # One response streamed at a time, and at most one started every `min_gap`
+        # seconds (the others wait their turn, asleep): however many callers poll, and
+        # however small the table, /status takes a bounded share of the daemon's CPU.
         with self._sending:
-            d = zlib.decompressobj()
-            for piece in pieces:
-                if out := d.decompress(piece):
+            wait = self._last_sent + self.min_gap - self.clock()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                d = zlib.decompressobj()
+                for piece in pieces:
+                    if out := d.decompress(piece):
+                        yield out
+                if out := d.flush():
                     yield out
-            if out := d.flush():
-                yield out
+            finally:
+                self._last_sent = self.clock()
 
     def current(self) -> list[bytes]:
         """The shared compressed document: a fresh rendering, the one under way, or the last
@@ -86,7 +99,7 @@ class StatusDocument:
                 self._rendering = False
                 if doc is not None:
                     self._doc = doc
-                    self._expires = self.clock() + max(self.min_age, 2 * took)
+                    self._expires = self.clock() + max(self.min_age, self.age_factor * took)
                     self.renders += 1
                 self._cond.notify_all()
         if self.on_render is not None:
