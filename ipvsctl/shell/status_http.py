@@ -13,7 +13,7 @@ Instead:
   polling clients cannot keep a CPU busy: at 100,000 endpoints a rendering is a few
   seconds old at most);
 - each caller gets the JSON decompressed chunk by chunk as it is sent (chunked encoding),
-  one caller at a time and at most five a second.
+  one caller at a time and at most one a second.
 Each Service's part is consistent; the document as a whole is not one instant (Services
 changed during the rendering show their state when their batch was read).
 """
@@ -36,7 +36,7 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 class StatusDocument:
     def __init__(self, engine: Engine, lock: AbstractContextManager[Any], *,
                  batch: int = 20, pause: float = 0.0003, min_age: float = 1.0,
-                 age_factor: float = 4.0, min_gap: float = 0.2,
+                 age_factor: float = 4.0, min_gap: float = 1.0,
                  on_render: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine

@@ -51,7 +51,7 @@ def body(doc: StatusDocument) -> Any:
 def test_streamed_document_is_the_engines_status_taken_in_batches() -> None:
     eng = engine(205, 3)
     lock = CountingLock()
-    doc = StatusDocument(eng, lock, batch=20, pause=0)
+    doc = StatusDocument(eng, lock, batch=20, pause=0, min_gap=0)
     got = body(doc)
     assert got == eng.status()
     assert len(got["virtual_servers"]) == 205
@@ -61,7 +61,7 @@ def test_streamed_document_is_the_engines_status_taken_in_batches() -> None:
 def test_concurrent_callers_share_one_rendering_until_it_ages() -> None:
     eng = engine(50, 2)
     now = [0.0]
-    doc = StatusDocument(eng, threading.Lock(), min_age=1.0, clock=lambda: now[0])
+    doc = StatusDocument(eng, threading.Lock(), min_age=1.0, min_gap=0, clock=lambda: now[0])
     results: list[Any] = []
     threads = [threading.Thread(target=lambda: results.append(body(doc))) for _ in range(4)]
     for t in threads:
@@ -83,7 +83,7 @@ def test_rendering_memory_is_a_fraction_of_the_whole_document() -> None:
         _, whole = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
         base, _ = tracemalloc.get_traced_memory()
-        doc = StatusDocument(eng, threading.Lock(), pause=0)
+        doc = StatusDocument(eng, threading.Lock(), pause=0, min_gap=0)
         n = sum(len(c) for c in doc.handler({})[2])
         _, peak = tracemalloc.get_traced_memory()
     finally:
