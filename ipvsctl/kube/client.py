@@ -3,7 +3,8 @@
 Threads (all daemon threads, started by `run` and stopped when `stop` is set):
 - `ipvsctl-kube-services`, `ipvsctl-kube-endpointslices`: one reflector each (`kube.watch`):
   paginated list -> Replace -> watch -> Upsert/Delete, relisting on 410 and broken streams;
-- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`).
+- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`);
+- `ipvsctl-kube-nodes` (with a node name): this node's own Node, one object (`kube.node`).
 
 Only the calls in `kube.permissions.REQUIRED_PERMISSIONS` are made: list+watch Services and
 EndpointSlices in all namespaces, get Pods.
@@ -24,9 +25,10 @@ from kubernetes.client.exceptions import ApiException
 
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
+from ipvsctl.kube.node import node_list_func
 from ipvsctl.kube.pods import PodFetcher
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
+from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
 from ipvsctl.kube.watch import Reflector, WatchRestartCallback
 from ipvsctl.model import PodRef
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, SourceEvent
@@ -52,8 +54,13 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        node_name: str | None = None,
     ) -> None:
         self._api = api_client
+        # With a node name, this node's Node is watched too and a Replace of it is part of
+        # the first events (`emits_node`, for EngineConfig.wait_for_node).
+        self.node_name = node_name
+        self.emits_node = bool(node_name)
         self.settings = settings or KubeSettings()
         self._on_watch_restart = on_watch_restart
         self._clock = clock
@@ -88,6 +95,7 @@ class KubeSource:
         on_watch_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        node_name: str | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -100,6 +108,7 @@ class KubeSource:
             on_watch_restart=on_watch_restart,
             clock=clock,
             rng=rng,
+            node_name=node_name,
         )
 
     @property
@@ -146,6 +155,15 @@ class KubeSource:
                 **common,
             ),
         ]
+        if self.node_name:
+            self.reflectors.append(Reflector(
+                kind=ObjectKind.NODE,
+                resource="nodes",
+                list_func=node_list_func(self._core.list_node, self.node_name, emit,
+                                         clock=self._clock),
+                trim=trim_node,
+                **common,
+            ))
         threads = [
             threading.Thread(
                 target=self._run_reflector,

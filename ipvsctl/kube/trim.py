@@ -33,6 +33,7 @@ SERVICE_SPEC_FIELDS = (
     "internalTrafficPolicy",
     "externalTrafficPolicy",
     "healthCheckNodePort",
+    "trafficDistribution",
 )
 POD_SPEC_FIELDS = ("nodeName", "terminationGracePeriodSeconds")
 POD_STATUS_FIELDS = ("podIP", "podIPs")
@@ -108,6 +109,9 @@ def _trim_endpoint(ep: Any) -> Any:
     v = ep.get("nodeName")
     if v is not None:
         out["nodeName"] = _intern(v) if type(v) is str else v
+    v = ep.get("hints")
+    if v is not None:
+        out["hints"] = v
     target = ep.get("targetRef")
     if type(target) is dict:
         ref: dict[str, Any] = {}
@@ -157,4 +161,30 @@ def trim_pod(obj: Mapping[str, Any]) -> RawObject:
     status = _pick(obj.get("status"), POD_STATUS_FIELDS)
     if status:
         out["status"] = status
+    return out
+
+
+NODE_LABELS = ("topology.kubernetes.io/zone",)
+NODE_TAINTS = ("ToBeDeletedByClusterAutoscaler",)
+
+
+def trim_node(obj: Mapping[str, Any]) -> RawObject:
+    """This node's Node: its zone label, deletionTimestamp and the autoscaler's taint. Node
+    status changes every few seconds; trimmed, those updates compare equal and cost nothing."""
+    meta = obj.get("metadata") or {}
+    out_meta = _pick(meta, ("name", "deletionTimestamp"))
+    labels = meta.get("labels")
+    if isinstance(labels, Mapping):
+        picked = {k: labels[k] for k in NODE_LABELS if k in labels}
+        if picked:
+            out_meta["labels"] = picked
+    out: RawObject = {"kind": "Node", "apiVersion": "v1", "metadata": out_meta}
+    spec = obj.get("spec")
+    taints = spec.get("taints") if isinstance(spec, Mapping) else None
+    if isinstance(taints, list):
+        kept = [t for t in taints if isinstance(t, Mapping) and t.get("key") in NODE_TAINTS]
+        if kept:
+            out["spec"] = {"taints": kept}
+    elif taints is not None:
+        out["spec"] = {"taints": taints}  # for validation to report
     return out

@@ -6,6 +6,7 @@ No I/O and no third-party imports live here.
 from ipvsctl.model.desired import (
     DesiredService,
     DesiredVirtualServer,
+    EndpointHints,
     EndpointInfo,
     NodeContext,
     VirtualServerKind,
@@ -36,6 +37,7 @@ __all__ = [
     "DrainEntry",
     "DrainQueue",
     "DrainReason",
+    "EndpointHints",
     "EndpointInfo",
     "NodeContext",
     "PodRef",

@@ -29,6 +29,15 @@ class NodeContext:
     node_name: str
     node_ips: tuple[str, ...] = ()
     default_scheduler: str = "rr"
+    zone: str | None = None  # label topology.kubernetes.io/zone of this node's Node
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHints:
+    """An endpoint's topology hints (`hints.forZones[].name`, `hints.forNodes[].name`)."""
+
+    zones: frozenset[str] = frozenset()
+    nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,7 @@ class EndpointInfo:
     terminating: bool = False
     node_name: str | None = None
     pod: PodRef | None = None
+    hints: EndpointHints | None = None  # None: no (usable) hints
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,8 @@ class Metrics:
         )
         self.http_refused = Counter(
             "ipvsctl_http_refused",
-            "HTTP connections or requests refused, by server (daemon, health) and reason "
+            "HTTP connections or requests refused, by server (daemon, proxy-health, health) "
+            "and reason "
             "(busy, evicted, timeout, too_large, bad_request, method, forbidden).",
             ["server", "reason"], registry=r,
         )
@@ -117,6 +118,21 @@ class Metrics:
         self.status_render_seconds = Gauge(
             "ipvsctl_status_render_seconds", "How long the last /status rendering took.",
             registry=r,
+        )
+        # This node's Node and kube-proxy's health server (--healthz-bind-address)
+        self.node_object_known = Gauge(
+            "ipvsctl_node_object_known",
+            "1 while this node's Node object is known (zone, deletion), else 0.", registry=r,
+        )
+        self.proxy_health_errors = Counter(
+            "ipvsctl_proxy_health_errors",
+            "Attempts to open --healthz-bind-address that failed (port taken, ...).",
+            registry=r,
+        )
+        self.proxy_health_responses = Counter(
+            "ipvsctl_proxy_health_responses",
+            "Answers of the --healthz-bind-address server, by path and code.",
+            ["path", "code"], registry=r,
         )
         for state in ("active", "draining"):
             self.real_servers.labels(state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
@@ -14,11 +15,15 @@ def plan_objects(
     objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
 ) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
-    A virtual server two Services want goes to the first in namespace/name order."""
-    store = ObjectStore(node.default_scheduler)
+    A virtual server two Services want goes to the first in namespace/name order. A
+    `kind: Node` named as the node gives its zone (topology hints)."""
+    store = ObjectStore(node.default_scheduler, node_name=node.node_name)
     problems: list[Problem] = []
-    for kind in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
+    for kind in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+                 ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
+    if store.node is not None:
+        node = dataclasses.replace(node, zone=store.node.zone)
     chosen: dict[ServiceKey, tuple[DesiredService, DesiredVirtualServer]] = {}
     for ref in sorted(store.services):
         desired = build_desired_service(store.services[ref], store.slices_of(ref), node)

@@ -20,6 +20,7 @@ from ipvsctl.model import (
     VirtualServerKind,
     family_of,
 )
+from ipvsctl.plan.topology import Topology, by_topology
 from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
 
@@ -48,15 +49,17 @@ def collect_endpoints(
 
 
 def select_endpoints(
-    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str
+    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str,
+    topology: Topology | None = None,
 ) -> frozenset[RealServerKey]:
     """kube-proxy's CategorizeEndpoints: the ready ones; if none is ready, those serving and
-    terminating (KEP-1669), so a Service whose pods are all terminating still answers."""
+    terminating (KEP-1669), so a Service whose pods are all terminating still answers.
+    With `topology`, traffic policy Cluster narrows the ready ones by hints (plan.topology)."""
     if local_only:
         endpoints = {k: e for k, e in endpoints.items() if e.node_name == node_name}
     ready = frozenset(k for k, e in endpoints.items() if e.ready)
     if ready:
-        return ready
+        return by_topology(ready, endpoints, topology) if topology and not local_only else ready
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
@@ -91,6 +94,8 @@ def build_desired_service(
         return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
 
     scheduler = svc.scheduler or node.default_scheduler
+    hinted = svc.topology_hints and any(sl.has_hints for sl in slices)
+    topo = Topology(node.node_name, node.zone) if hinted else None
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
 
     def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,
@@ -113,7 +118,7 @@ def build_desired_service(
         external: dict[int, frozenset[RealServerKey]] = {}
         for family in (4, 6):
             eps = collect_endpoints(slices, family, p.name, p.protocol)
-            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name)
+            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name, topo)
             # Most Services have no external addresses, and most that do share the cluster
             # policy: one set then serves both (memory at 100,000 endpoints).
             if not has_external:
@@ -121,7 +126,7 @@ def build_desired_service(
             external[family] = (
                 cluster[family]
                 if svc.external_local == svc.internal_local
-                else select_endpoints(eps, svc.external_local, node.node_name)
+                else select_endpoints(eps, svc.external_local, node.node_name, topo)
             )
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)

@@ -78,6 +78,9 @@ class EngineConfig:
     # Virtual servers re-read per audit step (one step a second): a slow safety net that
     # must never delay events (200 took most of each second under emulation).
     audit_batch: int = 20
+    # The source sends this node's Node (a Replace of kind Node, maybe empty): the first
+    # sync waits for it, so topology hints are applied from the start.
+    wait_for_node: bool = False
 
 
 @dataclass(slots=True)
@@ -105,7 +108,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.owned = owned
         self.request_pod = request_pod
-        self.store = ObjectStore(config.node.default_scheduler)
+        self.store = ObjectStore(config.node.default_scheduler,
+                                 node_name=config.node.node_name)
         self.queue = DrainQueue()
         self.applied: dict[ServiceRef, dict[ServiceKey, AppliedVirtualServer]] = {}
         self.desired: dict[ServiceRef, DesiredService] = {}
@@ -132,13 +136,22 @@ class Engine:
         self._node_port_services: set[ServiceRef] = set()
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
         self._node_ips_known = frozenset(config.node.node_ips)
+        # Services with a slice carrying topology hints: the only ones a zone change touches.
+        self._hinted_services: set[ServiceRef] = set()
+        # For kube-proxy's health server: monotonic arrival of the oldest event not yet in
+        # the kernel (None: all applied), wall time of the last complete sync (None: none
+        # yet). Plain attributes, read by the HTTP thread without the lock.
+        self.pending_since: float | None = None
+        self.last_updated: float | None = None
         self._metrics_gauges()
 
     # --- events -------------------------------------------------------------------
     @property
     def ready(self) -> bool:
         """The first full list of Services and EndpointSlices has arrived."""
-        return {ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= self.store.synced
+        synced = self.store.synced
+        return ({ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= synced
+                and (ObjectKind.NODE in synced or not self.config.wait_for_node))
 
     def handle(self, event: SourceEvent) -> None:
         change = self.store.apply(event)
@@ -148,6 +161,11 @@ class Engine:
             self.dirty.add(ref)
             self._arrivals.setdefault(ref, []).append(event.received)
             self._index_node_ports(ref)
+            self._index_hints(ref)
+        if change.services and self.pending_since is None:
+            self.pending_since = event.received
+        if change.node:
+            self._node_changed()
         deadlines = self.store.pod_deadlines()
         for pod in change.pods:
             self._pods_requested.discard(pod)
@@ -165,6 +183,29 @@ class Engine:
             self._node_port_services.add(ref)
         else:
             self._node_port_services.discard(ref)
+
+    def _index_hints(self, ref: ServiceRef) -> None:
+        by_name = self.store.slices_by_service.get(ref)
+        if by_name and any(sl.has_hints for sl in by_name.values()):
+            self._hinted_services.add(ref)
+        else:
+            self._hinted_services.discard(ref)
+
+    def _node_changed(self) -> None:
+        """This node's Node changed: a new zone marks dirty only the Services whose slices
+        carry topology hints (node hints follow the node name, which never changes)."""
+        node = self.store.node
+        zone = node.zone if node is not None else None
+        log.info("node object", extra=fields(
+            node=self.config.node.node_name, known=node is not None and node.present,
+            zone=zone, eligible=node.eligible if node is not None else None))
+        if zone == self.config.node.zone:
+            return
+        self.config = dataclasses.replace(
+            self.config, node=dataclasses.replace(self.config.node, zone=zone))
+        self.dirty |= self._hinted_services
+        log.info("node zone changed", extra=fields(
+            zone=zone, services=len(self._hinted_services)))
 
     def set_node_ips(self, ips: Iterable[str]) -> bool:
         """The node's addresses changed (kube-proxy re-reads them every sync): swap the
@@ -224,6 +265,8 @@ class Engine:
             self.metrics.sync_duration.observe(self.clock.monotonic() - t0)
         if not result.failed:
             self.metrics.last_sync_timestamp.set(self.clock.wall())
+            self.last_updated = self.clock.wall()
+            self.pending_since = None
 
     def _policy(self) -> DrainPolicy:
         return DrainPolicy(self.clock.wall(), self.config.drain_timeout,

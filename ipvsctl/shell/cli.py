@@ -138,6 +138,9 @@ def run(
     nftables: Annotated[bool, typer.Option(
         "--nftables/--no-nftables", help="Keep ipvsctl's nftables table (masquerading, "
         "hairpin).")] = True,
+    healthz_bind_address: Annotated[str, typer.Option(
+        "--healthz-bind-address", help="HOST:PORT of kube-proxy's health server (/healthz, "
+        "/livez) for cloud load balancers; empty: none.")] = "0.0.0.0:10256",
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
     from ipvsctl.obs import logging as obs_logging
@@ -148,6 +151,7 @@ def run(
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
     if ":" not in listen or not listen.rpartition(":")[2].isdigit():
         raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
+    healthz_bind_address = _healthz_address(healthz_bind_address)
     from ipvsctl.netfilter.ruleset import parse_cidrs
 
     try:
@@ -164,12 +168,29 @@ def run(
         state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all, nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
+        healthz_bind_address=healthz_bind_address,
     )
     try:
         code = run_daemon(options)
     except StartupError as exc:
         raise _fail(str(exc), 1) from None
     raise typer.Exit(code)
+
+
+def _healthz_address(value: str) -> str:
+    """As kube-proxy's flag: HOST:PORT, a bare IP (port 10256), or empty (no server)."""
+    value = value.strip()
+    if not value:
+        return ""
+    try:
+        ip = normalize_ip(value.strip("[]"))
+    except ValueError:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise _fail(f"--healthz-bind-address {value}: must be HOST:PORT or empty",
+                        2) from None
+        return value
+    return f"[{ip}]:10256" if ":" in ip else f"{ip}:10256"
 
 
 @app.command()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipvsctl.health.proxy import ProxyState
 from ipvsctl.health.server import HealthServer
 from ipvsctl.httpd import Limits
 from ipvsctl.kernel.port import IPVSKernel, KernelError
@@ -29,6 +30,7 @@ from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, text
+from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shell.status_http import StatusDocument
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
@@ -65,6 +67,9 @@ class DaemonOptions:
     # No --node-ip: node.node_ips were read from the host and are re-read while running
     # (NodePort virtual servers follow); with --node-ip they are fixed.
     follow_node_ips: bool = False
+    # --healthz-bind-address: kube-proxy's health server ("" : none). The CLI's default is
+    # 0.0.0.0:10256; in-process daemons (tests) serve none unless asked.
+    healthz_bind_address: str = ""
 
 
 @dataclass
@@ -90,7 +95,9 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"--state-dir {o.state_dir}: {exc}") from None
         self.engine = Engine(
-            self.kernel, EngineConfig(o.node, o.drain_timeout), metrics=self.metrics,
+            self.kernel, EngineConfig(o.node, o.drain_timeout,
+                                      wait_for_node=getattr(self.source, "emits_node", False)),
+            metrics=self.metrics,
             owned=self.owned, request_pod=self.source.request_pod,
             restored_queue=self.state.load(),
         )
@@ -125,6 +132,23 @@ class Daemon:
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
         self.threads: list[threading.Thread] = []
+        self.metrics.node_object_known.set_function(
+            lambda: 1 if self.engine.store.node is not None and self.engine.store.node.present
+            else 0)
+        self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self._proxy_state,
+                                               self.metrics)
+                             if o.healthz_bind_address else None)
+
+    def _proxy_state(self) -> ProxyState:
+        """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
+        node = self.engine.store.node
+        return ProxyState(
+            now=time.time(), monotonic=time.monotonic(), heartbeat=self.loop.heartbeat,
+            pending_since=self.engine.pending_since, last_updated=self.engine.last_updated,
+            # A Node never seen (not readable) counts eligible: a missing RBAC rule must not
+            # take every node out of the cloud load balancers.
+            node_eligible=node.eligible if node is not None else True,
+            timeout=self.options.stale_after)
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
@@ -178,7 +202,8 @@ class Daemon:
             threading.Thread(target=self._guard(self.source.run),
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
-        for name, part in (("netfilter", self.netfilter), ("health", self.health)):
+        for name, part in (("netfilter", self.netfilter), ("health", self.health),
+                           ("proxy-health", self.proxy_health)):
             if part is not None:
                 self.threads.append(threading.Thread(
                     target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
@@ -208,6 +233,8 @@ class Daemon:
             t.join(timeout=10)
         if self.health is not None:
             self.health.close()
+        if self.proxy_health is not None:
+            self.proxy_health.close()
         self.http.stop()
         try:
             self.state.save(list(self.engine.queue))
@@ -265,7 +292,7 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
 
     try:
         return KubeSource.from_config(
-            kubeconfig=o.kubeconfig, apiserver=o.apiserver,
+            kubeconfig=o.kubeconfig, apiserver=o.apiserver, node_name=o.node.node_name,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason).inc(),
         )

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
@@ -56,6 +57,7 @@ class ServiceInfo:
     # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
     # listed range was invalid: closed rather than open to all.
     source_ranges: tuple[str, ...] | None = None
+    topology_hints: bool = True  # False: unknown spec.trafficDistribution, hints ignored
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ class SliceInfo:
     family: int | None  # None for FQDN slices, which ipvsctl ignores
     ports: tuple[SlicePortInfo, ...] = ()
     endpoints: tuple[EndpointInfo, ...] = ()
+    has_hints: bool = False  # an endpoint carries topology hints (a zone change touches it)
 
     @property
     def service(self) -> ServiceRef | None:
@@ -260,6 +263,10 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
                 warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
         source_ranges = _dedupe(valid)
 
+    topology_hints, warning = parse_traffic_distribution(spec.get("trafficDistribution"))
+    if warning:
+        warnings.append(warning)
+
     hc = spec.get("healthCheckNodePort")
     hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
 
@@ -278,6 +285,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         drain_timeout=drain_timeout,
         health_check_node_port=hc_port,
         source_ranges=source_ranges,
+        topology_hints=topology_hints,
     )
     return Parsed(info, tuple(warnings))
 
@@ -322,6 +330,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
         )
 
     endpoints = []
+    warnings: list[str] = []
     for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints")):
         ep = _mapping(ep, f"endpoints[{i}]")
         addresses = _list(ep.get("addresses"), f"endpoints[{i}].addresses")
@@ -340,6 +349,9 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
         if target.get("kind") == "Pod" and target.get("name"):
             pod = PodRef(target.get("namespace") or namespace, target["name"])
         node_name = ep.get("nodeName")
+        hints, warning = parse_hints(ep.get("hints"), f"endpoints[{i}].hints")
+        if warning:
+            warnings.append(warning)
         endpoints.append(
             EndpointInfo(
                 address=address,
@@ -348,9 +360,12 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
                 terminating=_condition(conditions, "terminating", False),
                 node_name=node_name if isinstance(node_name, str) else None,
                 pod=pod,
+                hints=hints,
             )
         )
-    return Parsed(SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints)))
+    has_hints = any(ep.hints is not None for ep in endpoints)
+    return Parsed(SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints),
+                            has_hints), tuple(warnings))
 
 
 def parse_timestamp(value: str) -> float:

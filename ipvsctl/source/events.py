@@ -20,6 +20,7 @@ class ObjectKind(StrEnum):
     SERVICE = "Service"
     ENDPOINT_SLICE = "EndpointSlice"
     POD = "Pod"
+    NODE = "Node"  # this node's own Node (zone, deletion); no Replace of it is required
 
 
 @dataclass(frozen=True, slots=True)

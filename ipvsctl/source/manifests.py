@@ -74,7 +74,8 @@ def _unpack(doc: Any) -> Iterator[Any]:
 
 
 def load_file(path: Path) -> FileObjects:
-    """The Services, EndpointSlices and Pods of one file. ManifestError if unparseable."""
+    """The Services, EndpointSlices, Pods and Nodes of one file. ManifestError if
+    unparseable."""
     objects: dict[ObjectId, RawObject] = {}
     ignored = 0
     for doc in _documents(path):
@@ -117,6 +118,8 @@ def load_paths(paths: Iterable[str | Path]) -> dict[ObjectKind, list[RawObject]]
 class ManifestSource:
     """Follows a folder by polling file stats (no extra dependency, works on any fs)."""
 
+    emits_node = True  # the first events include a Replace of Nodes (EngineConfig)
+
     def __init__(self, folder: str | Path, interval: float = 1.0) -> None:
         self.folder = Path(folder)
         self.interval = interval
@@ -154,7 +157,8 @@ class ManifestSource:
         now = time.monotonic()
         merged = self._merged()
         return [Replace(k, [o for (kk, _, _), o in merged.items() if kk is k], now)
-                for k in (ObjectKind.POD, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE)]
+                for k in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+                          ObjectKind.ENDPOINT_SLICE)]
 
     def _merged(self) -> dict[ObjectId, RawObject]:
         merged: dict[ObjectId, RawObject] = {}

@@ -24,6 +24,7 @@ from ipvsctl.source.convert import (
     parse_service,
 )
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+from ipvsctl.source.node import NodeInfo, parse_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +43,24 @@ class StoreChange:
     pods: set[PodRef] = field(default_factory=set)  # deletion deadline changed
     problems: list[Problem] = field(default_factory=list)
     synced: ObjectKind | None = None  # a Replace of this kind was applied
+    node: bool = False  # this node's Node changed (store.node)
 
     def merge(self, other: StoreChange) -> None:
         self.services |= other.services
         self.pods |= other.pods
         self.problems += other.problems
+        self.node |= other.node
 
 
 class ObjectStore:
-    def __init__(self, default_scheduler: str = "rr", pod_retention: float = 3600.0) -> None:
+    def __init__(self, default_scheduler: str = "rr", pod_retention: float = 3600.0,
+                 node_name: str | None = None) -> None:
         self.default_scheduler = default_scheduler
+        # This node's Node (other Nodes are ignored): None until seen; once seen and then
+        # deleted, a NodeInfo with present=False. Replaced whole, so other threads (the
+        # health server) can read it without a lock.
+        self.node_name = node_name
+        self.node: NodeInfo | None = None
         self.services: dict[ServiceRef, ServiceInfo] = {}
         self.slices: dict[tuple[str, str], SliceInfo] = {}  # (namespace, slice name)
         self.slices_by_service: dict[ServiceRef, dict[str, SliceInfo]] = {}
@@ -95,9 +104,17 @@ class ObjectStore:
                 self._warn(change, kind, obj, parsed.warnings)
                 self._put_service(parsed.value, change)
             elif kind is ObjectKind.ENDPOINT_SLICE:
-                self._put_slice(parse_endpoint_slice(obj).value, change)
+                parsed = parse_endpoint_slice(obj)
+                self._warn(change, kind, obj, parsed.warnings)
+                self._put_slice(parsed.value, change)
             elif kind is ObjectKind.POD:
                 self._put_pod(parse_pod(obj).value, change)
+            elif kind is ObjectKind.NODE:
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                if isinstance(meta, Mapping) and meta.get("name") == self.node_name:
+                    parsed = parse_node(obj)
+                    self._warn(change, kind, obj, parsed.warnings)
+                    self._set_node(parsed.value, change)
         except InvalidObject as exc:
             # The last good version (if any) stays in force: skipping a bad update must
             # not take traffic away from a working Service.
@@ -117,6 +134,9 @@ class ObjectStore:
             pod = self.pods.pop(ref, None)
             if pod is not None and pod.deletion_deadline is not None:
                 change.pods.add(ref)
+        elif (kind is ObjectKind.NODE and name == self.node_name and self.node is not None
+              and self.node.present):
+            self._set_node(NodeInfo(name, present=False), change)
         return change
 
     def _replace(self, kind: ObjectKind, objects: list[dict[str, Any]]) -> StoreChange:
@@ -133,6 +153,9 @@ class ObjectStore:
             ]
         elif kind is ObjectKind.ENDPOINT_SLICE:
             gone = [k for k in self.slices if k not in listed]
+        elif kind is ObjectKind.NODE:
+            gone = [("default", n) for n in (self.node_name,)
+                    if n and not any(name == n for _, name in listed)]
         else:
             gone = [(r.namespace, r.name) for r in self.pods if (r.namespace, r.name) not in listed]
         for namespace, name in list(gone):
@@ -173,6 +196,11 @@ class ObjectStore:
         if not by_name:
             self.slices_by_service.pop(old.service, None)
         change.services.add(old.service)
+
+    def _set_node(self, info: NodeInfo, change: StoreChange) -> None:
+        if self.node != info:
+            self.node = info
+            change.node = True
 
     def _put_pod(self, info: PodInfo, change: StoreChange) -> None:
         if info.deletion_deadline is None:

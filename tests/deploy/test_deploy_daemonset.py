@@ -18,6 +18,7 @@ from .helpers import (
 )
 
 PORT = 9796
+HEALTHZ_PORT = 10256  # kube-proxy's, --healthz-bind-address
 UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
 
 
@@ -91,12 +92,20 @@ def test_probes_use_the_contract_paths_on_the_listen_port(main):
     listen = arg_value(main, "--listen")
     assert listen == f"0.0.0.0:{PORT}"
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-    assert ports == {"metrics": PORT}
+    assert ports == {"metrics": PORT, "healthz": HEALTHZ_PORT}
     live, ready = main["livenessProbe"]["httpGet"], main["readinessProbe"]["httpGet"]
     assert live["path"] == "/healthz"
     assert ready["path"] == "/readyz"
     for probe in (live, ready):
         assert ports.get(probe["port"], probe["port"]) == PORT
+
+
+def test_kube_proxy_health_port_is_served_and_declared(main):
+    # Cloud load balancers probe kube-proxy's port on every node (KEP-3836).
+    assert arg_value(main, "--healthz-bind-address", "0.0.0.0:10256") == (
+        f"0.0.0.0:{HEALTHZ_PORT}")
+    (port,) = [p for p in main["ports"] if p["name"] == "healthz"]
+    assert port["containerPort"] == HEALTHZ_PORT and port.get("protocol", "TCP") == "TCP"
 
 
 def test_state_dir_is_a_host_directory(pod, main):

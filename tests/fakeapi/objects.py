@@ -138,6 +138,21 @@ def pod(
     }
 
 
+def node(name: str, zone: str | None = None, *, taints: list[JSON] | None = None) -> JSON:
+    """A Node as the API server sends it (status and all), cluster-scoped."""
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+    if zone is not None:
+        labels["topology.kubernetes.io/zone"] = zone
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": labels, "managedFields": _MANAGED},
+        "spec": {"podCIDR": "10.244.1.0/24", "taints": list(taints or [])},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                   "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]},
+    }
+
+
 def cluster(
     services: int, endpoints_per_service: int, *, namespaces: int = 10
 ) -> Iterator[JSON]:

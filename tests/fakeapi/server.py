@@ -11,6 +11,7 @@ Wire behaviour:
   after N. N older than the retained history gets HTTP 410; with no N (or "0") the current
   objects come first as ADDED. The stream ends cleanly after timeoutSeconds.
 - get: `GET /api/v1/namespaces/{ns}/pods/{name}`: the object or a 404 Status.
+- `fieldSelector=metadata.name=X` on lists and watches (others: 400), as for a node's Node.
 - any other method: 405 (recorded, so permission checks see it).
 
 Efficiency: every object is serialised once when it changes; lists join the stored bytes and
@@ -61,6 +62,7 @@ RESOURCES: dict[str, ResourceInfo] = {
         ResourceInfo("Service", "", "v1", "services"),
         ResourceInfo("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices"),
         ResourceInfo("Pod", "", "v1", "pods"),
+        ResourceInfo("Node", "", "v1", "nodes"),  # cluster-scoped; stored as "default"
     )
 }
 
@@ -98,7 +100,7 @@ class _Fault:
 
 
 class _Watch:
-    __slots__ = ("bookmarks", "commands", "cursor", "hung", "info", "next_bookmark")
+    __slots__ = ("bookmarks", "commands", "cursor", "hung", "info", "name", "next_bookmark")
 
     def __init__(self, info: ResourceInfo, cursor: int, bookmarks: bool, next_bookmark: float):
         self.info = info
@@ -107,6 +109,7 @@ class _Watch:
         self.next_bookmark = next_bookmark
         self.commands: deque[str] = deque()
         self.hung = False
+        self.name: str | None = None  # fieldSelector metadata.name
 
 
 def _status(code: int, reason: str, message: str) -> JSON:
@@ -567,6 +570,10 @@ class FakeAPIServer:
     def _handle(self, h: _Handler, method: str) -> None:
         parts = urlsplit(h.path)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        selector = query.get("fieldSelector") or ""
+        if selector and not selector.startswith("metadata.name="):
+            self._send_status(h, 400, f"field selector not supported by this fake: {selector}")
+            return
         route = self._route(parts.path)
         info, namespace, name = route if route else (None, None, None)
         is_watch = query.get("watch") in ("true", "1")
@@ -678,6 +685,9 @@ class FakeAPIServer:
                 rv, entries = self._rv, self._sorted_entries(info.kind)
                 if namespace is not None:
                     entries = [e for e in entries if e.key[0] == namespace]
+                if query.get("fieldSelector"):
+                    name = query["fieldSelector"].partition("=")[2]
+                    entries = [e for e in entries if e.key[1] == name]
             if not expired:
                 end = offset + limit if limit > 0 else len(entries)
                 page = entries[offset:end]
@@ -751,6 +761,7 @@ class FakeAPIServer:
         if self.max_watch_seconds is not None:
             timeout = min(timeout, self.max_watch_seconds)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        only_name = (query.get("fieldSelector") or "").partition("=")[2] or None
         now = time.monotonic()
         deadline = now + timeout
         initial: list[bytes] = []
@@ -761,7 +772,8 @@ class FakeAPIServer:
                 initial = [
                     _event(b"ADDED", e.raw)
                     for e in self._sorted_entries(kind)
-                    if namespace is None or e.key[0] == namespace
+                    if (namespace is None or e.key[0] == namespace)
+                    and (not only_name or e.key[1] == only_name)
                 ]
                 cursor = self._log_base[kind] + len(log)
             elif since < self._dropped_rv[kind]:
@@ -773,6 +785,7 @@ class FakeAPIServer:
                 watch = _Watch(
                     info, cursor, bookmarks, now + interval if interval else float("inf")
                 )
+                watch.name = only_name
                 self._watches.add(watch)
                 self._cond.notify_all()
         if cursor < 0:
@@ -816,7 +829,9 @@ class FakeAPIServer:
                         break
                     if w.cursor - base < len(log):
                         for _rv, type_, ns, raw in log[w.cursor - base :]:
-                            if namespace is None or ns == namespace:
+                            if (namespace is None or ns == namespace) and (
+                                    w.name is None
+                                    or json.loads(raw)["metadata"]["name"] == w.name):
                                 lines.append(_event(type_, raw))
                         w.cursor = base + len(log)
                     while w.commands and end is None:

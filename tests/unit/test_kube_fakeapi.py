@@ -154,7 +154,7 @@ def test_get_404_405_and_request_log(api: FakeAPIServer) -> None:
     assert status == 404 and body["reason"] == "NotFound"
     status, _ = request(api, "/api/v1/namespaces/default/pods/p", method="DELETE")
     assert status == 405
-    status, _ = request(api, "/api/v1/nodes")
+    status, _ = request(api, "/api/v1/configmaps")
     assert status == 404
     verbs = [(r.verb, r.resource, r.namespace, r.name) for r in api.requests]
     assert verbs == [

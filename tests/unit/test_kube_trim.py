@@ -119,6 +119,7 @@ def test_trim_endpoint_slice() -> None:
                 "addresses": ["10.244.1.5"],
                 "conditions": {"ready": False, "serving": True, "terminating": True},
                 "nodeName": "node-1",
+                "hints": {"forZones": [{"name": "a"}]},  # topology (plan.topology)
                 "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1"},
             },
             {"addresses": ["10.244.1.6"]},

@@ -435,7 +435,7 @@ def test_a_stray_call_that_times_out_first_does_not_end_the_real_prestop():
     probes = GatedProbes()
     probes.gate.set()
     probes.answer = LIVE
-    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=0.5), [POD], probes)
+    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=3), [POD], probes)
     stray: list[object] = []
     s = threading.Thread(target=lambda: stray.append(shared.wait()))
     s.start()
@@ -443,6 +443,7 @@ def test_a_stray_call_that_times_out_first_does_not_end_the_real_prestop():
     real: list[object] = []
     r = threading.Thread(target=lambda: real.append(shared.wait()))
     r.start()
+    _wait_until(lambda: shared.status().get("joins") == 1)  # joined within the stray's 3 s
     s.join(10)
     assert stray and stray[0].outcome is Outcome.TIMEOUT  # type: ignore[attr-defined]
     assert real == [] and shared.status()["state"] == "running"
