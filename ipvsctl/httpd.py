@@ -367,6 +367,9 @@ class BoundedServer:
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, None) and not isinstance(
                     exc, TimeoutError):
                 log.debug("http write failed", extra=fields(server=self.name, error=exc))
+        except Exception:  # a streamed body failing half-way: the client sees a cut stream
+            log.exception("http response failed", extra=fields(server=self.name,
+                                                               path=req.path))
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
