@@ -194,7 +194,8 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
         terminating_at = time.monotonic()
         write_manifests(folder, service("web"), endpoint_slice("web", [
             terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
-        wait_for(lambda: weight() == 0, what="weight 0")
+        # weight 0, then deleted at once: the pod has no connection to hold the drain
+        wait_for(lambda: weight() != 1, what="weight 0 (or already drained and deleted)")
         prestop.join(TIMEOUT + 60)
         assert prestop.error is None, prestop.error
         assert prestop.answer["outcome"] == "drained", prestop.answer
