@@ -11,6 +11,34 @@ import argparse
 import sys
 import tempfile
 import time
+from typing import Any
+
+
+def _record_latencies(daemon: Any) -> None:
+    """Exact event-to-kernel times beside the histogram's buckets (too coarse for a p99
+    ratio): GET /bench/latencies returns those observed since the last GET."""
+    import collections
+    import json
+
+    seen: collections.deque[float] = collections.deque(maxlen=1_000_000)
+    histogram = daemon.metrics.event_to_kernel
+    observe = histogram.observe
+
+    class Recording:
+        def observe(self, value: float) -> None:
+            seen.append(value)
+            observe(value)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(histogram, name)
+
+    daemon.metrics.event_to_kernel = Recording()
+
+    def latencies(q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        out = [seen.popleft() for _ in range(len(seen))]
+        return 200, "application/json", json.dumps(out).encode()
+
+    daemon.http.routes["/bench/latencies"] = latencies
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                          state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
                          listen="127.0.0.1:0")
     daemon = Daemon(opts, kernel, KubeSource.from_config(apiserver=args.apiserver))
+    _record_latencies(daemon)
     imported = time.monotonic() - t0
     t1 = time.monotonic()
     daemon.start()

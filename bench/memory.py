@@ -5,6 +5,7 @@ updates). RSS peak is the daemon process's VmHWM; CPU time its utime+stime, both
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.common import REPO, log
+from bench.common import REPO, log, summary
 
 
 def _proc(pid: int) -> dict[str, float]:
@@ -36,9 +37,85 @@ def _metric(port: int, name: str) -> float:
     return total
 
 
+def _buckets(port: int) -> dict[float, float]:
+    """ipvsctl_event_to_kernel_seconds's cumulative buckets: upper bound -> count."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+    out: dict[float, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith("ipvsctl_event_to_kernel_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _latencies(port: int) -> list[float]:
+    """Exact event-to-kernel seconds since the last call (bench.daemon_proc's route)."""
+    import json
+
+    url = f"http://127.0.0.1:{port}/bench/latencies"
+    return json.loads(urllib.request.urlopen(url, timeout=30).read())
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The bucket upper bound (seconds) under which `q` of the observations made between
+    the two readings fall."""
+    les = sorted(after)
+    delta = [after[le] - before.get(le, 0.0) for le in les]
+    total = delta[-1] if delta else 0.0
+    if total <= 0:
+        return None
+    return next(le for le, n in zip(les, delta, strict=True) if n >= q * total)
+
+
+class StatusPollers:
+    """`n` clients fetching /status in a loop (each reads the whole body), as four
+    dashboards or `watch ipvsctl status` would."""
+
+    def __init__(self, port: int, n: int) -> None:
+        import threading
+
+        self.url = f"http://127.0.0.1:{port}/status"
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.done = 0
+        self.bytes = 0
+        self.errors = 0
+        self.threads = [threading.Thread(target=self._poll, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _poll(self) -> None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not self.stop.is_set():
+            try:
+                with opener.open(self.url, timeout=60) as resp:
+                    n = len(resp.read())
+                with self.lock:  # `+=` around a slow read would lose the other threads' counts
+                    self.bytes += n
+                    self.done += 1
+            except (OSError, ValueError, http.client.HTTPException):
+                with self.lock:
+                    self.errors += 1
+                time.sleep(0.1)
+
+    def close(self) -> dict[str, Any]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        return {"status_clients": len(self.threads), "status_responses": self.done,
+                "status_errors": self.errors,
+                "status_mb_per_response": round(self.bytes / max(1, self.done) / 2**20, 1)}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
 def run_memory(services: int, endpoints: int, events: int, netns: str | None = None,
-               timeout: float = 3600, rate: float = 0.0) -> dict[str, Any]:
-    """One run; `rate` paces the watch events (0: as fast as the fake API sends them)."""
+               timeout: float = 3600, rate: float = 0.0,
+               status_clients: int = 0) -> dict[str, Any]:
+    """One run; `rate` paces the watch events (0: as fast as the fake API sends them);
+    `status_clients` poll /status in a loop while the events come."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     api = subprocess.Popen([sys.executable, "-m", "bench.fakeapi_proc", "--services",
                             str(services), "--endpoints", str(endpoints)],
@@ -68,18 +145,26 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
                 break
             n0 = n
             time.sleep(1.0)
+        pollers = StatusPollers(port, status_clients) if status_clients else None
+        buckets0 = _buckets(port)
+        _latencies(port)  # drop the initial sync's
         t1 = time.monotonic()
         api.stdin.write(f"churn {events} {rate}\n")
         api.stdin.flush()
         churned = api.stdout.readline().split()
         deadline = time.monotonic() + timeout
         applied = 0.0
+        rss_max = 0.0
         while time.monotonic() < deadline:
+            rss_max = max(rss_max, _proc(daemon.pid)["rss_mb"])
             applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
             if applied >= events:
                 break
             time.sleep(0.5)
         t_events = time.monotonic() - t1
+        polled = pollers.close() if pollers else {}
+        buckets1 = _buckets(port)
+        exact = sorted(_latencies(port))
         time.sleep(1.0)
         end = _proc(daemon.pid)
         restarts = _metric(port, "ipvsctl_watch_restarts_total")
@@ -100,6 +185,11 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             "cpu_total_s": round(end["cpu_s"], 2),
             "cpu_events_s": round(end["cpu_s"] - after_list["cpu_s"], 2),
             "wall_total_s": round(time.monotonic() - t0, 2),
+            "rss_max_during_events_mb": round(rss_max, 1),
+            "event_to_kernel_ms": summary(exact) if exact else None,
+            "event_to_kernel_p50_le_ms": _ms(quantile(buckets0, buckets1, 0.5)),
+            "event_to_kernel_p99_le_ms": _ms(quantile(buckets0, buckets1, 0.99)),
+            **polled,
         }
         log(f"memory: peak RSS {out['rss_peak_mb']} MB, CPU {out['cpu_total_s']} s, "
             f"{int(applied)}/{events} events applied in {t_events:.1f}s")

@@ -105,13 +105,17 @@ def main(argv: list[str] | None = None) -> int:
                         "(others are primed with the lean client); default: all")
     p.add_argument("--parts", default=None,
                    help="vm: e2k,drain,rollout[,memory] (default the first three); "
-                        "host: e2k,memory (default both)")
+                        "host: e2k,memory,status (default e2k,memory)")
     p.add_argument("--repeat-only", action="store_true",
                    help="e2k again, ipvsctl engine only (no loop, no baseline), written to "
                         "e2k-repeat.json: the spread between runs")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
+    p.add_argument("--status-events", type=int, default=3000,
+                   help="host part status: watch events per run")
+    p.add_argument("--status-rate", type=float, default=100.0,
+                   help="host part status: watch events per second")
     args = p.parse_args(argv)
     where = "smoke" if os.environ.get("BENCH_SMOKE") == "1" else args.where
     out = Path(args.out or (REPO / "out" / ("bench-smoke" if where == "smoke" else "bench")))
@@ -172,6 +176,20 @@ def main(argv: list[str] | None = None) -> int:
 
         if "memory" in host_parts:
             ok &= _part(out, "memory", mem_host)
+
+        def status_host() -> dict[str, Any]:
+            # Paced events (latency, not queueing), without and with 4 /status pollers.
+            runs = {f"clients_{c}": run_memory(args.memory_services, 10,
+                                               args.status_events, rate=args.status_rate,
+                                               status_clients=c)
+                    for c in (0, 4)}
+            a, b = runs["clients_0"], runs["clients_4"]
+            return runs | {"p99_ratio": round(b["event_to_kernel_ms"]["p99"]
+                                              / a["event_to_kernel_ms"]["p99"], 2),
+                           "rss_peak_delta_mb": round(b["rss_peak_mb"] - a["rss_peak_mb"], 1)}
+
+        if "status" in host_parts:
+            ok &= _part(out, "status-host", status_host)
     else:
         from bench.memory import run_memory
 

@@ -1,35 +1,35 @@
 """The healthCheckNodePort server: one thread multiplexing every health-check port.
 
 `on_service` (an Engine service listener, on the loop's thread) updates the pure state and
-opens or closes ports; the thread (`run`) accepts on all of them with one selector and
-answers each connection on a short-lived thread: a slow or silent client never holds up
-the others. A port that cannot be opened (already in use) is counted, logged once, and
-retried every `retry_interval` seconds while its Service wants it.
+opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded server with every
+port as a listener: request heads are read by its selector (a slow or silent client holds
+no thread and is cut after a few seconds), answers come from a small worker pool, and
+connections are capped. A port that cannot be opened (already in use) is counted, logged
+once, and retried every `retry_interval` seconds while its Service wants it.
 
-Requests are answered whatever their path or method, as kube-proxy does: load balancers
-probe `/healthz`, some probe `/`.
+Requests are answered whatever their path, as kube-proxy does: load balancers probe
+`/healthz`, some probe `/`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable
 
 from ipvsctl.health.state import HealthState
+from ipvsctl.httpd import BoundedServer, Limits, Request, Response
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 
 log = logging.getLogger("ipvsctl.health")
 
-MAX_REQUEST = 8192
-READ_TIMEOUT = 5.0
+# Load balancers probe every few seconds from a handful of addresses.
+HEALTH_HTTP_LIMITS = Limits(max_connections=64, workers=2)
 
 
 def listen_socket(port: int) -> socket.socket:
@@ -56,14 +56,6 @@ def listen_socket(port: int) -> socket.socket:
     return s
 
 
-def response(code: int, body: bytes) -> bytes:
-    reason = {200: "OK", 503: "Service Unavailable"}.get(code, "Error")
-    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
-            f"X-Content-Type-Options: nosniff\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
-    return head.encode() + body
-
-
 class HealthServer:
     def __init__(
         self,
@@ -82,12 +74,10 @@ class HealthServer:
         self._lock = threading.Lock()
         self._sockets: dict[int, socket.socket] = {}  # open ports
         self._failed: set[int] = set()  # wanted but not open
-        self._pending: list[tuple[str, int, socket.socket | None]] = []  # for the thread
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._closed = False
+        self._next_retry = 0.0
+        self.http = BoundedServer(self._answer, name="health", limits=HEALTH_HTTP_LIMITS,
+                                  on_refused=self._refused)
 
     # --- the listener -----------------------------------------------------------------------
     def on_service(self, ref: ServiceRef, old: DesiredService | None,
@@ -132,20 +122,18 @@ class HealthServer:
                 sock.close()
                 return
             self._sockets[port] = sock
-            self._pending.append(("add", port, sock))
+        self.http.add_listener(sock, port)
         if recovered:
             log.info("health check port opened", extra=fields(port=port))
         self._gauge()
-        self._wake()
 
     def _close(self, port: int) -> None:
         with self._lock:
             self._failed.discard(port)
             sock = self._sockets.pop(port, None)
-            if sock is not None:
-                self._pending.append(("remove", port, sock))
+        if sock is not None:
+            self.http.remove_listener(sock)
         self._gauge()
-        self._wake()
 
     def _gauge(self) -> None:
         if self.metrics is not None:
@@ -153,72 +141,30 @@ class HealthServer:
                 n = len(self._sockets)
             self.metrics.health_check_ports.set(n)
 
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
-
     # --- the thread -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        next_retry = 0.0
-        while not stop.is_set():
-            events = self._selector.select(timeout=min(1.0, self.retry_interval))
-            self._apply_pending()
-            for key, _ in events:
-                if key.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        while self._wake_r.recv(4096):
-                            pass
-                    continue
-                self._accept(key.fileobj, key.data)  # type: ignore[arg-type]
-            now = time.monotonic()
-            if now >= next_retry:
-                next_retry = now + self.retry_interval
-                with self._lock:
-                    failed = sorted(p for p in self._failed if p in self.state.by_port)
-                for port in failed:
-                    self._open(port)
+        self.http.serve(stop, tick=self._retry, tick_interval=min(1.0, self.retry_interval))
 
-    def _apply_pending(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for op, port, sock in pending:
-            assert sock is not None
-            if op == "add":
-                self._selector.register(sock, selectors.EVENT_READ, port)
-            else:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(sock)
-                sock.close()
-
-    def _accept(self, sock: socket.socket, port: int) -> None:
-        try:
-            conn, _ = sock.accept()
-        except (BlockingIOError, InterruptedError):
+    def _retry(self) -> None:
+        now = time.monotonic()
+        if now < self._next_retry:
             return
-        except OSError:
-            return  # closed meanwhile
-        threading.Thread(target=self._handle, args=(conn, port), daemon=True,
-                         name=f"health-{port}").start()
+        self._next_retry = now + self.retry_interval
+        with self._lock:
+            failed = sorted(p for p in self._failed if p in self.state.by_port)
+        for port in failed:
+            self._open(port)
 
-    def _handle(self, conn: socket.socket, port: int) -> None:
-        try:
-            conn.setblocking(True)
-            conn.settimeout(READ_TIMEOUT)
-            data = b""
-            while b"\r\n\r\n" not in data and len(data) < MAX_REQUEST:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            healthy = self.proxy_healthy()
-            with self._lock:
-                ans = self.state.answer(port, healthy)
-            if ans is not None:
-                conn.sendall(response(*ans))
-        except OSError:
-            pass
-        finally:
-            conn.close()
+    def _answer(self, req: Request) -> Response:
+        healthy = self.proxy_healthy()
+        with self._lock:
+            ans = self.state.answer(req.tag, healthy)  # type: ignore[arg-type]
+        code, body = ans if ans is not None else (503, b"{}")  # closed meanwhile
+        return Response(code, "application/json", body)
+
+    def _refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.http_refused.labels("health", reason).inc()
 
     def close(self) -> None:
         """Close every port (daemon shutdown)."""
@@ -226,8 +172,6 @@ class HealthServer:
             self._closed = True
             socks = list(self._sockets.values())
             self._sockets.clear()
-            self._pending.clear()
         for sock in socks:
             sock.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self.http.close()

@@ -122,6 +122,21 @@ class Metrics:
             "ipvsctl_health_check_node_port_errors",
             "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
         )
+        self.http_refused = Counter(
+            "ipvsctl_http_refused",
+            "HTTP connections or requests refused, by server (daemon, proxy-health, health) "
+            "and reason "
+            "(busy, evicted, timeout, too_large, bad_request, method, forbidden).",
+            ["server", "reason"], registry=r,
+        )
+        self.status_renders = Counter(
+            "ipvsctl_status_renders", "/status documents rendered (callers share one).",
+            registry=r,
+        )
+        self.status_render_seconds = Gauge(
+            "ipvsctl_status_render_seconds", "How long the last /status rendering took.",
+            registry=r,
+        )
         # This node's Node and kube-proxy's health server (--healthz-bind-address)
         self.node_object_known = Gauge(
             "ipvsctl_node_object_known",

@@ -764,6 +764,19 @@ class Engine:
         now = self.clock.wall()
         out: list[dict[str, Any]] = []
         for ref in sorted(self.applied):
+            out += self.status_of(ref, now)
+        return {
+            "node": self.config.node.node_name,
+            "ready": self.started,
+            "virtual_servers": out,
+            "drain_queue": [drain_json(e, now) for e in self.queue],
+        }
+
+    def status_of(self, ref: ServiceRef, now: float) -> list[dict[str, Any]]:
+        """One Service's virtual servers for `status()` (none if it has none applied):
+        the HTTP server renders /status a few Services at a time with this."""
+        out: list[dict[str, Any]] = []
+        if ref in self.applied:
             desired = self.desired.get(ref)
             endpoints: Mapping[str, Any] = desired.endpoints if desired else {}
             for key, state in sorted(self.applied[ref].items()):
@@ -783,7 +796,7 @@ class Engine:
                         # Read by the drain check; only draining ones are read at all.
                         "active_conns": counts[0] if counts else None,
                         "inactive_conns": counts[1] if counts else None,
-                        "drain": _drain_json(entry, now) if entry else None,
+                        "drain": drain_json(entry, now) if entry else None,
                     })
                 out.append({
                     "protocol": key.protocol.value, "address": key.address, "port": key.port,
@@ -793,15 +806,10 @@ class Engine:
                     "kind": dvs.kind.value if dvs else None,
                     "real_servers": rss,
                 })
-        return {
-            "node": self.config.node.node_name,
-            "ready": self.started,
-            "virtual_servers": out,
-            "drain_queue": [_drain_json(e, now) for e in self.queue],
-        }
+        return out
 
 
-def _drain_json(e: DrainEntry, now: float) -> dict[str, Any]:
+def drain_json(e: DrainEntry, now: float) -> dict[str, Any]:
     d = e.to_json()
     d["age"] = round(max(0.0, now - e.since), 3)
     d["time_left"] = round(max(0.0, e.deadline - now), 3)

@@ -245,10 +245,11 @@ class SystemHost:
 
 def daemon_answers(endpoint: str) -> bool:
     import urllib.error
-    import urllib.request
+
+    from ipvsctl.httpd import direct_opener
 
     try:
-        with urllib.request.urlopen(endpoint.rstrip("/") + "/healthz", timeout=1):
+        with direct_opener().open(endpoint.rstrip("/") + "/healthz", timeout=1):
             return True
     except urllib.error.HTTPError:
         return True  # it answered

@@ -18,6 +18,7 @@ from typing import Any
 
 from ipvsctl.health.proxy import ProxyState
 from ipvsctl.health.server import HealthServer
+from ipvsctl.httpd import Limits
 from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
@@ -30,14 +31,17 @@ from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.writer import StateWriter
-from ipvsctl.shell.http import HTTPServer, as_json, metrics_body, text
+from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, text
 from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
+from ipvsctl.shell.status_http import StatusDocument
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
 
 NODE_PORT_RANGE = DEFAULT_NODE_PORT_RANGE
+# Scrapes, probes, the shutdown-managers' /v1/quiesced and a few /status streams at once.
+DAEMON_HTTP_LIMITS = Limits(max_connections=64, workers=8)
 
 
 class StartupError(Exception):
@@ -119,14 +123,18 @@ class Daemon:
             self.health.metrics = self.metrics
             self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
+        self.status_doc = StatusDocument(self.engine, self.loop.lock, on_render=lambda s: (
+            self.metrics.status_renders.inc(), self.metrics.status_render_seconds.set(s)))
         try:
             self.http = HTTPServer(o.listen, {
                 "/metrics": metrics_body(self.metrics.render),
                 "/healthz": self._healthz,
                 "/readyz": self._readyz,
-                "/status": lambda q: as_json(200, self.status()),
+                "/status": self.status_doc.handler,
                 "/v1/quiesced": self._quiesced,
-            })
+            }, limits=DAEMON_HTTP_LIMITS, name="daemon", local_only={"/status"},
+                is_local=self.is_local_peer,
+                on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc())
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
         self.threads: list[threading.Thread] = []
@@ -151,6 +159,11 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
             return self.engine.status()
+
+    def is_local_peer(self, peer: str) -> bool:
+        """A client on this node: loopback or one of the node's addresses (/status names
+        Services, pods and their addresses: not for every pod on the network)."""
+        return is_loopback(peer) or peer in self.engine.node_ips_known
 
     def _quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         from ipvsctl.model import normalize_ip

@@ -1,20 +1,23 @@
-"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status."""
+"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status, /v1/quiesced.
+
+Routes on top of ipvsctl.httpd's bounded server (capped connections, idle and slow clients
+cut, bounded request heads, GET and HEAD only). A route returns (code, content type, body);
+the body is bytes or an iterable of byte chunks (streamed, chunked encoding).
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
-import logging
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-log = logging.getLogger("ipvsctl.http")
+from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
 
-Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes]]
+Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes | Iterable[bytes]]]
 
 
 def text(code: int, body: str) -> tuple[int, str, bytes]:
@@ -29,53 +32,55 @@ def metrics_body(render: Callable[[], bytes]) -> Handler:
     return lambda q: (200, CONTENT_TYPE_LATEST, render())
 
 
+def is_loopback(peer: str) -> bool:
+    try:
+        return ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        return False
+
+
 class HTTPServer:
-    def __init__(self, listen: str, routes: dict[str, Handler]) -> None:
+    """`HTTPServer(listen, routes)` binds at once (a taken port raises OSError here) and
+    serves from `start()` on its own thread until `stop()`.
+
+    Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers)."""
+
+    def __init__(self, listen: str, routes: dict[str, Handler], *,
+                 limits: Limits | None = None, name: str = "http",
+                 on_refused: Callable[[str], None] | None = None,
+                 local_only: Collection[str] = (),
+                 is_local: Callable[[str], bool] = is_loopback) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
-        routes = dict(routes)
+        self.routes = dict(routes)
+        self.local_only = frozenset(local_only)
+        self.is_local = is_local
+        self.sock = listen_socket(host, int(port))
+        self.server = BoundedServer(self._handle, name=name, limits=limits,
+                                    on_refused=on_refused)
+        self.server.add_listener(self.sock)
+        self.thread = threading.Thread(target=self.server.serve, name=name, daemon=True)
 
-        class _Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                from urllib.parse import parse_qs
-
-                url = urlsplit(self.path)
-                handler = routes.get(url.path)
-                try:
-                    code, ctype, body = (handler(parse_qs(url.query)) if handler
-                                         else text(404, "not found\n"))
-                except Exception as exc:  # a bug in a handler must not kill the server
-                    log.exception("http handler failed", extra={"fields": {"path": url.path}})
-                    code, ctype, body = text(500, f"internal error: {exc}\n")
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # scrapes every few seconds would drown the log
-
-        if ":" in host:
-            class _Server(ThreadingHTTPServer):
-                address_family = __import__("socket").AF_INET6
-
-            self.server: ThreadingHTTPServer = _Server((host, int(port)), _Handler)
+    def _handle(self, req: Request) -> Response:
+        handler = self.routes.get(req.path)
+        if handler is None:
+            code, ctype, body = text(404, "not found\n")
+        elif req.path in self.local_only and not self.is_local(req.peer):
+            code, ctype, body = text(403, f"{req.path} answers only clients on this node\n")
         else:
-            self.server = ThreadingHTTPServer((host, int(port)), _Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="http",
-                                       daemon=True)
+            code, ctype, body = handler(req.query)
+        return Response(code, ctype, body)
 
     @property
     def port(self) -> int:
-        return self.server.server_address[1]
+        return int(self.sock.getsockname()[1])
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
+        if self.thread.ident is not None:
+            self.thread.join(timeout=5)
+        else:  # never started: serve() after close() only closes the sockets
+            self.server.serve()

@@ -46,7 +46,9 @@ class ProxyHealthServer:
     def open(self) -> bool:
         """Try to listen once; True when serving."""
         try:
-            server = HTTPServer(self.address, {p: self._route(p) for p in PATHS})
+            server = HTTPServer(
+                self.address, {p: self._route(p) for p in PATHS}, name="proxy-health",
+                on_refused=lambda r: self.metrics.http_refused.labels("proxy-health", r).inc())
         except (OSError, ValueError) as exc:
             self.metrics.proxy_health_errors.inc()
             return self._failed(exc)

@@ -4,7 +4,8 @@ GET /shutdown blocks until every node's ipvsctl daemon says the pod's IPs are qu
 real server with weight > 0 left for them), then until the pod's established connections on
 the watched ports are at most --min-open-connections, never longer than --timeout; then it
 answers 200 with a JSON account of what happened, and the kubelet goes on to SIGTERM.
-Concurrent calls (the app's hook and the sidecar's own) share one barrier. /healthz is for
+Concurrent calls share one barrier, but each gets an answer made after it came: an early or
+stray call never leaves a result that makes the real preStop return at once. /healthz is for
 the liveness probe, /status shows the barrier while it runs. See docs/shutdown-manager.md.
 
 Wiring only: the barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes.
@@ -65,6 +66,7 @@ class ShutdownManager:
 
     def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
                  sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
+        from ipvsctl.httpd import Limits
         from ipvsctl.shell.http import HTTPServer, as_json, text
         from ipvsctl.shutdown.probes import (
             ConnectionCounter,
@@ -75,6 +77,9 @@ class ShutdownManager:
         )
         from ipvsctl.shutdown.runner import SharedBarrier
 
+        # /shutdown calls block up to --timeout each: enough workers that a few stray ones
+        # leave room for the kubelet's own call and the probes.
+        limits = Limits(max_connections=64, workers=16)
         self.options = options
         self._inflight = 0
         self._cond = threading.Condition()
@@ -83,7 +88,7 @@ class ShutdownManager:
                 "/shutdown": self._shutdown,
                 "/healthz": lambda q: text(200, "ok\n"),
                 "/status": lambda q: as_json(200, self.barrier.status()),
-            })
+            }, limits=limits, name="shutdown-manager")
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
         daemons = (StaticDaemons(options.daemons) if options.daemons
@@ -128,7 +133,7 @@ class ShutdownManager:
         """On SIGTERM: a barrier that has started is seen to its end (never past its
         deadline) and its replies written; then the server stops."""
         if self.barrier.started:
-            self.barrier.wait()
+            self.barrier.settle()
             with self._cond:
                 self._cond.wait_for(lambda: self._inflight == 0, timeout=REPLY_GRACE)
         self.stop()

@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from ipvsctl.httpd import direct_opener
 from ipvsctl.model import VirtualServerStatus
 from ipvsctl.shell.output import columns, hostport
 
@@ -17,7 +18,7 @@ from ipvsctl.shell.output import columns, hostport
 def fetch_daemon_status(endpoint: str, timeout: float = 3.0) -> tuple[dict | None, str | None]:
     url = endpoint.rstrip("/") + "/status"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with direct_opener().open(url, timeout=timeout) as resp:
             return json.loads(resp.read()), None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -6,9 +6,18 @@ does what the returned action says:
     action = barrier.start(now)
     Wait(until)          sleep until `until`, then     barrier.on_timer(now)
     Discover()           find the daemons, then        barrier.on_daemons(now, urls | Failure)
-    Query(daemons, t)    GET /v1/quiesced from each    barrier.on_answers(now, {url: answer})
-    CountConnections()   read /proc/net/tcp{,6}        barrier.on_connections(now, n | Failure)
+    Query(daemons, t, g) GET /v1/quiesced from each    barrier.on_answers(now, {url: answer}, g)
+    CountConnections(g)  read /proc/net/tcp{,6}        barrier.on_connections(now, n | Failure, g)
     Finish(result)       done; every later call returns the same Finish
+
+Callers: the first `/shutdown` starts a barrier; another caller while it runs `join`s it:
+the deadline becomes the latest caller's (arrival + --timeout), and the daemons stage starts
+over (every daemon asked again, answers to queries sent before the join ignored), so the
+result each caller gets is made of observations from after its own arrival. A caller whose
+own deadline passes first gets `result_now()` (a timeout) while the barrier goes on for the
+others. A finished barrier is never reused (the runner starts a new one): an early call, by
+the app before the pod is terminating or by anyone else, cannot leave a result behind that a
+later preStop would return at once.
 
 Stages: `delay` (--check-delay), `daemons` (every daemon found says the pod's IPs are
 quiesced), `connections` (the pod's established connections <= --min-open-connections),
@@ -120,11 +129,13 @@ class Discover:
 class Query:
     daemons: tuple[str, ...]
     timeout: float
+    generation: int = 0
+    """Pass it back with the answers: answers to a query made before a `join` are stale."""
 
 
 @dataclass(frozen=True, slots=True)
 class CountConnections:
-    pass
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +249,8 @@ class Barrier:
         self.connections: int | None = None
         self.connections_error: str | None = None
         self.result: BarrierResult | None = None
+        self.generation = 0  # one more per join
+        self.joins = 0
 
     # -- inputs --
 
@@ -267,9 +280,7 @@ class Barrier:
             if now < self.started_at + self.config.check_delay:
                 return Wait(min(self.started_at + self.config.check_delay, self.deadline))
             return self._enter_daemons(now)
-        if self.stage is Stage.DAEMONS:
-            return Discover()
-        return CountConnections()
+        return self._resume()
 
     def on_daemons(self, now: float, found: Sequence[str] | Failure) -> Action:
         """The daemons found this round (DNS or the static list), or why none were."""
@@ -302,11 +313,39 @@ class Barrier:
             return self._expired(now) or self._enter_connections(now)
         if (expired := self._expired(now)) is not None:
             return expired
-        return Query(pending, max(min(self.config.query_timeout, self.deadline - now), 0.001))
+        return Query(pending, max(min(self.config.query_timeout, self.deadline - now), 0.001),
+                     self.generation)
 
-    def on_answers(self, now: float, answers: Mapping[str, DaemonAnswer]) -> Action:
+    def join(self, now: float) -> None:
+        """Another caller, arriving at `now`: its answer must rest on what is seen from now
+        on (see the module docstring)."""
+        if self.started_at is None or self.result is not None:
+            raise RuntimeError("join: barrier not running")
+        self.deadline = max(self.deadline, now + self.config.timeout)
+        self.generation += 1
+        self.joins += 1
+        if self.stage is Stage.CONNECTIONS:
+            self._end_stage(now)
+            self.stage = Stage.DAEMONS
+            self._stage_started = now
+        self.quiesced.clear()
+        self.connections = None
+        self._note("info", "shutdown barrier joined, checking again", joins=self.joins,
+                   stage=self.stage.value, deadline_in=round(self.deadline - now, 3))
+
+    def result_now(self, now: float) -> BarrierResult:
+        """A timeout result as of now, changing nothing: for a caller whose own deadline
+        has passed while the barrier goes on for a later one."""
+        if self.result is not None:
+            return self.result
+        return self._result(now, Outcome.TIMEOUT, self.stage)
+
+    def on_answers(self, now: float, answers: Mapping[str, DaemonAnswer],
+                   generation: int | None = None) -> Action:
         if self.result is not None:
             return Finish(self.result)
+        if generation is not None and generation != self.generation:
+            return self._expired(now) or self._resume()  # asked before a join: ask again
         self._expect(Stage.DAEMONS)
         self.rounds += 1
         for daemon, answer in sorted(answers.items()):
@@ -327,9 +366,12 @@ class Barrier:
             return self._expired(now) or self._enter_connections(now)
         return self._expired(now) or self._next_round(now)
 
-    def on_connections(self, now: float, count: int | Failure) -> Action:
+    def on_connections(self, now: float, count: int | Failure,
+                       generation: int | None = None) -> Action:
         if self.result is not None:
             return Finish(self.result)
+        if generation is not None and generation != self.generation:
+            return self._expired(now) or self._resume()  # counted before a join
         self._expect(Stage.CONNECTIONS)
         if isinstance(count, Failure):
             if count.error != self.connections_error:
@@ -381,7 +423,13 @@ class Barrier:
             return self._finish(now, Outcome.QUIESCED)
         self.stage = Stage.CONNECTIONS
         self._stage_started = now
-        return CountConnections()
+        return CountConnections(self.generation)
+
+    def _resume(self) -> Action:
+        """The next probe for the stage the barrier is in (DAEMONS or CONNECTIONS)."""
+        if self.stage is Stage.DAEMONS:
+            return Discover()
+        return CountConnections(self.generation)
 
     def _next_round(self, now: float) -> Action:
         return Wait(min(now + self.config.check_interval, self.deadline))

@@ -12,12 +12,12 @@ import json
 import socket
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ipvsctl.httpd import direct_opener
 from ipvsctl.model import normalize_ip
 from ipvsctl.shutdown.barrier import DaemonAnswer, DaemonReport, Failure
 
@@ -132,7 +132,7 @@ def combine(reports: Sequence[DaemonReport]) -> DaemonReport:
 def fetch_quiesced(base_url: str, ip: str, timeout: float) -> DaemonReport:
     url = f"{base_url}{QUIESCED_PATH}?{urllib.parse.urlencode({'ip': ip})}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with direct_opener().open(url, timeout=timeout) as resp:
             return parse_quiesced(resp.read(), ip)
     except urllib.error.HTTPError as exc:
         raise ProbeError(f"HTTP {exc.code}") from None

@@ -1,11 +1,13 @@
 """Drive a shutdown barrier: the probes do the I/O, an injected clock and sleep keep time.
 
 `Runner` runs one barrier to its end in the calling thread (unit tests drive it on a manual
-clock whose `sleep` just moves the time). `SharedBarrier` is what the HTTP server uses: the
-first caller starts one barrier in a thread, and every caller, however many and whenever
-they come, waits for that barrier's one result, and never past its deadline: a caller
-whose wait reaches the deadline while a probe hangs (a DNS lookup, a half-open socket) ends
-the barrier itself with a timeout result.
+clock whose `sleep` just moves the time). `SharedBarrier` is what the HTTP server uses: a
+caller starts a barrier in a thread when none is running, or joins the running one (which
+then checks again from the caller's arrival and runs until the latest caller's deadline);
+each caller waits for an answer made after it came, never past its own deadline; a
+finished barrier's result is never handed to a later caller. A caller whose wait reaches
+the barrier's deadline while a probe hangs (a DNS lookup, a half-open socket) ends the
+barrier itself with a timeout result.
 """
 
 from __future__ import annotations
@@ -79,10 +81,12 @@ class Runner:
                 action = self._call(lambda b, f=found: b.on_daemons(self.clock(), f))
             elif isinstance(action, Query):
                 answers = self.probes.query(action.daemons, action.timeout)
-                action = self._call(lambda b, a=answers: b.on_answers(self.clock(), a))
+                action = self._call(lambda b, a=answers, g=action.generation: b.on_answers(
+                    self.clock(), a, g))
             elif isinstance(action, CountConnections):
                 count = self.probes.count_connections()
-                action = self._call(lambda b, c=count: b.on_connections(self.clock(), c))
+                action = self._call(lambda b, c=count, g=action.generation: b.on_connections(
+                    self.clock(), c, g))
             else:  # pragma: no cover - the Action union is closed
                 raise TypeError(f"unknown action {action!r}")
         return action.result
@@ -108,8 +112,17 @@ def emit(notes: Sequence[Note]) -> None:
                 extra=fields(**note.fields))
 
 
+class _Run:
+    """One barrier run and the callers waiting on it."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.done = threading.Event()
+        self.result: BarrierResult | None = None
+
+
 class SharedBarrier:
-    """One barrier for all callers of `wait()`; see the module docstring."""
+    """The barrier for all callers of `wait()`; see the module docstring."""
 
     def __init__(self, config: BarrierConfig, pod_ips: Sequence[str], probes: Probes,
                  clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> None:
@@ -120,92 +133,128 @@ class SharedBarrier:
         self.sleep = sleep
         self._lock = threading.Lock()  # start/finish bookkeeping
         self._changed = threading.Condition(self._lock)  # waiters came or went
-        self._done = threading.Event()
-        self._runner: Runner | None = None
-        self._result: BarrierResult | None = None
+        self._run: _Run | None = None  # the current or last run
         self.waiters = 0
         self.calls = 0
+        self.runs = 0
 
     @property
     def started(self) -> bool:
-        return self._runner is not None
+        return self._run is not None
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._run is not None and self._run.done.is_set()
 
     @property
     def result(self) -> BarrierResult | None:
-        return self._result
+        return self._run.result if self._run is not None else None
 
-    def start(self) -> float:
-        """Start the barrier unless it is running or done; its deadline (monotonic)."""
+    def _start_or_join(self, now: float) -> _Run:
         with self._lock:
-            if self._runner is None:
+            run = self._run
+            if run is None or run.done.is_set():
+                # Never a result from before this caller came: a new barrier.
                 runner = Runner(Barrier(self.config, self.pod_ips), self.probes,
                                 self.clock, self.sleep)
                 first = runner.start()
-                self._runner = runner
-                threading.Thread(target=self._run, args=(runner, first),
+                run = self._run = _Run(runner)
+                self.runs += 1
+                threading.Thread(target=self._drive, args=(run, first),
                                  name="shutdown-barrier", daemon=True).start()
-            return self._runner.barrier.deadline
+                return run
+        with run.runner.lock:
+            if run.runner.barrier.result is None:
+                run.runner.barrier.join(now)
+                emit(run.runner.barrier.take_notes())
+                return run
+        run.done.wait()  # finished just now: that result predates this caller
+        return self._start_or_join(now)
 
     def wait(self) -> BarrierResult:
-        """Start (or join) the barrier and wait for its result, never past its deadline."""
+        """Start (or join) the barrier and wait for an answer made after this call began,
+        never past this caller's own deadline (arrival + timeout)."""
+        arrived = self.clock()
         with self._lock:
             self.calls += 1
             self.waiters += 1
             self._changed.notify_all()
         try:
-            deadline = self.start()
-            self._done.wait(max(0.0, deadline - self.clock()))
-            if not self._done.is_set():
-                assert self._runner is not None
-                self._set(self._runner.expire())  # a probe is stuck past the deadline
-            assert self._result is not None
-            return self._result
+            run = self._start_or_join(arrived)
+            deadline = arrived + self.config.timeout
+            run.done.wait(max(0.0, deadline - self.clock()))
+            if run.done.is_set():
+                assert run.result is not None
+                return run.result
+            with run.runner.lock:
+                still_running = run.runner.barrier.result is None
+                later = run.runner.barrier.deadline > self.clock()
+                if still_running and later:  # it goes on for a later caller
+                    result = run.runner.barrier.result_now(self.clock())
+                    log.warning("shutdown caller timed out, barrier goes on for a later caller",
+                                extra=fields(summary=result.message))
+                    return result
+            # Our deadline is the barrier's: a probe is stuck past it.
+            self._set(run, run.runner.expire())
+            assert run.result is not None
+            return run.result
         finally:
             with self._lock:
                 self.waiters -= 1
                 self._changed.notify_all()
 
+    def settle(self) -> BarrierResult | None:
+        """On SIGTERM: see the current run (if any) to its end, never past its deadline;
+        starts nothing and joins nothing."""
+        run = self._run
+        if run is None:
+            return None
+        with run.runner.lock:
+            deadline = run.runner.barrier.deadline
+        run.done.wait(max(0.0, deadline - self.clock()))
+        if not run.done.is_set():
+            self._set(run, run.runner.expire())
+        return run.result
+
     def wait_done(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
+        run = self._run
+        return run is not None and run.done.wait(timeout)
 
     def wait_for_waiters(self, n: int, timeout: float | None = None) -> bool:
         """Block until at least `n` callers are inside `wait()` (tests, /status)."""
         with self._changed:
             return self._changed.wait_for(lambda: self.waiters >= n, timeout)
 
-    def _run(self, runner: Runner, first: Action) -> None:
+    def _drive(self, run: _Run, first: Action) -> None:
         try:
-            result = runner.drive(first)
+            result = run.runner.drive(first)
         except Exception:  # a bug must not leave callers waiting until the deadline
             log.exception("shutdown barrier failed")
-            result = runner.expire()
-        self._set(result)
+            result = run.runner.expire()
+        self._set(run, result)
 
-    def _set(self, result: BarrierResult) -> None:
+    def _set(self, run: _Run, result: BarrierResult) -> None:
         with self._lock:
-            if self._result is None:
-                self._result = result
-            self._done.set()
+            if run.result is None:
+                run.result = result
+            run.done.set()
 
     def status(self) -> dict[str, Any]:
-        """What /status shows: idle, running (stage, elapsed) or done (the result)."""
+        """What /status shows: idle, running (stage, elapsed) or done (the last result)."""
         with self._lock:
-            runner, result = self._runner, self._result
-        if runner is None:
+            run = self._run
+        if run is None:
             return {"state": "idle", "pod_ips": list(self.pod_ips)}
-        if result is not None:
-            return {"state": "done", "result": result.to_json()}
-        with runner.lock:
-            b = runner.barrier
+        if run.result is not None:
+            return {"state": "done", "result": run.result.to_json(), "runs": self.runs}
+        with run.runner.lock:
+            b = run.runner.barrier
             assert b.started_at is not None
             return {
                 "state": "running", "stage": b.stage.value, "pod_ips": list(self.pod_ips),
                 "elapsed_seconds": round(self.clock() - b.started_at, 3),
                 "timeout_seconds": self.config.timeout,
+                "deadline_in_seconds": round(b.deadline - self.clock(), 3),
                 "daemons": {"total": len(b.daemons), "quiesced": len(b.quiesced),
                             "not_quiesced": {d: b.problems.get(d, "no answer yet")
                                              for d in b.daemons if d not in b.quiesced},
@@ -213,5 +262,5 @@ class SharedBarrier:
                 "connections": {"established": b.connections,
                                 "min_open_connections": self.config.min_open_connections,
                                 "error": b.connections_error},
-                "waiters": self.waiters,
+                "waiters": self.waiters, "joins": b.joins, "runs": self.runs,
             }

@@ -27,7 +27,7 @@ from ipvsctl.shell.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.shutdown.barrier import BarrierConfig
 from ipvsctl.source.manifests import ManifestSource
 from tests.builders import endpoint, endpoint_slice, service, terminating
-from tests.lab.labkit import Node, Pod, daemon_url_from_pods, http_json, wait_for
+from tests.lab.labkit import Node, Pod, daemon_url_from_pods, http_get, http_json, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -134,5 +134,72 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
         quiesced = http_json(f"http://127.0.0.1:{daemon.http.port}/v1/quiesced?ip={leaving.ip}",
                              node.name)
         assert quiesced["quiesced"] and quiesced["real_servers_with_weight"] == 0
+    finally:
+        manager.stop()
+
+
+def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early(
+    node: Node, client: Pod, tmp_path: Path, make_daemon: Callable[..., Any]
+) -> None:
+    """Issue 11: another pod GETs /shutdown while this pod is in no Service yet (quiesced on
+    every node, so that barrier ends at once, "drained"). Later the pod serves, then is
+    deleted: the kubelet's preStop must wait for the node's weight 0, not get the stray
+    call's result. Also: /status answers only the node, /v1/quiesced anyone."""
+    leaving = node.make_pod("10.244.1.1", name="web-1")
+    staying = node.make_pod("10.244.1.2", name="web-2")
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    write_manifests(folder, service("web"), endpoint_slice("web", [
+        endpoint(staying.ip, pod=staying.name)]))
+    daemon = make_daemon(node, ManifestSource(folder, interval=0.1))
+    wait_for(lambda: daemon.engine.started, timeout=120, what="the daemon's first sync")
+    from_pod = daemon_url_from_pods(daemon)
+    assert http_get(f"{from_pod}/status", client.netns.name)[0] == 403
+    assert http_json(f"{from_pod}/v1/quiesced?ip={leaving.ip}", client.netns.name)["ready"]
+    assert http_json(f"http://127.0.0.1:{daemon.http.port}/status", node.name)["ready"]
+
+    options = ManagerOptions(
+        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(from_pod,),
+        proc_net=leaving.proc_net(),
+        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
+
+    def start_manager() -> ShutdownManager:
+        manager = ShutdownManager(options)
+        manager.start()
+        return manager
+
+    manager = run_in_netns(leaving.netns.name, start_manager)
+    try:
+        url = f"http://{leaving.ip}:{manager.port}/shutdown"
+        stray = http_json(url, client.netns.name, timeout=TIMEOUT + 60)  # from another pod
+        assert stray["outcome"] == "drained"  # nothing to wait for: in no Service yet
+
+        # the pod becomes an endpoint; later it is deleted and the kubelet calls preStop
+        write_manifests(folder, service("web"), endpoint_slice("web", [
+            endpoint(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
+        def weight() -> int | None:
+            table = node.ipvsadm()
+            rs = table[str(KEY)].real_servers.get(f"{leaving.ip}:8080") if str(KEY) in table \
+                else None
+            return rs.weight if rs is not None else None
+
+        wait_for(lambda: weight() == 1, what="weight 1")
+        prestop = PreStop(node, url)
+        prestop.start()
+        wait_for(lambda: manager.barrier.status().get("state") == "running"
+                 and manager.barrier.status()["daemons"]["not_quiesced"], timeout=120,
+                 what="the preStop's own barrier asking the daemon")
+        assert prestop.answer is None and prestop.error is None  # not the stray's result
+
+        terminating_at = time.monotonic()
+        write_manifests(folder, service("web"), endpoint_slice("web", [
+            terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
+        # weight 0, then deleted at once: the pod has no connection to hold the drain
+        wait_for(lambda: weight() != 1, what="weight 0 (or already drained and deleted)")
+        prestop.join(TIMEOUT + 60)
+        assert prestop.error is None, prestop.error
+        assert prestop.answer["outcome"] == "drained", prestop.answer
+        assert prestop.at >= terminating_at
+        assert manager.barrier.runs == 2
     finally:
         manager.stop()

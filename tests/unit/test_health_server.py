@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ipvsctl.health.server import HealthServer, response
+from ipvsctl.health.server import HealthServer
 from ipvsctl.obs.metrics import Metrics
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness
@@ -28,7 +28,7 @@ class Ports:
             raise OSError(98, "Address already in use")
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        s.listen(16)
+        s.listen(128)  # as listen_socket
         s.setblocking(False)
         self.actual[port] = s.getsockname()[1]
         return s
@@ -146,7 +146,28 @@ def test_a_silent_client_does_not_hold_up_the_others(running):
         silent.close()
 
 
-def test_response_bytes():
-    assert response(503, b"{}") == (
-        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        b"X-Content-Type-Options: nosniff\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+def test_response_headers(running):
+    h, _, ports, _, _ = running
+    h.start([lb()], [endpoint_slice("lb", [endpoint("10.244.1.5")])])
+    code, head, _ = get(ports.actual[32000])
+    assert code == 200
+    for line in ("Content-Type: application/json", "X-Content-Type-Options: nosniff",
+                 "Connection: close"):
+        assert line in head.split("\r\n")
+
+
+def test_idle_flood_and_slow_clients_are_bounded(running):
+    """500 idle connections hold no thread each; a probe still gets its answer, and the
+    refusals are counted."""
+    h, _, ports, m, _ = running
+    h.start([lb()], [endpoint_slice("lb", [endpoint("10.244.1.5")])])
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", ports.actual[32000])) for _ in range(500)]
+    try:
+        assert get(ports.actual[32000])[0] == 200
+        assert threading.active_count() <= before + 2  # the worker pool
+        assert m.value("ipvsctl_http_refused_total",
+                       {"server": "health", "reason": "evicted"}) >= 400
+    finally:
+        for s in idle:
+            s.close()

@@ -229,6 +229,46 @@ def test_config_and_order_are_checked():
         b.on_connections(T0, 0)  # still in the daemons stage
 
 
+def test_a_join_asks_every_daemon_again_and_ignores_answers_from_before_it():
+    b = barrier(check_interval=1, timeout=10)
+    assert b.start(T0) == Discover()
+    q = b.on_daemons(T0, [A, B])
+    assert q == Query((A, B), 2.0, 0)
+    b.join(T0 + 4)  # another caller while the query is out
+    assert b.deadline == T0 + 14
+    assert b.on_answers(T0 + 4.1, {A: QUIET, B: QUIET}, q.generation) == Discover()
+    assert b.quiesced == {}  # the stale answers counted for nothing
+    q2 = b.on_daemons(T0 + 4.2, [A, B])
+    assert q2 == Query((A, B), 2.0, 1)
+    assert b.on_answers(T0 + 4.3, {A: QUIET, B: QUIET}, q2.generation) == CountConnections(1)
+    assert finish(b.on_connections(T0 + 4.4, 0, 1)).result.outcome is Outcome.DRAINED
+
+
+def test_a_join_in_the_connections_stage_goes_back_to_the_daemons():
+    b = barrier(check_interval=1, timeout=10)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    c = b.on_answers(T0, {A: QUIET}, 0)
+    assert c == CountConnections(0) and b.stage is Stage.CONNECTIONS
+    b.join(T0 + 1)
+    assert b.stage is Stage.DAEMONS and b.connections is None
+    assert b.on_connections(T0 + 1.1, 0, c.generation) == Discover()  # counted before
+    assert b.result is None
+    q = b.on_daemons(T0 + 1.2, [A])
+    assert b.on_answers(T0 + 1.3, {A: LIVE}, q.generation) == Wait(T0 + 2.3)
+
+
+def test_result_now_is_a_timeout_that_changes_nothing():
+    b = barrier(check_interval=1, timeout=10)
+    b.start(T0)
+    b.on_daemons(T0, [A])
+    r = b.result_now(T0 + 3)
+    assert r.outcome is Outcome.TIMEOUT and r.not_quiesced == {A: "no answer yet"}
+    assert b.result is None and b.stage is Stage.DAEMONS
+    with pytest.raises(RuntimeError):
+        barrier().join(T0)  # not started
+
+
 # --- the runner on a manual clock ---------------------------------------------------------
 
 
@@ -333,24 +373,84 @@ class GatedProbes:
         return 0
 
 
+def _wait_until(pred: object, timeout: float = 10.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if pred():  # type: ignore[operator]
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not met in time")
+
+
 def test_concurrent_callers_share_one_barrier_and_one_result():
     probes = GatedProbes()
     shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=30), [POD], probes)
     results: list[object] = []
-    callers = [threading.Thread(target=lambda: results.append(shared.wait()))
-               for _ in range(5)]
-    for c in callers:
+
+    def call() -> None:
+        results.append(shared.wait())
+
+    callers = [threading.Thread(target=call) for _ in range(5)]
+    callers[0].start()
+    assert probes.entered.wait(10)  # the first query is out
+    for c in callers[1:]:
         c.start()
-    assert probes.entered.wait(10) and shared.wait_for_waiters(5, 10)
+    _wait_until(lambda: shared.status().get("joins") == 4)
     assert shared.status()["state"] == "running"
     probes.gate.set()
     for c in callers:
         c.join(10)
     assert len(results) == 5 and all(r is results[0] for r in results)
-    assert shared.calls == 5 and probes.discoveries == 1  # one barrier, one round
-    # A caller that comes after the end gets the same result at once.
-    assert shared.wait() is results[0]
-    assert shared.status()["state"] == "done"
+    # One barrier; the first query's answers predate the joins, so it asked once more.
+    assert shared.calls == 5 and shared.runs == 1 and probes.discoveries == 2
+    # A caller that comes after the end gets a new barrier, not the old result.
+    late = shared.wait()
+    assert late is not results[0] and late.outcome is Outcome.DRAINED
+    assert shared.runs == 2 and shared.status()["state"] == "done"
+
+
+def test_an_early_stray_call_never_makes_the_real_prestop_return_early():
+    """Regression: /shutdown called while the pod was not yet behind a Service (quiesced
+    everywhere) finished the barrier; the real preStop later got that result at once."""
+    probes = GatedProbes()
+    probes.gate.set()
+    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=30), [POD], probes)
+    stray = shared.wait()  # before the pod is terminating (not even serving yet)
+    assert stray.outcome is Outcome.DRAINED
+    probes.answer = LIVE  # now the pod serves; the real preStop comes
+    results: list[object] = []
+    real = threading.Thread(target=lambda: results.append(shared.wait()))
+    real.start()
+    _wait_until(lambda: probes.discoveries >= 4)  # it keeps asking
+    assert results == [] and shared.status()["state"] == "running"
+    probes.answer = QUIET  # the endpoint leaves every node
+    real.join(10)
+    assert len(results) == 1 and results[0] is not stray
+    assert results[0].outcome is Outcome.DRAINED  # type: ignore[attr-defined]
+
+
+def test_a_stray_call_that_times_out_first_does_not_end_the_real_prestop():
+    """The stray caller's own deadline passes: it gets a timeout, the barrier goes on for
+    the real preStop, which joined later and gets its own answer."""
+    probes = GatedProbes()
+    probes.gate.set()
+    probes.answer = LIVE
+    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=3), [POD], probes)
+    stray: list[object] = []
+    s = threading.Thread(target=lambda: stray.append(shared.wait()))
+    s.start()
+    _wait_until(lambda: probes.discoveries >= 2)
+    real: list[object] = []
+    r = threading.Thread(target=lambda: real.append(shared.wait()))
+    r.start()
+    _wait_until(lambda: shared.status().get("joins") == 1)  # joined within the stray's 3 s
+    s.join(10)
+    assert stray and stray[0].outcome is Outcome.TIMEOUT  # type: ignore[attr-defined]
+    assert real == [] and shared.status()["state"] == "running"
+    probes.answer = QUIET
+    r.join(10)
+    assert real and real[0].outcome is Outcome.DRAINED  # type: ignore[attr-defined]
+    assert shared.runs == 1
 
 
 def test_a_probe_hanging_past_the_deadline_does_not_hold_the_callers():

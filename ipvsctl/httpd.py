@@ -1,0 +1,450 @@
+"""One small bounded HTTP/1.1 server for every ipvsctl listener (the daemon's --listen, the
+healthCheckNodePorts, the shutdown-manager).
+
+Why not `http.server.ThreadingHTTPServer`: it starts a thread per connection with no cap and
+no idle timeout, so a flood of idle connections holds as many threads, and a client sending
+its headers one byte a second holds one for ever. Here:
+
+- one thread (`serve`) accepts and reads request heads for every connection with a selector:
+  an idle or slow connection costs a socket and a small buffer, never a thread;
+- the whole request head must arrive within `header_timeout` (slowloris is cut), its request
+  line and headers are bounded (414, 431), only GET and HEAD are served (405);
+- at most `max_connections` are open: a new one past the cap closes the oldest connection
+  still sending its head (a flood of idle connections cannot lock out a real client); when
+  every open connection is already being answered, the new one gets 503 at once;
+- complete requests are answered by `workers` threads; a response must be written within
+  `write_timeout`; one request per connection (`Connection: close`).
+
+Every refusal calls `on_refused(reason)` (the daemon counts them in
+`ipvsctl_http_refused_total{server,reason}`); reasons are in `REASONS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ipvsctl.obs.logging import fields
+
+log = logging.getLogger("ipvsctl.http")
+
+REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request", "method", "forbidden")
+LIMIT_LOG_INTERVAL = 60.0  # "connection limit reached" at most this often per server
+
+_REASON_PHRASES = {
+    200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 414: "URI Too Long",
+    431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_connections: int = 64
+    """Open connections, whatever their state."""
+    workers: int = 4
+    """Threads answering complete requests."""
+    header_timeout: float = 5.0
+    """The whole request head must arrive within this many seconds of the accept."""
+    write_timeout: float = 30.0
+    """The whole response must be written within this many seconds."""
+    max_request_line: int = 4096
+    max_head: int = 16384
+    """Request line plus headers."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.workers < 1:
+            raise ValueError("max_connections and workers must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    """Lower-cased names; a repeated header keeps its last value."""
+    peer: str
+    """The client's address (IPv4-mapped IPv6 addresses as plain IPv4)."""
+    tag: object = None
+    """What the listener was registered with (the health server: its port)."""
+    accepted: float = 0.0
+    """time.monotonic() of the accept."""
+
+
+Body = bytes | Iterable[bytes]
+"""bytes (sent with Content-Length) or chunks (sent chunked, streamed)."""
+
+
+@dataclass(slots=True)
+class Response:
+    code: int
+    content_type: str
+    body: Body
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handle = Callable[[Request], Response]
+
+
+def head(code: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {code} {_REASON_PHRASES.get(code, 'Error')}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def plain(code: int, message: str) -> bytes:
+    """A whole small response, for refusals written from the selector thread."""
+    body = message.encode()
+    return head(code, {"Content-Type": "text/plain; charset=utf-8",
+                       "Content-Length": str(len(body)), "Connection": "close"}) + body
+
+
+def parse_head(data: bytes) -> tuple[str, str, dict[str, str]]:
+    """(method, target, headers) of a request head (without the blank line); ValueError
+    if it is not one."""
+    text = data.decode("latin-1")
+    line, _, rest = text.partition("\r\n")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
+        raise ValueError("bad request line")
+    headers: dict[str, str] = {}
+    for h in rest.split("\r\n") if rest else ():
+        name, sep, value = h.partition(":")
+        if not sep or not name or name != name.strip():
+            raise ValueError("bad header line")
+        headers[name.lower()] = value.strip()
+    return parts[0], parts[1], headers
+
+
+def peer_address(addr: object) -> str:
+    host = addr[0] if isinstance(addr, tuple) and addr else ""
+    host = str(host).split("%", 1)[0]
+    return host[7:] if host.startswith("::ffff:") and "." in host else host
+
+
+class _Conn:
+    __slots__ = ("accepted", "buf", "deadline", "peer", "sock", "tag")
+
+    def __init__(self, sock: socket.socket, peer: str, tag: object, now: float,
+                 limits: Limits) -> None:
+        self.sock, self.peer, self.tag, self.accepted = sock, peer, tag, now
+        self.deadline = now + limits.header_timeout
+        self.buf = b""
+
+
+class BoundedServer:
+    """The selector thread (`serve`) and the worker pool; listeners are added and removed
+    at any time from any thread."""
+
+    def __init__(self, handle: Handle, *, name: str = "http", limits: Limits | None = None,
+                 on_refused: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.handle = handle
+        self.name = name
+        self.limits = limits or Limits()
+        self.on_refused = on_refused
+        self.clock = clock
+        self.refused: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._busy = 0  # connections handed to the workers and not yet closed
+        self._pending: list[tuple[str, socket.socket, object]] = []
+        self._reading: OrderedDict[socket.socket, _Conn] = OrderedDict()  # oldest first
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
+        self._stop = threading.Event()
+        self._last_limit_log = -LIMIT_LOG_INTERVAL
+
+    # --- listeners (any thread) -------------------------------------------------------------
+    def add_listener(self, sock: socket.socket, tag: object = None) -> None:
+        sock.setblocking(False)
+        with self._lock:
+            self._pending.append(("add", sock, tag))
+        self._wake()
+
+    def remove_listener(self, sock: socket.socket) -> None:
+        """Stop accepting on `sock` and close it (in the selector thread)."""
+        with self._lock:
+            self._pending.append(("remove", sock, None))
+        self._wake()
+
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._reading) + self._busy
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    # --- the selector thread ----------------------------------------------------------------
+    def serve(self, stop: threading.Event | None = None,
+              tick: Callable[[], None] | None = None, tick_interval: float = 1.0) -> None:
+        """Run until `stop` (or `close()`); `tick` is called about every `tick_interval`."""
+        next_tick = 0.0
+        while not self._stop.is_set() and not (stop is not None and stop.is_set()):
+            now = self.clock()
+            timeout = min(1.0, tick_interval)
+            if self._reading:
+                timeout = max(0.0, min(timeout, next(iter(self._reading.values())).deadline - now))
+            events = self._selector.select(timeout)
+            self._apply_pending()
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        while self._wake_r.recv(4096):
+                            pass
+                elif isinstance(key.data, _Conn):
+                    self._read(key.data)
+                else:  # a listener: ("listener", tag)
+                    self._accept(key.fileobj, key.data[1])  # type: ignore[arg-type]
+            self._expire(self.clock())
+            if tick is not None and self.clock() >= next_tick:
+                next_tick = self.clock() + tick_interval
+                tick()
+        self._shutdown()
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for op, sock, tag in pending:
+            if op == "add":
+                # The tuple marks a listener (connections carry a _Conn).
+                self._selector.register(sock, selectors.EVENT_READ, ("listener", tag))
+            else:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(sock)
+                sock.close()
+
+    def _accept(self, lsock: socket.socket, tag: object) -> None:
+        for _ in range(64):  # drain the backlog a bit per wake-up, fairly
+            try:
+                sock, addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # closed meanwhile, or out of file descriptors: try next round
+            sock.setblocking(False)
+            with self._lock:
+                full = len(self._reading) + self._busy >= self.limits.max_connections
+            if full and self._reading:
+                _, oldest = self._reading.popitem(last=False)
+                self._drop(oldest, "evicted")
+                full = False
+            if full:
+                self._refuse(sock, "busy", plain(503, "too many connections\n"))
+                continue
+            conn = _Conn(sock, peer_address(addr), tag, self.clock(), self.limits)
+            with self._lock:
+                self._reading[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._forget(conn)
+            conn.sock.close()
+            return
+        conn.buf += chunk
+        end = conn.buf.find(b"\r\n\r\n")
+        line_end = conn.buf.find(b"\r\n")
+        if (line_end < 0 and len(conn.buf) > self.limits.max_request_line) or (
+                line_end > self.limits.max_request_line):
+            self._forget(conn)
+            self._refuse(conn.sock, "too_large", plain(414, "request line too long\n"))
+            return
+        if (end < 0 and len(conn.buf) > self.limits.max_head) or end > self.limits.max_head:
+            self._forget(conn)
+            self._refuse(conn.sock, "too_large", plain(431, "request head too large\n"))
+            return
+        if end < 0:
+            return
+        self._forget(conn)
+        try:
+            method, target, headers = parse_head(conn.buf[:end])
+        except ValueError:
+            self._refuse(conn.sock, "bad_request", plain(400, "bad request\n"))
+            return
+        if method not in ("GET", "HEAD"):
+            self._refuse(conn.sock, "method", plain(405, "only GET and HEAD\n").replace(
+                b"Connection: close", b"Allow: GET, HEAD\r\nConnection: close"))
+            return
+        url = urlsplit(target)
+        req = Request(method, url.path, parse_qs(url.query), headers, conn.peer, conn.tag,
+                      conn.accepted)
+        with self._lock:
+            self._busy += 1
+        try:
+            self._pool.submit(self._answer, conn.sock, req)
+        except RuntimeError:  # the pool is shut down: we are stopping
+            with self._lock:
+                self._busy -= 1
+            conn.sock.close()
+
+    def _forget(self, conn: _Conn) -> None:
+        with self._lock:
+            self._reading.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+
+    def _expire(self, now: float) -> None:
+        while self._reading:
+            conn = next(iter(self._reading.values()))
+            if conn.deadline > now:
+                return
+            self._forget(conn)
+            self._refuse(conn.sock, "timeout", plain(408, "request head not received in "
+                                                          "time\n") if conn.buf else b"")
+
+    def _drop(self, conn: _Conn, reason: str) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        self._refuse(conn.sock, reason, b"")
+
+    def _refuse(self, sock: socket.socket, reason: str, reply: bytes) -> None:
+        """Count, answer what fits in the socket buffer without blocking, close."""
+        self.count(reason)
+        if reply:
+            with contextlib.suppress(OSError):
+                sock.send(reply)
+                # Unread input at close() makes the kernel send a reset, which can destroy
+                # the reply before the client reads it: drain what has arrived (bounded).
+                for _ in range(16):
+                    if not sock.recv(65536):
+                        break
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+        sock.close()
+        if reason in ("busy", "evicted"):
+            now = self.clock()
+            if now - self._last_limit_log >= LIMIT_LOG_INTERVAL:
+                self._last_limit_log = now
+                log.warning("http connection limit reached, closing connections", extra=fields(
+                    server=self.name, max_connections=self.limits.max_connections,
+                    refused=dict(self.refused)))
+
+    def count(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] += 1
+        if self.on_refused is not None:
+            self.on_refused(reason)
+
+    # --- the workers ------------------------------------------------------------------------
+    def _answer(self, sock: socket.socket, req: Request) -> None:
+        try:
+            sock.setblocking(True)
+            sock.settimeout(self.limits.write_timeout)
+            try:
+                resp = self.handle(req)
+            except Exception as exc:  # a bug in a handler must not kill the server
+                log.exception("http handler failed", extra=fields(server=self.name,
+                                                                  path=req.path))
+                resp = Response(500, "text/plain; charset=utf-8",
+                                f"internal error: {type(exc).__name__}\n".encode())
+            if resp.code == 403:
+                self.count("forbidden")
+            self._write(sock, req, resp)
+        except OSError as exc:  # the client went away or was too slow to read
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, None) and not isinstance(
+                    exc, TimeoutError):
+                log.debug("http write failed", extra=fields(server=self.name, error=exc))
+        except Exception:  # a streamed body failing half-way: the client sees a cut stream
+            log.exception("http response failed", extra=fields(server=self.name,
+                                                               path=req.path))
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+            with self._lock:
+                self._busy -= 1
+
+    def _write(self, sock: socket.socket, req: Request, resp: Response) -> None:
+        headers = {"Content-Type": resp.content_type, **resp.headers,
+                   "X-Content-Type-Options": "nosniff", "Connection": "close"}
+        deadline = time.monotonic() + self.limits.write_timeout
+        if isinstance(resp.body, bytes | bytearray):
+            headers["Content-Length"] = str(len(resp.body))
+            sock.sendall(head(resp.code, headers) + (b"" if req.method == "HEAD"
+                                                      else bytes(resp.body)))
+            return
+        headers["Transfer-Encoding"] = "chunked"
+        sock.sendall(head(resp.code, headers))
+        chunks = resp.body
+        try:
+            if req.method == "HEAD":
+                return
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("response not written in time")
+                sock.settimeout(left)
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    # --- stopping ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop `serve` (from another thread); it closes every socket on its way out."""
+        self._stop.set()
+        self._wake()
+
+    def _shutdown(self) -> None:
+        if self._selector.get_map() is None:
+            return  # already done
+        self._apply_pending()
+        for key in list(self._selector.get_map().values()):
+            if key.fileobj is not self._wake_r:
+                with contextlib.suppress(OSError):
+                    key.fileobj.close()  # type: ignore[union-attr]
+        with self._lock:
+            self._reading.clear()
+        self._selector.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def direct_opener() -> Any:
+    """A urllib opener that never goes through a proxy: ipvsctl's own requests (to the
+    node's daemon, to other nodes' daemons) are direct, whatever http_proxy/HTTPS_PROXY a
+    pod inherited (through a proxy they would time out or reach the wrong daemon)."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when host has a colon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,192 @@
+"""The bounded HTTP server on loopback: slow and idle clients, floods, oversized and
+non-GET requests, streaming, and the daemon wrapper's local-only paths."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from ipvsctl.httpd import Limits
+from ipvsctl.shell.http import HTTPServer, text
+
+
+def _get(port: int, path: str = "/ok", timeout: float = 5.0) -> tuple[int, bytes]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[HTTPServer, list[str]]]:
+    refused: list[str] = []
+    srv = HTTPServer("127.0.0.1:0", {
+        "/ok": lambda q: text(200, "ok\n"),
+        "/stream": lambda q: (200, "text/plain", (b"line %d\n" % i for i in range(1000))),
+        "/secret": lambda q: text(200, "secret\n"),
+    }, limits=Limits(max_connections=20, workers=2, header_timeout=1.0),
+        on_refused=refused.append, local_only={"/secret"}, is_local=lambda peer: False)
+    srv.start()
+    yield srv, refused
+    srv.stop()
+
+
+def _threads() -> int:
+    return threading.active_count()
+
+
+def test_get_and_head(server: tuple[HTTPServer, list[str]]) -> None:
+    srv, _ = server
+    assert _get(srv.port) == (200, b"ok\n")
+    reply = _raw(srv.port, b"HEAD /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"\r\n\r\n")
+    assert b"Content-Length: 3" in reply
+    assert _get(srv.port, "/nope")[0] == 404
+
+
+def test_streamed_body_is_chunked_and_complete(server: tuple[HTTPServer, list[str]]) -> None:
+    srv, _ = server
+    code, body = _get(srv.port, "/stream")
+    assert code == 200
+    assert body == b"".join(b"line %d\n" % i for i in range(1000))
+
+
+def test_only_get_and_head(server: tuple[HTTPServer, list[str]]) -> None:
+    srv, refused = server
+    reply = _raw(srv.port, b"POST /ok HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in reply
+    assert _raw(srv.port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert refused == ["method", "bad_request"]
+
+
+def test_oversized_request_line_and_head(server: tuple[HTTPServer, list[str]]) -> None:
+    srv, refused = server
+    long_line = b"GET /" + b"a" * 10000 + b" HTTP/1.1\r\n\r\n"
+    assert _raw(srv.port, long_line).startswith(b"HTTP/1.1 414 ")
+    big_head = b"GET /ok HTTP/1.1\r\n" + b"X-A: " + b"b" * 3000 + b"\r\n"
+    assert _raw(srv.port, big_head * 10 + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    assert refused == ["too_large", "too_large"]
+    assert _get(srv.port) == (200, b"ok\n")
+
+
+def test_slowloris_is_cut(server: tuple[HTTPServer, list[str]]) -> None:
+    """Headers one byte at a time never complete: the connection is closed at the header
+    timeout (1 s here), long before the client would finish."""
+    srv, refused = server
+    request = b"GET /ok HTTP/1.1\r\nHost: slow\r\nX-Pad: " + b"p" * 100 + b"\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    started = time.monotonic()
+    cut = False
+    try:
+        for byte in request:
+            try:
+                s.send(bytes([byte]))
+            except OSError:
+                cut = True
+                break
+            s.settimeout(0.1)
+            try:
+                data = s.recv(4096)
+            except TimeoutError:
+                continue
+            cut = True  # a 408 or EOF before the head was complete
+            assert data == b"" or data.startswith(b"HTTP/1.1 408 ")
+            break
+    finally:
+        s.close()
+    assert cut
+    assert time.monotonic() - started < 4
+    assert refused == ["timeout"]
+
+
+def test_idle_flood_keeps_threads_bounded_and_serves(
+        server: tuple[HTTPServer, list[str]]) -> None:
+    srv, refused = server
+    idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(500)]
+    try:
+        assert _get(srv.port) == (200, b"ok\n")  # a real client still gets in
+        # This server's threads only: other tests' threads may still be ending meanwhile.
+        mine = [t for t in threading.enumerate()
+                if t.name.startswith(f"{srv.server.name}-worker")]
+        assert 0 < len(mine) <= srv.server.limits.workers
+        assert srv.server.open_connections() <= 20
+        assert refused.count("evicted") >= 480
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_busy_workers_refuse_new_connections_with_503() -> None:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def slow(q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        started.release()
+        release.wait(10)
+        return text(200, "slow\n")
+
+    refused: list[str] = []
+    srv = HTTPServer("127.0.0.1:0", {"/slow": slow},
+                     limits=Limits(max_connections=2, workers=2), on_refused=refused.append)
+    srv.start()
+    try:
+        results: list[tuple[int, bytes]] = []
+        clients = [threading.Thread(target=lambda: results.append(_get(srv.port, "/slow")))
+                   for _ in range(2)]
+        for c in clients:
+            c.start()
+        assert started.acquire(timeout=5) and started.acquire(timeout=5)
+        assert _get(srv.port, "/slow")[0] == 503
+        assert refused == ["busy"]
+        release.set()
+        for c in clients:
+            c.join(5)
+        assert results == [(200, b"slow\n")] * 2
+    finally:
+        release.set()
+        srv.stop()
+
+
+def test_local_only_paths_refuse_other_peers(server: tuple[HTTPServer, list[str]]) -> None:
+    srv, refused = server
+    assert _get(srv.port, "/secret")[0] == 403
+    assert _get(srv.port, "/ok")[0] == 200
+    assert refused == ["forbidden"]
+
+
+def test_handler_error_is_500_and_server_lives() -> None:
+    def boom(q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        raise RuntimeError("bug")
+
+    srv = HTTPServer("127.0.0.1:0", {"/boom": boom, "/ok": lambda q: text(200, "ok\n")})
+    srv.start()
+    try:
+        assert _get(srv.port, "/boom")[0] == 500
+        assert _get(srv.port, "/ok") == (200, b"ok\n")
+    finally:
+        srv.stop()
+
+
+def test_taken_port_raises_at_construction() -> None:
+    a = HTTPServer("127.0.0.1:0", {})
+    try:
+        with pytest.raises(OSError):
+            HTTPServer(f"127.0.0.1:{a.port}", {})
+    finally:
+        a.stop()
