@@ -26,6 +26,7 @@ from ipvsctl.kernel.port import (
 )
 from ipvsctl.model import (
     AppliedVirtualServer,
+    ConnCounts,
     DeadlineSource,
     DesiredService,
     DrainEntry,
@@ -57,6 +58,7 @@ from ipvsctl.plan.ops import (
     UpdateVirtualServer,
 )
 from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.reconcile.drain_reader import DrainReader, DrainReading, DrainSnapshot
 from ipvsctl.source.events import ObjectKind, SourceEvent
 from ipvsctl.source.store import ObjectStore, Problem
 
@@ -125,6 +127,9 @@ class Engine:
         self._live_by_ip: dict[str, int] = {}
         # Connection counts of draining real servers as the last drain check read them.
         self._drain_counts: dict[tuple[ServiceKey, RealServerKey], tuple[int, int]] = {}
+        # Their connections by state, when the connection table was read for them.
+        self._drain_conns: dict[tuple[ServiceKey, RealServerKey], ConnCounts] = {}
+        self.drain_reader = DrainReader(kernel, self.metrics, self.clock)
         self._quiesced_since: dict[str, float] = {}
         self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
@@ -415,7 +420,7 @@ class Engine:
             except KernelNotFound:
                 k.add_real_server(op.vs, op.rs, 1)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, 1)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             if self.queue.remove(op.vs, op.rs):
                 log.info("drain cancelled, endpoint back", extra=fields(
                     service=ref, vs=op.vs, rs=op.rs))
@@ -445,15 +450,18 @@ class Engine:
                         vs=op.vs, rs=op.rs, error=exc))
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
             entry = self.queue.remove(op.vs, op.rs)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             self.metrics.real_server_deletions.labels(op.reason.value).inc()
+            if entry is not None:
+                self.metrics.drain_duration.labels(op.reason.value).observe(
+                    max(0.0, self.clock.wall() - entry.since))
             log.info("real server deleted", extra=fields(
                 service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
                 reason=op.reason,
                 drained_for=round(self.clock.wall() - entry.since, 3) if entry else None))
         elif isinstance(op, ForgetDrain):
             self.queue.remove(op.vs, op.rs)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
         return surprised
 
@@ -476,9 +484,13 @@ class Engine:
         for waiting in self._conflicts.pop(key, ()):
             self.dirty.add(waiting)
 
+    def _forget_counts(self, vs: ServiceKey, rs: RealServerKey) -> None:
+        self._drain_counts.pop((vs, rs), None)
+        self._drain_conns.pop((vs, rs), None)
+
     def _dequeue_vs(self, key: ServiceKey) -> None:
         for entry in self.queue.remove_vs(key):
-            self._drain_counts.pop(entry.key, None)
+            self._forget_counts(*entry.key)
 
     # --- start-up -----------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:
@@ -565,24 +577,45 @@ class Engine:
 
     # --- draining -----------------------------------------------------------------
     def check_drains(self) -> SyncResult:
-        """One dump per virtual server with queued real servers; delete those whose
-        connections are gone or whose deadline passed."""
+        """One whole drain check in the caller's thread (tests, and the loop without a
+        reader thread): snapshot, read, apply."""
+        return self.apply_drain_reading(self.read_drains(self.drain_snapshot()))
+
+    def drain_snapshot(self) -> DrainSnapshot:
+        """Under the loop's lock: the queue as it is now, O(queue)."""
+        return DrainSnapshot({key: dict(self.queue.for_vs(key))
+                              for key in self.queue.virtual_servers()})
+
+    def read_drains(self, snapshot: DrainSnapshot) -> DrainReading:
+        """Without the lock: kernel reads only, no engine state touched."""
+        return self.drain_reader.read(snapshot)
+
+    def apply_drain_reading(self, reading: DrainReading) -> SyncResult:
+        """Under the lock: delete the real servers whose connections are gone or closed, or
+        whose deadline passed. Only entries still queued as the very same entry are judged
+        (an endpoint that came back, or drained anew, since the snapshot is left alone)."""
         result = SyncResult()
         now = self.clock.wall()
         self.store.expire_pods(now)
-        for key in self.queue.virtual_servers():
-            try:
-                observed: list[RealServerStatus] | None = self.kernel.list_real_servers(key)
-            except KernelNotFound:
-                observed = None
-            except KernelError as exc:
-                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        for key, snapped in sorted(reading.snapshot.entries.items()):
+            if key not in reading.observed:
+                continue  # not read this time
+            queued = self.queue.for_vs(key)
+            current = {rs: e for rs, e in snapped.items() if queued.get(rs) is e}
+            if not current:
                 continue
+            observed = reading.observed[key]
+            conns = {rs: c for rs in current
+                     if (c := reading.conns.get((key, rs))) is not None}
             for status in observed or ():
-                if status.key in self.queue.for_vs(key):
+                if status.key in current:
                     self._drain_counts[(key, status.key)] = (
                         status.active_conns, status.inactive_conns)
-            ops = check_drains(self.queue.for_vs(key), observed, now)
+                    if status.key in conns:
+                        self._drain_conns[(key, status.key)] = conns[status.key]
+                    else:
+                        self._drain_conns.pop((key, status.key), None)
+            ops = check_drains(current, observed, now, conns)
             if ops:
                 self._apply(self.vs_owner.get(key), ops, result)
         return result
@@ -702,7 +735,9 @@ class Engine:
                         # Read by the drain check; only draining ones are read at all.
                         "active_conns": counts[0] if counts else None,
                         "inactive_conns": counts[1] if counts else None,
-                        "drain": _drain_json(entry, now) if entry else None,
+                        "drain": (_drain_json(entry, now, counts,
+                                              self._drain_conns.get((key, rs)))
+                                  if entry else None),
                     })
                 out.append({
                     "protocol": key.protocol.value, "address": key.address, "port": key.port,
@@ -720,8 +755,16 @@ class Engine:
         }
 
 
-def _drain_json(e: DrainEntry, now: float) -> dict[str, Any]:
+def _drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
+                conns: ConnCounts | None = None) -> dict[str, Any]:
     d = e.to_json()
     d["age"] = round(max(0.0, now - e.since), 3)
     d["time_left"] = round(max(0.0, e.deadline - now), 3)
+    if counts is not None:
+        # ActiveConn is the established count; the rest is split only when the
+        # connection table was read for this real server (null: not known).
+        d["connections"] = (conns.to_json() if conns is not None else {
+            "established": counts[0],
+            "closing": 0 if counts[1] == 0 else None,
+            "closed": 0 if counts[1] == 0 else None})
     return d
