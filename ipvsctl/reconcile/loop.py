@@ -69,6 +69,8 @@ class Loop:
         # first step.
         self._next_node_ips: float | None = None
         self._node_ips_failing = False
+        # With a drain reader thread (the daemon's), drain checks leave step() entirely.
+        self.drain_thread = False
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -79,7 +81,7 @@ class Loop:
         wake = [now + self.config.idle_wakeup]
         if self._retry_at is not None:
             wake.append(self._retry_at)
-        if len(self.engine.queue):
+        if len(self.engine.queue) and not self.drain_thread:
             wake.append(self._next_drain)
         if self.engine.queue.version != self._saved_version:
             wake.append(self._next_persist)
@@ -113,7 +115,8 @@ class Loop:
             if e.ready and (starting or (e.dirty and (got_events or moved
                                                       or self._retry_due(now)))):
                 self._sync(now)
-            if e.started and len(e.queue) and now >= self._next_drain:
+            if (not self.drain_thread and e.started and len(e.queue)
+                    and now >= self._next_drain):
                 e.check_drains()
                 self._next_drain = now + self.config.drain_check_interval
             if e.started and now >= self._next_audit:
@@ -122,6 +125,25 @@ class Loop:
                 self._next_audit = now + self.config.audit_interval
             self._persist()
             self.heartbeat = self.clock.monotonic()
+
+    def run_drain_reader(self, stop: threading.Event) -> None:
+        """The drain check's own thread (set `drain_thread` before starting it): its kernel
+        reads (one /proc/net/ip_vs read, a paced pass over ip_vs_conn) happen without the
+        lock, so events never wait behind them; the lock is held for the snapshot and for
+        applying the result (the deletions), both O(queue)."""
+        while not stop.is_set():
+            self.drain_step()
+            stop.wait(self.config.drain_check_interval)
+
+    def drain_step(self) -> None:
+        e = self.engine
+        with self.lock:
+            if not e.started or not len(e.queue):
+                return
+            snapshot = e.drain_snapshot()
+        reading = e.read_drains(snapshot)
+        with self.lock:
+            e.apply_drain_reading(reading)
 
     def _read_node_ips(self) -> list[str] | None:
         """The node's addresses when a re-read is due, else None. A failed read keeps the
