@@ -135,41 +135,46 @@ class ConnScan:
 
 
 # Canonical layouts: IPv4 "TCP 0A000064 9C40 0A60000A 0050 0AF40105 1F90 ..." has DestIP
-# DPrt at [32:45]; IPv6 (39-character addresses) at [94:138].
-_V4_SPACES = (3, 12, 17, 26, 31, 40, 45)
-_V6_SPACES = (3, 43, 48, 88, 93, 133, 138)
+# DPrt at [32:45] (spaces at 3, 31, 40, 45); IPv6 (39-character addresses) at [94:138]
+# (spaces at 3, 93, 133, 138).
+def _canonical_v4(line: str) -> bool:
+    return line[3:4] == " " and line[31:32] == " " and line[40:41] == " " and line[45:46] == " "
 
 
-def _canonical(line: str, spaces: tuple[int, ...]) -> bool:
-    return len(line) > spaces[-1] and all(line[i] == " " for i in spaces)
+def _canonical_v6(line: str) -> bool:
+    return (line[3:4] == " " and line[93:94] == " " and line[133:134] == " "
+            and line[138:139] == " ")
 
 
 def scan_connections(lines: Iterable[str], wanted: Collection[ConnKey]) -> ConnScan:
     """Count the TCP connections of the wanted pairs by state, streaming. Only lines whose
-    DestIP:DPrt text is a wanted real server's are parsed (a slice and a set lookup per
-    line otherwise), so 100,000 TIME_WAIT entries elsewhere cost one pass of cheap checks.
-    A wanted pair with no line gets an empty ConnCounts. A matching line that does not
-    parse counts as closing for every wanted pair of that real server: never an early
+    DestIP:DPrt text is a wanted real server's are parsed (a slice, a set lookup and a few
+    character checks per line otherwise), so 100,000 TIME_WAIT entries elsewhere cost one
+    pass of cheap checks. A wanted pair with no line gets an empty ConnCounts. A matching
+    line that does not parse counts as closing for every wanted pair of that real server,
+    and a TCP line that parses neither way makes the pass untrustworthy: never an early
     delete."""
     want = set(wanted)
     scan = ConnScan(counts={k: ConnCounts() for k in want})
     tokens: dict[str, list[ConnKey]] = {}
     for key in want:
         tokens.setdefault(dest_token(key[1]), []).append(key)
-    v4 = {t for t in tokens if " " in t and len(t) == 13}
+    v4 = {t for t in tokens if len(t) == 13}
     v6 = tokens.keys() - v4
+    n = 0
     for line in lines:
-        scan.lines += 1
+        n += 1
         if not line.startswith("TCP"):
             continue  # the header, other protocols (only TCP drains wait on states)
-        if _canonical(line, _V4_SPACES):
-            token = line[32:45]
-            if token not in v4:
-                continue
-        elif _canonical(line, _V6_SPACES):
-            token = line[94:138]
-            if token not in v6:
-                continue
+        token: str | None = line[32:45]
+        if token in v4 and _canonical_v4(line):
+            pass
+        elif _canonical_v4(line):
+            continue
+        elif v6 and (token := line[94:138]) in v6 and _canonical_v6(line):
+            pass
+        elif _canonical_v6(line):
+            continue
         else:
             scan.slow += 1
             token = None
@@ -188,6 +193,7 @@ def scan_connections(lines: Iterable[str], wanted: Collection[ConnKey]) -> ConnS
         scan.matched += 1
         if not conn.template:
             scan.counts[key] = classify(scan.counts[key], conn.state)
+    scan.lines = n
     return scan
 
 

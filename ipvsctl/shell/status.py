@@ -83,6 +83,15 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}s" if v >= 10 else f"{v:.1f}s"
 
 
+def _conns(drain: dict[str, Any]) -> str:
+    """", connections 0 established/1 closing/3 closed" ("?" where not known)."""
+    c = drain.get("connections")
+    if not c:
+        return ""
+    n = ["?" if c.get(k) is None else str(c[k]) for k in ("established", "closing", "closed")]
+    return f"; connections {n[0]} established/{n[1]} closing/{n[2]} closed"
+
+
 def render_status(doc: dict[str, Any]) -> str:
     lines = []
     d = doc["daemon"]
@@ -112,7 +121,7 @@ def render_status(doc: dict[str, Any]) -> str:
             dr = r.get("drain")
             if dr:
                 note = (f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
-                        f"{_secs(dr.get('time_left'))} left)").strip()
+                        f"{_secs(dr.get('time_left'))} left{_conns(dr)})").strip()
             lines.append(f"  -> {_hostport(r['address'], r['port']):<31}{r['weight']:>6} "
                          f"{ac:>10} {ic:>9}  {note}")
     q = doc.get("drain_queue") or []

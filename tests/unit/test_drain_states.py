@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import ConnCounts
+from ipvsctl.model import ConnCounts, VirtualServerStatus
 from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.shell.status import join_status, render_status
 from ipvsctl.source.events import ObjectKind, Upsert
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness, rs, vs
@@ -190,3 +191,14 @@ def test_events_are_applied_while_a_drain_read_is_in_progress():
         reader.join(10)
     # and the stale reading, applied after, did not delete the endpoint that came back
     assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 1
+
+
+def test_ipvsctl_status_shows_the_connection_states():
+    h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
+    h.check(1)
+    table = [VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
+             for v in h.fake.list_virtual_servers()]
+    doc = join_status(table, None, h.engine.status(), None, "http://x")
+    a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
+    assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
+    assert "connections 0 established/1 closing/2 closed" in render_status(doc)
