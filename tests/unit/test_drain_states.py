@@ -161,10 +161,12 @@ class BlockingReadKernel(FakeKernel):
         super().__init__()
         self.reading = threading.Event()
         self.release = threading.Event()
+        self.block = False
 
     def read_real_servers(self, keys):
-        self.reading.set()
-        assert self.release.wait(10)
+        if self.block:
+            self.reading.set()
+            assert self.release.wait(10)
         return super().read_real_servers(keys)
 
 
@@ -177,6 +179,7 @@ def test_events_are_applied_while_a_drain_read_is_in_progress():
     h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
     h.upsert(slice_of(endpoint(B)))  # A drains, idle: the reading will say "delete"
     h.ops()
+    kernel.block = True
     reader = threading.Thread(target=loop.drain_step)
     reader.start()
     try:
@@ -202,3 +205,17 @@ def test_ipvsctl_status_shows_the_connection_states():
     a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
     assert "connections 0 established/1 closing/2 closed" in render_status(doc)
+
+
+def test_a_restart_over_an_unchanged_table_reads_it_once_and_writes_nothing():
+    services = [service(f"s{i}", cluster_ip=f"10.96.1.{i}") for i in range(1, 51)]
+    slices = [endpoint_slice(f"s{i}", [endpoint(f"10.244.2.{i}")], name=f"s{i}-a")
+              for i in range(1, 51)]
+    first = Harness()
+    first.start(services, slices)
+    again = Harness(kernel=first.fake)
+    first.fake.take_ops()
+    first.fake.dumps = first.fake.table_reads = 0
+    again.start(services, slices)
+    assert again.engine.started and first.fake.take_ops() == []
+    assert (first.fake.table_reads, first.fake.dumps) == (1, 0)

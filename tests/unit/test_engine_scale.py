@@ -34,7 +34,7 @@ def test_one_endpoint_change_among_10000_services_touches_only_its_service(monke
     real_build = engine_module.build_desired_service
     monkeypatch.setattr(engine_module, "build_desired_service",
                         lambda svc, *a: built.append(svc.ref) or real_build(svc, *a))
-    h.fake.dumps = 0
+    h.fake.dumps = h.fake.table_reads = 0
     i = 4321
     eps = [endpoint(pod_ip(i, j)) for j in range(1, 10)] + [endpoint("10.200.0.1")]
     h.upsert(endpoint_slice(f"s{i}", eps))
