@@ -33,6 +33,12 @@ from ipvsctl.reconcile.clock import Clock
 log = logging.getLogger("ipvsctl.drain")
 
 DUTY = 9.0  # the conn-table pass waits at least DUTY x its last duration before the next
+PROBE_DUMPS = 8  # checks with at most this many virtual servers may measure a dump's cost
+RETRY_TABLE = 60  # checks by dumps before the table read is measured again
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else 0.7 * old + 0.3 * new
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,10 @@ class DrainReader:
         self.metrics = metrics
         self.clock = clock
         self._next_conn_scan = 0.0
+        # Measured costs (seconds): one table read, one dump; None until first measured.
+        self._table_cost: float | None = None
+        self._dump_cost: float | None = None
+        self._dump_checks = 0
         self._table_failing = False
         self._conns_failing = False
         self.last_scan: object | None = None  # the last ConnScan (its work counters, for tests)
@@ -82,29 +92,50 @@ class DrainReader:
     def _read_counts(
         self, keys: list[ServiceKey]
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        """One table read for all; per-service dumps only when the table file cannot be read
-        (the counts are what today's rule needs, so they must come from somewhere)."""
-        try:
-            observed = self.kernel.read_real_servers(keys)
-            if self._table_failing:
-                self._table_failing = False
-                log.info("ipvs table file readable again")
-            return observed
-        except KernelError as exc:
-            self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
-            if not self._table_failing:
-                self._table_failing = True
-                log.warning("ipvs table file unreadable, reading per virtual server",
-                            extra=fields(error=exc))
-        observed: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        """The cheaper of one table read (its cost grows with the whole table) and one
+        netlink dump per draining virtual server (grows with the drains), by the costs
+        measured here so far (`read_choice`); dumps also when the table file cannot be read
+        (the counts are what the drain rule needs, so they must come from somewhere)."""
+        if self.read_choice(len(keys)) == "table":
+            t0 = self.clock.monotonic()
+            try:
+                observed = self.kernel.read_real_servers(keys)
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
+                self._table_cost = float("inf")  # dumps from now on
+                if not self._table_failing:
+                    self._table_failing = True
+                    log.warning("ipvs table file unreadable, reading per virtual server",
+                                extra=fields(error=exc))
+            else:
+                self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
+                return observed
+        observed_: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        t0 = self.clock.monotonic()
         for key in keys:
             try:
-                observed[key] = self.kernel.list_real_servers(key)
+                observed_[key] = self.kernel.list_real_servers(key)
             except KernelNotFound:
-                observed[key] = None
+                observed_[key] = None
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
-        return observed
+        self._dump_cost = _ewma(self._dump_cost, (self.clock.monotonic() - t0) / len(keys))
+        self._dump_checks += 1
+        return observed_
+
+    def read_choice(self, n: int) -> str:
+        """"table" or "dumps" for n draining virtual servers. The table is tried first;
+        a dump's cost is learned on small checks (a few virtual servers); then whichever
+        is estimated cheaper. The table is re-tried now and then (every 60 checks), as
+        its cost changes with the node's table."""
+        if self._table_cost is None:
+            return "table"
+        if self._dump_cost is None:
+            return "dumps" if n <= PROBE_DUMPS or self._table_cost == float("inf") else "table"
+        if self._dump_checks >= RETRY_TABLE and self._table_cost != float("inf"):
+            self._dump_checks = 0
+            return "table"
+        return "dumps" if n * self._dump_cost < self._table_cost else "table"
 
     def _read_conns(
         self, wanted: list[tuple[ServiceKey, RealServerKey]]

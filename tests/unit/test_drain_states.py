@@ -11,7 +11,9 @@ import threading
 import pytest
 
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import ConnCounts, VirtualServerStatus
+from ipvsctl.kernel.port import KernelUnavailable
+from ipvsctl.model import ConnCounts, VirtualServer, VirtualServerStatus
+from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.shell.status import join_status, render_status
 from ipvsctl.source.events import ObjectKind, Upsert
@@ -219,3 +221,46 @@ def test_a_restart_over_an_unchanged_table_reads_it_once_and_writes_nothing():
     again.start(services, slices)
     assert again.engine.started and first.fake.take_ops() == []
     assert (first.fake.table_reads, first.fake.dumps) == (1, 0)
+
+
+def test_counts_come_from_the_cheaper_read_by_measured_cost():
+    h = Harness()
+
+    class CostlyKernel(FakeKernel):
+        def read_real_servers(self, keys):  # a big node table: 100 ms whatever is asked
+            h.clock.advance(0.1)
+            return super().read_real_servers(keys)
+
+        def list_real_servers(self, key):  # one dump: 1 ms
+            h.clock.advance(0.001)
+            return super().list_real_servers(key)
+
+    reader = DrainReader(CostlyKernel(), h.metrics, h.clock)
+    h.fake.add_virtual_server(VirtualServer(vs()), True)
+    reader.kernel.services = h.fake.services  # type: ignore[attr-defined]
+    snap = DrainSnapshot({vs(): {}})
+    reader.read(snap)  # the table first: 0.1 s measured
+    assert reader.read_choice(1) == "dumps"  # a small check measures a dump
+    reader.read(snap)
+    assert reader.read_choice(50) == "dumps"  # 50 x 1 ms < 100 ms
+    assert reader.read_choice(200) == "table"  # 200 x 1 ms > 100 ms
+
+
+def test_without_the_table_file_counts_come_from_dumps_with_one_log_line(caplog):
+    class NoTable(FakeKernel):
+        def read_real_servers(self, keys):
+            raise KernelUnavailable("no /proc/net/ip_vs", "read_ip_vs")
+
+    h = Harness(kernel=NoTable(), drain_timeout=600)
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.drain"):
+        for _ in range(3):
+            h.check(1)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.fake.dumps >= 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "ipvs table file unreadable, reading per virtual server"]
+    h.fake.set_connections(vs(), rs(A), active=0)
+    h.check(1)
+    assert h.deletions("drained") == 1
