@@ -140,3 +140,9 @@ def test_table_with_an_unreadable_real_server_line_is_not_known_for_that_virtual
     scan = scan_table(broken.splitlines(True), [VS, VS6])
     assert scan.unreadable == {VS} and VS not in scan.real_servers and VS6 in scan.real_servers
     assert not scan_table(["garbage\n"]).complete
+
+
+def test_hex_fields_must_be_plain_hex():
+    for bad in ("+A000064", "0x0A0001", " A00_064"):
+        assert parse_conn_line(v4("CLOSE", dest=bad)) is None
+    assert parse_conn_line(v4("CLOSE", cport="+C40")) is None
