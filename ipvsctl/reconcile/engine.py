@@ -82,6 +82,20 @@ class EngineConfig:
     audit_batch: int = 20
 
 
+@dataclass(frozen=True, slots=True)
+class AuditPlan:
+    changed: tuple[int, int]  # Engine._changed() when planned
+    full: bool  # a new round: the virtual servers are read too
+    keys: list[ServiceKey]  # virtual servers whose real servers are read
+
+
+@dataclass(slots=True)
+class AuditReading:
+    plan: AuditPlan
+    virtual_servers: dict[ServiceKey, VirtualServer] | None = None  # None: not read
+    real_servers: dict[ServiceKey, dict[RealServerKey, int]] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class SyncResult:
     services: int = 0  # Services synced
@@ -133,6 +147,7 @@ class Engine:
         self._quiesced_since: dict[str, float] = {}
         self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
+        self._mutations = 0  # bumped by every applied op: audit readings check it
         # Services with a nodePort: the only ones a node address change touches.
         self._node_port_services: set[ServiceRef] = set()
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
@@ -375,6 +390,7 @@ class Engine:
 
     def _apply_op(self, ref: ServiceRef | None, op: Op) -> bool:
         k = self.kernel
+        self._mutations += 1
         surprised = False
         if isinstance(op, AddVirtualServer):
             bind = op.kind.binds_address
@@ -590,6 +606,7 @@ class Engine:
         return out
 
     def _delete_orphan(self, key: ServiceKey, real_servers: int, result: SyncResult) -> None:
+        self._mutations += 1
         try:
             self.kernel.delete_virtual_server(key, True)
         except KernelNotFound:
@@ -654,25 +671,66 @@ class Engine:
     def audit_step(self) -> int:
         """Re-read a slice of the kernel and put right what differs from what was applied.
         Spread over calls (`audit_batch` virtual servers each) so a large table never
-        causes a burst. Returns the number of differences found."""
+        causes a burst. Returns the number of differences found. (The daemon does the same
+        in three steps, its reads off the loop's lock: audit_snapshot, read_audit,
+        apply_audit_reading.)"""
+        return self.apply_audit_reading(self.read_audit(self.audit_snapshot()))
+
+    def _changed(self) -> tuple[int, int]:
+        """Moves whenever what was applied (or the queue) may have changed."""
+        return (self._mutations, self.queue.version)
+
+    def audit_snapshot(self) -> AuditPlan | None:
+        """Under the lock: what the next audit step reads."""
         if not self.started:
+            return None
+        batch = self.config.audit_batch
+        if not self._audit_cursor:  # a new round: the virtual servers, then the first batch
+            return AuditPlan(self._changed(), True, sorted(self.vs_owner)[:batch])
+        return AuditPlan(self._changed(), False, self._audit_cursor[-batch:][::-1])
+
+    def read_audit(self, plan: AuditPlan | None) -> AuditReading | None:
+        """Without the lock: kernel reads only."""
+        if plan is None:
+            return None
+        reading = AuditReading(plan)
+        if plan.full:
+            try:
+                reading.virtual_servers = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
+        for key in plan.keys:
+            try:
+                reading.real_servers[key] = {
+                    s.key: s.weight for s in self.kernel.list_real_servers(key)}
+            except KernelNotFound:
+                pass  # the virtual server check of the next round sees it
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        return reading
+
+    def apply_audit_reading(self, reading: AuditReading | None) -> int:
+        """Under the lock. A reading taken while anything was applied is dropped whole (it
+        could show a change in flight as drift); the same step is read again next time."""
+        if reading is None or reading.plan.changed != self._changed():
             return 0
         found = 0
-        if not self._audit_cursor:
-            found += self._audit_virtual_servers()
+        if reading.plan.full:
+            if reading.virtual_servers is not None:
+                found += self._audit_virtual_servers(reading.virtual_servers)
             self._audit_cursor = sorted(self.vs_owner, reverse=True)
-        for _ in range(min(self.config.audit_batch, len(self._audit_cursor))):
-            key = self._audit_cursor.pop()
-            found += self._audit_real_servers(key)
+        for key in reading.plan.keys:
+            if self._audit_cursor and self._audit_cursor[-1] == key:
+                self._audit_cursor.pop()
+            observed = reading.real_servers.get(key)
+            if observed is not None:
+                found += self._audit_real_servers(key, observed)
+        if found:
+            self._mutations += 1
         return found
 
-    def _audit_virtual_servers(self) -> int:
+    def _audit_virtual_servers(self, in_kernel: dict[ServiceKey, VirtualServer]) -> int:
         found = 0
-        try:
-            in_kernel = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
-        except KernelError as exc:
-            self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
-            return 0
         for ref, states in self.applied.items():
             for key, state in list(states.items()):
                 vs = in_kernel.get(key)
@@ -695,17 +753,10 @@ class Engine:
                 found += 1
         return found
 
-    def _audit_real_servers(self, key: ServiceKey) -> int:
+    def _audit_real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int]) -> int:
         ref = self.vs_owner.get(key)
         state = self.applied.get(ref, {}).get(key) if ref else None
         if state is None:
-            return 0
-        try:
-            observed = {s.key: s.weight for s in self.kernel.list_real_servers(key)}
-        except KernelNotFound:
-            return 0  # the virtual server check of the next round sees it
-        except KernelError as exc:
-            self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
             return 0
         found = 0
         queued = self.queue.for_vs(key)

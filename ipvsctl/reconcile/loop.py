@@ -71,6 +71,7 @@ class Loop:
         self._node_ips_failing = False
         # With a drain reader thread (the daemon's), drain checks leave step() entirely.
         self.drain_thread = False
+        self._audit_found = False
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -119,21 +120,39 @@ class Loop:
                     and now >= self._next_drain):
                 e.check_drains()
                 self._next_drain = now + self.config.drain_check_interval
-            if e.started and now >= self._next_audit:
-                if e.audit_step():
+            if self._audit_found or (not self.drain_thread and e.started
+                                     and now >= self._next_audit):
+                if self._audit_found or e.audit_step():
                     self._sync(now)
+                self._audit_found = False
                 self._next_audit = now + self.config.audit_interval
             self._persist()
             self.heartbeat = self.clock.monotonic()
 
     def run_drain_reader(self, stop: threading.Event) -> None:
-        """The drain check's own thread (set `drain_thread` before starting it): its kernel
-        reads (one /proc/net/ip_vs read, a paced pass over ip_vs_conn) happen without the
-        lock, so events never wait behind them; the lock is held for the snapshot and for
-        applying the result (the deletions), both O(queue)."""
+        """The kernel reads' own thread (set `drain_thread` before starting it): drain
+        checks (one /proc/net/ip_vs read, a paced pass over ip_vs_conn) and the drift
+        audit's steps read without the lock, so events never wait behind them; the lock is
+        held for a snapshot and for applying the result, both small."""
+        next_drain = next_audit = self.clock.monotonic()
         while not stop.is_set():
-            self.drain_step()
-            stop.wait(self.config.drain_check_interval)
+            now = self.clock.monotonic()
+            if now >= next_drain:
+                self.drain_step()
+                next_drain = now + self.config.drain_check_interval
+            if now >= next_audit:
+                self.audit_off_lock()
+                next_audit = now + self.config.audit_interval
+            stop.wait(max(0.0, min(next_drain, next_audit) - self.clock.monotonic()))
+
+    def audit_off_lock(self) -> None:
+        e = self.engine
+        with self.lock:
+            plan = e.audit_snapshot()
+        reading = e.read_audit(plan)
+        with self.lock:
+            if e.apply_audit_reading(reading):
+                self._audit_found = True  # the loop syncs the repaired Services next step
 
     def drain_step(self) -> None:
         e = self.engine

@@ -264,3 +264,30 @@ def test_without_the_table_file_counts_come_from_dumps_with_one_log_line(caplog)
     h.fake.set_connections(vs(), rs(A), active=0)
     h.check(1)
     assert h.deletions("drained") == 1
+
+
+def test_an_audit_reading_taken_before_a_change_was_applied_is_dropped():
+    h = Harness()
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    e = h.engine
+    reading = e.read_audit(e.audit_snapshot())  # sees A and B only
+    h.upsert(slice_of(endpoint(A), endpoint(B), endpoint("10.244.1.7")))  # C is added
+    h.ops()
+    assert e.apply_audit_reading(reading) == 0  # stale: C's absence is no drift
+    assert h.metrics.value("ipvsctl_drift_repairs_total", {"kind": "real_server_changed"}) == 0
+    e.sync()
+    assert h.ops() == [] and h.fake.weight(vs(), rs("10.244.1.7")) == 1
+    # read again now, it is current: still nothing to repair, and the round moves on
+    assert e.apply_audit_reading(e.read_audit(e.audit_snapshot())) == 0
+
+
+def test_the_audit_off_the_lock_still_finds_hand_made_changes():
+    h = Harness()
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    e = h.engine
+    h.fake.set_real_server_weight(vs(), rs(A), 7)
+    h.fake.take_ops()
+    found = e.apply_audit_reading(e.read_audit(e.audit_snapshot()))
+    assert found == 1
+    e.sync()
+    assert h.fake.weight(vs(), rs(A)) == 1
