@@ -19,7 +19,9 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
+from typing import Any
 
+from ipvsctl.kernel import procfs
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kernel.port import KernelExists, KernelNotFound, KernelTransient
 from ipvsctl.model import (
@@ -219,6 +221,13 @@ class RawIPVS:
         return sorted(out, key=lambda r: r.key)
 
     # --- writes -------------------------------------------------------------------------
+    def read_real_servers(self, keys: Any) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        scan = procfs.read_table(keys, netns=self.netns)  # one /proc/net/ip_vs read
+        return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
+
+    def read_connections(self, pairs: Any) -> Any:
+        return procfs.read_connections(pairs, netns=self.netns)
+
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
         if bind_address:
             self.bind_address(vs.key.address)

@@ -310,11 +310,12 @@ def render(docs: list[dict[str, Any]]) -> str:
                 f"{_t(b['kernel_weight0'])} / {_t(b['kernel_last_seen'])}        "
                 f"{_t(b['sigterm'])} / {_t(b['exited'])} ({b['killed_connections']})")
         out.append("")
-    out.append("Times are seconds since the load started. 'deadline' = the drain deadline "
-               "passed with connections still counted: with draining, the pod's "
-               "deletionTimestamp (a closed TCP connection stays InActConn for 2 minutes in "
-               "IPVS, longer than the grace period); without, the annotation's 0 s. "
-               "'drained' = ActiveConn+InActConn reached 0 first.")
+    out.append("Times are seconds since the load started. 'drained' = no connection could "
+               "carry data any more: ActiveConn+InActConn reached 0, or every connection "
+               "left was in TIME_WAIT or CLOSE (IPVS keeps a closed one 2 minutes). "
+               "'deadline' = the drain deadline passed with a connection still open or "
+               "closing: with draining, the pod's deletionTimestamp; without, the "
+               "annotation's 0 s.")
     return "\n".join(out)
 
 

@@ -7,6 +7,7 @@ scenarios against the real kernel.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import (
@@ -14,7 +15,9 @@ from ipvsctl.kernel.port import (
     KernelExists,
     KernelNotFound,
     KernelTransient,
+    KernelUnavailable,
 )
+from ipvsctl.kernel.proc_codec import ConnScan, kernel_address, scan_connections
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 KNOWN_SCHEDULERS = frozenset(
@@ -45,6 +48,10 @@ class FakeKernel:
         self.ops: list[str] = []  # mutating calls, in order
         self.dumps = 0  # list_real_servers calls
         self.conntrack_flushes: list[tuple[ServiceKey, RealServerKey]] = []
+        self.table_reads = 0  # read_real_servers calls
+        # Connection entries as ip_vs_conn lines (`add_connection`); None: no such file.
+        self.conn_lines: list[str] | None = []
+        self.conn_reads = 0
 
     # --- test helpers -------------------------------------------------------------
     def set_connections(
@@ -52,6 +59,17 @@ class FakeKernel:
     ) -> None:
         dest = self.services[key].dests[rs]
         dest.active, dest.inactive = active, inactive
+
+    def add_connection(self, key: ServiceKey, rs: RealServerKey, state: str,
+                       client_port: int = 40000, client: str | None = None) -> None:
+        """One connection entry as the kernel's ip_vs_conn prints it (client_port 0: a
+        persistence template). Counts are not changed: seed them with set_connections."""
+        assert self.conn_lines is not None
+        client = client or ("10.0.0.100" if ":" not in key.address else "fd01::100")
+        self.conn_lines.append(
+            f"{key.protocol.value:<3} {kernel_address(client)} {client_port:04X} "
+            f"{kernel_address(key.address)} {key.port:04X} {kernel_address(rs.address)} "
+            f"{rs.port:04X} {state:<11} {60:>7}\n")
 
     def weight(self, key: ServiceKey, rs: RealServerKey) -> int | None:
         svc = self.services.get(key)
@@ -84,6 +102,21 @@ class FakeKernel:
             RealServerStatus(rs, d.weight, d.active, d.inactive)
             for rs, d in sorted(svc.dests.items())
         ]
+
+    def read_real_servers(
+        self, keys: Collection[ServiceKey]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        self.table_reads += 1
+        return {k: [RealServerStatus(rs, d.weight, d.active, d.inactive)
+                    for rs, d in sorted(self.services[k].dests.items())]
+                if k in self.services else None for k in keys}
+
+    def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
+        self.conn_reads += 1
+        if self.conn_lines is None:
+            raise KernelUnavailable("no /proc/net/ip_vs_conn", "read_ip_vs_conn")
+        header = "Pro FromIP   FPrt ToIP     TPrt DestIP   DPrt State       Expires PEName PEData\n"
+        return scan_connections([header, *self.conn_lines], pairs)
 
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
         if vs.scheduler not in KNOWN_SCHEDULERS:

@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +36,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, NFCTSocket
 
-from ipvsctl.kernel import host
+from ipvsctl.kernel import host, procfs
 from ipvsctl.kernel.port import (
     IPVSKernel,
     KernelError,
@@ -46,6 +46,7 @@ from ipvsctl.kernel.port import (
     KernelTransient,
     KernelUnavailable,
 )
+from ipvsctl.kernel.proc_codec import ConnScan
 from ipvsctl.model import (
     Protocol,
     RealServerKey,
@@ -472,6 +473,15 @@ class NetlinkKernel:
         deleted = self._delete_conntrack(key, rs)
         log.debug("conntrack entries deleted", extra={"vs": str(key), "rs": str(rs),
                                                       "deleted": deleted})
+
+    def read_real_servers(
+        self, keys: Collection[ServiceKey]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        scan = procfs.read_table(keys, netns=self.netns)
+        return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
+
+    def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
+        return procfs.read_connections(pairs, netns=self.netns)
 
     # --- more than IPVSKernel -------------------------------------------------------------
     def read_table(self) -> list[VirtualServerStatus]:

@@ -6,9 +6,13 @@ so nothing above `kernel/` ever sees a foreign exception.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Protocol
 
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+
+if TYPE_CHECKING:
+    from ipvsctl.kernel.proc_codec import ConnScan
 
 
 class KernelError(Exception):
@@ -50,6 +54,21 @@ class IPVSKernel(Protocol):
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         """The real servers of one virtual server with weights and connection counts (one
         dump). KernelNotFound if the virtual server does not exist."""
+        ...
+
+    def read_real_servers(
+        self, keys: Collection[ServiceKey]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        """The real servers of many virtual servers in one read (/proc/net/ip_vs), with
+        weights and counts: None for a virtual server that is not in the kernel; a key left
+        out could not be read this time (ask again later)."""
+        ...
+
+    def read_connections(
+        self, pairs: Collection[tuple[ServiceKey, RealServerKey]]
+    ) -> ConnScan:
+        """TCP connections of these (virtual, real server) pairs by state, one streamed read
+        of /proc/net/ip_vs_conn. KernelUnavailable when the kernel offers no such file."""
         ...
 
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:

@@ -14,6 +14,7 @@ from ipvsctl.model.desired import (
 from ipvsctl.model.drain import DeadlineSource, DrainEntry, DrainReason
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
+    ConnCounts,
     RealServerStatus,
     VirtualServer,
     VirtualServerStatus,
@@ -31,6 +32,7 @@ from ipvsctl.model.queue import DrainQueue
 
 __all__ = [
     "AppliedVirtualServer",
+    "ConnCounts",
     "DeadlineSource",
     "DesiredService",
     "DesiredVirtualServer",

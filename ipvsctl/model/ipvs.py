@@ -61,3 +61,22 @@ class AppliedVirtualServer:
     vs: VirtualServer
     bind_address: bool
     weights: dict[RealServerKey, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnCounts:
+    """A real server's TCP connections by what they can still do (`/proc/net/ip_vs_conn`):
+    established carry data, closing (SYN, FIN_WAIT, CLOSE_WAIT, LAST_ACK) may still carry
+    some, closed (TIME_WAIT, CLOSE) carry none and never hold a drain."""
+
+    established: int = 0
+    closing: int = 0
+    closed: int = 0
+
+    @property
+    def open(self) -> int:
+        return self.established + self.closing
+
+    def to_json(self) -> dict[str, int]:
+        return {"established": self.established, "closing": self.closing,
+                "closed": self.closed}

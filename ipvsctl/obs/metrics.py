@@ -168,10 +168,26 @@ class Metrics:
         self.build_info.labels(__version__).set(1)
         # process_resident_memory_bytes, process_cpu_seconds_total, open fds (Linux /proc)
         ProcessCollector(registry=r)
+        # Drains (ipvsctl/reconcile/drain_reader.py)
+        self.drain_duration = Histogram(
+            "ipvsctl_drain_duration_seconds",
+            "Time from a real server's drain start to its deletion, by why it was deleted.",
+            ["reason"], buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=r,
+        )
+        self.conn_table_reads = Counter(
+            "ipvsctl_conn_table_reads",
+            "Passes over /proc/net/ip_vs_conn for draining TCP real servers, by result "
+            "(ok, deferred by pacing, unavailable, error).", ["result"], registry=r,
+        )
+        self.conn_table_lines = Counter(
+            "ipvsctl_conn_table_lines", "Lines read from /proc/net/ip_vs_conn.", registry=r,
+        )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
         for reason in ("drained", "deadline", "udp", "service_deleted"):
             self.real_server_deletions.labels(reason)
+        for result in ("ok", "deferred", "unavailable", "error"):
+            self.conn_table_reads.labels(result)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

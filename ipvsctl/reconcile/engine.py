@@ -26,6 +26,7 @@ from ipvsctl.kernel.port import (
 )
 from ipvsctl.model import (
     AppliedVirtualServer,
+    ConnCounts,
     DeadlineSource,
     DesiredService,
     DrainEntry,
@@ -59,6 +60,7 @@ from ipvsctl.plan.ops import (
     UpdateVirtualServer,
 )
 from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.reconcile.drain_reader import DrainReader, DrainReading, DrainSnapshot
 from ipvsctl.source.events import ObjectKind, SourceEvent
 from ipvsctl.source.store import ObjectStore, Problem
 
@@ -83,6 +85,20 @@ class EngineConfig:
     # The source sends this node's Node (a Replace of kind Node, maybe empty): the first
     # sync waits for it, so topology hints are applied from the start.
     wait_for_node: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPlan:
+    changed: tuple[int, int]  # Engine._changed() when planned
+    full: bool  # a new round: the virtual servers are read too
+    keys: list[ServiceKey]  # virtual servers whose real servers are read
+
+
+@dataclass(slots=True)
+class AuditReading:
+    plan: AuditPlan
+    virtual_servers: dict[ServiceKey, VirtualServer] | None = None  # None: not read
+    real_servers: dict[ServiceKey, dict[RealServerKey, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -134,9 +150,13 @@ class Engine:
         self._live_by_ip: dict[str, int] = {}
         # Connection counts of draining real servers as the last drain check read them.
         self._drain_counts: dict[tuple[ServiceKey, RealServerKey], tuple[int, int]] = {}
+        # Their connections by state, when the connection table was read for them.
+        self._drain_conns: dict[tuple[ServiceKey, RealServerKey], ConnCounts] = {}
+        self.drain_reader = DrainReader(kernel, self.metrics, self.clock)
         self._quiesced_since: dict[str, float] = {}
         self._quiesced_expiry: list[tuple[float, str]] = []
         self._audit_cursor: list[ServiceKey] = []
+        self._mutations = 0  # bumped by every applied op: audit readings check it
         # Services with a nodePort: the only ones a node address change touches.
         self._node_port_services: set[ServiceRef] = set()
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
@@ -448,6 +468,7 @@ class Engine:
 
     def _apply_op(self, ref: ServiceRef | None, op: Op) -> bool:
         k = self.kernel
+        self._mutations += 1
         surprised = False
         if isinstance(op, AddVirtualServer):
             bind = self._binds(op.kind, op.vs.key)
@@ -493,7 +514,7 @@ class Engine:
             except KernelNotFound:
                 k.add_real_server(op.vs, op.rs, 1)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, 1)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             if self.queue.remove(op.vs, op.rs):
                 log.info("drain cancelled, endpoint back", extra=fields(
                     service=ref, vs=op.vs, rs=op.rs))
@@ -523,15 +544,18 @@ class Engine:
                         vs=op.vs, rs=op.rs, error=exc))
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
             entry = self.queue.remove(op.vs, op.rs)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             self.metrics.real_server_deletions.labels(op.reason.value).inc()
+            if entry is not None:
+                self.metrics.drain_duration.labels(op.reason.value).observe(
+                    max(0.0, self.clock.wall() - entry.since))
             log.info("real server deleted", extra=fields(
                 service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
                 reason=op.reason,
                 drained_for=round(self.clock.wall() - entry.since, 3) if entry else None))
         elif isinstance(op, ForgetDrain):
             self.queue.remove(op.vs, op.rs)
-            self._drain_counts.pop((op.vs, op.rs), None)
+            self._forget_counts(op.vs, op.rs)
             self._set_weight(self._vs_state(ref, op.vs), op.rs, None)
         return surprised
 
@@ -554,9 +578,13 @@ class Engine:
         for waiting in self._conflicts.pop(key, ()):
             self.dirty.add(waiting)
 
+    def _forget_counts(self, vs: ServiceKey, rs: RealServerKey) -> None:
+        self._drain_counts.pop((vs, rs), None)
+        self._drain_conns.pop((vs, rs), None)
+
     def _dequeue_vs(self, key: ServiceKey) -> None:
         for entry in self.queue.remove_vs(key):
-            self._drain_counts.pop(entry.key, None)
+            self._forget_counts(*entry.key)
 
     # --- start-up -----------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:
@@ -582,9 +610,12 @@ class Engine:
         # its own interface; taking them over in place keeps their connections) and what
         # sits on our addresses. Anything else in the table is left alone.
         observed: dict[ServiceKey, tuple[VirtualServer, list[RealServerStatus]]] = {}
-        for vs in self.kernel.list_virtual_servers():
-            if vs.key in wanted_rs or self.owned(vs.key):
-                observed[vs.key] = (vs, self.kernel.list_real_servers(vs.key))
+        ours = [vs for vs in self.kernel.list_virtual_servers()
+                if vs.key in wanted_rs or self.owned(vs.key)]
+        dests = self._read_all_real_servers([vs.key for vs in ours])
+        for vs in ours:
+            if vs.key in dests:
+                observed[vs.key] = (vs, dests[vs.key])
 
         for ref, desired in built.items():
             if desired is None:
@@ -632,7 +663,31 @@ class Engine:
             failed=len(result.failed), seconds=round(self.clock.monotonic() - t0, 3)))
         return result
 
+    def _read_all_real_servers(
+        self, keys: list[ServiceKey]
+    ) -> dict[ServiceKey, list[RealServerStatus]]:
+        """Real servers of many virtual servers: one /proc/net/ip_vs read (a restart over
+        10,000 Services made 10,000 dumps), per-service dumps for what it could not give.
+        A virtual server gone between the reads is left out."""
+        try:
+            table = self.kernel.read_real_servers(keys)
+        except KernelError as exc:
+            log.info("ipvs table file unreadable, reading per virtual server",
+                     extra=fields(error=exc))
+            table = {}
+        out: dict[ServiceKey, list[RealServerStatus]] = {}
+        for key in keys:
+            if key in table:
+                found = table[key]
+                if found is not None:
+                    out[key] = found
+                continue
+            with contextlib.suppress(KernelNotFound):
+                out[key] = self.kernel.list_real_servers(key)
+        return out
+
     def _delete_orphan(self, key: ServiceKey, real_servers: int, result: SyncResult) -> None:
+        self._mutations += 1
         try:
             self.kernel.delete_virtual_server(key, True)
         except KernelNotFound:
@@ -646,24 +701,45 @@ class Engine:
 
     # --- draining -----------------------------------------------------------------
     def check_drains(self) -> SyncResult:
-        """One dump per virtual server with queued real servers; delete those whose
-        connections are gone or whose deadline passed."""
+        """One whole drain check in the caller's thread (tests, and the loop without a
+        reader thread): snapshot, read, apply."""
+        return self.apply_drain_reading(self.read_drains(self.drain_snapshot()))
+
+    def drain_snapshot(self) -> DrainSnapshot:
+        """Under the loop's lock: the queue as it is now, O(queue)."""
+        return DrainSnapshot({key: dict(self.queue.for_vs(key))
+                              for key in self.queue.virtual_servers()})
+
+    def read_drains(self, snapshot: DrainSnapshot) -> DrainReading:
+        """Without the lock: kernel reads only, no engine state touched."""
+        return self.drain_reader.read(snapshot)
+
+    def apply_drain_reading(self, reading: DrainReading) -> SyncResult:
+        """Under the lock: delete the real servers whose connections are gone or closed, or
+        whose deadline passed. Only entries still queued as the very same entry are judged
+        (an endpoint that came back, or drained anew, since the snapshot is left alone)."""
         result = SyncResult()
         now = self.clock.wall()
         self.store.expire_pods(now)
-        for key in self.queue.virtual_servers():
-            try:
-                observed: list[RealServerStatus] | None = self.kernel.list_real_servers(key)
-            except KernelNotFound:
-                observed = None
-            except KernelError as exc:
-                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        for key, snapped in sorted(reading.snapshot.entries.items()):
+            if key not in reading.observed:
+                continue  # not read this time
+            queued = self.queue.for_vs(key)
+            current = {rs: e for rs, e in snapped.items() if queued.get(rs) is e}
+            if not current:
                 continue
+            observed = reading.observed[key]
+            conns = {rs: c for rs in current
+                     if (c := reading.conns.get((key, rs))) is not None}
             for status in observed or ():
-                if status.key in self.queue.for_vs(key):
+                if status.key in current:
                     self._drain_counts[(key, status.key)] = (
                         status.active_conns, status.inactive_conns)
-            ops = check_drains(self.queue.for_vs(key), observed, now)
+                    if status.key in conns:
+                        self._drain_conns[(key, status.key)] = conns[status.key]
+                    else:
+                        self._drain_conns.pop((key, status.key), None)
+            ops = check_drains(current, observed, now, conns)
             if ops:
                 self._apply(self.vs_owner.get(key), ops, result)
         return result
@@ -676,25 +752,66 @@ class Engine:
     def audit_step(self) -> int:
         """Re-read a slice of the kernel and put right what differs from what was applied.
         Spread over calls (`audit_batch` virtual servers each) so a large table never
-        causes a burst. Returns the number of differences found."""
+        causes a burst. Returns the number of differences found. (The daemon does the same
+        in three steps, its reads off the loop's lock: audit_snapshot, read_audit,
+        apply_audit_reading.)"""
+        return self.apply_audit_reading(self.read_audit(self.audit_snapshot()))
+
+    def _changed(self) -> tuple[int, int]:
+        """Moves whenever what was applied (or the queue) may have changed."""
+        return (self._mutations, self.queue.version)
+
+    def audit_snapshot(self) -> AuditPlan | None:
+        """Under the lock: what the next audit step reads."""
         if not self.started:
+            return None
+        batch = self.config.audit_batch
+        if not self._audit_cursor:  # a new round: the virtual servers, then the first batch
+            return AuditPlan(self._changed(), True, sorted(self.vs_owner)[:batch])
+        return AuditPlan(self._changed(), False, self._audit_cursor[-batch:][::-1])
+
+    def read_audit(self, plan: AuditPlan | None) -> AuditReading | None:
+        """Without the lock: kernel reads only."""
+        if plan is None:
+            return None
+        reading = AuditReading(plan)
+        if plan.full:
+            try:
+                reading.virtual_servers = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
+        for key in plan.keys:
+            try:
+                reading.real_servers[key] = {
+                    s.key: s.weight for s in self.kernel.list_real_servers(key)}
+            except KernelNotFound:
+                pass  # the virtual server check of the next round sees it
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        return reading
+
+    def apply_audit_reading(self, reading: AuditReading | None) -> int:
+        """Under the lock. A reading taken while anything was applied is dropped whole (it
+        could show a change in flight as drift); the same step is read again next time."""
+        if reading is None or reading.plan.changed != self._changed():
             return 0
         found = 0
-        if not self._audit_cursor:
-            found += self._audit_virtual_servers()
+        if reading.plan.full:
+            if reading.virtual_servers is not None:
+                found += self._audit_virtual_servers(reading.virtual_servers)
             self._audit_cursor = sorted(self.vs_owner, reverse=True)
-        for _ in range(min(self.config.audit_batch, len(self._audit_cursor))):
-            key = self._audit_cursor.pop()
-            found += self._audit_real_servers(key)
+        for key in reading.plan.keys:
+            if self._audit_cursor and self._audit_cursor[-1] == key:
+                self._audit_cursor.pop()
+            observed = reading.real_servers.get(key)
+            if observed is not None:
+                found += self._audit_real_servers(key, observed)
+        if found:
+            self._mutations += 1
         return found
 
-    def _audit_virtual_servers(self) -> int:
+    def _audit_virtual_servers(self, in_kernel: dict[ServiceKey, VirtualServer]) -> int:
         found = 0
-        try:
-            in_kernel = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
-        except KernelError as exc:
-            self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
-            return 0
         for ref, states in self.applied.items():
             for key, state in list(states.items()):
                 vs = in_kernel.get(key)
@@ -717,17 +834,10 @@ class Engine:
                 found += 1
         return found
 
-    def _audit_real_servers(self, key: ServiceKey) -> int:
+    def _audit_real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int]) -> int:
         ref = self.vs_owner.get(key)
         state = self.applied.get(ref, {}).get(key) if ref else None
         if state is None:
-            return 0
-        try:
-            observed = {s.key: s.weight for s in self.kernel.list_real_servers(key)}
-        except KernelNotFound:
-            return 0  # the virtual server check of the next round sees it
-        except KernelError as exc:
-            self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
             return 0
         found = 0
         queued = self.queue.for_vs(key)
@@ -796,7 +906,9 @@ class Engine:
                         # Read by the drain check; only draining ones are read at all.
                         "active_conns": counts[0] if counts else None,
                         "inactive_conns": counts[1] if counts else None,
-                        "drain": drain_json(entry, now) if entry else None,
+                        "drain": (drain_json(entry, now, counts,
+                                             self._drain_conns.get((key, rs)))
+                                  if entry else None),
                     })
                 out.append({
                     "protocol": key.protocol.value, "address": key.address, "port": key.port,
@@ -809,8 +921,16 @@ class Engine:
         return out
 
 
-def drain_json(e: DrainEntry, now: float) -> dict[str, Any]:
+def drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
+               conns: ConnCounts | None = None) -> dict[str, Any]:
     d = e.to_json()
     d["age"] = round(max(0.0, now - e.since), 3)
     d["time_left"] = round(max(0.0, e.deadline - now), 3)
+    if counts is not None:
+        # ActiveConn is the established count; the rest is split only when the
+        # connection table was read for this real server (null: not known).
+        d["connections"] = (conns.to_json() if conns is not None else {
+            "established": counts[0],
+            "closing": 0 if counts[1] == 0 else None,
+            "closed": 0 if counts[1] == 0 else None})
     return d

@@ -71,6 +71,9 @@ class Loop:
         # first step.
         self._next_node_ips: float | None = None
         self._node_ips_failing = False
+        # With a drain reader thread (the daemon's), drain checks leave step() entirely.
+        self.drain_thread = False
+        self._audit_found = False
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -81,7 +84,7 @@ class Loop:
         wake = [now + self.config.idle_wakeup]
         if self._retry_at is not None:
             wake.append(self._retry_at)
-        if len(self.engine.queue):
+        if len(self.engine.queue) and not self.drain_thread:
             wake.append(self._next_drain)
         if self.engine.queue.version != self._saved_version:
             wake.append(self._next_persist)
@@ -115,17 +118,55 @@ class Loop:
             if e.ready and (starting or (e.dirty and (got_events or moved
                                                       or self._retry_due(now)))):
                 self._sync(now)
-            if e.started and len(e.queue) and now >= self._next_drain:
+            if (not self.drain_thread and e.started and len(e.queue)
+                    and now >= self._next_drain):
                 e.check_drains()
                 self._next_drain = now + self.config.drain_check_interval
-            if e.started and now >= self._next_audit:
-                if e.audit_step():
+            if self._audit_found or (not self.drain_thread and e.started
+                                     and now >= self._next_audit):
+                if self._audit_found or e.audit_step():
                     self._sync(now)
+                self._audit_found = False
                 self._next_audit = now + self.config.audit_interval
             snapshot = self._persist_snapshot()
             self.heartbeat = self.clock.monotonic()
         if snapshot is not None:  # the fsyncs outside the lock: /status never waits on disk
             self._persist(*snapshot)
+
+    def run_drain_reader(self, stop: threading.Event) -> None:
+        """The kernel reads' own thread (set `drain_thread` before starting it): drain
+        checks (one /proc/net/ip_vs read, a paced pass over ip_vs_conn) and the drift
+        audit's steps read without the lock, so events never wait behind them; the lock is
+        held for a snapshot and for applying the result, both small."""
+        next_drain = next_audit = self.clock.monotonic()
+        while not stop.is_set():
+            now = self.clock.monotonic()
+            if now >= next_drain:
+                self.drain_step()
+                next_drain = now + self.config.drain_check_interval
+            if now >= next_audit:
+                self.audit_off_lock()
+                next_audit = now + self.config.audit_interval
+            stop.wait(max(0.0, min(next_drain, next_audit) - self.clock.monotonic()))
+
+    def audit_off_lock(self) -> None:
+        e = self.engine
+        with self.lock:
+            plan = e.audit_snapshot()
+        reading = e.read_audit(plan)
+        with self.lock:
+            if e.apply_audit_reading(reading):
+                self._audit_found = True  # the loop syncs the repaired Services next step
+
+    def drain_step(self) -> None:
+        e = self.engine
+        with self.lock:
+            if not e.started or not len(e.queue):
+                return
+            snapshot = e.drain_snapshot()
+        reading = e.read_drains(snapshot)
+        with self.lock:
+            e.apply_drain_reading(reading)
 
     def _read_node_ips(self) -> list[str] | None:
         """The node's addresses when a re-read is due, else None. A failed read keeps the

@@ -210,6 +210,10 @@ class Daemon:
             threading.Thread(target=self._guard(self.source.run),
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
+        self.loop.drain_thread = True  # drain checks read the kernel off the loop's lock
+        self.threads.append(threading.Thread(
+            target=self._guard(self.loop.run_drain_reader), args=(self.stop,),
+            name="drain", daemon=True))
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
                            ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
             if part is not None:

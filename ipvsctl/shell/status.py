@@ -109,6 +109,15 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}s" if v >= 10 else f"{v:.1f}s"
 
 
+def _conns(drain: dict[str, Any]) -> str:
+    """", connections 0 established/1 closing/3 closed" ("?" where not known)."""
+    c = drain.get("connections")
+    if not c:
+        return ""
+    n = ["?" if c.get(k) is None else str(c[k]) for k in ("established", "closing", "closed")]
+    return f"; connections {n[0]} established/{n[1]} closing/{n[2]} closed"
+
+
 def render_status(doc: dict[str, Any], wide: bool = False) -> str:
     """ipvsadm -Ln's shape with pods and drains; `wide` adds each real server's node and
     each drain's deadline source."""
@@ -147,7 +156,7 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             if dr:
                 source = f", deadline from {dr['deadline_source']}" if wide else ""
                 note = (f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
-                        f"{_secs(dr.get('time_left'))} left{source})").strip()
+                        f"{_secs(dr.get('time_left'))} left{source}{_conns(dr)})").strip()
             row = [f"  -> {hostport(r['address'], r['port'])}", str(r["weight"]), ac, ic]
             rs_rows.append(row + ([r.get("node") or "-"] if wide else []) + [note])
             order.append((False, len(rs_rows) - 1))

@@ -132,7 +132,9 @@ def test_a_closed_connection_holds_a_real_server_for_time_wait_whatever_the_fin_
     assert counts(node, KEY, rs(pod)) == (1, 0, 1)  # still InActConn, long after 1 s
     h.upsert(endpoint_slice("web", []))
     h.check()
-    assert str(rs(pod)) in node.ipvsadm()[str(KEY)].real_servers  # the drain waits for it
+    # ... but a TIME_WAIT entry carries no data: it does not hold the drain (CONTRACT)
+    assert str(rs(pod)) not in node.ipvsadm()[str(KEY)].real_servers
+    assert h.deletions("drained") == 1 and h.deletions("deadline") == 0
 
 
 def test_deadline_deletes_a_real_server_whose_connection_stays_open(

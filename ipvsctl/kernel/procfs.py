@@ -1,0 +1,70 @@
+"""Readers of IPVS's /proc files (the codecs are pure, in `proc_codec`).
+
+The files are per network namespace: they are opened by a thread inside `netns` (a proc
+net file stays bound to the namespace it was opened in) and streamed line by line, so a
+table of 100,000 connections is never held in memory.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Collection, Iterator
+from typing import IO, TypeVar
+
+from ipvsctl.kernel import host
+from ipvsctl.kernel.port import KernelError, KernelTransient, KernelUnavailable
+from ipvsctl.kernel.proc_codec import (
+    ConnKey,
+    ConnScan,
+    TableScan,
+    scan_connections,
+    scan_table,
+)
+from ipvsctl.model import ServiceKey
+
+# thread-self: the namespace of the thread that opens it (run_in_netns's), not the process's
+CONN_FILE = "/proc/thread-self/net/ip_vs_conn"
+TABLE_FILE = "/proc/thread-self/net/ip_vs"
+
+T = TypeVar("T")
+
+
+def _open(path: str, netns: str | None, operation: str) -> IO[str]:
+    def open_() -> IO[str]:
+        return open(path, encoding="ascii", errors="replace", buffering=1 << 16)
+
+    try:
+        return host.run_in_netns(netns, open_)
+    except KernelError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM):
+            raise KernelUnavailable(f"{path}: {exc.strerror}", operation) from None
+        raise KernelTransient(f"{path}: {exc}", operation) from None
+
+
+def _stream(f: IO[str], path: str, operation: str,
+            scan: Callable[[Iterator[str]], T]) -> T:
+    try:
+        with f:
+            return scan(iter(f))
+    except OSError as exc:
+        raise KernelTransient(f"{path}: {exc}", operation) from None
+
+
+def read_connections(pairs: Collection[ConnKey], *, netns: str | None = None,
+                     path: str = CONN_FILE) -> ConnScan:
+    """One streamed pass over ip_vs_conn for these (virtual, real server) pairs.
+    KernelUnavailable when the file is absent or unreadable (other kernels, permissions)."""
+    f = _open(path, netns, "read_ip_vs_conn")
+    return _stream(f, path, "read_ip_vs_conn", lambda lines: scan_connections(lines, pairs))
+
+
+def read_table(keys: Collection[ServiceKey] | None = None, *, netns: str | None = None,
+               path: str = TABLE_FILE) -> TableScan:
+    """One read of /proc/net/ip_vs for these virtual servers (all when None)."""
+    f = _open(path, netns, "read_ip_vs")
+    scan = _stream(f, path, "read_ip_vs", lambda lines: scan_table(lines, keys))
+    if not scan.complete:
+        raise KernelTransient(f"{path}: no IPVS header", "read_ip_vs")
+    return scan

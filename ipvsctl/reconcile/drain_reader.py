@@ -1,0 +1,171 @@
+"""The drain check's kernel reads, done without the loop's lock.
+
+A check is three steps: a snapshot of the queue (under the lock, O(queue)), the reads
+(here, no lock: one read of /proc/net/ip_vs for every draining real server's counts, and
+at most one streamed pass over /proc/net/ip_vs_conn for the TCP ones whose connections are
+all inactive), then the engine applies the reading under the lock, only to entries that are
+still the very ones snapshotted (`Engine.apply_drain_reading`): a count read before an
+endpoint came back never deletes it.
+
+The connection table walks every connection of the node: its pass is paced so that it takes
+at most ~10% of the time (an interval of at least 9x its last duration), so a node with
+a million connections checks less often rather than spending every check reading.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound, KernelUnavailable
+from ipvsctl.model import (
+    ConnCounts,
+    DrainEntry,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+)
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.drain import wants_conn_states
+from ipvsctl.reconcile.clock import Clock
+
+log = logging.getLogger("ipvsctl.drain")
+
+DUTY = 9.0  # the conn-table pass waits at least DUTY x its last duration before the next
+PROBE_DUMPS = 8  # checks with at most this many virtual servers may measure a dump's cost
+RETRY_TABLE = 60  # checks by dumps before the table read is measured again
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else 0.7 * old + 0.3 * new
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSnapshot:
+    """The queue's entries per virtual server, as they were when the check began."""
+
+    entries: dict[ServiceKey, dict[RealServerKey, DrainEntry]]
+
+
+@dataclass(slots=True)
+class DrainReading:
+    snapshot: DrainSnapshot
+    # Per virtual server: its real servers, None when it is gone; absent when not read.
+    observed: dict[ServiceKey, list[RealServerStatus] | None] = field(default_factory=dict)
+    # Connection states of the TCP real servers that needed them; absent: not read.
+    conns: dict[tuple[ServiceKey, RealServerKey], ConnCounts] = field(default_factory=dict)
+
+
+class DrainReader:
+    """Reads for drain checks. Used by one thread at a time (the loop's or the reader's)."""
+
+    def __init__(self, kernel: IPVSKernel, metrics: Metrics, clock: Clock) -> None:
+        self.kernel = kernel
+        self.metrics = metrics
+        self.clock = clock
+        self._next_conn_scan = 0.0
+        # Measured costs (seconds): one table read, one dump; None until first measured.
+        self._table_cost: float | None = None
+        self._dump_cost: float | None = None
+        self._dump_checks = 0
+        self._table_failing = False
+        self._conns_failing = False
+        self.last_scan: object | None = None  # the last ConnScan (its work counters, for tests)
+
+    def read(self, snapshot: DrainSnapshot) -> DrainReading:
+        reading = DrainReading(snapshot)
+        keys = sorted(snapshot.entries)
+        if not keys:
+            return reading
+        reading.observed = self._read_counts(keys)
+        wanted = [
+            (key, s.key)
+            for key in keys
+            for s in reading.observed.get(key) or ()
+            if (e := snapshot.entries[key].get(s.key)) is not None and wants_conn_states(e, s)
+        ]
+        if wanted:
+            reading.conns = self._read_conns(wanted)
+        return reading
+
+    def _read_counts(
+        self, keys: list[ServiceKey]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        """The cheaper of one table read (its cost grows with the whole table) and one
+        netlink dump per draining virtual server (grows with the drains), by the costs
+        measured here so far (`read_choice`); dumps also when the table file cannot be read
+        (the counts are what the drain rule needs, so they must come from somewhere)."""
+        if self.read_choice(len(keys)) == "table":
+            t0 = self.clock.monotonic()
+            try:
+                observed = self.kernel.read_real_servers(keys)
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
+                self._table_cost = float("inf")  # dumps from now on
+                if not self._table_failing:
+                    self._table_failing = True
+                    log.warning("ipvs table file unreadable, reading per virtual server",
+                                extra=fields(error=exc))
+            else:
+                self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
+                return observed
+        observed_: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        t0 = self.clock.monotonic()
+        for key in keys:
+            try:
+                observed_[key] = self.kernel.list_real_servers(key)
+            except KernelNotFound:
+                observed_[key] = None
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        self._dump_cost = _ewma(self._dump_cost, (self.clock.monotonic() - t0) / len(keys))
+        self._dump_checks += 1
+        return observed_
+
+    def read_choice(self, n: int) -> str:
+        """"table" or "dumps" for n draining virtual servers. The table is tried first;
+        a dump's cost is learned on small checks (a few virtual servers); then whichever
+        is estimated cheaper. The table is re-tried now and then (every 60 checks), as
+        its cost changes with the node's table."""
+        if self._table_cost is None:
+            return "table"
+        if self._dump_cost is None:
+            return "dumps" if n <= PROBE_DUMPS or self._table_cost == float("inf") else "table"
+        if self._dump_checks >= RETRY_TABLE and self._table_cost != float("inf"):
+            self._dump_checks = 0
+            return "table"
+        return "dumps" if n * self._dump_cost < self._table_cost else "table"
+
+    def _read_conns(
+        self, wanted: list[tuple[ServiceKey, RealServerKey]]
+    ) -> dict[tuple[ServiceKey, RealServerKey], ConnCounts]:
+        now = self.clock.monotonic()
+        if now < self._next_conn_scan:
+            self.metrics.conn_table_reads.labels("deferred").inc()
+            return {}
+        try:
+            scan = self.kernel.read_connections(wanted)
+        except KernelError as exc:
+            # Without states the counts rule holds them (never an early delete).
+            result = "unavailable" if isinstance(exc, KernelUnavailable) else "error"
+            self.metrics.conn_table_reads.labels(result).inc()
+            self._next_conn_scan = self.clock.monotonic() + 10.0
+            if not self._conns_failing:
+                self._conns_failing = True
+                log.warning("ipvs connection table unreadable, draining by counts only",
+                            extra=fields(error=exc))
+            return {}
+        took = self.clock.monotonic() - now
+        self._next_conn_scan = now + took * (1 + DUTY)
+        self.last_scan = scan
+        self.metrics.conn_table_reads.labels("ok").inc()
+        self.metrics.conn_table_lines.inc(scan.lines)
+        if self._conns_failing:
+            self._conns_failing = False
+            log.info("ipvs connection table readable again")
+        if not scan.trustworthy:
+            log.debug("connection table lines unreadable", extra=fields(
+                lines=scan.unattributed))
+            return {}
+        return scan.counts

@@ -1,0 +1,293 @@
+"""CONTRACT.md "Draining": TCP connections in TIME_WAIT or CLOSE do not hold a drain, every
+other state does; the connection table is read only when needed; without it the counts
+rule holds; a reading taken before an endpoint came back never deletes it."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import pytest
+
+from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.kernel.port import KernelUnavailable
+from ipvsctl.model import ConnCounts, VirtualServer, VirtualServerStatus
+from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
+from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.shell.status import join_status, render_status
+from ipvsctl.source.events import ObjectKind, Upsert
+from tests.builders import endpoint, endpoint_slice, service
+from tests.harness import Harness, rs, vs
+
+A, B = "10.244.1.5", "10.244.1.6"
+DEL_A = "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"
+
+
+def slice_of(*eps):
+    return endpoint_slice("web", list(eps), name="web-abc")
+
+
+def draining_a(inactive: int, states: list[str], drain_timeout: float = 600) -> Harness:
+    """A drains with ActiveConn 0, InActConn `inactive`, and these connection entries."""
+    h = Harness(drain_timeout=drain_timeout)
+    h.start([service("web")], [slice_of(endpoint(A, pod="pod-a"), endpoint(B))])
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=inactive)
+    for i, state in enumerate(states):
+        h.fake.add_connection(vs(), rs(A), state, client_port=40000 + i)
+    h.upsert(slice_of(endpoint(B)))
+    h.ops()
+    return h
+
+
+def test_all_time_wait_and_close_is_drained_at_the_next_check():
+    h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "CLOSE"])
+    h.check(1)
+    assert h.ops() == [DEL_A]
+    assert h.deletions("drained") == 1 and h.deletions("deadline") == 0
+    assert h.metrics.value("ipvsctl_drain_duration_seconds_count", {"reason": "drained"}) == 1
+    assert h.metrics.value("ipvsctl_conn_table_reads_total", {"result": "ok"}) == 1
+
+
+@pytest.mark.parametrize("state", ["SYN_RECV", "SYN_SENT", "FIN_WAIT", "CLOSE_WAIT",
+                                   "LAST_ACK", "ESTABLISHED", "SOMETHING_NEW"])
+def test_any_other_state_holds_until_the_deadline(state):
+    h = draining_a(2, ["TIME_WAIT", state], drain_timeout=30)
+    h.check(1)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0
+    h.check(29)
+    assert h.ops() == [DEL_A] and h.deletions("deadline") == 1 and h.deletions("drained") == 0
+
+
+def test_persistence_templates_do_not_hold():
+    h = draining_a(1, ["TIME_WAIT"])
+    h.fake.add_connection(vs(), rs(A), "NONE", client_port=0)
+    h.check(1)
+    assert h.ops() == [DEL_A]
+
+
+def test_fewer_closed_entries_than_inactconn_waits_for_a_reading_that_agrees():
+    h = draining_a(2, ["TIME_WAIT"])  # one entry the table pass did not see
+    h.check(1)
+    assert h.ops() == []
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=1)
+    h.check(1)
+    assert h.ops() == [DEL_A]
+
+
+def test_the_connection_table_is_read_only_for_tcp_real_servers_with_only_inactive_ones():
+    h = draining_a(0, [])
+    h.fake.set_connections(vs(), rs(A), active=1, inactive=2)
+    h.check(1)
+    assert h.fake.conn_reads == 0  # ActiveConn > 0: it holds anyway
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
+    h.check(1)
+    assert h.fake.conn_reads == 0 and h.ops() == [DEL_A]  # 0/0: the counts say it
+
+
+def test_unreadable_connection_table_falls_back_to_counts_with_one_log_line(caplog):
+    h = draining_a(1, ["TIME_WAIT"], drain_timeout=30)
+    h.fake.conn_lines = None  # no /proc/net/ip_vs_conn on this kernel
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.drain"):
+        for _ in range(20):
+            h.check(1)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0  # never an early delete
+    assert [r.getMessage() for r in caplog.records if r.name == "ipvsctl.drain"] == [
+        "ipvs connection table unreadable, draining by counts only"]
+    assert h.metrics.value("ipvsctl_conn_table_reads_total", {"result": "unavailable"}) >= 1
+    h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
+    h.check(1)
+    assert h.ops() == [DEL_A] and h.deletions("drained") == 1
+
+
+def test_the_connection_table_pass_is_paced_by_its_own_cost():
+    h = draining_a(2, ["TIME_WAIT", "FIN_WAIT"])
+    reader = h.engine.drain_reader
+    real = h.fake.read_connections
+
+    def slow(pairs):
+        h.clock.advance(0.5)  # this pass took 0.5 s
+        return real(pairs)
+
+    h.fake.read_connections = slow  # type: ignore[method-assign]
+    h.check(1)
+    assert h.fake.conn_reads == 1
+    h.check(1)  # 1 s later: within 9 x 0.5 s of the last pass
+    h.check(1)
+    assert h.fake.conn_reads == 1
+    assert h.metrics.value("ipvsctl_conn_table_reads_total", {"result": "deferred"}) == 2
+    h.check(3)
+    assert h.fake.conn_reads == 2 and reader.last_scan is not None
+
+
+def test_a_reading_from_before_the_endpoint_came_back_never_deletes_it():
+    h = draining_a(0, [])  # idle: the next reading says "delete"
+    reading = h.engine.read_drains(h.engine.drain_snapshot())
+    assert reading.observed[vs()][0].connections == 0
+    h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))  # A is back (weight 1)
+    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
+    h.engine.apply_drain_reading(reading)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 1 and h.deletions("drained") == 0
+
+
+def test_a_reading_from_before_a_new_drain_of_the_same_real_server_is_not_applied_to_it():
+    h = draining_a(0, [])
+    reading = h.engine.read_drains(h.engine.drain_snapshot())
+    h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))
+    h.fake.set_connections(vs(), rs(A), active=1, inactive=0)  # a new connection to A
+    h.upsert(slice_of(endpoint(B)))  # and it leaves again: a new drain entry
+    h.ops()
+    h.engine.apply_drain_reading(reading)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.queue) == 1
+
+
+def test_status_shows_connections_by_state_for_draining_real_servers():
+    h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
+    h.check(1)
+    rss = h.engine.status()["virtual_servers"][0]["real_servers"]
+    a = next(r for r in rss if r["address"] == A)
+    assert a["drain"]["connections"] == ConnCounts(closing=1, closed=2).to_json()
+    assert next(r for r in rss if r["address"] == B)["drain"] is None
+    # not read (ActiveConn > 0): established is ActiveConn, the rest unknown
+    h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
+    h.check(1)
+    a = next(r for r in h.engine.status()["virtual_servers"][0]["real_servers"]
+             if r["address"] == A)
+    assert a["drain"]["connections"] == {"established": 2, "closing": None, "closed": None}
+
+
+class BlockingReadKernel(FakeKernel):
+    """read_real_servers waits until released: a slow table read, held mid-way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.Event()
+        self.release = threading.Event()
+        self.block = False
+
+    def read_real_servers(self, keys):
+        if self.block:
+            self.reading.set()
+            assert self.release.wait(10)
+        return super().read_real_servers(keys)
+
+
+def test_events_are_applied_while_a_drain_read_is_in_progress():
+    kernel = BlockingReadKernel()
+    h = Harness(kernel=kernel, drain_timeout=600)
+    events: queue.Queue = queue.Queue()
+    loop = Loop(h.engine, events, LoopConfig(), clock=h.clock)
+    loop.drain_thread = True
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    h.upsert(slice_of(endpoint(B)))  # A drains, idle: the reading will say "delete"
+    h.ops()
+    kernel.block = True
+    reader = threading.Thread(target=loop.drain_step)
+    reader.start()
+    try:
+        assert kernel.reading.wait(10)
+        # the reader is inside its kernel read: an event goes through the loop now
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE,
+                          slice_of(endpoint(A), endpoint(B)), h.clock.monotonic()))
+        loop.step()
+        assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
+    finally:
+        kernel.release.set()
+        reader.join(10)
+    # and the stale reading, applied after, did not delete the endpoint that came back
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 1
+
+
+def test_ipvsctl_status_shows_the_connection_states():
+    h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
+    h.check(1)
+    table = [VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
+             for v in h.fake.list_virtual_servers()]
+    doc = join_status(table, None, h.engine.status(), None, "http://x")
+    a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
+    assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
+    assert "connections 0 established/1 closing/2 closed" in render_status(doc)
+
+
+def test_a_restart_over_an_unchanged_table_reads_it_once_and_writes_nothing():
+    services = [service(f"s{i}", cluster_ip=f"10.96.1.{i}") for i in range(1, 51)]
+    slices = [endpoint_slice(f"s{i}", [endpoint(f"10.244.2.{i}")], name=f"s{i}-a")
+              for i in range(1, 51)]
+    first = Harness()
+    first.start(services, slices)
+    again = Harness(kernel=first.fake)
+    first.fake.take_ops()
+    first.fake.dumps = first.fake.table_reads = 0
+    again.start(services, slices)
+    assert again.engine.started and first.fake.take_ops() == []
+    assert (first.fake.table_reads, first.fake.dumps) == (1, 0)
+
+
+def test_counts_come_from_the_cheaper_read_by_measured_cost():
+    h = Harness()
+
+    class CostlyKernel(FakeKernel):
+        def read_real_servers(self, keys):  # a big node table: 100 ms whatever is asked
+            h.clock.advance(0.1)
+            return super().read_real_servers(keys)
+
+        def list_real_servers(self, key):  # one dump: 1 ms
+            h.clock.advance(0.001)
+            return super().list_real_servers(key)
+
+    reader = DrainReader(CostlyKernel(), h.metrics, h.clock)
+    h.fake.add_virtual_server(VirtualServer(vs()), True)
+    reader.kernel.services = h.fake.services  # type: ignore[attr-defined]
+    snap = DrainSnapshot({vs(): {}})
+    reader.read(snap)  # the table first: 0.1 s measured
+    assert reader.read_choice(1) == "dumps"  # a small check measures a dump
+    reader.read(snap)
+    assert reader.read_choice(50) == "dumps"  # 50 x 1 ms < 100 ms
+    assert reader.read_choice(200) == "table"  # 200 x 1 ms > 100 ms
+
+
+def test_without_the_table_file_counts_come_from_dumps_with_one_log_line(caplog):
+    class NoTable(FakeKernel):
+        def read_real_servers(self, keys):
+            raise KernelUnavailable("no /proc/net/ip_vs", "read_ip_vs")
+
+    h = Harness(kernel=NoTable(), drain_timeout=600)
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.drain"):
+        for _ in range(3):
+            h.check(1)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.fake.dumps >= 3
+    assert [r.getMessage() for r in caplog.records if r.name == "ipvsctl.drain"] == [
+        "ipvs table file unreadable, reading per virtual server"]
+    h.fake.set_connections(vs(), rs(A), active=0)
+    h.check(1)
+    assert h.deletions("drained") == 1
+
+
+def test_an_audit_reading_taken_before_a_change_was_applied_is_dropped():
+    h = Harness()
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    e = h.engine
+    reading = e.read_audit(e.audit_snapshot())  # sees A and B only
+    h.upsert(slice_of(endpoint(A), endpoint(B), endpoint("10.244.1.7")))  # C is added
+    h.ops()
+    assert e.apply_audit_reading(reading) == 0  # stale: C's absence is no drift
+    assert h.metrics.value("ipvsctl_drift_repairs_total", {"kind": "real_server_changed"}) == 0
+    e.sync()
+    assert h.ops() == [] and h.fake.weight(vs(), rs("10.244.1.7")) == 1
+    # read again now, it is current: still nothing to repair, and the round moves on
+    assert e.apply_audit_reading(e.read_audit(e.audit_snapshot())) == 0
+
+
+def test_the_audit_off_the_lock_still_finds_hand_made_changes():
+    h = Harness()
+    h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
+    e = h.engine
+    h.fake.set_real_server_weight(vs(), rs(A), 7)
+    h.fake.take_ops()
+    found = e.apply_audit_reading(e.read_audit(e.audit_snapshot()))
+    assert found == 1
+    e.sync()
+    assert h.fake.weight(vs(), rs(A)) == 1
