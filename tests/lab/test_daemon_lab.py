@@ -345,6 +345,7 @@ def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
     assert "default/web:http" in text and f"default/{other.name}" in text
     (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  -> {gone.ip}:8080")]
     assert re.search(rf"\s0\s+[1-9]\d*\s+\d+\s+default/{gone.name} DRAINING \(removed, "
-                     r"age [\d.]+s, [\d.]+s left\)", line), line
+                     r"age [\d.]+s, [\d.]+s left; connections 1 established/0 closing/"
+                     r"0 closed\)", line), line
     assert "drain queue: 1" in text
 
