@@ -80,17 +80,7 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
     assert held.pod == leaving.name
 
     # the sidecar, inside the leaving pod's netns: its threads are created there too
-    options = ManagerOptions(
-        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(daemon_url_from_pods(daemon),),
-        proc_net=leaving.proc_net(),
-        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
-
-    def start_manager() -> ShutdownManager:
-        manager = ShutdownManager(options)
-        manager.start()
-        return manager
-
-    manager = run_in_netns(leaving.netns.name, start_manager)
+    manager = start_manager_in(leaving, daemon_url_from_pods(daemon))
     try:
         prestop = PreStop(node, f"http://{leaving.ip}:{manager.port}/shutdown")
         prestop.start()
@@ -158,17 +148,7 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
     assert http_json(f"{from_pod}/v1/quiesced?ip={leaving.ip}", client.netns.name)["ready"]
     assert http_json(f"http://127.0.0.1:{daemon.http.port}/status", node.name)["ready"]
 
-    options = ManagerOptions(
-        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(from_pod,),
-        proc_net=leaving.proc_net(),
-        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
-
-    def start_manager() -> ShutdownManager:
-        manager = ShutdownManager(options)
-        manager.start()
-        return manager
-
-    manager = run_in_netns(leaving.netns.name, start_manager)
+    manager = start_manager_in(leaving, from_pod)
     try:
         url = f"http://{leaving.ip}:{manager.port}/shutdown"
         stray = http_json(url, client.netns.name, timeout=TIMEOUT + 60)  # from another pod
@@ -203,3 +183,18 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
         assert manager.barrier.runs == 2
     finally:
         manager.stop()
+
+
+def start_manager_in(leaving: Pod, daemon_url: str) -> ShutdownManager:
+    """A shutdown-manager for `leaving`, started inside its netns (its threads too)."""
+    options = ManagerOptions(
+        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(daemon_url,),
+        proc_net=leaving.proc_net(),
+        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
+
+    def start() -> ShutdownManager:
+        manager = ShutdownManager(options)
+        manager.start()
+        return manager
+
+    return run_in_netns(leaving.netns.name, start)
