@@ -194,7 +194,9 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
         stop = threading.Event()
         t = threading.Thread(target=source.run, args=(events.put, stop), daemon=True)
         t.start()
-        assert api.wait_for(lambda: api.open_watches() == 2, 5.0)
+        # Services and EndpointSlices (this node's Node is watched too, at its own pace)
+        assert api.wait_for(lambda: api.open_watches("Service") == 1
+                            and api.open_watches("EndpointSlice") == 1, 10.0)
         stop.set()
         t.join(10.0)
         selector = service_label_selector(proxy_name)
