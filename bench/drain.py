@@ -1,20 +1,20 @@
 """Drain reaction: from a draining real server's connection counts reaching zero to its
 deletion (lab VM, real traffic).
 
-A node with `samples` pods behind one ClusterIP; ipvsctl's Engine and Loop (the daemon's
-loop thread, --drain-check-interval 1 s) program it. One client connection per pod through
-the virtual IP, then every endpoint goes not-ready: every real server is at weight 0 with one
-connection. The connections are then closed one by one at staggered times with a reset, so
-IPVS moves each to CLOSE and drops it 10 s later: that is when its counts reach zero. A
-poller reading the kernel every 20 ms notes when ActiveConn+InActConn first reads 0 and when
-the real server is gone; ipvsctl's own log gives its deletion time and reason.
+A node with `samples` pods behind one ClusterIP; ipvsctl's daemon as `ipvsctl run` builds
+it (bench.harness: loop, drain reader thread, --drain-check-interval 1 s) programs it. One
+client connection per pod through the virtual IP, then every endpoint goes not-ready: every
+real server is at weight 0 with one connection. The connections are then closed one by one
+at staggered times with a reset, so IPVS moves each to CLOSE and drops it 10 s later: that
+is when its counts reach zero. A poller reading the kernel every 20 ms notes when
+ActiveConn+InActConn first reads 0 and when the real server is gone; ipvsctl's own log
+gives its deletion time and reason.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import socket
 import struct
 import threading
@@ -39,13 +39,10 @@ class _Deletions(logging.Handler):
 
 def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.37,
               poll: float = 0.02) -> dict[str, Any]:
+    from bench.harness import BenchDaemon
     from bench.ipvsnl import RawIPVS
     from ipvsctl.kernel.netlink import configure_host
-    from ipvsctl.model import NodeContext, Protocol, ServiceKey
-    from ipvsctl.obs.metrics import Metrics
-    from ipvsctl.reconcile.engine import Engine, EngineConfig
-    from ipvsctl.reconcile.loop import Loop, LoopConfig
-    from ipvsctl.source.events import ObjectKind, Replace, Upsert
+    from ipvsctl.model import Protocol, ServiceKey
     from tests.fakeapi import objects
     from tests.lab.labkit import Node, wait_for
 
@@ -61,6 +58,7 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
     raw = RawIPVS(netns=node.name)
     key = ServiceKey(Protocol.TCP, VIP, PORT)
     stop = threading.Event()
+    stop_daemon = None
     try:
         svc = objects.service("drain", cluster_ip=VIP)
 
@@ -68,20 +66,15 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
             return objects.endpoint_slice("drain-x", "drain", [
                 objects.endpoint(ip, ready=ready, pod=f"d{i}") for i, ip in enumerate(ips)])
 
-        engine = Engine(node.kernel, EngineConfig(NodeContext("bench-node"), 3600.0),
-                        metrics=Metrics())
-        events: queue.Queue[Any] = queue.Queue()
-        loop = Loop(engine, events, LoopConfig(drain_check_interval=check_interval))
-        now = time.monotonic()
-        events.put(Replace(ObjectKind.SERVICE, [svc], now))
-        events.put(Replace(ObjectKind.ENDPOINT_SLICE, [sl(True)], now))
-        thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
-        thread.start()
-        wait_for(lambda: len(raw.list_real_servers(key)) == samples if engine.started else 0,
-                 timeout=120, what="real servers programmed")
+        # the daemon as `ipvsctl run` builds it (loop, drain reader, state writer)
+        bd = BenchDaemon(node.kernel, [svc], [sl(True)], drain_check_interval=check_interval)
+        stop_daemon = bd.shutdown
+        bd.start(timeout=120)
+        wait_for(lambda: len(raw.list_real_servers(key)) == samples, timeout=120,
+                 what="real servers programmed")
         conns = [client.connect(VIP, PORT) for _ in range(samples)]
         served = sorted(c.pod for c in conns)
-        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, sl(False), time.monotonic()))
+        bd.source.send([(sl(False), None)])
         wait_for(lambda: all(r.weight == 0 for r in raw.list_real_servers(key)), timeout=60,
                  what="every real server at weight 0")
 
@@ -136,6 +129,8 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
         return out
     finally:
         stop.set()
+        if stop_daemon is not None:
+            stop_daemon()
         logging.getLogger("ipvsctl.engine").removeHandler(handler)
         raw.close()
         node.close()

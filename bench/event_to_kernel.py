@@ -1,104 +1,119 @@
-"""Event to kernel: how long from an EndpointSlice change arriving to its netlink change
-being done, for ipvsctl and for the full-resync baseline, on one kernel table per size.
+"""Event to kernel, through the daemon as `ipvsctl run` builds it, on one table per size.
 
-Per size (N Services x E endpoints, a fresh network namespace on the real kernel):
-1. initial sync: ipvsctl's Engine programs the table from empty (timed);
-2. ipvsctl, engine: a change is one endpoint going not-ready (its real server to weight 0)
-   or ready again (back to 1), on a random Service; the time is from the event's arrival
-   (`received`) to the moment that weight change returns from the kernel. Engine.handle +
-   Engine.sync, called directly;
-3. ipvsctl, loop: the same through the daemon's Loop thread (queue, batching, the drain
-   check and the drift audit running as they do in `ipvsctl run`), changes at random gaps;
-4. baseline: the same changes through bench.baseline.FullResync (kube-router's sync) on the
-   same table; the time is to the moment that change's own netlink call returns (the rest of
-   the resync goes on after it), and the full resync time is reported beside it.
+Per size (N Services x E endpoints; the real kernel in a fresh network namespace in the lab
+VM, the in-memory kernel on the host):
+
+1. the table: either ipvsctl's daemon programs it from empty (`initial`: timed to /readyz,
+   and in the VM the lean client primes a scratch namespace with the same table in the
+   same run, the yardstick), or the lean client (host: direct writes) programs it first and
+   the daemon starts over it (`restart`: time to /readyz, kernel writes counted, beside one
+   full-table read through ipvsctl's adapter in the same run);
+2. cost of one change: Engine.handle + Engine.sync under the loop's lock (no waiting: the
+   work itself; wall and thread CPU per change);
+3. event to kernel through the daemon: a producer thread stamps each EndpointSlice change
+   as it takes it and puts it on the daemon's queue (bench.harness); the time runs to the
+   return of that change's kernel call. Phases: *idle* (nothing draining, the audit as
+   configured); *audit* (every audit step forced to be the start of a round: a dump of every
+   virtual server plus 20 dest dumps, every second, instead of once per 500 steps at 10,000
+   Services); *draining* (1,000 real servers held at weight 0 with connections: the drain
+   check reads all of them every second); then the *drain reaction* (held real servers
+   released one by one: counts read 0 -> deleted); a *burst* of 1,000 changes put at once;
+   *idle CPU* (process CPU and loop steps over a quiet period);
+4. the two baselines on the same table, >= 10 changes each where the time allows:
+   kube-router's full resync (bench.baseline.FullResync) and kube-proxy's per-Service
+   read-and-diff (bench.baseline.PerServiceSync).
 Changes come in pairs (down, up) so the table ends as it started.
 """
 
 from __future__ import annotations
 
+import copy
 import cProfile
 import gc
 import io
+import math
 import pstats
-import queue
 import random
+import sys
 import threading
 import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from bench.baseline import FullResync
-from bench.cluster import cluster, rs_key, vs_key, with_ready
+from bench.baseline import FullResync, PerServiceSync
+from bench.cluster import cluster, rs_key, vs_key
 from bench.common import log, summary
-from bench.kernels import Netns, TimedKernel, fake_kernel, netlink_kernel, raw_kernel
-from ipvsctl.model import NodeContext
-from ipvsctl.obs.metrics import Metrics
-from ipvsctl.reconcile.engine import Engine, EngineConfig
-from ipvsctl.reconcile.loop import Loop, LoopConfig
+from bench.harness import NODE, BenchDaemon, Watcher
+from bench.kernels import Netns, fake_kernel, netlink_kernel, raw_kernel
+from ipvsctl.model import VirtualServer
 from ipvsctl.source.events import ObjectKind, Replace, Upsert
 
-NODE = NodeContext("bench-node", (), "rr")
+
+@dataclass(frozen=True)
+class Plan:
+    engine_changes: int = 400  # cost-of-a-change samples
+    loop_changes: int = 60  # per daemon phase (idle, audit, draining)
+    gap: float = 0.3  # random gap before each loop change, 0..gap s
+    draining: int = 1000  # real servers held draining
+    reactions: int = 20  # drain reaction samples
+    burst: int = 1000
+    idle_cpu_s: float = 20.0
+    baseline_changes: int = 10  # per baseline (minimum wanted)
+    baseline_budget_s: float = 300.0  # per baseline: stop after this (and say so)
+    phases: bool = True  # False: the table and the daemon's start only
 
 
-class _Signal(TimedKernel):
-    """TimedKernel that also wakes a waiting thread when the watched change is done."""
+class Table:
+    """The cluster and which endpoints are currently not ready."""
 
-    def __init__(self, impl: Any) -> None:
-        super().__init__(impl)
-        self.event = threading.Event()
+    def __init__(self, n: int, e: int) -> None:
+        self.n, self.e = n, e
+        self.services, self.slices = cluster(n, e)
+        self.down: dict[int, set[int]] = {}
 
-    def expect(self, key: Any, rs: Any, weight: int) -> None:
-        self.event.clear()
-        super().expect(key, rs, weight)
+    def key(self, i: int) -> Any:
+        return vs_key(self.services[i])
 
-    def set_real_server_weight(self, key: Any, rs: Any, weight: int) -> None:
-        super().set_real_server_weight(key, rs, weight)
-        if self.done_at is not None:
-            self.event.set()
+    def rs(self, i: int, j: int) -> Any:
+        return rs_key(self.slices[i], j)
 
-    def add_real_server(self, key: Any, rs: Any, weight: int) -> None:
-        super().add_real_server(key, rs, weight)
-        if self.done_at is not None:
-            self.event.set()
+    def set(self, i: int, j: int, ready: bool) -> None:
+        d = self.down.setdefault(i, set())
+        (d.discard if ready else d.add)(j)
 
-
-class _Primed:
-    """For sizes whose initial sync is not the thing measured: the table was programmed
-    beforehand with bench.ipvsnl (identical content, seconds instead of many minutes of
-    pyroute2 calls under emulation); the engine's initial sync then sees an empty kernel
-    and its adds are skipped, so its state matches the table. Every later call is real."""
-
-    def __init__(self, impl: Any) -> None:
-        self.impl = impl
-
-    def list_virtual_servers(self) -> list[Any]:
-        return []
-
-    def add_virtual_server(self, vs: Any, bind_address: bool) -> None:
-        pass
-
-    def add_real_server(self, key: Any, rs: Any, weight: int) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.impl, name)
+    def slice(self, i: int) -> dict[str, Any]:
+        out = copy.deepcopy(self.slices[i])
+        for j in self.down.get(i, ()):
+            out["endpoints"][j]["conditions"] = {"ready": False, "serving": False,
+                                                 "terminating": False}
+        return out
 
 
-def prime(netns: str, services: list[Any], slices: list[Any]) -> float:
-    """Program the table with the lean client; seconds taken."""
-    from ipvsctl.model import VirtualServer
-
+def prime(netns: str | None, impl: Any, t: Table) -> float:
+    """Program the table without ipvsctl: the lean client in the VM, direct writes to the
+    in-memory kernel on the host. Seconds taken."""
     t0 = time.monotonic()
-    raw = raw_kernel(netns)
+    k = raw_kernel(netns) if netns else impl
     try:
-        for svc, sl in zip(services, slices, strict=True):
-            key = vs_key(svc)
-            raw.add_virtual_server(VirtualServer(key, "rr", 0), True)
-            for j in range(len(sl["endpoints"])):
-                raw.add_real_server(key, rs_key(sl, j), 1)
+        for i in range(t.n):
+            key = t.key(i)
+            k.add_virtual_server(VirtualServer(key, "rr", 0), True)
+            for j in range(t.e):
+                k.add_real_server(key, t.rs(i, j), 1)
     finally:
-        raw.close()
+        if netns:
+            k.close()
     return time.monotonic() - t0
+
+
+def full_read(impl: Any) -> tuple[float, int]:
+    """One full-table read through ipvsctl's adapter: every virtual server, then every real
+    server in one /proc/net/ip_vs read. (seconds, real servers)"""
+    t0 = time.monotonic()
+    keys = [vs.key for vs in impl.list_virtual_servers()]
+    table = impl.read_real_servers(keys)
+    return time.monotonic() - t0, sum(len(v or ()) for v in table.values())
 
 
 def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
@@ -110,171 +125,371 @@ def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
     return "\n".join(lines[start:])
 
 
-def _pairs(rng: random.Random, n: int, e: int, count: int) -> list[tuple[int, int]]:
-    return [(rng.randrange(n), rng.randrange(e)) for _ in range(max(1, count // 2))]
+class Sampler:
+    """A sampling profiler for the daemon's threads (cProfile sees one thread): every
+    `every` s, each named thread's stack; per thread, the share of samples in which each
+    function was on the stack, and where the thread's innermost frame was."""
+
+    def __init__(self, names: tuple[str, ...] = ("loop", "drain"), every: float = 0.005):
+        self.names, self.every = names, every
+        self.stop = threading.Event()
+        self.samples: Counter[str] = Counter()
+        self.inclusive: dict[str, Counter[str]] = {n: Counter() for n in names}
+        self.leaf: dict[str, Counter[str]] = {n: Counter() for n in names}
+        self.thread = threading.Thread(target=self._run, daemon=True, name="sampler")
+
+    def __enter__(self) -> Sampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            ids = {t.ident: t.name for t in threading.enumerate() if t.name in self.names}
+            for ident, frame in sys._current_frames().items():
+                name = ids.get(ident)
+                if name is None:
+                    continue
+                self.samples[name] += 1
+                seen = set()
+                f: Any = frame
+                self.leaf[name][_where(f)] += 1
+                while f is not None:
+                    w = _where(f)
+                    if w not in seen:
+                        seen.add(w)
+                        self.inclusive[name][w] += 1
+                    f = f.f_back
+
+    def report(self, top: int = 10) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.names:
+            n = self.samples[name]
+            if not n:
+                continue
+            out[name] = {
+                "samples": n,
+                "on_stack_pct": {w: round(100 * c / n, 1)
+                                 for w, c in self.inclusive[name].most_common(top)},
+                "innermost_pct": {w: round(100 * c / n, 1)
+                                  for w, c in self.leaf[name].most_common(6)},
+            }
+        return out
 
 
-def run_size(n: int, e: int, kernel: str, *, changes: int, loop_changes: int,
-             loop_budget_s: float, baseline_changes: int, seed: int = 1,
-             profile: bool = False, real_initial: bool = True) -> dict[str, Any]:
-    """Everything for one size; see the module docstring. `kernel` is fake or netlink;
-    without `real_initial` the table is primed (see _Primed) and the initial sync is not
-    timed."""
-    services, slices = cluster(n, e)
+def _where(f: Any) -> str:
+    path = f.f_code.co_filename
+    short = "/".join(path.split("/")[-2:])
+    return f"{short}:{f.f_code.co_name}"
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any], k: str = "p99") -> float | None:
+    return round(a[k] / b[k], 2) if a.get(k) and b.get(k) else None
+
+
+def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
+             seed: int = 1, profile: bool = False) -> dict[str, Any]:
+    """Everything for one size; see the module docstring. `kernel`: fake or netlink;
+    `mode`: initial or restart (how the table gets there, see 1.)."""
+    t = Table(n, e)
     ns = Netns() if kernel == "netlink" else None
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"services": n, "endpoints_per_service": e, "real_servers": n * e,
+                           "kernel": kernel, "mode": mode}
     try:
         impl = netlink_kernel(ns.name) if ns else fake_kernel()
-        k = _Signal(impl)
-        metrics = Metrics()
-        engine = Engine(k, EngineConfig(NODE, drain_timeout=3600.0), metrics=metrics)
-        out: dict[str, Any] = {"services": n, "endpoints_per_service": e,
-                               "real_servers": n * e, "kernel": kernel}
+        w = Watcher(impl)
 
-        # 1. initial sync
-        primed = ns is not None and not real_initial
-        if primed:
-            assert ns is not None
-            t_prime = prime(ns.name, services, slices)
-            engine.kernel = _Primed(k)
-            log(f"{n} services: table primed with the lean client in {t_prime:.1f}s")
+        # 1. the table
+        if mode == "restart":
+            t_prime = prime(ns.name if ns else None, impl, t)
+            reads = [full_read(impl) for _ in range(3)]
+            t_read = min(r[0] for r in reads)
+            assert reads[0][1] == n * e, f"table has {reads[0][1]} real servers"
+            log(f"{n} services: primed in {t_prime:.1f}s; one full read {t_read:.3f}s")
         gc.collect()
-        t0 = time.monotonic()
-        engine.handle(Replace(ObjectKind.SERVICE, services, t0))
-        engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, slices, t0))
-        result = engine.sync()
-        t_init = time.monotonic() - t0
-        engine.kernel = k
-        assert not result.failed, f"initial sync failed for {len(result.failed)} services"
-        if primed:
-            out["initial_sync"] = {"primed": True, "prime_seconds": round(t_prime, 3),
-                                   "engine_state_seconds": round(t_init, 3)}
+        bd = BenchDaemon(w, t.services, t.slices)
+        writes0 = w.writes
+        t_ready = bd.start()
+        writes = w.writes - writes0
+        if mode == "restart":
+            out["restart"] = {"prime_seconds": round(t_prime, 3),
+                              "full_read_seconds": round(t_read, 4),
+                              "full_read_runs_s": [round(r[0], 4) for r in reads],
+                              "readyz_seconds": round(t_ready, 3),
+                              "readyz_over_full_read": round(t_ready / t_read, 1),
+                              "kernel_writes": writes}
+            log(f"{n} services: restart to /readyz {t_ready:.2f}s "
+                f"({t_ready / t_read:.1f}x one full read), {writes} kernel writes")
         else:
-            out["initial_sync"] = {"seconds": round(t_init, 3), "ops": result.ops,
-                                   "netlink_calls": k.calls}
-        log(f"{n} services: initial sync {t_init:.1f}s, {result.ops} ops"
-            + (" (primed: no kernel calls)" if primed else ""))
+            out["initial_sync"] = {"readyz_seconds": round(t_ready, 3), "kernel_writes": writes,
+                                   "per_write_ms": round(1000 * t_ready / max(1, writes), 3)}
+            if ns:
+                scratch = Netns("benchprime")
+                try:
+                    netlink_kernel(scratch.name).close()  # the dummy interface
+                    out["initial_sync"]["lean_prime_seconds"] = round(
+                        prime(scratch.name, None, t), 3)
+                finally:
+                    scratch.close()
+                out["initial_sync"]["over_lean"] = round(
+                    t_ready / out["initial_sync"]["lean_prime_seconds"], 2)
+            log(f"{n} services: initial sync to /readyz {t_ready:.2f}s, {writes} writes "
+                f"{out['initial_sync']}")
 
-        rng = random.Random(seed)
+        try:
+            if plan.phases:
+                _daemon_phases(bd, w, t, rng, plan, out, profile)
+        finally:
+            bd.shutdown()
 
-        def change(i: int, j: int, ready: bool) -> tuple[Any, Any, Any]:
-            obj = slices[i] if ready else with_ready(slices[i], j, False)
-            return obj, vs_key(services[i]), rs_key(slices[i], j)
-
-        # 2. ipvsctl, engine called directly (after a few unmeasured changes: first calls
-        # pay for lazy imports and socket set-up)
-        for i, j in _pairs(rng, n, e, 20):
-            for ready in (False, True):
-                obj, key, rs = change(i, j, ready)
-                engine.handle(Upsert(ObjectKind.ENDPOINT_SLICE, obj, time.monotonic()))
-                engine.sync()
-        lat: list[float] = []
-        calls: list[int] = []
-        for i, j in _pairs(rng, n, e, changes):
-            for ready in (False, True):
-                obj, key, rs = change(i, j, ready)
-                k.expect(key, rs, 1 if ready else 0)
-                c0 = k.calls
-                t = time.monotonic()
-                engine.handle(Upsert(ObjectKind.ENDPOINT_SLICE, obj, t))
-                engine.sync()
-                assert k.done_at is not None, "change not applied"
-                lat.append(k.done_at - t)
-                calls.append(k.calls - c0)
-        out["ipvsctl_engine"] = summary(lat) | {"netlink_calls_per_change": max(calls)}
-        log(f"{n} services: ipvsctl engine p50 {out['ipvsctl_engine']['p50']} ms "
-            f"p99 {out['ipvsctl_engine']['p99']} ms ({len(lat)} changes)")
-
-        if profile:
-            prof = cProfile.Profile()
-            for i, j in _pairs(rng, n, e, min(changes, 100)):
-                for ready in (False, True):
-                    obj, key, rs = change(i, j, ready)
-                    prof.enable()
-                    engine.handle(Upsert(ObjectKind.ENDPOINT_SLICE, obj, time.monotonic()))
-                    engine.sync()
-                    prof.disable()
-            out["ipvsctl_engine_profile"] = profile_text(prof)
-
-        # 3. ipvsctl through the daemon's loop thread
-        if loop_changes:
-            events: queue.Queue[Any] = queue.Queue()
-            loop = Loop(engine, events, LoopConfig(drain_check_interval=1.0))
-            stop = threading.Event()
-            thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
-            thread.start()
-            audits0 = metrics.value("ipvsctl_drift_repairs_total", {"kind": "real_server_changed"})
-            lat = []
-            deadline = time.monotonic() + loop_budget_s
-            for i, j in _pairs(rng, n, e, loop_changes):
-                for ready in (False, True):
-                    time.sleep(rng.uniform(0.0, 0.3))
-                    obj, key, rs = change(i, j, ready)
-                    with loop.lock:
-                        k.expect(key, rs, 1 if ready else 0)
-                    t = time.monotonic()
-                    events.put(Upsert(ObjectKind.ENDPOINT_SLICE, obj, t))
-                    if not k.event.wait(600):
-                        raise AssertionError("loop did not apply a change in 600 s")
-                    assert k.done_at is not None
-                    lat.append(k.done_at - t)
-                if time.monotonic() > deadline:
-                    break
-            stop.set()
-            thread.join(timeout=600)
-            out["ipvsctl_loop"] = summary(lat) | {
-                "audit_batch": engine.config.audit_batch,
-                "drift_found": metrics.value("ipvsctl_drift_repairs_total",
-                                             {"kind": "real_server_changed"}) - audits0}
-            log(f"{n} services: ipvsctl loop p50 {out['ipvsctl_loop']['p50']} ms "
-                f"p99 {out['ipvsctl_loop']['p99']} ms ({len(lat)} changes)")
-
-        # 4. the baseline on the same table
-        if baseline_changes:
-            bk = _Signal(raw_kernel(ns.name) if ns else impl)
-            base = FullResync(bk, NODE, seed=seed)
-            now = time.monotonic()
-            base.handle(Replace(ObjectKind.SERVICE, services, now))
-            base.handle(Replace(ObjectKind.ENDPOINT_SLICE, slices, now))
-            lat, total, stats = [], [], []
-            prof = cProfile.Profile() if profile else None
-            # changes come in pairs that leave the table as it was; one change alone (the
-            # biggest sizes, where a resync takes many minutes) is only the "down" half
-            steps = (False,) if baseline_changes == 1 else (False, True)
-            for i, j in _pairs(rng, n, e, baseline_changes):
-                for ready in steps:
-                    obj, key, rs = change(i, j, ready)
-                    bk.expect(key, rs, 1 if ready else 0)
-                    t = time.monotonic()
-                    base.handle(Upsert(ObjectKind.ENDPOINT_SLICE, obj, t))
-                    if prof is not None and not stats:
-                        prof.enable()
-                    st = base.sync()
-                    if prof is not None and not stats:
-                        prof.disable()
-                    end = time.monotonic()
-                    assert bk.done_at is not None, "baseline did not apply the change"
-                    lat.append(bk.done_at - t)
-                    total.append(end - t)
-                    stats.append(st)
-                    log(f"{n} services: baseline change {len(lat)}: done "
-                        f"{lat[-1]:.2f}s, resync {total[-1]:.2f}s, {st.calls} calls")
-            out["baseline"] = summary(lat) | {
-                "resync": summary(total),
-                "netlink_calls_per_change": max(s.calls for s in stats),
-                "build_s_mean": round(sum(s.build_s for s in stats) / len(stats), 3),
-                "setup_s_mean": round(sum(s.setup_s for s in stats) / len(stats), 3),
-                "cleanup_s_mean": round(sum(s.cleanup_s for s in stats) / len(stats), 3),
-                "client": "bench.ipvsnl (raw netlink)" if ns else "FakeKernel",
-            }
-            if prof is not None:
-                out["baseline_profile"] = profile_text(prof)
-            log(f"{n} services: baseline p50 {out['baseline']['p50']} ms "
-                f"p99 {out['baseline']['p99']} ms ({len(lat)} changes)")
-            close = getattr(bk.impl, "close", None)
-            if close and bk.impl is not impl:
-                close()
+        # 4. baselines on the same table
+        for name, cls in (("baseline", FullResync), ("baseline_kube_proxy", PerServiceSync)):
+            if plan.baseline_changes:
+                out[name] = _baseline(cls, ns, impl, t, rng, plan, seed, profile)
         getattr(impl, "close", lambda: None)()
         return out
     finally:
         if ns:
             ns.close()
+
+
+def _loop_changes(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, count: int,
+                  gap: float, pick: Any) -> list[float]:
+    lat: list[float] = []
+    for _ in range(max(1, count // 2)):
+        i, j = pick()
+        for ready in (False, True):
+            time.sleep(rng.uniform(0.0, gap))
+            t.set(i, j, ready)
+            exp = (t.key(i), t.rs(i, j), 1 if ready else 0)
+            w.expect(*exp)
+            stamp: list[float] = []
+            bd.source.send([(t.slice(i), stamp.append)])
+            if not w.wait([exp], 600):
+                raise AssertionError("the daemon did not apply a change in 600 s")
+            lat.append(w.take(exp) - stamp[0])
+    return lat
+
+
+def _send_all(bd: BenchDaemon, w: Watcher, t: Table, changes: list[tuple[int, int, bool]],
+              timeout: float) -> tuple[list[float], float]:
+    """Changes on distinct Services put on the queue back to back; per-change latency and
+    the time from the first stamp to the last change done."""
+    stamps: dict[int, float] = {}
+    exps = []
+    batch = []
+    for i, j, ready in changes:
+        t.set(i, j, ready)
+        exp = (t.key(i), t.rs(i, j), 1 if ready else 0)
+        w.expect(*exp)
+        exps.append((i, exp))
+        batch.append((t.slice(i), lambda ts, i=i: stamps.__setitem__(i, ts)))
+    bd.source.send(batch)
+    if not w.wait([x for _, x in exps], timeout):
+        raise AssertionError(f"{len(changes)} changes not applied in {timeout} s")
+    done = {i: w.take(x) for i, x in exps}
+    lat = [done[i] - stamps[i] for i in done]
+    return lat, max(done.values()) - min(stamps.values())
+
+
+def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, plan: Plan,
+                   out: dict[str, Any], profile: bool) -> None:
+    n, e = t.n, t.e
+    eng = bd.engine
+
+    def pick_any() -> tuple[int, int]:
+        return rng.randrange(n), rng.randrange(e)
+
+    # 2. cost of one change, lock held (no waiting)
+    wall, cpu, calls = [], [], []
+    prof = cProfile.Profile() if profile else None
+    with bd.loop.lock:
+        for k in range(plan.engine_changes + 20):
+            i, j = pick_any()
+            for ready in (False, True):
+                t.set(i, j, ready)
+                c0, w0, k0 = time.thread_time(), time.monotonic(), w.calls
+                if prof is not None and k >= 20 and k < 120:
+                    prof.enable()
+                eng.handle(Upsert(ObjectKind.ENDPOINT_SLICE, t.slice(i), w0))
+                eng.sync()
+                if prof is not None:
+                    prof.disable()
+                if k >= 20:  # the first ones pay for lazy imports and socket set-up
+                    wall.append(time.monotonic() - w0)
+                    cpu.append(time.thread_time() - c0)
+                    calls.append(w.calls - k0)
+        w.want.clear()
+    out["ipvsctl_engine"] = summary(wall) | {
+        "cpu": summary(cpu), "netlink_calls_per_change": max(calls),
+        "note": "Engine.handle + Engine.sync under the loop's lock: the work, no waiting"}
+    if prof is not None:
+        out["ipvsctl_engine_profile"] = profile_text(prof)
+    log(f"{n} services: one change p50 {out['ipvsctl_engine']['p50']} ms, cpu p50 "
+        f"{out['ipvsctl_engine']['cpu']['p50']} ms")
+
+    # 3. through the daemon
+    phases: dict[str, Any] = {}
+    lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
+    phases["idle"] = summary(lat)
+    log(f"{n} services: daemon idle p50 {phases['idle']['p50']} p99 {phases['idle']['p99']} ms")
+
+    # audit: every step a new round (a dump of every virtual server + 20 dest dumps)
+    orig_snapshot, orig_read = eng.audit_snapshot, eng.read_audit
+    audit_reads: list[float] = []
+
+    def full_round() -> Any:
+        eng._audit_cursor = []
+        return orig_snapshot()
+
+    def timed_read(p: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return orig_read(p)
+        finally:
+            audit_reads.append(time.monotonic() - t0)
+
+    eng.audit_snapshot = full_round  # type: ignore[method-assign]
+    eng.read_audit = timed_read  # type: ignore[method-assign]
+    try:
+        with Sampler() as s:
+            lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
+    finally:
+        eng.audit_snapshot, eng.read_audit = orig_snapshot, orig_read  # type: ignore
+    phases["audit"] = summary(lat) | {"audit_reads": summary(audit_reads),
+                                      "over_idle_p99": _ratio(summary(lat), phases["idle"]),
+                                      "profile": s.report()}
+    log(f"{n} services: daemon during audit p50 {phases['audit']['p50']} p99 "
+        f"{phases['audit']['p99']} ms; audit reads {phases['audit']['audit_reads']}")
+
+    # draining: D real servers held at weight 0 with a connection each
+    d = min(plan.draining, n * e // 2)
+    per = math.ceil(d / n)
+    held = [(i, j) for i in range(n) for j in range(per)][:d]
+    w.held |= {(t.key(i), t.rs(i, j)) for i, j in held}
+    by_service: dict[int, list[int]] = {}
+    for i, j in held:
+        by_service.setdefault(i, []).append(j)
+    t0 = time.monotonic()
+    for i, js in by_service.items():
+        for j in js[:-1]:
+            t.set(i, j, False)
+    # (a Service's other held endpoints ride in the same slice, applied in the same sync)
+    _send_all(bd, w, t, [(i, js[-1], False) for i, js in by_service.items()], 3600)
+    log(f"{n} services: {d} real servers draining (took {time.monotonic() - t0:.1f}s)")
+    time.sleep(2.0)  # a drain check or two with the full queue
+
+    def pick_free() -> tuple[int, int]:
+        while True:
+            i, j = rng.randrange(n), rng.randrange(e)
+            if j not in t.down.get(i, ()):
+                return i, j
+
+    with Sampler() as s:
+        lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_free)
+    phases["draining"] = summary(lat) | {"draining": len(eng.queue),
+                                         "over_idle_p99": _ratio(summary(lat), phases["idle"]),
+                                         "profile": s.report()}
+    log(f"{n} services: daemon with {len(eng.queue)} draining p50 "
+        f"{phases['draining']['p50']} p99 {phases['draining']['p99']} ms")
+
+    # drain reaction: release some held real servers one by one
+    sample = rng.sample(held, min(plan.reactions, len(held)))
+    released: dict[Any, float] = {}
+    for i, j in sample:
+        time.sleep(rng.uniform(0.1, 0.5))
+        pair = (t.key(i), t.rs(i, j))
+        released[pair] = time.monotonic()
+        w.held.discard(pair)
+    if not w.wait_deleted(list(released), 120):
+        raise AssertionError("released real servers not deleted in 120 s")
+    reaction = [w.deleted[p] - r for p, r in released.items()]
+    t_rel = time.monotonic()
+    rest = set(w.held)
+    w.held.clear()
+    w.wait_deleted(list(rest), 600)
+    phases["drain_reaction"] = summary(reaction) | {
+        "draining": d, "check_interval_s": 1.0, "target_s": 1.5,
+        "rest_deleted_s": round(max((w.deleted[p] for p in rest), default=t_rel) - t_rel, 3)}
+    log(f"{n} services: drain reaction p50 {phases['drain_reaction']['p50']} max "
+        f"{phases['drain_reaction']['max']} ms; the other {len(rest)} deleted in "
+        f"{phases['drain_reaction']['rest_deleted_s']} s")
+    # every endpoint ready again (their real servers come back)
+    for i, js in by_service.items():
+        for j in js[:-1]:
+            t.set(i, j, True)
+    _send_all(bd, w, t, [(i, js[-1], True) for i, js in by_service.items()], 3600)
+
+    # burst: one change on each of B Services, put on the queue at once
+    b = min(plan.burst, n)
+    svcs = rng.sample(range(n), b)
+    js = {i: rng.randrange(e) for i in svcs}
+    lat, total = _send_all(bd, w, t, [(i, js[i], False) for i in svcs], 3600)
+    phases["burst"] = summary(lat) | {"changes": b, "all_done_s": round(total, 3)}
+    _send_all(bd, w, t, [(i, js[i], True) for i in svcs], 3600)
+    log(f"{n} services: burst of {b}: all done in {total:.2f}s, p50 "
+        f"{phases['burst']['p50']} p99 {phases['burst']['p99']} ms")
+
+    # idle CPU: no events, nothing draining; the audit and the reader as configured
+    time.sleep(3.0)  # the burst's drains: deleted by now (counts 0)
+    c0, s0, t0 = time.process_time(), bd.steps, time.monotonic()
+    time.sleep(plan.idle_cpu_s)
+    dt = time.monotonic() - t0
+    phases["idle_cpu"] = {"seconds": round(dt, 1),
+                          "cpu_pct_of_one_core": round(100 * (time.process_time() - c0) / dt, 2),
+                          "loop_steps_per_s": round((bd.steps - s0) / dt, 2),
+                          "draining": len(eng.queue)}
+    log(f"{n} services: idle CPU {phases['idle_cpu']}")
+    out["daemon"] = phases
+
+
+def _baseline(cls: Any, ns: Netns | None, impl: Any, t: Table, rng: random.Random,
+              plan: Plan, seed: int, profile: bool) -> dict[str, Any]:
+    bk = Watcher(raw_kernel(ns.name) if ns else impl)
+    base = cls(bk, NODE, seed=seed)
+    now = time.monotonic()
+    base.handle(Replace(ObjectKind.SERVICE, t.services, now))
+    base.handle(Replace(ObjectKind.ENDPOINT_SLICE, [t.slice(i) for i in range(t.n)], now))
+    lat, total, stats = [], [], []
+    prof = cProfile.Profile() if profile else None
+    deadline = time.monotonic() + plan.baseline_budget_s
+    stopped = False
+    while len(lat) < plan.baseline_changes:
+        i, j = rng.randrange(t.n), rng.randrange(t.e)
+        for ready in (False, True):
+            t.set(i, j, ready)
+            exp = (t.key(i), t.rs(i, j), 1 if ready else 0)
+            bk.expect(*exp)
+            t0 = time.monotonic()
+            base.handle(Upsert(ObjectKind.ENDPOINT_SLICE, t.slice(i), t0))
+            if prof is not None and not stats:
+                prof.enable()
+            st = base.sync()
+            if prof is not None and not stats:
+                prof.disable()
+            end = time.monotonic()
+            lat.append(bk.take(exp) - t0)
+            total.append(end - t0)
+            stats.append(st)
+        if time.monotonic() > deadline:
+            stopped = len(lat) < plan.baseline_changes
+            break
+    name = cls.__name__
+    out = summary(lat) | {
+        "style": name, "resync": summary(total),
+        "netlink_calls_per_change": max(s.calls for s in stats),
+        "build_s_mean": round(sum(s.build_s for s in stats) / len(stats), 3),
+        "walk_s_mean": round(sum(s.setup_s + s.cleanup_s for s in stats) / len(stats), 3),
+        "client": "bench.ipvsnl (raw netlink)" if ns else "in-memory kernel",
+        "stopped_by_budget": stopped}
+    if prof is not None:
+        out["profile"] = profile_text(prof)
+    log(f"{t.n} services: {name} p50 {out['p50']} p99 {out['p99']} ms ({len(lat)} changes"
+        f"{', budget hit' if stopped else ''}), {out['netlink_calls_per_change']} calls")
+    if ns:
+        bk.impl.close()
+    return out

@@ -201,6 +201,21 @@ class RawIPVS:
                                          timeout if flags & SVC_F_PERSISTENT else 0))
         return sorted(out, key=lambda vs: vs.key)
 
+    def get_virtual_server(self, key: ServiceKey) -> VirtualServer | None:
+        """One virtual server (IPVS_CMD_GET_SERVICE, not a dump); None if absent."""
+        try:
+            payloads = self._ipvs(GET_SERVICE, 0, _nla(ATTR_SERVICE | NLA_F_NESTED,
+                                                      _service_key(key)),
+                                  op="get_virtual_server")
+        except KernelNotFound:
+            return None
+        for payload in payloads:
+            for kind, nested in _attrs(payload[4:]):
+                if kind == ATTR_SERVICE:
+                    a = dict(_attrs(nested))
+                    return VirtualServer(key, a.get(SVC_SCHED, b"").rstrip(b"\0").decode(), 0)
+        return None
+
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         out = []
         payloads = self._ipvs(GET_DEST, NLM_F_DUMP, _nla(ATTR_SERVICE | NLA_F_NESTED,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import RealServerKey, ServiceKey
+from ipvsctl.model import RealServerKey, ServiceKey, VirtualServer
 
 MODULES = ("ip_vs", "ip_vs_rr", "dummy", "veth", "nf_conntrack")
 _names = itertools.count(1)
@@ -50,10 +50,25 @@ def raw_kernel(netns: str) -> Any:
     return RawIPVS(netns=netns)
 
 
-def fake_kernel() -> FakeKernel:
+class BenchFakeKernel(FakeKernel):
+    """FakeKernel plus the two reads the baselines make that ipvsctl does not: one virtual
+    server by key (kube-proxy's GetVirtualServer) and the dummy interface's addresses."""
+
+    def get_virtual_server(self, key: ServiceKey) -> VirtualServer | None:
+        svc = self.services.get(key)
+        return svc.vs if svc else None
+
+    def list_addresses(self) -> list[str]:
+        return list(self.bound)
+
+    def bind_address(self, address: str) -> None:
+        self.bound.setdefault(address, 1)
+
+
+def fake_kernel() -> BenchFakeKernel:
     """FakeKernel without its op log (tests read it; millions of benchmark calls would only
     grow it)."""
-    k = FakeKernel()
+    k = BenchFakeKernel()
     k.ops = collections.deque(maxlen=0)  # type: ignore[assignment]
     return k
 

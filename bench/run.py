@@ -1,16 +1,18 @@
 """Run the benchmarks; each part writes one JSON file into --out.
 
-    python -m bench.run vm    [--out out/bench] [--sizes ...] [--parts e2k,drain,rollout]
-    python -m bench.run host  [--out out/bench] [--parts e2k,memory] [--memory-services 10000]
+    python -m bench.run vm    [--out out/bench] [--sizes ...] [--mode initial|restart]
+                              [--parts e2k,drain,rollout]
+    python -m bench.run host  [--out out/bench] [--parts e2k,restart,memory]
     python -m bench.run smoke [--out out/bench-smoke]        (also BENCH_SMOKE=1)
 
-`vm` runs inside the lab VM (`make bench` boots it): event to kernel for ipvsctl and the
-full-resync baseline on the real kernel, initial sync, drain reaction, the demo's rollout.
-`host` runs the memory/CPU benchmark with the in-memory kernel. `smoke` runs every part that
-needs no VM at tiny sizes on the in-memory kernel, in seconds (tests/unit/test_bench_smoke.py).
+`vm` runs inside the lab VM (`make bench` boots it): bench/event_to_kernel.py on the real
+kernel (the table, the daemon's phases, both baselines), the drain reaction with real
+connections, the demo's rollout. `host` runs the same on the in-memory kernel, the restart
+over a 1,000 and a 10,000-Service table, and the memory/CPU benchmark. `smoke` runs every
+host part at tiny sizes, in seconds (tests/unit/test_bench_smoke.py).
 
-Scale (sizes, number of changes per size, which sizes get a real initial sync) is chosen so
-a full `make bench` fits in a couple of hours of software emulation; see docs/benchmarks.md.
+Scale (sizes, changes per phase, baseline samples and budgets, initial sync or restart per
+size) is in VM_PLAN / HOST_PLAN below; see docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,23 +27,31 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, log, machine, write_json
+from bench.event_to_kernel import Plan
 
-# per size: (ipvsctl changes, loop changes, loop budget s, baseline changes)
-VM_PLAN: dict[int, tuple[int, int, float, int]] = {
-    100: (400, 40, 60.0, 10),
-    1000: (400, 30, 90.0, 4),
-    3200: (400, 20, 120.0, 2),
-    10000: (400, 12, 180.0, 1),
+# per size: (how the table gets there, the plan); see bench/event_to_kernel.py
+VM_PLAN: dict[int, tuple[str, Plan]] = {
+    100: ("initial", Plan(engine_changes=200, loop_changes=40, baseline_changes=10,
+                          baseline_budget_s=120.0, idle_cpu_s=15.0)),
+    1000: ("initial", Plan(engine_changes=200, loop_changes=40, baseline_changes=10,
+                           baseline_budget_s=240.0, idle_cpu_s=15.0)),
+    3200: ("restart", Plan(engine_changes=200, loop_changes=30, baseline_changes=2,
+                           baseline_budget_s=240.0, idle_cpu_s=15.0)),
+    10000: ("restart", Plan(engine_changes=200, loop_changes=30, baseline_changes=0,
+                            idle_cpu_s=20.0)),
 }
-HOST_PLAN: dict[int, tuple[int, int, float, int]] = {
-    100: (2000, 20, 10.0, 10),
-    1000: (2000, 20, 10.0, 6),
-    3200: (2000, 20, 10.0, 4),
-    10000: (2000, 20, 10.0, 4),
+HOST_PLAN: dict[int, tuple[str, Plan]] = {
+    n: ("initial", Plan(engine_changes=2000, loop_changes=100, gap=0.2, baseline_changes=10,
+                        baseline_budget_s=600.0, idle_cpu_s=20.0))
+    for n in (100, 1000, 3200, 10000)
 }
-SMOKE_PLAN: dict[int, tuple[int, int, float, int]] = {
-    50: (40, 4, 5.0, 2),
-    300: (40, 4, 5.0, 2),
+# restart over an existing table, nothing else (host part "restart")
+RESTART_PLAN = Plan(phases=False, baseline_changes=0)
+SMOKE_PLAN: dict[int, tuple[str, Plan]] = {
+    50: ("initial", Plan(engine_changes=40, loop_changes=4, gap=0.02, draining=40,
+                         reactions=3, burst=30, idle_cpu_s=1.0, baseline_changes=2)),
+    300: ("restart", Plan(engine_changes=40, loop_changes=4, gap=0.02, draining=40,
+                          reactions=3, burst=30, idle_cpu_s=1.0, baseline_changes=2)),
 }
 
 
@@ -60,25 +70,26 @@ def _part(out: Path, name: str, fn: Callable[[], Any]) -> bool:
         log(f"{name} failed: {doc['error']}")
         traceback.print_exc()
     doc["seconds"] = round(time.monotonic() - t0, 1)
+    doc["machine"]["load_after"] = os.getloadavg()
     write_json(out / f"{name}.json", doc)
     log(f"{name}: {doc['seconds']} s -> {out / (name + '.json')}")
     return ok
 
 
-def e2k(sizes: list[int], plan: dict[int, tuple[int, int, float, int]], kernel: str,
-        real_initial: set[int], profile_size: int | None, out: Path) -> dict[str, Any]:
+def e2k(name: str, sizes: list[int], plan: dict[int, tuple[str, Plan]], kernel: str,
+        profile_size: int | None, out: Path, mode: str | None = None,
+        only: Plan | None = None) -> dict[str, Any]:
     from bench.event_to_kernel import run_size
 
     results = []
     for n in sizes:
-        changes, loop_changes, budget, base = plan.get(n, (200, 10, 60.0, 2))
-        r = run_size(n, 10, kernel, changes=changes, loop_changes=loop_changes,
-                     loop_budget_s=budget, baseline_changes=base,
-                     profile=(n == profile_size), real_initial=(n in real_initial))
+        m, p = plan.get(n, ("restart", Plan()))
+        r = run_size(n, 10, kernel, only or p, mode=mode or m, profile=(n == profile_size))
+        r["load_before"] = os.getloadavg()
         results.append(r)
         # written after every size: a long run that is cut short keeps what it measured
-        write_json(out / "e2k.partial.json", {"part": "e2k", "machine": machine(),
-                                              "result": {"sizes": results}})
+        write_json(out / f"{name}.partial.json", {"part": name, "machine": machine(),
+                                                  "result": {"sizes": results}})
     return {"sizes": results, "kernel": kernel, "endpoints_per_service": 10}
 
 
@@ -100,15 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("where", choices=("vm", "host", "smoke"))
     p.add_argument("--out", default=None)
     p.add_argument("--sizes", default=None, help="comma-separated Service counts")
-    p.add_argument("--real-initial", default=None,
-                   help="sizes whose initial sync is programmed by ipvsctl and timed "
-                        "(others are primed with the lean client); default: all")
+    p.add_argument("--mode", choices=("initial", "restart"), default=None,
+                   help="how every size's table gets there (default: per size, see VM_PLAN)")
     p.add_argument("--parts", default=None,
                    help="vm: e2k,drain,rollout[,memory] (default the first three); "
-                        "host: e2k,memory,status (default e2k,memory)")
-    p.add_argument("--repeat-only", action="store_true",
-                   help="e2k again, ipvsctl engine only (no loop, no baseline), written to "
-                        "e2k-repeat.json: the spread between runs")
+                        "host: e2k,restart,memory,status (default e2k,restart,memory)")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -125,17 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench.kernels import load_modules
 
         load_modules()
-        sizes = [int(s) for s in (args.sizes or "100,1000,3200,10000").split(",")]
-        real = ({int(s) for s in args.real_initial.split(",") if s} if args.real_initial
-                is not None else set(sizes))
+        sizes = [int(s) for s in (args.sizes or "100,1000,10000").split(",")]
         parts = (args.parts or "e2k,drain,rollout").split(",")
-        if args.repeat_only:
-            plan = {n: (VM_PLAN.get(n, (400,))[0], 0, 0.0, 0) for n in sizes}
-            ok &= _part(out, "e2k-repeat", lambda: e2k(sizes, plan, "netlink", real, None,
-                                                       out))
-            parts = []
         if "e2k" in parts:
-            ok &= _part(out, "e2k", lambda: e2k(sizes, VM_PLAN, "netlink", real, 1000, out))
+            ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, VM_PLAN, "netlink", 1000, out,
+                                                mode=args.mode))
         if "drain" in parts:
             from bench.drain import run_drain
 
@@ -157,11 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     elif where == "host":
         from bench.memory import run_memory
 
-        host_parts = (args.parts or "e2k,memory").split(",")
+        host_parts = (args.parts or "e2k,restart,memory").split(",")
         host_sizes = [int(x) for x in (args.sizes or "100,1000,3200,10000").split(",")]
         if "e2k" in host_parts:
-            ok &= _part(out, "e2k-host", lambda: e2k(host_sizes, HOST_PLAN, "fake",
-                                                     set(host_sizes), None, out))
+            ok &= _part(out, "e2k-host", lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "fake",
+                                                     None, out, mode=args.mode))
+        if "restart" in host_parts:
+            ok &= _part(out, "restart-host", lambda: e2k(
+                "restart-host", [1000, 10000], {}, "fake", None, out, mode="restart",
+                only=RESTART_PLAN))
 
         def mem_host() -> dict[str, Any]:
             runs = [run_memory(args.memory_services, 10, args.memory_events)
@@ -194,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.memory import run_memory
 
         sizes = [int(s) for s in (args.sizes or "50,300").split(",")]
-        ok &= _part(out, "e2k", lambda: e2k(sizes, SMOKE_PLAN, "fake", set(sizes),
-                                            sizes[-1], out))
+        ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, SMOKE_PLAN, "fake", sizes[-1], out))
         ok &= _part(out, "memory", lambda: run_memory(300, 10, 300))
     log("done" if ok else "done, with failures (see the JSON files)")
     return 0 if ok else 1
