@@ -125,17 +125,21 @@ def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
     return "\n".join(lines[start:])
 
 
+BOILERPLATE = ("threading.py:", "shell/daemon.py:run", "bench/harness.py:counted",
+               "reconcile/loop.py:run")
+
+
 class Sampler:
     """A sampling profiler for the daemon's threads (cProfile sees one thread): every
-    `every` s, each named thread's stack; per thread, the share of samples in which each
-    function was on the stack, and where the thread's innermost frame was."""
+    `every` s, each named thread's stack, classed as idle (waiting for work: a queue or an
+    event), waiting for the loop's lock (the innermost line is a `with ... lock`), or busy;
+    for busy samples, the share in which each function was on the stack."""
 
     def __init__(self, names: tuple[str, ...] = ("loop", "drain"), every: float = 0.005):
         self.names, self.every = names, every
         self.stop = threading.Event()
-        self.samples: Counter[str] = Counter()
+        self.state: dict[str, Counter[str]] = {n: Counter() for n in names}
         self.inclusive: dict[str, Counter[str]] = {n: Counter() for n in names}
-        self.leaf: dict[str, Counter[str]] = {n: Counter() for n in names}
         self.thread = threading.Thread(target=self._run, daemon=True, name="sampler")
 
     def __enter__(self) -> Sampler:
@@ -147,42 +151,53 @@ class Sampler:
         self.thread.join(5)
 
     def _run(self) -> None:
+        import linecache
+
         while not self.stop.wait(self.every):
             ids = {t.ident: t.name for t in threading.enumerate() if t.name in self.names}
             for ident, frame in sys._current_frames().items():
                 name = ids.get(ident)
                 if name is None:
                     continue
-                self.samples[name] += 1
-                seen = set()
+                stack = []
                 f: Any = frame
-                self.leaf[name][_where(f)] += 1
                 while f is not None:
-                    w = _where(f)
-                    if w not in seen:
-                        seen.add(w)
-                        self.inclusive[name][w] += 1
+                    stack.append(f)
                     f = f.f_back
+                where = [_where(x) for x in stack]
+                line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                if where[0].startswith("threading.py:wait") and any(
+                        w.startswith(("queue.py:get", "threading.py:wait")) for w in where[1:3]):
+                    self.state[name]["idle"] += 1
+                    continue
+                if "with" in line and "lock" in line:
+                    self.state[name]["waiting for the lock"] += 1
+                    continue
+                self.state[name]["busy"] += 1
+                for w in dict.fromkeys(where):
+                    if not w.startswith(BOILERPLATE):
+                        self.inclusive[name][w] += 1
 
-    def report(self, top: int = 10) -> dict[str, Any]:
+    def report(self, top: int = 8) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in self.names:
-            n = self.samples[name]
+            n = sum(self.state[name].values())
+            busy = self.state[name]["busy"]
             if not n:
                 continue
             out[name] = {
                 "samples": n,
-                "on_stack_pct": {w: round(100 * c / n, 1)
-                                 for w, c in self.inclusive[name].most_common(top)},
-                "innermost_pct": {w: round(100 * c / n, 1)
-                                  for w, c in self.leaf[name].most_common(6)},
+                "state_pct": {k: round(100 * c / n, 1) for k, c in self.state[name].items()},
+                "busy_on_stack_pct": {w: round(100 * c / busy, 1)
+                                      for w, c in self.inclusive[name].most_common(top)},
             }
         return out
 
 
 def _where(f: Any) -> str:
     path = f.f_code.co_filename
-    short = "/".join(path.split("/")[-2:])
+    short = "/".join(path.split("/")[-2:]) if "/ipvsctl/" in path or "/bench/" in path \
+        else path.split("/")[-1]
     return f"{short}:{f.f_code.co_name}"
 
 
@@ -339,12 +354,25 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     log(f"{n} services: daemon idle p50 {phases['idle']['p50']} p99 {phases['idle']['p99']} ms")
 
     # audit: every step a new round (a dump of every virtual server + 20 dest dumps)
-    orig_snapshot, orig_read = eng.audit_snapshot, eng.read_audit
+    orig_snapshot, orig_read, orig_apply = (eng.audit_snapshot, eng.read_audit,
+                                            eng.apply_audit_reading)
     audit_reads: list[float] = []
+    locked: list[float] = []  # audit work done holding the loop's lock (snapshot, apply)
 
     def full_round() -> Any:
         eng._audit_cursor = []
-        return orig_snapshot()
+        t0 = time.monotonic()
+        try:
+            return orig_snapshot()
+        finally:
+            locked.append(time.monotonic() - t0)
+
+    def timed_apply(r: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return orig_apply(r)
+        finally:
+            locked.append(time.monotonic() - t0)
 
     def timed_read(p: Any) -> Any:
         t0 = time.monotonic()
@@ -355,12 +383,15 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
 
     eng.audit_snapshot = full_round  # type: ignore[method-assign]
     eng.read_audit = timed_read  # type: ignore[method-assign]
+    eng.apply_audit_reading = timed_apply  # type: ignore[method-assign]
     try:
         with Sampler() as s:
             lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
     finally:
-        eng.audit_snapshot, eng.read_audit = orig_snapshot, orig_read  # type: ignore
+        eng.audit_snapshot, eng.read_audit, eng.apply_audit_reading = (  # type: ignore
+            orig_snapshot, orig_read, orig_apply)
     phases["audit"] = summary(lat) | {"audit_reads": summary(audit_reads),
+                                      "audit_lock_held": summary(locked),
                                       "over_idle_p99": _ratio(summary(lat), phases["idle"]),
                                       "profile": s.report()}
     log(f"{n} services: daemon during audit p50 {phases['audit']['p50']} p99 "
@@ -428,8 +459,10 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     b = min(plan.burst, n)
     svcs = rng.sample(range(n), b)
     js = {i: rng.randrange(e) for i in svcs}
-    lat, total = _send_all(bd, w, t, [(i, js[i], False) for i in svcs], 3600)
-    phases["burst"] = summary(lat) | {"changes": b, "all_done_s": round(total, 3)}
+    with Sampler(("loop",)) as s:
+        lat, total = _send_all(bd, w, t, [(i, js[i], False) for i in svcs], 3600)
+    phases["burst"] = summary(lat) | {"changes": b, "all_done_s": round(total, 3),
+                                      "profile": s.report()}
     _send_all(bd, w, t, [(i, js[i], True) for i in svcs], 3600)
     log(f"{n} services: burst of {b}: all done in {total:.2f}s, p50 "
         f"{phases['burst']['p50']} p99 {phases['burst']['p99']} ms")

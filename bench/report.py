@@ -18,7 +18,8 @@ from typing import Any
 
 from bench.common import REPO, RESULTS
 
-PARTS = ("e2k", "e2k-repeat", "e2k-host", "drain", "rollout", "memory", "memory-vm")
+PARTS = ("e2k", "e2k-host", "restart-host", "restart-vm", "drain", "rollout", "memory",
+         "memory-vm")
 
 
 def load(src: Path, copy: bool) -> dict[str, dict[str, Any]]:
@@ -57,96 +58,123 @@ def machine_line(doc: dict[str, Any]) -> str:
             f"{m.get('python')}, {m.get('date')}")
 
 
-def e2k_tables(doc: dict[str, Any]) -> list[str]:
+def _pm(d: dict[str, Any] | None) -> str:
+    d = d or {}
+    return f"{fmt(d.get('p50'))} / {fmt(d.get('p99'))}"
+
+
+def _x(r: Any) -> str:
+    return "-" if r is None else f"{r:.1f}x"
+
+
+def _load(s: dict[str, Any]) -> str:
+    load = s.get("load_after_size") or s.get("load_before")
+    return f"{load[0]:.1f}" if load else "-"
+
+
+def daemon_table(doc: dict[str, Any]) -> list[str]:
+    """Event to kernel through the daemon, per size: every phase (ms)."""
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
-    out = ["| Services (real servers) | ipvsctl engine p50 / p99 | ipvsctl via the daemon loop "
-           "p50 / p99 | baseline: change done p50 / p99 (mean) | baseline: full resync p50 | "
-           "kernel calls per change (ipvsctl / baseline) | changes (ipvsctl / loop / "
-           "baseline) | baseline p50 / ipvsctl p50 |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| Services (real servers) | one change, lock held: wall p50 / p99, CPU p50 | "
+           "daemon idle p50 / p99 | during an audit p50 / p99 (p99 vs idle; target 2x) | "
+           "N draining: p50 / p99 (p99 vs idle; target 2x) | drain reaction p50 / max "
+           "(target 1,500) | burst of B: all done in, p50 / p99 | idle CPU, % of a core "
+           "(loop steps/s) | load avg |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for s in sizes:
-        e, lp, b = s.get("ipvsctl_engine", {}), s.get("ipvsctl_loop", {}), s.get("baseline", {})
-        ratio = (b["p50"] / e["p50"]) if b.get("p50") and e.get("p50") else None
+        d, e = s.get("daemon"), s.get("ipvsctl_engine", {})
+        if not d:
+            continue
+        dr, b, c = d["drain_reaction"], d["burst"], d["idle_cpu"]
         out.append(
-            f"| {s['services']:,} ({s['real_servers']:,}) | {fmt(e.get('p50'))} / "
-            f"{fmt(e.get('p99'))} ms | {fmt(lp.get('p50'))} / {fmt(lp.get('p99'))} ms | "
-            f"{fmt(b.get('p50'))} / {fmt(b.get('p99'))} ({fmt(b.get('mean'))}) ms | "
-            f"{fmt((b.get('resync') or {}).get('p50'))} ms | "
-            f"{fmt(e.get('netlink_calls_per_change'))} / "
-            f"{fmt(b.get('netlink_calls_per_change'))} | {e.get('n', 0)} / {lp.get('n', 0)} / "
-            f"{b.get('n', 0)} | {fmt(ratio)}x |")
-    first, last = sizes[0].get("ipvsctl_engine", {}), sizes[-1].get("ipvsctl_engine", {})
-    if first.get("p99") and last.get("p99"):
-        out.append("")
-        out.append(f"ipvsctl p99 at {sizes[-1]['services']:,} Services / p99 at "
-                   f"{sizes[0]['services']:,}: **{last['p99'] / first['p99']:.2f}x** "
-                   f"(target: within 1.5x); p50: {last['p50'] / first['p50']:.2f}x "
-                   "(this table's rows only; see the summary at the top).")
-    for s in sizes:
-        if s["services"] == 3200 and s.get("baseline", {}).get("p50"):
-            r = s["baseline"]["p50"] / s["ipvsctl_engine"]["p50"]
-            out.append(f"At 3,200 Services the baseline takes **{r:,.0f}x** as long as "
-                       "ipvsctl (p50 to p50; target: at least 100x).")
-    out.append("")
-    out.append("Initial sync (ipvsctl's Engine programming an empty kernel, one kernel call "
-               "per virtual and real server):")
-    out.append("")
-    out.append("| Services | real servers | seconds | ops | per op |")
-    out.append("|---|---|---|---|---|")
-    for s in sizes:
-        i = s.get("initial_sync", {})
-        if i.get("primed"):
-            out.append(f"| {s['services']:,} | {s['real_servers']:,} | not timed: table "
-                       f"primed with the lean client in {fmt(i.get('prime_seconds'))} s | - | - |")
-        elif "seconds" in i:
-            per = i["seconds"] / i["ops"] * 1000 if i.get("ops") else None
-            out.append(f"| {s['services']:,} | {s['real_servers']:,} | {fmt(i['seconds'])} | "
-                       f"{i.get('ops')} | {fmt(per)} ms |")
+            f"| {s['services']:,} ({s['real_servers']:,}) | {_pm(e)}, "
+            f"{fmt(e.get('cpu', {}).get('p50'))} | {_pm(d['idle'])} | {_pm(d['audit'])} "
+            f"(**{_x(d['audit'].get('over_idle_p99'))}**) | N={d['draining']['draining']:,}: "
+            f"{_pm(d['draining'])} (**{_x(d['draining'].get('over_idle_p99'))}**) | "
+            f"{fmt(dr.get('p50'))} / **{fmt(dr.get('max'))}** | B={b['changes']:,}: "
+            f"{fmt(b['all_done_s'] * 1000)}, {_pm(b)} | {fmt(c['cpu_pct_of_one_core'])} "
+            f"({fmt(c['loop_steps_per_s'])}) | {_load(s)} |")
+    out += ["", "Changes per phase: " + ", ".join(
+        f"{s['services']:,}: {s['daemon']['idle']['n']} idle / {s['daemon']['audit']['n']} "
+        f"audit / {s['daemon']['draining']['n']} draining / "
+        f"{s['daemon']['drain_reaction']['n']} reactions"
+        for s in sizes if s.get("daemon")) + "."]
     return out
 
 
-def plot_e2k(doc: dict[str, Any], repeat: dict[str, Any] | None = None) -> str | None:
-    try:
-        import matplotlib
+def table_rows(docs: list[dict[str, Any]]) -> list[str]:
+    """Initial sync and restart rows from any e2k-like documents."""
+    out = ["| where | Services (real servers) | how | /readyz after | kernel writes | "
+           "yardstick, same run | ratio (target) |", "|---|---|---|---|---|---|---|"]
+    for doc in docs:
+        where = "VM" if "VM" in doc.get("machine", {}).get("where", "") else "host"
+        for s in sorted(doc["result"]["sizes"], key=lambda s: s["services"]):
+            i, r = s.get("initial_sync"), s.get("restart")
+            size = f"{s['services']:,} ({s['real_servers']:,})"
+            if i:
+                lean = i.get("lean_prime_seconds")
+                out.append(
+                    f"| {where} | {size} | initial sync from empty | {fmt(i['readyz_seconds'])} s"
+                    f" | {i['kernel_writes']:,} | " + (
+                        f"lean client priming the same table: {fmt(lean)} s | "
+                        f"**{fmt(i.get('over_lean'))}x** (2x) |" if lean else
+                        f"- (no lean client on the host: {fmt(i['per_write_ms'])} ms a write) "
+                        "| - |"))
+            if r:
+                out.append(
+                    f"| {where} | {size} | restart over the table | {fmt(r['readyz_seconds'])} s"
+                    f" | **{r['kernel_writes']:,}** (0) | one full-table read through ipvsctl's "
+                    f"adapter: {fmt(r['full_read_seconds'])} s | "
+                    f"**{fmt(r['readyz_over_full_read'])}x** (10x) |")
+    return out
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+
+def baseline_table(doc: dict[str, Any]) -> list[str]:
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
-    xs = [s["services"] for s in sizes]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    series = [("ipvsctl_engine", "ipvsctl (engine)", "#1b7837"),
-              ("ipvsctl_loop", "ipvsctl (daemon loop, audit on)", "#5aae61"),
-              ("baseline", "full resync (kube-router style): change done", "#b2182b")]
-    for key, label, color in series:
-        pts = [(s["services"], s[key]) for s in sizes if s.get(key, {}).get("p50")]
-        if not pts:
+    out = ["| Services | ipvsctl daemon idle p50 / p99 (ms) | kube-router style: change done "
+           "p50 / p99 (n), full resync p50, calls per change | kube-proxy style: change done "
+           "p50 / p99 (n), calls per change | kube-router p50 / ipvsctl p50 | kube-proxy "
+           "p50 / ipvsctl p50 |", "|---|---|---|---|---|---|"]
+    for s in sizes:
+        d = (s.get("daemon") or {}).get("idle", {})
+        kr, kp = s.get("baseline"), s.get("baseline_kube_proxy")
+        if not kr and not kp:
             continue
-        ax.plot([p[0] for p in pts], [p[1]["p50"] for p in pts], "o-", color=color,
-                label=f"{label} p50")
-        ax.plot([p[0] for p in pts], [p[1]["p99"] for p in pts], "s--", color=color,
-                alpha=0.6, label=f"{label} p99")
-    if repeat and "result" in repeat:
-        pts = sorted((s["services"], s["ipvsctl_engine"]) for s in repeat["result"]["sizes"]
-                     if s.get("ipvsctl_engine", {}).get("p99"))
-        ax.plot([p[0] for p in pts], [p[1]["p99"] for p in pts], "^:", color="#00441b",
-                label="ipvsctl (engine) p99, second boot")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(xs, [f"{x:,}" for x in xs])
-    ax.set_xlabel("Services (10 endpoints each)")
-    ax.set_ylabel("event to kernel (ms, log)")
-    m = doc.get("machine", {})
-    ax.set_title(f"Endpoint change to netlink change done ({m.get('where')}, kernel "
-                 f"{m.get('kernel')})", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path = RESULTS / "event_to_kernel.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return "../bench/results/event_to_kernel.png"
+
+        def cell(b: dict[str, Any] | None, resync: bool) -> str:
+            if not b:
+                return "not run"
+            flag = " **(time budget hit: fewer than 10)**" if b.get("stopped_by_budget") else ""
+            rs = f", {fmt(b['resync'].get('p50'))} ms" if resync else ""
+            return (f"{_pm(b)} ms ({b['n']}{flag}){rs}, "
+                    f"{b['netlink_calls_per_change']:,}")
+
+        def ratio(b: dict[str, Any] | None, d: dict[str, Any] = d) -> str:
+            return f"{b['p50'] / d['p50']:,.0f}x" if b and d.get("p50") else "-"
+
+        out.append(f"| {s['services']:,} | {_pm(d)} | {cell(kr, True)} | {cell(kp, False)} | "
+                   f"{ratio(kr)} | {ratio(kp)} |")
+    return out
+
+
+def profile_lines(doc: dict[str, Any], top: int = 6) -> list[str]:
+    """What the sampler saw in the daemon's threads during the audit and draining phases,
+    at the largest size."""
+    sizes = [s for s in doc["result"]["sizes"] if s.get("daemon")]
+    if not sizes:
+        return []
+    s = max(sizes, key=lambda s: s["services"])
+    out = [f"Sampled stacks of the daemon's threads at {s['services']:,} Services, every 5 ms "
+           "(time shares; for busy samples, the share with each function on the stack):", ""]
+    for phase in ("audit", "draining"):
+        prof = s["daemon"][phase].get("profile") or {}
+        for thread, p in prof.items():
+            state = ", ".join(f"{k} {v}%" for k, v in sorted(p["state_pct"].items()))
+            top_fns = "; ".join(f"`{w}` {pct}%" for w, pct in
+                                list(p["busy_on_stack_pct"].items())[:top])
+            out.append(f"- {phase}, thread `{thread}` ({p['samples']} samples): {state}"
+                       + (f". Busy in: {top_fns}" if top_fns else ""))
+    return [*out, ""]
 
 
 def render(docs: dict[str, dict[str, Any]]) -> str:
@@ -159,37 +187,23 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     summary_md = REPO / "bench" / "summary.md"
     if summary_md.exists():
         lines += [summary_md.read_text().rstrip(), ""]
-    if "e2k" in docs:
-        d = docs["e2k"]
-        lines += ["## Event to kernel, ipvsctl vs a full resync", "",
+    for part, title in (("e2k", "lab VM, real kernel (ratios only: software emulation)"),
+                        ("e2k-host", "host, in-memory kernel (absolute)")):
+        if part not in docs or "result" not in docs[part]:
+            continue
+        d = docs[part]
+        lines += [f"## Event to kernel through the daemon ({title})", "",
                   f"Machine: {machine_line(d)}.", ""]
         if "error" in d:
             lines += [f"**This run failed part-way:** `{d['error']}`", ""]
-        lines += e2k_tables(d)
-        img = plot_e2k(d, docs.get("e2k-repeat"))
-        if img:
-            lines += ["", f"![event to kernel]({img})"]
-        lines.append("")
-        if "e2k-repeat" in docs and "result" in docs["e2k-repeat"]:
-            rep = docs["e2k-repeat"]
-            lines += ["Run to run: ipvsctl (engine) in the run above and in a second boot "
-                      f"({machine_line(rep)}):", "",
-                      "| Services | run 1 p50 / p99 | run 2 p50 / p99 |", "|---|---|---|"]
-            first = {s["services"]: s.get("ipvsctl_engine", {}) for s in d["result"]["sizes"]}
-            for s in sorted(rep["result"]["sizes"], key=lambda s: s["services"]):
-                a, b = first.get(s["services"], {}), s.get("ipvsctl_engine", {})
-                lines.append(f"| {s['services']:,} | {fmt(a.get('p50'))} / {fmt(a.get('p99'))} "
-                             f"ms | {fmt(b.get('p50'))} / {fmt(b.get('p99'))} ms |")
-            lines.append("")
-    if "e2k-host" in docs and "result" in docs["e2k-host"]:
-        d = docs["e2k-host"]
-        lines += ["## The same on the host, in-memory kernel (no netlink)", "",
-                  f"Machine: {machine_line(d)}.", "",
-                  "The engine and the baseline on `FakeKernel`: what each costs in Python "
-                  "alone, without the emulator's noise or netlink's price. Same changes, "
-                  "more of them.", ""]
-        lines += e2k_tables(d)
-        lines.append("")
+        lines += [*daemon_table(d), ""]
+        lines += ["### Against the baselines (same table, same run)", ""]
+        lines += [*baseline_table(d), ""]
+        lines += profile_lines(d)
+    tables = [docs[p] for p in ("e2k", "restart-vm", "e2k-host", "restart-host")
+              if p in docs and "result" in docs[p]]
+    if tables:
+        lines += ["## Initial sync and restart to ready", "", *table_rows(tables), ""]
     if "drain" in docs and "result" in docs["drain"]:
         d = docs["drain"]
         r = d["result"]
@@ -247,16 +261,26 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
                           f"{', '.join(fmt(x) for x in r['cpu_total_runs_s'])} s |"]
             lines.append("")
     notes = REPO / "bench" / "notes.md"
+    extra = REPO / "bench" / "extra.md"
+    if extra.exists():
+        lines += [extra.read_text().rstrip(), ""]
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]
-    e = docs.get("e2k", {}).get("result", {}).get("sizes", [])
-    profiles = [(s["services"], s[k], k) for s in e for k in
-                ("ipvsctl_engine_profile", "baseline_profile") if s.get(k)]
+    profiles = [(part, s["services"], s[k], k) for part in ("e2k", "e2k-host")
+                for s in docs.get(part, {}).get("result", {}).get("sizes", [])
+                for k in ("ipvsctl_engine_profile",) if s.get(k)]
+    for part in ("e2k", "e2k-host"):
+        for s in docs.get(part, {}).get("result", {}).get("sizes", []):
+            for k in ("baseline", "baseline_kube_proxy"):
+                if (s.get(k) or {}).get("profile"):
+                    profiles.append((part, s["services"], s[k]["profile"], k))
     if profiles:
-        lines += ["## Raw profiles (cProfile, cumulative, from this run)", ""]
-        for n, text, k in profiles:
-            what = "ipvsctl, 100 changes" if k.startswith("ipvsctl") else "baseline, one resync"
-            lines += [f"{what} at {n:,} Services:", "", "```", text, "```", ""]
+        lines += ["## Raw profiles (cProfile, cumulative, from these runs)", ""]
+        for part, n, text, k in profiles:
+            what = {"ipvsctl_engine_profile": "ipvsctl, 100 changes",
+                    "baseline": "kube-router-style baseline, one resync",
+                    "baseline_kube_proxy": "kube-proxy-style baseline, one sync"}[k]
+            lines += [f"{what} at {n:,} Services ({part}):", "", "```", text, "```", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -85,7 +85,7 @@ def e2k(name: str, sizes: list[int], plan: dict[int, tuple[str, Plan]], kernel: 
     for n in sizes:
         m, p = plan.get(n, ("restart", Plan()))
         r = run_size(n, 10, kernel, only or p, mode=mode or m, profile=(n == profile_size))
-        r["load_before"] = os.getloadavg()
+        r["load_after_size"] = os.getloadavg()
         results.append(r)
         # written after every size: a long run that is cut short keeps what it measured
         write_json(out / f"{name}.partial.json", {"part": name, "machine": machine(),
