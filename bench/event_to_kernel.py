@@ -32,6 +32,7 @@ import cProfile
 import gc
 import io
 import math
+import os
 import pstats
 import random
 import sys
@@ -125,6 +126,7 @@ def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
     return "\n".join(lines[start:])
 
 
+SAMPLE_EVERY = 0.02 if os.environ.get("IPVSCTL_LAB") == "1" else 0.005  # VM: ~15x slower
 BOILERPLATE = ("threading.py:", "shell/daemon.py:run", "bench/harness.py:counted",
                "reconcile/loop.py:run")
 
@@ -136,6 +138,7 @@ class Sampler:
     for busy samples, the share in which each function was on the stack."""
 
     def __init__(self, names: tuple[str, ...] = ("loop", "drain"), every: float = 0.005):
+        # the daemon's threads are named (daemon.py): loop, source, drain, state-writer
         self.names, self.every = names, every
         self.stop = threading.Event()
         self.state: dict[str, Counter[str]] = {n: Counter() for n in names}
@@ -165,7 +168,8 @@ class Sampler:
                     stack.append(f)
                     f = f.f_back
                 where = [_where(x) for x in stack]
-                line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                line = (linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                        if frame.f_lineno else "")
                 if where[0].startswith("threading.py:wait") and any(
                         w.startswith(("queue.py:get", "threading.py:wait")) for w in where[1:3]):
                     self.state[name]["idle"] += 1
@@ -349,8 +353,10 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
 
     # 3. through the daemon
     phases: dict[str, Any] = {}
-    lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
-    phases["idle"] = summary(lat)
+    # every compared phase runs under the sampler, so its cost weighs on all alike
+    with Sampler(every=SAMPLE_EVERY) as s:
+        lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
+    phases["idle"] = summary(lat) | {"profile": s.report()}
     log(f"{n} services: daemon idle p50 {phases['idle']['p50']} p99 {phases['idle']['p99']} ms")
 
     # audit: every step a new round (a dump of every virtual server + 20 dest dumps)
@@ -385,7 +391,7 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     eng.read_audit = timed_read  # type: ignore[method-assign]
     eng.apply_audit_reading = timed_apply  # type: ignore[method-assign]
     try:
-        with Sampler() as s:
+        with Sampler(every=SAMPLE_EVERY) as s:
             lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
     finally:
         eng.audit_snapshot, eng.read_audit, eng.apply_audit_reading = (  # type: ignore
@@ -420,7 +426,7 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
             if j not in t.down.get(i, ()):
                 return i, j
 
-    with Sampler() as s:
+    with Sampler(every=SAMPLE_EVERY) as s:
         lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_free)
     phases["draining"] = summary(lat) | {"draining": len(eng.queue),
                                          "over_idle_p99": _ratio(summary(lat), phases["idle"]),
@@ -431,13 +437,15 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     # drain reaction: release some held real servers one by one
     sample = rng.sample(held, min(plan.reactions, len(held)))
     released: dict[Any, float] = {}
-    for i, j in sample:
-        time.sleep(rng.uniform(0.1, 0.5))
-        pair = (t.key(i), t.rs(i, j))
-        released[pair] = time.monotonic()
-        w.held.discard(pair)
-    if not w.wait_deleted(list(released), 120):
-        raise AssertionError("released real servers not deleted in 120 s")
+    with Sampler(every=SAMPLE_EVERY) as s:
+        for i, j in sample:
+            time.sleep(rng.uniform(0.1, 0.5))
+            pair = (t.key(i), t.rs(i, j))
+            released[pair] = time.monotonic()
+            w.held.discard(pair)
+        if not w.wait_deleted(list(released), 120):
+            raise AssertionError("released real servers not deleted in 120 s")
+    reaction_profile = s.report()
     reaction = [w.deleted[p] - r for p, r in released.items()]
     t_rel = time.monotonic()
     rest = set(w.held)
@@ -445,7 +453,8 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     w.wait_deleted(list(rest), 600)
     phases["drain_reaction"] = summary(reaction) | {
         "draining": d, "check_interval_s": 1.0, "target_s": 1.5,
-        "rest_deleted_s": round(max((w.deleted[p] for p in rest), default=t_rel) - t_rel, 3)}
+        "rest_deleted_s": round(max((w.deleted[p] for p in rest), default=t_rel) - t_rel, 3),
+        "profile": reaction_profile}
     log(f"{n} services: drain reaction p50 {phases['drain_reaction']['p50']} max "
         f"{phases['drain_reaction']['max']} ms; the other {len(rest)} deleted in "
         f"{phases['drain_reaction']['rest_deleted_s']} s")
@@ -459,7 +468,7 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     b = min(plan.burst, n)
     svcs = rng.sample(range(n), b)
     js = {i: rng.randrange(e) for i in svcs}
-    with Sampler(("loop",)) as s:
+    with Sampler(("loop",), every=SAMPLE_EVERY) as s:
         lat, total = _send_all(bd, w, t, [(i, js[i], False) for i in svcs], 3600)
     phases["burst"] = summary(lat) | {"changes": b, "all_done_s": round(total, 3),
                                       "profile": s.report()}
@@ -472,10 +481,14 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     c0, s0, t0 = time.process_time(), bd.steps, time.monotonic()
     time.sleep(plan.idle_cpu_s)
     dt = time.monotonic() - t0
+    cpu = time.process_time() - c0
+    # sampled after the measurement: the sampler costs CPU
+    with Sampler(("loop", "drain", "source", "state-writer"), every=SAMPLE_EVERY) as s:
+        time.sleep(min(10.0, plan.idle_cpu_s / 2))
     phases["idle_cpu"] = {"seconds": round(dt, 1),
-                          "cpu_pct_of_one_core": round(100 * (time.process_time() - c0) / dt, 2),
+                          "cpu_pct_of_one_core": round(100 * cpu / dt, 2),
                           "loop_steps_per_s": round((bd.steps - s0) / dt, 2),
-                          "draining": len(eng.queue)}
+                          "draining": len(eng.queue), "profile": s.report()}
     log(f"{n} services: idle CPU {phases['idle_cpu']}")
     out["daemon"] = phases
 
