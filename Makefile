@@ -50,8 +50,9 @@ demo: venv lab-deps
 	@echo "demo: report $(DEMO_OUT)/report.txt, timeline $(DEMO_OUT)/timeline.png, data $(DEMO_OUT)/rollout.json"
 
 # make bench: every benchmark in one run (lab VM for the real-kernel parts, then the host's
-# memory run), results in bench/results/ and docs/benchmarks.md. Hours under emulation at
-# full scale: BENCH_VM_ARGS='--sizes 100,1000 --real-initial 100,1000' makes it shorter.
+# parts), results in bench/results/ and docs/benchmarks.md. An hour or more under emulation
+# at full scale: BENCH_VM_ARGS='--sizes 100,1000' (or '--sizes 10000 --mode restart') makes
+# it shorter.
 # Benchmarks never fail the build. make bench-smoke: the host parts at toy sizes, seconds.
 BENCH_OUT := out/bench
 BENCH_VM_ARGS ?=

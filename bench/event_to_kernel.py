@@ -190,7 +190,7 @@ class Sampler:
             if not n:
                 continue
             out[name] = {
-                "samples": n,
+                "samples": n, "every_ms": round(self.every * 1000, 1),
                 "state_pct": {k: round(100 * c / n, 1) for k, c in self.state[name].items()},
                 "busy_on_stack_pct": {w: round(100 * c / busy, 1)
                                       for w, c in self.inclusive[name].most_common(top)},

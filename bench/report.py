@@ -164,9 +164,12 @@ def profile_lines(doc: dict[str, Any], top: int = 6) -> list[str]:
     if not sizes:
         return []
     s = max(sizes, key=lambda s: s["services"])
-    out = [f"Sampled stacks of the daemon's threads at {s['services']:,} Services, every 5 ms "
-           "(time shares; for busy samples, the share with each function on the stack):", ""]
-    for phase in ("audit", "draining"):
+    every = next((p.get("every_ms", 5.0) for ph in ("audit", "draining")
+                  for p in (s["daemon"][ph].get("profile") or {}).values()), 5.0)
+    out = [f"Sampled stacks of the daemon's threads at {s['services']:,} Services, every "
+           f"{every:g} ms (time shares; for busy samples, the share with each function on the "
+           "stack):", ""]
+    for phase in ("idle", "audit", "draining", "drain_reaction", "burst", "idle_cpu"):
         prof = s["daemon"][phase].get("profile") or {}
         for thread, p in prof.items():
             state = ", ".join(f"{k} {v}%" for k, v in sorted(p["state_pct"].items()))
