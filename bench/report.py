@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.common import REPO, RESULTS
 
-PARTS = ("e2k", "e2k-host", "restart-host", "restart-vm", "drain", "rollout", "memory",
+PARTS = ("e2k", "e2k-host", "restart-host", "change-host", "drain", "rollout", "memory",
          "memory-vm")
 
 
@@ -203,7 +203,17 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         lines += ["### Against the baselines (same table, same run)", ""]
         lines += [*baseline_table(d), ""]
         lines += profile_lines(d)
-    tables = [docs[p] for p in ("e2k", "restart-vm", "e2k-host", "restart-host")
+    if "change-host" in docs and "result" in docs["change-host"]:
+        d = docs["change-host"]
+        lines += ["## One change's cost on the host (in-memory kernel, no netlink)", "",
+                  f"Machine: {machine_line(d)}.", "",
+                  "| Services | wall p50 / p99 (ms) | CPU p50 / p99 (ms) | changes |",
+                  "|---|---|---|---|"]
+        for s in d["result"]["sizes"]:
+            e = s["ipvsctl_engine"]
+            lines.append(f"| {s['services']:,} | {_pm(e)} | {_pm(e['cpu'])} | {e['n']:,} |")
+        lines.append("")
+    tables = [docs[p] for p in ("e2k", "e2k-host", "restart-host")
               if p in docs and "result" in docs[p]]
     if tables:
         lines += ["## Initial sync and restart to ready", "", *table_rows(tables), ""]
@@ -269,7 +279,7 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         lines += [extra.read_text().rstrip(), ""]
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]
-    profiles = [(part, s["services"], s[k], k) for part in ("e2k", "e2k-host")
+    profiles = [(part, s["services"], s[k], k) for part in ("e2k", "e2k-host", "change-host")
                 for s in docs.get(part, {}).get("result", {}).get("sizes", [])
                 for k in ("ipvsctl_engine_profile",) if s.get(k)]
     for part in ("e2k", "e2k-host"):

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="how every size's table gets there (default: per size, see VM_PLAN)")
     p.add_argument("--parts", default=None,
                    help="vm: e2k,drain,rollout[,memory] (default the first three); "
-                        "host: e2k,restart,memory,status (default e2k,restart,memory)")
+                        "host: e2k,restart,memory,change,status (default e2k,restart,memory)")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         if "e2k" in host_parts:
             ok &= _part(out, "e2k-host", lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "fake",
                                                      None, out, mode=args.mode))
+        if "change" in host_parts:  # one change's cost only: quick, after a merge
+            ok &= _part(out, "change-host", lambda: e2k(
+                "change-host", [1000, 10000], {}, "fake", 10000, out, mode="initial",
+                only=Plan(engine_changes=2000, loop_changes=0, baseline_changes=0)))
         if "restart" in host_parts:
             ok &= _part(out, "restart-host", lambda: e2k(
                 "restart-host", [1000, 10000], {}, "fake", None, out, mode="restart",
