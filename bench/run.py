@@ -37,8 +37,8 @@ VM_PLAN: dict[int, tuple[str, Plan]] = {
                            baseline_budget_s=240.0, idle_cpu_s=15.0)),
     3200: ("restart", Plan(engine_changes=200, loop_changes=30, baseline_changes=2,
                            baseline_budget_s=240.0, idle_cpu_s=15.0)),
-    10000: ("restart", Plan(engine_changes=200, loop_changes=30, baseline_changes=0,
-                            idle_cpu_s=20.0)),
+    10000: ("restart", Plan(engine_changes=100, loop_changes=24, baseline_changes=0,
+                            idle_cpu_s=12.0)),
 }
 HOST_PLAN: dict[int, tuple[str, Plan]] = {
     n: ("initial", Plan(engine_changes=2000, loop_changes=100, gap=0.2, baseline_changes=10,
