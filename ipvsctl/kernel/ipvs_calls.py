@@ -1,0 +1,91 @@
+"""The IPVS commands ipvsctl sends, one method each, on the calling thread's IPVS socket:
+service and dest add/set/del, the two dumps, and the connection timeouts.
+
+Only add/set/del/get/dump are used (pyroute2's "update" sends a DELETE). A dest dump of a
+missing service is an empty list, not an error, so an empty one is followed by a get.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+
+from ipvsctl.kernel.codec import (
+    IPVSTimeouts,
+    dest_spec,
+    real_server_from_message,
+    service_key_spec,
+    service_spec,
+    timeouts_from_message,
+    timeouts_message,
+    virtual_server_from_message,
+)
+from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.sockets import Sockets, get_config
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+
+
+class IPVSCalls:
+    """IPVS over generic netlink. Errors come out as KernelErrors (errors.py)."""
+
+    def __init__(self, sockets: Sockets) -> None:
+        self.sockets = sockets
+
+    def _ipvs(self) -> Any:
+        return self.sockets.ipvs()
+
+    # --- reads ------------------------------------------------------------------------
+    def list_virtual_servers(self) -> list[VirtualServer]:
+        with errors("list_virtual_servers"):
+            messages = self._ipvs().service("dump")
+        found = (virtual_server_from_message(m) for m in messages)
+        return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+
+    def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
+        ipvs = self._ipvs()
+        with errors("list_real_servers", key):
+            messages = ipvs.dest("dump", service=service_key_spec(key))
+            if not messages:  # the kernel answers an empty dump for a missing service too
+                ipvs.service("get", service=service_key_spec(key))  # ESRCH if missing
+        return sorted((real_server_from_message(m) for m in messages), key=lambda r: r.key)
+
+    # --- writes -----------------------------------------------------------------------
+    def add_service(self, vs: VirtualServer) -> None:
+        with errors("add_virtual_server", vs.key, scheduler=vs.scheduler):
+            self._ipvs().service("add", service=service_spec(vs))
+
+    def set_service(self, vs: VirtualServer) -> None:
+        with errors("update_virtual_server", vs.key, scheduler=vs.scheduler):
+            self._ipvs().service("set", service=service_spec(vs))
+
+    def delete_service(self, key: ServiceKey) -> None:
+        with errors("delete_virtual_server", key):
+            self._ipvs().service("del", service=service_key_spec(key))
+
+    def add_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        with errors("add_real_server", f"{key} -> {rs}"):
+            self._ipvs().dest("add", service=service_key_spec(key), dest=dest_spec(rs, weight))
+
+    def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        with errors("set_real_server_weight", f"{key} -> {rs}"):
+            self._ipvs().dest("set", service=service_key_spec(key), dest=dest_spec(rs, weight))
+
+    def delete_dest(self, key: ServiceKey, rs: RealServerKey) -> None:
+        with errors("delete_real_server", f"{key} -> {rs}"):
+            self._ipvs().dest("del", service=service_key_spec(key), dest=dest_spec(rs))
+
+    # --- connection timeouts ----------------------------------------------------------
+    def get_timeouts(self) -> IPVSTimeouts:
+        with errors("get_timeouts"):
+            return timeouts_from_message(get_config(self._ipvs()))
+
+    def set_timeouts(self, tcp: int = 0, tcpfin: int = 0, udp: int = 0) -> None:
+        """Set the IPVS connection timeouts in seconds; 0 leaves that one as it is (a raw
+        IPVS_CMD_SET_CONFIG message: pyroute2 has no wrapper)."""
+        msg = timeouts_message(tcp, tcpfin, udp)
+        if msg is None:
+            return
+        ipvs = self._ipvs()
+        with errors("set_timeouts"):
+            list(ipvs.nlm_request(msg, msg_type=ipvs.prid, msg_flags=NLM_F_REQUEST | NLM_F_ACK))
