@@ -46,12 +46,14 @@ _SEQ_FIRST, _SEQ_LAST = 0x01000000, 0x7FFFFFFF
 
 class RawIPVS:
     """The calling thread's pyroute2 IPVS socket, used raw: pre-packed requests out, answers
-    in. Blocks (select) for the answer; stray answers of other sequence numbers are
-    dropped, as pyroute2 drops them."""
+    in. Blocks (poll: any descriptor number) for the answer; stray answers of other
+    sequence numbers are dropped, as pyroute2 drops them."""
 
     def __init__(self, sock: Any, family: int) -> None:
         self.sock = sock
         self.family = family
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
 
     def request(self, request: wire.Request, seq: int) -> list[bytes]:
         """The answers to one request (whole messages) before its ACK or end of dump;
@@ -60,8 +62,7 @@ class RawIPVS:
         size = _DUMP_BUFFER if request[0] == wire.FLAGS_DUMP else _ACK_BUFFER
         out: list[bytes] = []
         while True:
-            readable, _, _ = select.select([self.sock], [], [], ANSWER_TIMEOUT)
-            if not readable:
+            if not self._poll.poll(ANSWER_TIMEOUT * 1000):
                 raise NetlinkError(errno.ETIMEDOUT, "no answer from IPVS")
             try:
                 data = self.sock.recv(size)
