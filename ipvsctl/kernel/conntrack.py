@@ -20,6 +20,7 @@ from ipvsctl.kernel.codec import PROTOCOL_NUMBERS, family_of
 from ipvsctl.kernel.errors import errors
 from ipvsctl.kernel.port import KernelNotFound
 from ipvsctl.model import RealServerKey, ServiceKey
+from ipvsctl.obs.logging import fields
 
 log = logging.getLogger("ipvsctl.kernel")
 
@@ -101,8 +102,7 @@ class Conntrack:
                     deleted += 1
                 except KernelNotFound:  # expired meanwhile
                     pass
-        log.debug("conntrack entries deleted", extra={"vs": str(key), "rs": str(rs),
-                                                      "deleted": deleted})
+        log.debug("conntrack entries deleted", extra=fields(vs=key, rs=rs, deleted=deleted))
         return deleted
 
     @contextmanager

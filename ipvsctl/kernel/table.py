@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterable
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound
 from ipvsctl.model import RealServerStatus, ServiceKey, VirtualServerStatus
+from ipvsctl.obs.logging import fields
 
 log = logging.getLogger("ipvsctl.kernel")
 
@@ -26,7 +27,7 @@ def read_real_servers(
         table = kernel.read_real_servers(keys)
     except KernelError as exc:
         log.info("ipvs table file unreadable, reading per virtual server",
-                 extra={"error": str(exc)})
+                 extra=fields(error=exc))
         table = {}
     out: dict[ServiceKey, list[RealServerStatus]] = {}
     for key in keys:
