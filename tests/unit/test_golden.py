@@ -1,0 +1,76 @@
+"""The golden cases of tests/golden/engine/ (tests/golden/runner.py says what a case is):
+each runs on the in-memory kernel, compared file by file, then again behind FaultyKernel
+(10% of the mutating calls fail, re-synced until clean) where it must end in the same
+kernel table and status. IPVSCTL_GOLDEN_UPDATE=1 rewrites the expected files."""
+
+from __future__ import annotations
+
+import pytest
+
+from ipvsctl.kernel.fake import FakeKernel, FaultyKernel
+from tests.golden.runner import (
+    ENGINE_CASES,
+    OUTPUTS,
+    Case,
+    Run,
+    case_names,
+    compare,
+    load_case,
+    seed_of,
+    updating,
+)
+
+CASES = [load_case(ENGINE_CASES / name) for name in case_names(ENGINE_CASES)]
+# What faults must not change (the ops made on the way do change: retries).
+SAME_UNDER_FAULTS = ("desired.txt", "kernel.txt", "status.txt")
+SEEDS = tuple(range(1, 9))
+
+
+def params() -> list:
+    return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)]
+                         if c.xfail else []) for c in CASES]
+
+
+def run_clean(case: Case) -> list[str]:
+    fake = FakeKernel()
+    run = Run(case, fake, lambda: fake.bound)
+    problems: list[str] = []
+    for step, result in run.steps():
+        problems += compare(step.folder, result.outputs, OUTPUTS, updating())
+    return problems
+
+
+def run_faulty(case: Case, seed: int) -> tuple[list[str], int]:
+    fake = FakeKernel()
+    faulty = FaultyKernel(fake, probability=0.1, seed=seed_of(case.name, seed))
+    run = Run(case, faulty, lambda: fake.bound, faulty=True, base=fake)
+    problems: list[str] = []
+    for step, result in run.steps():
+        problems += [f"under faults (seed {seed}): {p}" for p in compare(
+            step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)]
+    return problems, faulty.failures
+
+
+@pytest.mark.parametrize("case", params())
+def test_golden(case: Case) -> None:
+    problems = run_clean(case)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("case", params())
+def test_golden_under_faults(case: Case, seed: int) -> None:
+    problems, _ = run_faulty(case, seed)
+    assert not problems, "\n".join(problems)
+
+
+def test_faults_were_injected() -> None:
+    """The faulty runs above are worth something only if calls did fail."""
+    failures = sum(run_faulty(c, SEEDS[0])[1] for c in CASES if not c.xfail)
+    assert failures >= len(CASES) // 2
+
+
+def test_every_case_has_its_expected_files() -> None:
+    missing = [f"{s.folder}/{name}" for c in CASES for s in c.steps for name in OUTPUTS
+               if not (s.folder / name).exists()]
+    assert not missing or updating(), f"missing (run with IPVSCTL_GOLDEN_UPDATE=1): {missing}"
