@@ -1,7 +1,7 @@
 """Golden cases: Kubernetes objects in, the Engine's kernel operations and the kernel table
 out, compared with files checked in next to the objects.
 
-A case is a folder under tests/golden/engine/ (README.md there says how to write one):
+A case is a folder under tests/golden/engine/ (tests/golden/README.md: how to write one):
 `case.yaml` (the node, --drain-timeout), an optional `kernel-before.txt` (what an earlier
 run left in the kernel, in kernel.txt's format), and numbered step folders (`1-start`,
 `2-terminating`, ...; a case without them is one step, its own folder). A step holds
@@ -293,8 +293,8 @@ class Run:
         if case.kernel_before is not None:
             load_kernel(base if base is not None else kernel, case.kernel_before)
         self.metrics = Metrics()
-        self.engine = Engine(self.kernel, EngineConfig(case.node, case.drain_timeout),
-                             clock=self.clock, metrics=self.metrics)
+        self.config = EngineConfig(case.node, case.drain_timeout)
+        self.engine = Engine(self.kernel, self.config, clock=self.clock, metrics=self.metrics)
 
     def steps(self) -> Iterable[tuple[Step, StepResult]]:
         for i, step in enumerate(self.case.steps):
@@ -345,9 +345,9 @@ class Run:
         raise AssertionError(f"still not clean after {rounds} syncs")
 
     def audit_round(self) -> int:
-        vss = len(self.engine.status()["virtual_servers"])
-        batch = self.engine.config.audit_batch
-        return sum(self.engine.audit_step() for _ in range(vss // batch + 2))
+        """Audit steps enough for a whole round (audit_batch virtual servers a step)."""
+        steps = len(self.kernel.list_virtual_servers()) // self.config.audit_batch + 2
+        return sum(self.engine.audit_step() for _ in range(steps))
 
     def check_drains(self) -> None:
         rounds = MAX_ROUNDS if self.faulty else 1
