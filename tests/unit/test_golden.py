@@ -41,8 +41,9 @@ def run_clean(case: Case) -> list[str]:
 
 
 def run_faulty(case: Case, seed: int) -> tuple[list[str], int]:
+    """`seed`: FaultyKernel's own."""
     fake = FakeKernel()
-    faulty = FaultyKernel(fake, probability=0.1, seed=seed_of(case.name, seed))
+    faulty = FaultyKernel(fake, probability=0.1, seed=seed)
     run = Run(case, faulty, lambda: fake.bound, faulty=True, base=fake)
     problems: list[str] = []
     for step, result in run.steps():
@@ -60,16 +61,29 @@ def test_golden(case: Case) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("case", params())
 def test_golden_under_faults(case: Case, seed: int) -> None:
-    problems, _ = run_faulty(case, seed)
+    problems, _ = run_faulty(case, seed_of(case.name, seed))
     assert not problems, "\n".join(problems)
 
 
 def test_faults_were_injected() -> None:
     """The faulty runs above are worth something only if calls did fail."""
-    failures = sum(run_faulty(c, SEEDS[0])[1] for c in CASES if not c.xfail)
+    failures = sum(run_faulty(c, seed_of(c.name, SEEDS[0]))[1] for c in CASES if not c.xfail)
     assert failures >= len(CASES) // 2
 
 
 def test_the_cases_are_there() -> None:
     """A moved folder must not pass as zero cases."""
     assert len(CASES) >= 20 and all(c.steps for c in CASES)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine bug: an orphan virtual server whose deletion fails at start-up is deleted later "
+    "by the audit, which counts none of its real servers in "
+    "ipvsctl_real_server_deletions_total{reason=service_deleted} (the start-up path does)"))
+def test_orphan_deleted_by_the_audit_counts_its_real_servers() -> None:
+    """restart-adoption with a seed whose first call, the orphan's deletion, fails (found by
+    running the cases at higher fault rates): the kernel ends right, the count does not."""
+    case = next(c for c in CASES if c.name == "restart-adoption")
+    problems, failures = run_faulty(case, seed=31)
+    assert failures
+    assert not problems, "\n".join(problems)
