@@ -130,7 +130,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     what = {"drain": "draining on (ipvsctl as shipped)",
             "nodrain": "draining off (--drain-timeout 0, annotation ipvsctl.io/drain-timeout: 0)",
             "halfclose": "draining on, plus a download whose client half-closed its "
-                         f"connection (streams until t={args.half_close_until:g}s)"}[mode]
+                         "connection"}[mode]
     say(f"--- mode {mode}: {what}")
     node = Node()
     configure_host(kernel=node.kernel)
