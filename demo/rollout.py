@@ -475,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-until", type=float, default=25.0)
     p.add_argument("--load-until", type=float, default=30.0)
     p.add_argument("--half-close-until", type=float, default=38.0,
-                   help="halfclose mode: the server streams until then (set it past the "
-                        "pods' deadline to see `deadline`)")
+                   help="halfclose mode: the server streams until then (past the pods' "
+                        "deadline, the connection holds the real server until that deadline)")
     p.add_argument("--half-close-grace", type=float, default=45.0,
                    help="halfclose mode: the pods' grace period")
     args = p.parse_args(argv)
