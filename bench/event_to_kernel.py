@@ -170,8 +170,7 @@ class Sampler:
                 where = [_where(x) for x in stack]
                 line = (linecache.getline(frame.f_code.co_filename, frame.f_lineno)
                         if frame.f_lineno else "")
-                if where[0].startswith("threading.py:wait") and any(
-                        w.startswith(("queue.py:get", "threading.py:wait")) for w in where[1:3]):
+                if where[0].startswith("threading.py:wait"):  # a queue, event or condition
                     self.state[name]["idle"] += 1
                     continue
                 if "with" in line and "lock" in line:
