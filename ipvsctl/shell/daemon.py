@@ -35,6 +35,7 @@ from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, t
 from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shell.status_http import StatusDocument
+from ipvsctl.shell.status_json import engine_status, quiesced_json
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
@@ -158,7 +159,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
-            return self.engine.status()
+            return engine_status(self.engine)
 
     def is_local_peer(self, peer: str) -> bool:
         """A client on this node: loopback or one of the node's addresses (/status names
@@ -173,7 +174,7 @@ class Daemon:
         except ValueError:
             return as_json(400, {"error": "query parameter ip must be an IP address"})
         with self.loop.lock:
-            return as_json(200, self.engine.quiesced(ip))
+            return as_json(200, quiesced_json(self.engine, ip))
 
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat

@@ -12,6 +12,7 @@ from ipvsctl.kernel import netlink
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import NetlinkError, NetlinkKernel
 from ipvsctl.model import Protocol, ServiceKey, VirtualServer
+from ipvsctl.shell.status_json import quiesced_json
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness
 
@@ -41,7 +42,7 @@ def test_engine_is_started_only_once_the_first_sync_is_in_the_kernel() -> None:
             [endpoint_slice("web", [endpoint("10.244.1.5")])])
     assert kernel.started_when_adding == [False, False]
     assert h.engine.started
-    assert h.engine.quiesced("10.244.1.5")["ready"]
+    assert quiesced_json(h.engine, "10.244.1.5")["ready"]
 
 
 # --- every virtual server deletion dumped the whole IPVS table --------------------------------
