@@ -21,8 +21,8 @@ from ipvsctl.model import (
     family_of,
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_2
+from ipvsctl.model.objects import ServiceInfo, SliceInfo
 from ipvsctl.plan.topology import Topology, by_topology
-from ipvsctl.source.convert import ServiceInfo, SliceInfo
 
 
 def binds_address(kind: VirtualServerKind, address: str, node_ips: Collection[str]) -> bool:

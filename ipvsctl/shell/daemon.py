@@ -28,6 +28,7 @@ from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
+from ipvsctl.plan.ownership import is_owned
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.writer import StateWriter
@@ -278,8 +279,7 @@ def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None
     node_ports = o.node_port_range
 
     def owned(key: ServiceKey) -> bool:
-        return key.address in bound or (key.port in node_ports
-                                        and key.address in current())
+        return is_owned(key, bound, current(), node_ports)
 
     return kernel, owned
 
