@@ -92,6 +92,8 @@ class Daemon:
     nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
     health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
     read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
+    # When to sync, check drains, audit...; None: the defaults with the options' interval.
+    loop_config: LoopConfig | None = None
 
     def __post_init__(self) -> None:
         o = self.options
@@ -111,8 +113,8 @@ class Daemon:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
         self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
-        self.loop = Loop(self.engine, self.events,
-                         LoopConfig(drain_check_interval=o.drain_check_interval),
+        self.loop = Loop(self.engine, self.events, self.loop_config or LoopConfig(
+                             drain_check_interval=o.drain_check_interval),
                          save_queue=self.writer.submit, read_node_ips=self.read_node_ips)
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
