@@ -204,10 +204,15 @@ class Engine:
             return self._initial_sync()
         result = SyncResult()
         t0 = self.clock.monotonic()
-        # A Service can make others dirty while syncing (it released or lost a virtual
-        # server another one waits for, or the kernel surprised it): those go in a second
-        # round of the same sync.
-        for _ in range(3):
+        self._rounds(result, 3)
+        self._finish_sync(result, t0)
+        return result
+
+    def _rounds(self, result: SyncResult, rounds: int) -> None:
+        """Sync the dirty Services. One can make others dirty while syncing (it released or
+        lost a virtual server another one waits for, or the kernel surprised it): those go
+        in a further round of the same sync."""
+        for _ in range(rounds):
             todo, self.dirty = self.dirty - result.failed, set()
             if not todo:
                 break
@@ -215,8 +220,6 @@ class Engine:
                 self._sync_service(ref, result)
         self.dirty |= result.failed
         result.resync = self.dirty - result.failed
-        self._finish_sync(result, t0)
-        return result
 
     def _finish_sync(self, result: SyncResult, t0: float) -> None:
         if result.services:
@@ -301,12 +304,11 @@ class Engine:
         todo, self.dirty = self.dirty | set(self.store.services), set()
         for ref in sorted(todo):
             self._sync_service(ref, result, built)
+        self._rounds(result, 2)  # what the first pass made dirty (a kernel surprise)
         # Only now, and not when the sync raised: `started` is /readyz ("the first full
         # list is in the kernel") and what /v1/quiesced calls ready, and other threads read
         # it without the lock.
         self.started = True
-        self.dirty |= result.failed
-        result.resync = self.dirty - result.failed
         self._finish_sync(result, t0)
         log.info("initial sync done", extra=fields(
             services=len(self.store.services), virtual_servers=self.state.n_vs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typing
 
+from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import VirtualServer
 from ipvsctl.plan.ops import Op
 from ipvsctl.reconcile.apply import _HANDLERS
@@ -28,3 +29,33 @@ def test_a_sync_meeting_an_unknown_kernel_entry_finishes_it_and_fails_nothing():
     dests = h.fake.services[vs()].dests
     assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1, "10.9.9.9": 0}
     assert (vs(), rs("10.9.9.9")) in h.engine.queue
+
+
+class LateKernel(FakeKernel):
+    """Another tool adds the Service's virtual server between the start-up dump and the
+    first diff: the dump does not show it."""
+
+    def list_virtual_servers(self):
+        shown = super().list_virtual_servers()
+        if not getattr(self, "added", False):
+            self.added = True
+            self.add_virtual_server(VirtualServer(vs()), True)
+            self.add_real_server(vs(), rs("10.9.9.9"), 1)
+        return shown
+
+
+def test_the_first_sync_too_finishes_what_a_kernel_surprise_left():
+    h = Harness(kernel=LateKernel())
+    result = _start(h)
+    assert result.failed == set() and result.resync == set() and not h.engine.dirty
+    dests = h.fake.services[vs()].dests
+    assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1, "10.9.9.9": 0}
+
+
+def _start(h: Harness):
+    from ipvsctl.source.events import ObjectKind, Replace
+
+    h.engine.handle(Replace(ObjectKind.SERVICE, [service("web")], 0))
+    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE,
+                            [endpoint_slice("web", [endpoint("10.0.0.1")])], 0))
+    return h.engine.sync()
