@@ -40,8 +40,9 @@ test: lint test-unit test-deploy test-lab
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache out
 
-# make demo: a rolling update behind ipvsctl on the lab VM's real IPVS kernel, with draining
-# and without (a few minutes). Report, data and timeline plot in out/demo/ (docs/demo.md).
+# make demo: a rolling update behind ipvsctl on the lab VM's real IPVS kernel, with draining,
+# without it, and with a half-closed download held (a few minutes).
+# Report, data and timeline plot in out/demo/ (docs/demo.md).
 DEMO_OUT := out/demo
 demo: venv lab-deps
 	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install -q matplotlib

@@ -4,6 +4,8 @@
   request doing some work on the server (so some are always in flight).
 - LongLived: keep-alive connections opened before the rollout that send a request every
   so often; one that breaks is counted and reopened.
+- HalfClosed: one download (`GET /stream`) whose client shuts down its write side right
+  after the request and then only reads: the server sees EOF and keeps sending.
 
 Every request is recorded with its start and end (seconds on the demo's clock), the pod
 that answered, and for a failure its kind: refused, reset, timeout, closed (EOF before
@@ -214,3 +216,80 @@ class LongLived:
             sock.close()
             with self._lock:
                 self.closed.append((self.clock(), i, pod))
+
+
+@dataclass
+class HalfClosed:
+    """One half-closed connection: the request, then `shutdown(SHUT_WR)` (the client's FIN),
+    then every tick the server still sends is read and stamped, until the server closes (or
+    the connection breaks)."""
+
+    netns: str
+    address: str
+    port: int
+    until: float  # the server streams until this time on the demo clock
+    every_ms: int = 500
+    timeout: float = 15.0
+    clock: Callable[[], float] = time.monotonic
+    pod: str | None = None
+    opened: float | None = None
+    half_closed: float | None = None
+    ticks: list[float] = field(default_factory=list)
+    ended: float | None = None
+    end: str | None = None  # "closed by the server", or the failure's kind
+
+    def __post_init__(self) -> None:
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="half-closed")
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(timeout=60)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        enter(self.netns)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect((self.address, self.port))
+            self.opened = self.clock()
+            ms = max(0, int((self.until - self.clock()) * 1000))
+            s.sendall(f"GET /stream?for={ms}&every={self.every_ms} HTTP/1.1\r\n"
+                      "Host: web\r\n\r\n".encode())
+            s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
+            self.half_closed = self.clock()
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = s.recv(4096)
+                if not data:
+                    raise RequestFailed("closed", "connection closed before the answer")
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            for line in head.decode(errors="replace").split("\r\n")[1:]:
+                k, _, v = line.partition(":")
+                if k.strip().lower() == "x-pod":
+                    self.pod = v.strip()
+            self._started.set()
+            while True:
+                while b"\n" in buf:
+                    _, _, buf = buf.partition(b"\n")
+                    self.ticks.append(self.clock())
+                data = s.recv(4096)
+                if not data:
+                    self.end = "closed by the server"
+                    break
+                buf += data
+        except Exception as exc:
+            self.end = classify(exc)
+        finally:
+            self.ended = self.clock()
+            self._started.set()
+            s.close()
+
+    def to_json(self) -> dict[str, object]:
+        return {"pod": self.pod, "opened": self.opened, "half_closed": self.half_closed,
+                "until": self.until, "ticks": self.ticks, "ended": self.ended,
+                "end": self.end}

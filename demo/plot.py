@@ -95,13 +95,25 @@ def draw(doc: dict[str, Any], summary: dict[str, Any], ax: Any) -> None:
         if r["ok"]:
             ax.plot(r["start"], -0.4, marker="|", color="#4d4d4d", ms=5)
     ylabels += [(0.1, "short requests"), (-0.4, "long-lived conns")]
+    bottom = -0.9
+    half = doc.get("half_closed")
+    if half and half.get("ticks"):
+        ax.scatter(half["ticks"], [-0.9] * len(half["ticks"]), s=6, color="#1b7837",
+                   marker="|", label="half-closed download: data received")
+        if half.get("half_closed") is not None:
+            ax.plot(half["half_closed"], -0.9, marker=">", color="#1b7837", ms=6,
+                    label="client shut its write side (FIN)")
+        ylabels.append((-0.9, f"half-closed\n({half.get('pod')})"))
+        bottom = -1.4
     ax.set_yticks([y for y, _ in ylabels], [label for _, label in ylabels], fontsize=7)
-    ax.set_ylim(-0.9, len(pods) + 0.6)
+    ax.set_ylim(bottom, len(pods) + 0.6)
     ax.set_xlim(-3, end + 1)
     ax.axvspan(doc["phases"]["rollout_start"], doc["phases"]["rollout_end"], color="#eeeeee",
                zorder=-1)
-    title = ("draining ON (ipvsctl as shipped)" if doc["mode"] == "drain"
-             else "draining OFF (real servers deleted at once)")
+    title = {"drain": "draining ON (ipvsctl as shipped)",
+             "nodrain": "draining OFF (real servers deleted at once)",
+             "halfclose": "draining ON, with a half-closed download"}.get(doc["mode"],
+                                                                         doc["mode"])
     ax.set_title(f"{title}: {summary['short_failed']}/{summary['short_sent']} short requests "
                  f"failed, {summary['long_broken']} breaks of the {summary['long_lived']} "
                  f"long-lived connections", fontsize=10)

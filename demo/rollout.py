@@ -1,6 +1,6 @@
 """The rollout demo, run inside the lab VM (`make demo`):
 
-    python -m demo.rollout [--out out/demo] [--modes drain,nodrain]
+    python -m demo.rollout [--out out/demo] [--modes drain,nodrain,halfclose]
 
 For each mode, on a fresh node (network namespace with its own IPVS table):
 - ipvsctl's Daemon runs in-process on the node's NetlinkKernel, following an in-process
@@ -14,7 +14,11 @@ For each mode, on a fresh node (network namespace with its own IPVS table):
 
 `drain` is ipvsctl as shipped. `nodrain` is the contrast: real servers are deleted at once
 (`--drain-timeout 0` and the Service annotation `ipvsctl.io/drain-timeout: "0"`), as a proxy
-without graceful termination does.
+without graceful termination does. `halfclose` is `drain` plus one half-closed download
+(demo/clients.py HalfClosed): its client shuts down its write side right after the request
+while the server keeps sending until `--half-close-until`; that v1 backend's real server
+must stay (weight 0) while the data flows, then go as `drained` once the server closes
+(pods get `--half-close-grace`, so the stream ends before their deadline).
 
 Writes out/demo/rollout.json (every timestamp, in seconds since the load started) and
 out/demo/report.txt, and prints the report. `python -m demo.plot` draws the timeline.
@@ -109,7 +113,7 @@ class KernelPoller:
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    from demo.clients import LongLived, ShortLoad
+    from demo.clients import HalfClosed, LongLived, ShortLoad
     from demo.cluster import NODE_NAME, Cluster, DemoClock
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.kube.client import KubeSource
@@ -118,11 +122,15 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from tests.fakeapi.server import FakeAPIServer
     from tests.lab.labkit import Node, wait_for
 
-    drain = mode == "drain"
+    drain = mode in ("drain", "halfclose")
+    half_mode = mode == "halfclose"
+    grace = args.half_close_grace if half_mode else args.grace
     clock = DemoClock()  # rebased to 0 when the load starts
 
-    what = ("draining on (ipvsctl as shipped)" if drain else
-            "draining off (--drain-timeout 0, annotation ipvsctl.io/drain-timeout: 0)")
+    what = {"drain": "draining on (ipvsctl as shipped)",
+            "nodrain": "draining off (--drain-timeout 0, annotation ipvsctl.io/drain-timeout: 0)",
+            "halfclose": "draining on, plus a download whose client half-closed its "
+                         "connection"}[mode]
     say(f"--- mode {mode}: {what}")
     node = Node()
     configure_host(kernel=node.kernel)
@@ -134,6 +142,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     state_dir = tempfile.mkdtemp(prefix=f"ipvsctl-demo-{mode}-")
     poller: KernelPoller | None = None
     daemon = None
+    half: HalfClosed | None = None
+    half_snapshot: dict[str, Any] | None = None
     try:
         def make_pod_netns(name: str, ip: str) -> str:
             return node.make_pod(ip, name=name, tcp=()).netns.name
@@ -141,7 +151,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         annotations = {} if drain else {"ipvsctl.io/drain-timeout": "0"}
         cluster = Cluster(api, make_pod_netns, clock, vip=VIP, port=PORT,
                           annotations=annotations, readiness_delay=args.readiness_delay,
-                          pre_stop=args.pre_stop, grace=args.grace)
+                          pre_stop=args.pre_stop, grace=grace)
         for name, ip in V1:
             cluster.start_pod(name, ip, "v1", wait_ready=False)
 
@@ -170,27 +180,40 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         short.start()
         say(f"t={clock():6.2f}s load: {args.rate}/s short requests, {args.long} long-lived "
             "connections open")
+        if half_mode:
+            half = HalfClosed(client.netns.name, VIP, PORT, until=args.half_close_until,
+                              clock=clock)
+            half.start()
+            say(f"t={clock():6.2f}s half-closed download to {half.pod}: the client shut its "
+                f"write side at t={_t(half.half_closed).strip()}; the server streams until "
+                f"t={args.half_close_until:g}s")
         time.sleep(max(0.0, args.warmup - clock()))
         rollout_start = clock()
         say(f"t={rollout_start:6.2f}s rolling update v1 -> v2 (maxSurge 1, maxUnavailable 0, "
-            f"preStop {args.pre_stop:g}s, grace {args.grace:g}s)")
+            f"preStop {args.pre_stop:g}s, grace {grace:g}s)")
         cluster.rolling_update([n for n, _ in V1], V2, "v2")
         rollout_end = clock()
         say(f"t={rollout_end:6.2f}s all v2 pods ready, v1 pods terminating")
         time.sleep(max(0.0, args.long_until - clock()))
         long.stop()
         say(f"t={clock():6.2f}s long-lived connections closed by their clients")
+        if half is not None:
+            half_snapshot = snapshot_half_closed(node, daemon, cluster, half, clock)
         time.sleep(max(0.0, args.load_until - clock()))
         short.stop()
         say(f"t={clock():6.2f}s load stopped")
-        cluster.wait_kubelets(timeout=args.grace + 30)
+        if half is not None:
+            half.join(timeout=max(0.0, args.half_close_until - clock()) + 30)
+            say(f"t={clock():6.2f}s half-closed download ended ({half.end}) after "
+                f"{len(half.ticks)} ticks")
+        cluster.wait_kubelets(timeout=grace + 30)
         old_ips = {ip for _, ip in V1}
 
         def old_gone() -> bool:
             rss = node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers
             return not any(k.split(":")[0] in old_ips for k in rss)
 
-        wait_for(old_gone, timeout=args.grace + 30, what="v1 real servers deleted")
+        wait_for(old_gone, timeout=grace + 30, what="v1 real servers deleted")
         time.sleep(1.0)
         end = clock()
         say(f"t={end:6.2f}s every v1 real server deleted from the kernel")
@@ -209,7 +232,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "mode": mode,
         "wall0": clock.wall0,
         "settings": {"rate": args.rate, "long_lived": args.long, "pre_stop": args.pre_stop,
-                     "grace": args.grace, "readiness_delay": args.readiness_delay,
+                     "grace": grace, "readiness_delay": args.readiness_delay,
                      "drain_check_interval": 1.0,
                      "drain_timeout": 30.0 if drain else 0.0,
                      "annotations": annotations},
@@ -219,6 +242,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "short": [r.__dict__ for r in short.records],
         "long": {"records": [r.__dict__ for r in long.records],
                  "breaks": long.breaks, "closed": long.closed},
+        "half_closed": (None if half is None else {
+            **half.to_json(), "server": streams_of(cluster), "snapshot": half_snapshot}),
         "ipvsctl_log": [r for r in capture.records if r["logger"] == "ipvsctl.engine"],
         "kernel": poller.samples if poller else [],
         "status_at_end": status,
@@ -228,6 +253,53 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 class _Empty:
     real_servers: dict[str, Any] = {}
+
+
+def streams_of(cluster: Any) -> list[dict[str, Any]]:
+    """What the apps saw of the half-closed download (the EOF, their socket's state)."""
+    return [{"pod": name, **info} for name, app in cluster.apps.items()
+            for info in app.streams]
+
+
+def state_counts(states: list[str]) -> str:
+    """["CLOSE_WAIT", "TIME_WAIT", "TIME_WAIT"] -> "CLOSE_WAIT 1, TIME_WAIT 2"."""
+    return ", ".join(f"{st} {states.count(st)}" for st in sorted(set(states))) or "-"
+
+
+def snapshot_half_closed(node: Any, daemon: Any, cluster: Any, half: Any,
+                         clock: Any) -> dict[str, Any] | None:
+    """Once the other v1 backends are gone (or shortly before the stream ends), the
+    half-closed backend as the kernel and ipvsctl show it: weight, counts, the IPVS state of
+    its connections, and ipvsctl's split of them (established / closing / closed)."""
+    from tests.lab.labkit import wait_for
+
+    pod = cluster.pods.get(half.pod)
+    if pod is None:
+        return None
+    rs = f"{pod.ip}:8080"
+    others = {p.ip for p in cluster.pods.values() if p.version == "v1" and p.ip != pod.ip}
+
+    def others_gone() -> bool:
+        rss = node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers
+        return not any(k.split(":")[0] in others for k in rss)
+
+    wait_for(lambda: others_gone() or clock() > half.until - 3, timeout=half.until + 60,
+             interval=0.5, what="the other v1 backends deleted")
+    t = round(clock(), 3)
+    kernel = node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers.get(rs)
+    states = sorted(c[1] for c in node.ipvs_connections()
+                    if c[0] == "TCP" and c[4] == rs and not c[2].endswith(":0"))
+    mine = next((r for vs in daemon.status().get("virtual_servers", [])
+                 for r in vs.get("real_servers", []) if r.get("address") == pod.ip), None)
+    snap = {"t": t, "others_gone": others_gone(), "ipvs_states": states,
+            "kernel": None if kernel is None else {
+                "weight": kernel.weight, "active": kernel.active, "inactive": kernel.inactive},
+            "ipvsctl": None if mine is None else {
+                "state": mine.get("state"), "weight": mine.get("weight"),
+                "connections": (mine.get("drain") or {}).get("connections")}}
+    say(f"t={t:6.2f}s half-closed backend {half.pod}: kernel {snap['kernel']}, IPVS states "
+        f"{state_counts(states)}, ipvsctl {snap['ipvsctl']}")
+    return snap
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -279,6 +351,39 @@ def mode_summary(doc: dict[str, Any]) -> dict[str, Any]:
         "long_broken": len(doc["long"]["breaks"]),
         "long_closed_cleanly": len(doc["long"]["closed"]),
         "backends": backend_rows(doc),
+        "half_closed": half_closed_summary(doc),
+    }
+
+
+def half_closed_summary(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The half-closed download: which backend, what its server saw, how much data flowed
+    after the backend stopped taking new connections, and when ipvsctl deleted it."""
+    h = doc.get("half_closed")
+    if not h or not h.get("pod"):
+        return None
+    row = next((b for b in backend_rows(doc) if b["pod"] == h["pod"]), None)
+    server = next((x for x in h.get("server", []) if x["pod"] == h["pod"]), {})
+    ticks = h["ticks"]
+
+    def after(t: float | None) -> int:
+        return 0 if t is None else sum(1 for x in ticks if x > t)
+
+    w0 = row["weight0"] if row else None
+    sigterm = row["sigterm"] if row else None
+    deleted = row["deleted"] if row else None
+    return {
+        "pod": h["pod"], "ip": row["ip"] if row else None,
+        "opened": h["opened"], "half_closed": h["half_closed"],
+        "server_eof": server.get("eof"), "server_tcp_state": server.get("tcp_state"),
+        "stream_end": server.get("end") or h["ended"], "end": h["end"],
+        "ticks": len(ticks), "ticks_after_weight0": after(w0),
+        "ticks_after_sigterm": after(sigterm),
+        "last_tick": ticks[-1] if ticks else None,
+        "weight0": w0, "deleted": deleted, "reason": row["reason"] if row else None,
+        "deadline": row["deadline"] if row else None,
+        "deleted_after_end": (None if deleted is None or h["ended"] is None
+                              else round(deleted - h["ended"], 2)),
+        "snapshot": h.get("snapshot"),
     }
 
 
@@ -290,9 +395,7 @@ def render(docs: list[dict[str, Any]]) -> str:
     out = []
     for doc in docs:
         s = mode_summary(doc)
-        title = ("draining ON (ipvsctl as shipped)" if s["mode"] == "drain"
-                 else "draining OFF (real servers deleted at once)")
-        out.append(f"== {title} ==")
+        out.append(f"== {TITLES.get(s['mode'], s['mode'])} ==")
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["short_failures_by_kind"].items()))
         out.append(f"short requests: {s['short_sent']} sent, {s['short_failed']} failed"
                    + (f" ({kinds})" if kinds else ""))
@@ -309,21 +412,60 @@ def render(docs: list[dict[str, Any]]) -> str:
                 f"{_t(b['deleted'])}          {b['reason'] or '-':<9} "
                 f"{_t(b['kernel_weight0'])} / {_t(b['kernel_last_seen'])}        "
                 f"{_t(b['sigterm'])} / {_t(b['exited'])} ({b['killed_connections']})")
+        if s["half_closed"]:
+            out += render_half_closed(s["half_closed"])
         out.append("")
     out.append("Times are seconds since the load started. 'drained' = no connection could "
                "carry data any more: ActiveConn+InActConn reached 0, or every connection "
                "left was in TIME_WAIT or CLOSE (IPVS keeps a closed one 2 minutes). "
                "'deadline' = the drain deadline passed with a connection still open or "
                "closing: with draining, the pod's deletionTimestamp; without, the "
-               "annotation's 0 s.")
+               "annotation's 0 s. A half-closed connection (CLOSE_WAIT in IPVS: the "
+               "client's FIN seen, the server still sending) holds its real server.")
     return "\n".join(out)
+
+
+TITLES = {"drain": "draining ON (ipvsctl as shipped)",
+          "nodrain": "draining OFF (real servers deleted at once)",
+          "halfclose": "draining ON, with a half-closed download"}
+
+
+def render_half_closed(h: dict[str, Any]) -> list[str]:
+    snap = h.get("snapshot") or {}
+    kernel, mine = snap.get("kernel") or {}, snap.get("ipvsctl") or {}
+    conns = mine.get("connections") or {}
+    states = state_counts(snap.get("ipvs_states") or [])
+    out = [
+        f"half-closed download on {h['pod']} ({h['ip']}): opened at {_t(h['opened'])}, the "
+        f"client shut its write side at {_t(h['half_closed'])}; the server read EOF at "
+        f"{_t(h['server_eof'])}, its socket {h['server_tcp_state'] or '?'}, and kept "
+        f"sending until {_t(h['stream_end'])} ({h['end']})",
+        f"  client: {h['ticks']} ticks received, {h['ticks_after_weight0']} after the "
+        f"backend's weight went 0 ({_t(h['weight0'])}), {h['ticks_after_sigterm']} after its "
+        f"app's SIGTERM, the last at {_t(h['last_tick'])}",
+    ]
+    if snap:
+        out.append(
+            f"  at {_t(snap.get('t'))} (other v1 backends "
+            f"{'deleted' if snap.get('others_gone') else 'not yet deleted'}): kernel weight "
+            f"{kernel.get('weight', '-')}, ActiveConn {kernel.get('active', '-')}, InActConn "
+            f"{kernel.get('inactive', '-')}, its connections in IPVS: {states}; "
+            f"ipvsctl: {mine.get('state', '-')}, connections established "
+            f"{conns.get('established', '-')} / closing {conns.get('closing', '-')} / closed "
+            f"{conns.get('closed', '-')}")
+    gap = h["deleted_after_end"]
+    out.append(
+        f"  real server deleted at {_t(h['deleted'])} ({h['reason'] or '-'})"
+        + ("" if gap is None else f", {gap:.2f}s after the stream ended")
+        + f"; the pod's deadline was {_t(h['deadline'])}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo.rollout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(REPO / "out" / "demo"))
-    p.add_argument("--modes", default="drain,nodrain")
+    p.add_argument("--modes", default="drain,nodrain,halfclose")
     p.add_argument("--rate", type=float, default=8.0, help="short requests per second")
     p.add_argument("--long", type=int, default=3, help="long-lived connections")
     p.add_argument("--warmup", type=float, default=4.0)
@@ -332,6 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=30.0)
     p.add_argument("--long-until", type=float, default=25.0)
     p.add_argument("--load-until", type=float, default=30.0)
+    p.add_argument("--half-close-until", type=float, default=38.0,
+                   help="halfclose mode: the server streams until then (past the pods' "
+                        "deadline, the connection holds the real server until that deadline)")
+    p.add_argument("--half-close-grace", type=float, default=45.0,
+                   help="halfclose mode: the pods' grace period")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ scenarios against the real kernel.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -14,11 +13,29 @@ from ipvsctl.kernel.port import (
     IPVSKernel,
     KernelExists,
     KernelNotFound,
-    KernelTransient,
     KernelUnavailable,
 )
 from ipvsctl.kernel.proc_codec import ConnScan, kernel_address, scan_connections
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.kernel.table import format_table
+from ipvsctl.kernel.wrappers import (
+    FaultyKernel,
+    add_rs_line,
+    add_vs_line,
+    del_rs_line,
+    del_vs_line,
+    flush_conntrack_line,
+    set_rs_line,
+    set_vs_line,
+)
+from ipvsctl.model import (
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    VirtualServer,
+    VirtualServerStatus,
+)
+
+__all__ = ["KNOWN_SCHEDULERS", "FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
 
 KNOWN_SCHEDULERS = frozenset(
     {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
@@ -77,15 +94,13 @@ class FakeKernel:
         return dest.weight if dest else None
 
     def dump(self) -> str:
-        """One sorted line per virtual and real server, like `ipvsadm -Ln` made stable."""
-        lines = []
-        for key in sorted(self.services):
-            svc = self.services[key]
-            lines.append(str(svc.vs))
-            for rs in sorted(svc.dests):
-                d = svc.dests[rs]
-                lines.append(f"  -> {rs} weight {d.weight} active {d.active} inactive {d.inactive}")
-        return "\n".join(lines) + ("\n" if lines else "")
+        """One sorted line per virtual and real server, like `ipvsadm -Ln` made stable
+        (table.format_table: the real kernel's dump() prints the same)."""
+        return format_table(
+            VirtualServerStatus(self.services[key].vs, tuple(
+                RealServerStatus(rs, d.weight, d.active, d.inactive)
+                for rs, d in sorted(self.services[key].dests.items())))
+            for key in sorted(self.services))
 
     def take_ops(self) -> list[str]:
         ops, self.ops = self.ops, []
@@ -126,13 +141,13 @@ class FakeKernel:
         self.services[vs.key] = _Service(vs)
         if bind_address:
             self.bound[vs.key.address] = self.bound.get(vs.key.address, 0) + 1
-        self.ops.append(f"add-vs {vs}")
+        self.ops.append(add_vs_line(vs))
 
     def update_virtual_server(self, vs: VirtualServer) -> None:
         if vs.scheduler not in KNOWN_SCHEDULERS:
             raise KernelNotFound(f"unknown scheduler {vs.scheduler}", "update_virtual_server")
         self._service(vs.key, "update_virtual_server").vs = vs
-        self.ops.append(f"set-vs {vs}")
+        self.ops.append(set_vs_line(vs))
 
     def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
         self._service(key, "delete_virtual_server")
@@ -141,27 +156,27 @@ class FakeKernel:
             self.bound[key.address] -= 1
             if self.bound[key.address] <= 0:
                 del self.bound[key.address]
-        self.ops.append(f"del-vs {key}")
+        self.ops.append(del_vs_line(key))
 
     def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         svc = self._service(key, "add_real_server")
         if rs in svc.dests:
             raise KernelExists(f"{key} -> {rs} exists", "add_real_server")
         svc.dests[rs] = _Dest(weight)
-        self.ops.append(f"add-rs {key} -> {rs} weight {weight}")
+        self.ops.append(add_rs_line(key, rs, weight))
 
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self._dest(key, rs, "set_real_server_weight").weight = weight
-        self.ops.append(f"set-rs {key} -> {rs} weight {weight}")
+        self.ops.append(set_rs_line(key, rs, weight))
 
     def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
         self._dest(key, rs, "delete_real_server")
         del self.services[key].dests[rs]
-        self.ops.append(f"del-rs {key} -> {rs}")
+        self.ops.append(del_rs_line(key, rs))
 
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         self.conntrack_flushes.append((key, rs))
-        self.ops.append(f"flush-conntrack {key} -> {rs}")
+        self.ops.append(flush_conntrack_line(key, rs))
 
     # --- internals ----------------------------------------------------------------
     def _service(self, key: ServiceKey, op: str) -> _Service:
@@ -175,34 +190,6 @@ class FakeKernel:
             return self._service(key, op).dests[rs]
         except KeyError:
             raise KernelNotFound(f"no real server {key} -> {rs}", op) from None
-
-
-class FaultyKernel:
-    """Wraps any kernel and fails a fraction of mutating calls before they reach it."""
-
-    _MUTATING = frozenset(
-        {"add_virtual_server", "update_virtual_server", "delete_virtual_server",
-         "add_real_server", "set_real_server_weight", "delete_real_server"}
-    )
-
-    def __init__(self, impl: IPVSKernel, probability: float, seed: int = 0) -> None:
-        self.impl = impl
-        self.probability = probability
-        self.random = random.Random(seed)
-        self.failures = 0
-
-    def __getattr__(self, name: str):
-        attr = getattr(self.impl, name)
-        if name not in self._MUTATING:
-            return attr
-
-        def call(*args, **kwargs):
-            if self.random.random() < self.probability:
-                self.failures += 1
-                raise KernelTransient("injected failure", name)
-            return attr(*args, **kwargs)
-
-        return call
 
 
 _: type[IPVSKernel] = FakeKernel  # FakeKernel satisfies the interface

@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kernel.netlink import NetlinkKernel
-from ipvsctl.model import RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.kernel.wrappers import RecordingKernel as RecordingKernel  # for the lab tests
 
 T = TypeVar("T")
 
@@ -137,51 +137,6 @@ def parse_ipvsadm(text: str) -> dict[str, IpvsadmService]:
             current.real_servers[m.group(1)] = IpvsadmRealServer(
                 m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)))
     return out
-
-
-class RecordingKernel:
-    """Wraps a kernel and logs its mutating calls like FakeKernel.ops
-    ("set-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 0"); everything else passes
-    through. Shows what an engine did to the real kernel, op by op."""
-
-    def __init__(self, impl: NetlinkKernel) -> None:
-        self.impl = impl
-        self.ops: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.impl, name)
-
-    def take_ops(self) -> list[str]:
-        ops, self.ops = self.ops, []
-        return ops
-
-    def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
-        self.impl.add_virtual_server(vs, bind_address)
-        self.ops.append(f"add-vs {vs}")
-
-    def update_virtual_server(self, vs: VirtualServer) -> None:
-        self.impl.update_virtual_server(vs)
-        self.ops.append(f"set-vs {vs}")
-
-    def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
-        self.impl.delete_virtual_server(key, bind_address)
-        self.ops.append(f"del-vs {key}")
-
-    def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        self.impl.add_real_server(key, rs, weight)
-        self.ops.append(f"add-rs {key} -> {rs} weight {weight}")
-
-    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        self.impl.set_real_server_weight(key, rs, weight)
-        self.ops.append(f"set-rs {key} -> {rs} weight {weight}")
-
-    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
-        self.impl.delete_real_server(key, rs)
-        self.ops.append(f"del-rs {key} -> {rs}")
-
-    def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
-        self.impl.flush_conntrack(key, rs)
-        self.ops.append(f"flush-conntrack {key} -> {rs}")
 
 
 # --- namespaces -----------------------------------------------------------------------------

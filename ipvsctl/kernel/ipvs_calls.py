@@ -1,0 +1,187 @@
+"""The IPVS commands ipvsctl sends, one method each, on the calling thread's IPVS socket:
+service and dest add/set/del, the two dumps, and the connection timeouts.
+
+The service and dest commands and the dumps' requests are packed by wire.py (pyroute2's
+bytes, ~60x cheaper to build) and sent on pyroute2's own socket for this thread, with its
+family id; answers are read until the ACK, error or end of dump, dump messages decoded by
+pyroute2's message class as before, and errors go through errors.py like every other
+netlink error. A socket without a raw side (a test's stand-in) gets the pyroute2 calls the
+codec's specs describe. Only add/set/del/get/dump are used (pyroute2's "update" sends a
+DELETE). A dest dump of a missing service is an empty list, not an error, so an empty one
+is followed by a get.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import select
+import threading
+from typing import Any
+
+from pyroute2 import NetlinkError
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+from pyroute2.netlink.generic import ipvs as genl_ipvs
+
+from ipvsctl.kernel import wire
+from ipvsctl.kernel.codec import (
+    IPVSTimeouts,
+    dest_spec,
+    real_server_from_message,
+    service_key_spec,
+    service_spec,
+    timeouts_from_message,
+    timeouts_message,
+    virtual_server_from_message,
+)
+from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.sockets import Sockets, get_config
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+
+ANSWER_TIMEOUT = 30.0  # seconds; the kernel answers at once, this only bounds a lost answer
+_DUMP_BUFFER, _ACK_BUFFER = 1 << 18, 1 << 14
+# pyroute2 numbers its requests from 0xFF to 0xFFFF: ours never meet them
+_SEQ_FIRST, _SEQ_LAST = 0x01000000, 0x7FFFFFFF
+
+
+class RawIPVS:
+    """The calling thread's pyroute2 IPVS socket, used raw: pre-packed requests out, answers
+    in. Blocks (poll: any descriptor number) for the answer; stray answers of other
+    sequence numbers are dropped, as pyroute2 drops them."""
+
+    def __init__(self, sock: Any, family: int) -> None:
+        self.sock = sock
+        self.family = family
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    def request(self, request: wire.Request, seq: int) -> list[bytes]:
+        """The answers to one request (whole messages) before its ACK or end of dump;
+        NetlinkError with the kernel's errno for an error answer."""
+        self.sock.send(wire.message(self.family, request, seq))
+        size = _DUMP_BUFFER if request[0] == wire.FLAGS_DUMP else _ACK_BUFFER
+        out: list[bytes] = []
+        while True:
+            if not self._poll.poll(ANSWER_TIMEOUT * 1000):
+                raise NetlinkError(errno.ETIMEDOUT, "no answer from IPVS")
+            try:
+                data = self.sock.recv(size)
+            except BlockingIOError:
+                continue
+            for kind, _flags, answer_seq, msg in wire.split(data):
+                if answer_seq != seq:
+                    continue
+                if kind == wire.NLMSG_ERROR:
+                    code = wire.error_code(msg)
+                    if code:
+                        raise NetlinkError(code)
+                    return out
+                if kind == wire.NLMSG_DONE:
+                    return out
+                out.append(msg)
+
+
+def decode(msg: bytes) -> Any:
+    """A dump message as pyroute2 parses it (what codec.py's parsers read)."""
+    parsed = genl_ipvs.ipvsmsg(msg)
+    parsed.decode()
+    return parsed
+
+
+class IPVSCalls:
+    """IPVS over generic netlink. Errors come out as KernelErrors (errors.py)."""
+
+    def __init__(self, sockets: Sockets) -> None:
+        self.sockets = sockets
+        self._seq = itertools.count()
+        self._local = threading.local()
+
+    def _ipvs(self) -> Any:
+        return self.sockets.ipvs()
+
+    def _raw(self) -> RawIPVS | None:
+        """This thread's socket, raw; None for a stand-in without one."""
+        ipvs = self._ipvs()
+        cached = getattr(self._local, "raw", None)
+        if cached is None or cached[0] is not ipvs:
+            asyncore = getattr(ipvs, "asyncore", None)
+            raw = RawIPVS(asyncore.socket, ipvs.prid) if asyncore is not None else None
+            cached = self._local.raw = (ipvs, raw)
+        return cached[1]
+
+    def _send(self, request: wire.Request) -> list[bytes] | None:
+        """The answers, or None when there is no raw socket (the caller uses pyroute2)."""
+        raw = self._raw()
+        if raw is None:
+            return None
+        seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
+        return raw.request(request, seq)
+
+    # --- reads ------------------------------------------------------------------------
+    def list_virtual_servers(self) -> list[VirtualServer]:
+        with errors("list_virtual_servers"):
+            answers = self._send(wire.dump_services())
+            messages = ([decode(m) for m in answers] if answers is not None
+                        else self._ipvs().service("dump"))
+        found = (virtual_server_from_message(m) for m in messages)
+        return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+
+    def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
+        with errors("list_real_servers", key):
+            answers = self._send(wire.dump_dests(key))
+            if answers is None:
+                messages = self._ipvs().dest("dump", service=service_key_spec(key))
+            else:
+                messages = [decode(m) for m in answers]
+            # the kernel answers an empty dump for a missing service too: a get says ESRCH
+            if not messages and self._send(wire.get_service(key)) is None:
+                self._ipvs().service("get", service=service_key_spec(key))
+        return sorted((real_server_from_message(m) for m in messages), key=lambda r: r.key)
+
+    # --- writes -----------------------------------------------------------------------
+    def add_service(self, vs: VirtualServer) -> None:
+        with errors("add_virtual_server", vs.key, scheduler=vs.scheduler):
+            if self._send(wire.new_service(vs)) is None:
+                self._ipvs().service("add", service=service_spec(vs))
+
+    def set_service(self, vs: VirtualServer) -> None:
+        with errors("update_virtual_server", vs.key, scheduler=vs.scheduler):
+            if self._send(wire.set_service(vs)) is None:
+                self._ipvs().service("set", service=service_spec(vs))
+
+    def delete_service(self, key: ServiceKey) -> None:
+        with errors("delete_virtual_server", key):
+            if self._send(wire.del_service(key)) is None:
+                self._ipvs().service("del", service=service_key_spec(key))
+
+    def add_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        with errors("add_real_server", f"{key} -> {rs}"):
+            if self._send(wire.new_dest(key, rs, weight)) is None:
+                self._ipvs().dest("add", service=service_key_spec(key),
+                                  dest=dest_spec(rs, weight))
+
+    def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        with errors("set_real_server_weight", f"{key} -> {rs}"):
+            if self._send(wire.set_dest(key, rs, weight)) is None:
+                self._ipvs().dest("set", service=service_key_spec(key),
+                                  dest=dest_spec(rs, weight))
+
+    def delete_dest(self, key: ServiceKey, rs: RealServerKey) -> None:
+        with errors("delete_real_server", f"{key} -> {rs}"):
+            if self._send(wire.del_dest(key, rs)) is None:
+                self._ipvs().dest("del", service=service_key_spec(key), dest=dest_spec(rs))
+
+    # --- connection timeouts ----------------------------------------------------------
+    def get_timeouts(self) -> IPVSTimeouts:
+        with errors("get_timeouts"):
+            return timeouts_from_message(get_config(self._ipvs()))
+
+    def set_timeouts(self, tcp: int = 0, tcpfin: int = 0, udp: int = 0) -> None:
+        """Set the IPVS connection timeouts in seconds; 0 leaves that one as it is (a raw
+        IPVS_CMD_SET_CONFIG message: pyroute2 has no wrapper)."""
+        msg = timeouts_message(tcp, tcpfin, udp)
+        if msg is None:
+            return
+        ipvs = self._ipvs()
+        with errors("set_timeouts"):
+            list(ipvs.nlm_request(msg, msg_type=ipvs.prid, msg_flags=NLM_F_REQUEST | NLM_F_ACK))

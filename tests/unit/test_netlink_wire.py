@@ -1,0 +1,209 @@
+"""The hand-packed IPVS messages (kernel/wire.py) are byte-for-byte what pyroute2 sends for
+the same call: every message kind ipvsctl sends, over IPv4/IPv6, TCP/UDP/SCTP, persistence,
+scheduler flags and names. pyroute2's own request path (IPVS.service/IPVS.dest building the
+message from codec.py's specs, then NetlinkRequest's header and encode) is the oracle.
+ipvsctl never sends fwmark services, so none are here."""
+
+from __future__ import annotations
+
+import itertools
+import types
+from typing import Any
+
+import pytest
+from pyroute2.ipvs import AsyncIPVS
+
+from ipvsctl.kernel import wire
+from ipvsctl.kernel.codec import dest_spec, service_key_spec, service_spec
+from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
+
+FAMILY, SEQ, PID = 0x1C, 0x01000007, 4242
+
+
+def pyroute2_bytes(kind: str, command: str, **kw: Any) -> bytes:
+    """What pyroute2's IPVS.<kind>(command, **kw) puts on the socket (seq/pid fixed)."""
+    sent: list[bytes] = []
+
+    async def do_request(msg: Any, msg_flags: int) -> list[Any]:
+        # what NetlinkRequest does before sending (nlsocket.py)
+        msg["header"]["type"] = FAMILY
+        msg["header"]["flags"] = msg_flags
+        msg["header"]["sequence_number"] = SEQ
+        msg["header"]["pid"] = PID
+        msg.reset()
+        msg.encode()
+        sent.append(bytes(msg.data))
+        return []
+
+    coro = getattr(AsyncIPVS, kind)(types.SimpleNamespace(_do_request=do_request),
+                                    command, **kw)
+    with pytest.raises(StopIteration):
+        coro.send(None)
+    (data,) = sent
+    return data
+
+
+def ours(request: wire.Request) -> bytes:
+    return wire.message(FAMILY, request, SEQ, PID)
+
+
+ADDRESSES = {4: ("10.96.0.10", "10.244.1.1"), 6: ("fd00:96::10", "fd00:244::1:1")}
+KEYS = [ServiceKey(proto, ADDRESSES[fam][0], port)
+        for fam, proto, port in itertools.product((4, 6), Protocol, (1, 80, 65535))]
+VIRTUAL_SERVERS = [
+    VirtualServer(key, scheduler, timeout, flags)
+    for key in KEYS
+    for scheduler, timeout, flags in (("rr", 0, 0), ("wrr", 10800, 0), ("sh", 0, 0x18),
+                                      ("mh", 60, 0x38), ("lblcr", 1, 0x8), ("twos", 0, 0))
+]
+DESTS = [(key, RealServerKey(ADDRESSES[key.family][1], port), weight)
+         for key in KEYS for port, weight in ((8080, 1), (1, 0), (65535, 65535))]
+
+
+@pytest.mark.parametrize("vs", VIRTUAL_SERVERS, ids=str)
+def test_service_add_and_set(vs: VirtualServer) -> None:
+    assert ours(wire.new_service(vs)) == pyroute2_bytes("service", "add",
+                                                        service=service_spec(vs))
+    assert ours(wire.set_service(vs)) == pyroute2_bytes("service", "set",
+                                                        service=service_spec(vs))
+
+
+@pytest.mark.parametrize("key", KEYS, ids=str)
+def test_service_del_get_and_the_dumps(key: ServiceKey) -> None:
+    assert ours(wire.del_service(key)) == pyroute2_bytes("service", "del",
+                                                         service=service_key_spec(key))
+    assert ours(wire.get_service(key)) == pyroute2_bytes("service", "get",
+                                                         service=service_key_spec(key))
+    assert ours(wire.dump_dests(key)) == pyroute2_bytes("dest", "dump",
+                                                        service=service_key_spec(key))
+    assert ours(wire.dump_services()) == pyroute2_bytes("service", "dump")
+
+
+@pytest.mark.parametrize(("key", "rs", "weight"), DESTS, ids=str)
+def test_dest_add_set_del(key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+    spec = service_key_spec(key)
+    assert ours(wire.new_dest(key, rs, weight)) == pyroute2_bytes(
+        "dest", "add", service=spec, dest=dest_spec(rs, weight))
+    assert ours(wire.set_dest(key, rs, weight)) == pyroute2_bytes(
+        "dest", "set", service=spec, dest=dest_spec(rs, weight))
+    assert ours(wire.del_dest(key, rs)) == pyroute2_bytes(
+        "dest", "del", service=spec, dest=dest_spec(rs))
+
+
+def test_the_oracle_sees_a_difference() -> None:
+    # the comparison is of real bytes: a changed weight or scheduler shows
+    key, rs, _ = DESTS[0]
+    assert ours(wire.set_dest(key, rs, 2)) != pyroute2_bytes(
+        "dest", "set", service=service_key_spec(key), dest=dest_spec(rs, 1))
+    vs = VIRTUAL_SERVERS[0]
+    other = VirtualServer(vs.key, "wrr")
+    assert ours(wire.new_service(other)) != pyroute2_bytes("service", "add",
+                                                           service=service_spec(vs))
+
+
+def test_answers_are_split_and_errors_read() -> None:
+    ack = wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ, 0) + (0).to_bytes(4, "little") + \
+        bytes(16)
+    err = wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ + 1, 0) + \
+        (-17).to_bytes(4, "little", signed=True) + bytes(16)
+    (a, b) = wire.split(ack + err)
+    assert (a[0], a[2], wire.error_code(a[3])) == (wire.NLMSG_ERROR, SEQ, 0)
+    assert (b[2], wire.error_code(b[3])) == (SEQ + 1, 17)
+    assert wire.split(b"\0" * 15) == []
+
+
+# --- the raw request path, against a modelled kernel ----------------------------------------
+class ModelKernelSocket:
+    """The kernel's side of an IPVS socket, modelled: each request is answered at once on a
+    socketpair (so select() works) by `answer(kind, cmd, seq) -> list of datagrams`."""
+
+    def __init__(self, answer: Any) -> None:
+        import socket
+
+        self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.ours.setblocking(False)  # as pyroute2's asyncio transport leaves it
+        self.answer = answer
+        self.sent: list[bytes] = []
+
+    def fileno(self) -> int:
+        return self.ours.fileno()
+
+    def send(self, data: bytes) -> int:
+        self.sent.append(data)
+        (_kind, flags, seq, msg) = wire.split(data)[0]
+        for datagram in self.answer(flags, msg[16], seq):
+            self.kernel.send(datagram)
+        return len(data)
+
+    def recv(self, size: int) -> bytes:
+        return self.ours.recv(size)
+
+
+def error(seq: int, code: int) -> bytes:
+    return wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, seq, 0) + \
+        (-code).to_bytes(4, "little", signed=True) + bytes(16)
+
+
+def dest_answer(seq: int, rs: RealServerKey, weight: int, active: int) -> bytes:
+    from pyroute2.netlink import NLM_F_MULTI
+    from pyroute2.netlink.generic import ipvs as genl_ipvs
+
+    msg = genl_ipvs.ipvsmsg()
+    msg["cmd"], msg["version"] = genl_ipvs.IPVS_CMD_NEW_DEST, 1
+    msg["attrs"] = [("IPVS_CMD_ATTR_DEST", {"attrs": [
+        ("IPVS_DEST_ATTR_ADDR_FAMILY", 2), ("IPVS_DEST_ATTR_ADDR", rs.address),
+        ("IPVS_DEST_ATTR_PORT", rs.port), ("IPVS_DEST_ATTR_WEIGHT", weight),
+        ("IPVS_DEST_ATTR_ACTIVE_CONNS", active), ("IPVS_DEST_ATTR_INACT_CONNS", 0)]})]
+    msg["header"].update(type=FAMILY, flags=NLM_F_MULTI, sequence_number=seq, pid=0)
+    msg.encode()
+    return bytes(msg.data)
+
+
+def calls_on(model: ModelKernelSocket) -> Any:
+    from ipvsctl.kernel.ipvs_calls import IPVSCalls
+
+    ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=model), prid=FAMILY)
+    return IPVSCalls(types.SimpleNamespace(ipvs=lambda: ipvs))  # type: ignore[arg-type]
+
+
+def test_writes_go_out_as_packed_and_acks_and_errors_come_back_translated() -> None:
+    from ipvsctl.kernel.port import KernelExists, KernelNotFound
+
+    key, rs, _ = DESTS[0]
+    codes = {wire.NEW_DEST: 0, wire.SET_DEST: 17, wire.DEL_DEST: 2}
+    model = ModelKernelSocket(lambda flags, cmd, seq: [
+        error(seq + 1, 0),  # a stray answer (another sequence number) is skipped
+        error(seq, codes[cmd])])
+    calls = calls_on(model)
+    calls.add_dest(key, rs, 1)
+    with pytest.raises(KernelExists, match=r"set_real_server_weight .*File exists"):
+        calls.set_dest(key, rs, 0)
+    with pytest.raises(KernelNotFound):
+        calls.delete_dest(key, rs)
+    seqs = [wire.split(d)[0][2] for d in model.sent]
+    assert [d[20:] for d in model.sent] == [
+        ours(wire.new_dest(key, rs, 1))[20:], ours(wire.set_dest(key, rs, 0))[20:],
+        ours(wire.del_dest(key, rs))[20:]]  # pid aside (ours is 0), the packed bytes
+    assert len(set(seqs)) == 3 and all(s > 0xFFFF for s in seqs)  # never pyroute2's
+
+
+def test_a_dest_dump_is_read_to_its_end_and_decoded_as_pyroute2_does() -> None:
+    key = KEYS[0]
+    a, b = RealServerKey("10.244.1.1", 8080), RealServerKey("10.244.1.2", 8080)
+    done = lambda seq: wire._HEADER.pack(20, wire.NLMSG_DONE, 2, seq, 0) + bytes(4)  # noqa: E731
+    model = ModelKernelSocket(lambda flags, cmd, seq: [
+        dest_answer(seq, b, 0, 3) + dest_answer(seq, a, 1, 0), done(seq)])
+    got = calls_on(model).list_real_servers(key)
+    assert [(r.key, r.weight, r.active_conns) for r in got] == [(a, 1, 0), (b, 0, 3)]
+    assert model.sent[0][20:] == ours(wire.dump_dests(key))[20:]
+
+
+def test_an_empty_dest_dump_asks_whether_the_service_exists() -> None:
+    from ipvsctl.kernel.port import KernelNotFound
+
+    done = lambda seq: wire._HEADER.pack(20, wire.NLMSG_DONE, 2, seq, 0) + bytes(4)  # noqa: E731
+    model = ModelKernelSocket(lambda flags, cmd, seq: [
+        done(seq) if cmd == wire.GET_DEST else error(seq, 3)])  # ESRCH
+    with pytest.raises(KernelNotFound, match="list_real_servers"):
+        calls_on(model).list_real_servers(KEYS[0])
+    assert [d[16] for d in model.sent] == [wire.GET_DEST, wire.GET_SERVICE]
