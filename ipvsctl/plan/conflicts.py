@@ -18,11 +18,12 @@ change, which other Services won or lost something by it (they must be rebuilt).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ipvsctl.model import ServiceKey, ServiceRef, VirtualServerKind
+from ipvsctl.model import DesiredService, ServiceKey, ServiceRef, VirtualServerKind
 
 # (0 for a cluster IP else 1, creation time or +inf, namespace, name)
 Rank = tuple[int, float, str, str]
@@ -83,6 +84,27 @@ class Claims:
     def conflicts(self) -> int:
         """Claims currently losing (one per Service and key); O(1)."""
         return self._losing
+
+
+def claims_of(desired: DesiredService, created: float | None) -> dict[ServiceKey, Rank]:
+    """Every virtual server a Service asks for, ranked."""
+    ref = desired.ref
+    return {k: rank(dvs.kind, created, ref) for k, dvs in desired.virtual_servers.items()}
+
+
+def split_won(desired: DesiredService, claims: Claims, owner: Mapping[ServiceKey, ServiceRef],
+              ) -> tuple[DesiredService, frozenset[ServiceKey], frozenset[ServiceKey]]:
+    """What a Service may program now: the keys it wins and no other Service still holds
+    (the loser releases a key before the winner takes it). Returns (the Service with only
+    those, the keys it loses, the keys it must wait for: lost or still held)."""
+    ref = desired.ref
+    lost = frozenset(k for k in desired.virtual_servers if claims.winner(k) != ref)
+    taken = frozenset(k for k in desired.virtual_servers
+                      if k in lost or owner.get(k, ref) != ref)
+    if not taken:
+        return desired, lost, taken
+    kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}
+    return dataclasses.replace(desired, virtual_servers=kept), lost, taken
 
 
 def resolve(claims: Iterable[tuple[ServiceRef, ServiceKey, Rank]]) -> dict[ServiceKey, ServiceRef]:

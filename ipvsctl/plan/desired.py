@@ -6,7 +6,7 @@ Pure and deterministic: the same Service, slices and node always give the same v
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from ipvsctl.model import (
     DesiredService,
@@ -21,8 +21,16 @@ from ipvsctl.model import (
     family_of,
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_2
+from ipvsctl.model.objects import ServiceInfo, SliceInfo
 from ipvsctl.plan.topology import Topology, by_topology
-from ipvsctl.source.convert import ServiceInfo, SliceInfo
+
+
+def binds_address(kind: VirtualServerKind, address: str, node_ips: Collection[str]) -> bool:
+    """Whether the address goes on the dummy interface: not a node IP (NodePorts), and, as
+    kube-proxy's shouldBind, not an external or LB IP that is already one of the node's
+    addresses (on another interface: adding and later removing it here would disturb the
+    node's own address)."""
+    return kind.binds_address and address not in node_ips
 
 
 def _rank(ep: EndpointInfo) -> tuple[bool, bool, bool]:

@@ -220,6 +220,12 @@ class Loop:
             log.warning("sync incomplete, retrying", extra=fields(
                 failed_services=len(result.failed), retry_in=round(self._retry_delay, 3)))
             self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
+        elif result.resync:
+            # Not a failure (say the kernel held an entry we did not know): one more pass
+            # soon, at the shortest retry interval (never a hot loop), the backoff reset.
+            self._retry_at = now + self.config.retry_min
+            self._retry_delay = self.config.retry_min
+            log.debug("sync needs another pass", extra=fields(services=len(result.resync)))
         else:
             self._retry_at = None
             self._retry_delay = self.config.retry_min

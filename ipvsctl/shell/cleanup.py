@@ -18,10 +18,7 @@ to remove), 1 when a step failed (each failure one line), 2 for bad flags.
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
-import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Protocol
@@ -31,21 +28,11 @@ import typer
 from ipvsctl.model import ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE, parse_port_range
 from ipvsctl.persist.drain_state import FILE_NAME as STATE_FILE
+from ipvsctl.plan.ownership import owned_virtual_servers
 
 
 class CleanupError(Exception):
     """One failed step; the message is the line the user sees."""
-
-
-def owned_virtual_servers(virtual_servers: Iterable[ServiceKey], bound: Iterable[str],
-                          node_ips: Iterable[str],
-                          node_port_range: range = DEFAULT_NODE_PORT_RANGE) -> list[ServiceKey]:
-    """ipvsctl's virtual servers (the daemon's own ownership rule, open_kernel): on its
-    dummy interface's addresses, or NodePorts (ports in `node_port_range`) on node IPs."""
-    bound, node_ips = set(bound), set(node_ips)
-    return sorted(k for k in virtual_servers
-                  if k.address in bound or (k.address in node_ips
-                                            and k.port in node_port_range))
 
 
 class Host(Protocol):
@@ -136,6 +123,16 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
     return r
 
 
+@contextlib.contextmanager
+def _as_cleanup_error() -> Iterator[None]:
+    from ipvsctl.kernel import KernelError
+
+    try:
+        yield
+    except KernelError as exc:
+        raise CleanupError(str(exc)) from None
+
+
 def _remove(path: Path) -> None:
     try:
         path.unlink()
@@ -146,76 +143,29 @@ def _remove(path: Path) -> None:
 
 
 class SystemHost:
-    """This node: IPVS over netlink, the interface and its addresses through `ip`, the table
-    through `nft`."""
+    """This node: IPVS and the interface through kernel/system_host.py, the table through
+    `nft`; every failure one CleanupError."""
 
     def __init__(self, interface: str) -> None:
-        self.name = interface
-        self._kernel = None
-        self._kernel_missing = False
+        from ipvsctl.kernel.system_host import SystemIpvsHost
 
-    def _ipvs(self):  # type: ignore[no-untyped-def]
-        from ipvsctl.kernel import KernelError, KernelUnavailable
-        from ipvsctl.kernel.netlink import NetlinkKernel
-
-        if self._kernel is None and not self._kernel_missing:
-            try:
-                self._kernel = NetlinkKernel(self.name, create_interface=False)
-            except KernelUnavailable:
-                self._kernel_missing = True  # no IPVS module loaded: no virtual servers
-            except KernelError as exc:
-                raise CleanupError(str(exc)) from None
-        return self._kernel
+        self._host = SystemIpvsHost(interface)
 
     def virtual_servers(self) -> list[ServiceKey]:
-        from ipvsctl.kernel import KernelError
-
-        k = self._ipvs()
-        if k is None:
-            return []
-        try:
-            return [vs.key for vs in k.list_virtual_servers()]
-        except KernelError as exc:
-            raise CleanupError(str(exc)) from None
+        with _as_cleanup_error():
+            return self._host.virtual_servers()
 
     def delete_virtual_server(self, key: ServiceKey) -> None:
-        from ipvsctl.kernel import KernelError, KernelNotFound
-
-        k = self._ipvs()
-        if k is None:
-            return
-        try:
-            k.delete_virtual_server(key, bind_address=False)  # the interface goes whole
-        except KernelNotFound:
-            pass
-        except KernelError as exc:
-            raise CleanupError(str(exc)) from None
-
-    def _ip(self, *args: str) -> str:
-        try:
-            r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
-                               check=False)
-        except FileNotFoundError:
-            raise CleanupError("ip (iproute2) not found") from None
-        if r.returncode != 0:
-            raise CleanupError(f"ip {' '.join(args)}: {r.stderr.strip() or r.returncode}")
-        return r.stdout
+        with _as_cleanup_error():
+            self._host.delete_virtual_server(key)
 
     def interface(self) -> tuple[str, list[str]] | None:
-        try:
-            socket.if_nametoindex(self.name)
-        except OSError:
-            return None
-        links = json.loads(self._ip("-j", "-d", "addr", "show", "dev", self.name) or "[]")
-        if not links:
-            return None
-        link = links[0]
-        kind = (link.get("linkinfo") or {}).get("info_kind", "")
-        addresses = sorted(a["local"] for a in link.get("addr_info", []) if "local" in a)
-        return kind, addresses
+        with _as_cleanup_error():
+            return self._host.interface()
 
     def delete_interface(self) -> None:
-        self._ip("link", "delete", "dev", self.name)
+        with _as_cleanup_error():
+            self._host.delete_interface()
 
     def _nft(self):  # type: ignore[no-untyped-def]
         from ipvsctl.netfilter.nft import Nft

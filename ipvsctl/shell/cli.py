@@ -140,7 +140,7 @@ def plan(
     as_json: AsJson = False,
 ) -> None:
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
-    from ipvsctl.plan.cluster import plan_objects
+    from ipvsctl.reconcile.cluster import plan_objects
     from ipvsctl.shell.render import plan_json, plan_text
     from ipvsctl.source.manifests import ManifestError, load_paths
 

@@ -28,6 +28,7 @@ from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
+from ipvsctl.plan.ownership import is_owned
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.writer import StateWriter
@@ -35,6 +36,7 @@ from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, t
 from ipvsctl.shell.proxy_health import ProxyHealthServer
 from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shell.status_http import StatusDocument
+from ipvsctl.shell.status_json import engine_status, quiesced_json
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 log = logging.getLogger("ipvsctl.daemon")
@@ -90,6 +92,8 @@ class Daemon:
     nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
     health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
     read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
+    # When to sync, check drains, audit...; None: the defaults with the options' interval.
+    loop_config: LoopConfig | None = None
 
     def __post_init__(self) -> None:
         o = self.options
@@ -109,8 +113,8 @@ class Daemon:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
         self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
-        self.loop = Loop(self.engine, self.events,
-                         LoopConfig(drain_check_interval=o.drain_check_interval),
+        self.loop = Loop(self.engine, self.events, self.loop_config or LoopConfig(
+                             drain_check_interval=o.drain_check_interval),
                          save_queue=self.writer.submit, read_node_ips=self.read_node_ips)
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
@@ -158,7 +162,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
-            return self.engine.status()
+            return engine_status(self.engine)
 
     def is_local_peer(self, peer: str) -> bool:
         """A client on this node: loopback or one of the node's addresses (/status names
@@ -173,7 +177,7 @@ class Daemon:
         except ValueError:
             return as_json(400, {"error": "query parameter ip must be an IP address"})
         with self.loop.lock:
-            return as_json(200, self.engine.quiesced(ip))
+            return as_json(200, quiesced_json(self.engine, ip))
 
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
@@ -277,8 +281,7 @@ def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None
     node_ports = o.node_port_range
 
     def owned(key: ServiceKey) -> bool:
-        return key.address in bound or (key.port in node_ports
-                                        and key.address in current())
+        return is_owned(key, bound, current(), node_ports)
 
     return kernel, owned
 

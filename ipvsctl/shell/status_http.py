@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ipvsctl.reconcile.engine import Engine, drain_json
+from ipvsctl.reconcile.engine import Engine
+from ipvsctl.shell.status_json import drain_json, service_status
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -125,7 +126,7 @@ class StatusDocument:
         first = True
         for i in range(0, len(refs), self.batch):
             with self.lock:
-                vss = [vs for ref in refs[i:i + self.batch] for vs in e.status_of(ref, now)]
+                vss = [vs for ref in refs[i:i + self.batch] for vs in service_status(e, ref, now)]
             if vss:
                 put(("" if first else ",") + ",".join(map(_ENCODE, vss)))
                 first = False

@@ -14,6 +14,13 @@ from typing import Any
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
 from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
+from ipvsctl.model.objects import (
+    PodInfo,
+    ServiceInfo,
+    ServicePortInfo,
+    SliceInfo,
+    SlicePortInfo,
+)
 from ipvsctl.source.duration import parse_duration
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
 from ipvsctl.source.validate import InvalidObject, affinity_timeout, cidr, optional_str
@@ -49,68 +56,10 @@ IPVS_SCHEDULERS = frozenset(
 )
 
 
-__all__ = ["InvalidObject"]  # defined in validate, imported from here by the store
-
-
-@dataclass(frozen=True, slots=True)
-class ServicePortInfo:
-    name: str
-    protocol: Protocol
-    port: int
-    node_port: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceInfo:
-    ref: ServiceRef
-    type: str = "ClusterIP"
-    cluster_ips: tuple[str, ...] = ()
-    families: frozenset[int] = frozenset({4, 6})  # address families the Service serves
-    external_ips: tuple[str, ...] = ()
-    load_balancer_ips: tuple[str, ...] = ()
-    ports: tuple[ServicePortInfo, ...] = ()
-    affinity_timeout: int = 0  # 0 = no ClientIP affinity
-    internal_local: bool = False
-    external_local: bool = False
-    scheduler: str | None = None  # from annotations
-    sched_flags: int | None = None  # from annotations (None: the scheduler's default)
-    drain_timeout: float | None = None  # from annotation
-    health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
-    # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
-    # listed range was invalid: closed rather than open to all.
-    source_ranges: tuple[str, ...] | None = None
-    topology_hints: bool = True  # False: unknown spec.trafficDistribution, hints ignored
-    # metadata.creationTimestamp, epoch seconds: the older of two Services claiming one
-    # virtual server keeps it (plan/conflicts.py). None: unknown (ranks after any time).
-    created: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SlicePortInfo:
-    name: str
-    protocol: Protocol
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class SliceInfo:
-    namespace: str
-    name: str
-    service_name: str | None
-    family: int | None  # None for FQDN slices, which ipvsctl ignores
-    ports: tuple[SlicePortInfo, ...] = ()
-    endpoints: tuple[EndpointInfo, ...] = ()
-    has_hints: bool = False  # an endpoint carries topology hints (a zone change touches it)
-
-    @property
-    def service(self) -> ServiceRef | None:
-        return ServiceRef(self.namespace, self.service_name) if self.service_name else None
-
-
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    ref: PodRef
-    deletion_deadline: float | None  # metadata.deletionTimestamp as epoch seconds
+# InvalidObject is defined in validate, imported from here by the store; the parsed types
+# live in model (plan reads them) and are imported from here by callers of the parsers.
+__all__ = ["InvalidObject", "PodInfo", "ServiceInfo", "ServicePortInfo", "SliceInfo",
+           "SlicePortInfo"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,12 +49,13 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.plan.cluster import plan_objects
 from ipvsctl.plan.ops import DeletionReason
 from ipvsctl.reconcile.clock import ManualClock
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.shell.render import plan_text
 from ipvsctl.shell.status import join_status, render_status
+from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, Upsert
 from ipvsctl.source.manifests import load_file
 
@@ -337,7 +338,7 @@ class Run:
         two syncs must be enough."""
         rounds = MAX_ROUNDS if self.faulty else 2
         for _ in range(rounds):
-            failed = self.engine.sync().failed
+            failed = self.engine.sync().pending  # failed, or left for another pass
             drift = self.audit_round()
             assert self.faulty or drift == 0, f"the audit found {drift} differences"
             if not failed and drift == 0:
@@ -363,7 +364,7 @@ class Run:
             f"{p.kind.value} {p.name} {'skipped' if p.fatal else 'warning'}: {p.reason}\n"
             for p in problems)
         rows = table(self.kernel)
-        doc = join_status(rows, None, self.engine.status(), None, "golden")
+        doc = join_status(rows, None, engine_status(self.engine), None, "golden")
         return {
             "desired.txt": desired,
             "ops.txt": "".join(f"{op}\n" for op in sorted(self.kernel.take_ops())),

@@ -513,9 +513,9 @@ def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
         drain_timeout=drain_timeout, drain_check_interval=drain_check_interval)
     daemon = run_in_netns(node.name, lambda: Daemon(
         opts, kernel if kernel is not None else node.kernel, source,
-        metrics=metrics if metrics is not None else Metrics()))
-    daemon.loop.config = LoopConfig(drain_check_interval=drain_check_interval,
-                                    audit_interval=0.5, idle_wakeup=0.1)
+        metrics=metrics if metrics is not None else Metrics(),
+        loop_config=LoopConfig(drain_check_interval=drain_check_interval,
+                               audit_interval=0.5, idle_wakeup=0.1)))
     daemon.start()
     return daemon
 

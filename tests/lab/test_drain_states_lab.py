@@ -24,6 +24,7 @@ import pytest
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kernel.proc_codec import ConnScan
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.shell.status_json import engine_status
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness
 from tests.lab.labkit import Node, Pod, RecordingKernel, wait_for
@@ -148,7 +149,7 @@ def test_half_closed_by_the_client_is_kept_while_the_server_still_sends(
         h.check()
         assert in_kernel(node, a)
         assert conn.readline() == "tick"  # data still flows to the client
-    status = next(r for r in h.engine.status()["virtual_servers"][0]["real_servers"]
+    status = next(r for r in engine_status(h.engine)["virtual_servers"][0]["real_servers"]
                   if r["address"] == a.ip)
     assert status["drain"]["connections"]["closing"] >= 1
     servers[0].hold.clear()  # the stream ends: the server closes too

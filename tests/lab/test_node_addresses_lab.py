@@ -56,8 +56,8 @@ def daemon(node: Node, tmp_path: Path) -> Iterator[tuple[Daemon, Pod]]:
                          state_dir=str(tmp_path / "state"), listen="0.0.0.0:0",
                          follow_node_ips=True)
     d: Any = run_in_netns(node.name, lambda: Daemon(
-        opts, node.kernel, ManifestSource(folder, interval=0.2), read_node_ips=read))
-    d.loop.config = LoopConfig(audit_interval=0.5, idle_wakeup=0.1, node_ips_interval=0.5)
+        opts, node.kernel, ManifestSource(folder, interval=0.2), read_node_ips=read,
+        loop_config=LoopConfig(audit_interval=0.5, idle_wakeup=0.1, node_ips_interval=0.5)))
     d.start()
     try:
         yield d, pod

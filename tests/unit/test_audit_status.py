@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ipvsctl.model import RealServerStatus, VirtualServer, VirtualServerStatus
 from ipvsctl.shell.status import join_status, render_status
+from ipvsctl.shell.status_json import engine_status, quiesced_json
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness, rs, vs
 
@@ -73,7 +74,7 @@ def test_status_shows_service_pod_and_drain():
     h.fake.set_connections(vs(), rs(A), active=2)
     h.upsert(endpoint_slice("web", [endpoint(B, pod="web-2")]))
     h.clock.advance(4)
-    st = h.engine.status()
+    st = engine_status(h.engine)
     (v,) = st["virtual_servers"]
     assert (v["service"], v["port_name"], v["kind"]) == ("default/web", "http", "ClusterIP")
     ra = next(r for r in v["real_servers"] if r["address"] == A)
@@ -81,7 +82,7 @@ def test_status_shows_service_pod_and_drain():
     assert ra["drain"]["age"] == 4 and ra["drain"]["time_left"] == 26
     assert ra["active_conns"] is None  # not read yet
     h.check(0)
-    st = h.engine.status()
+    st = engine_status(h.engine)
     ra = next(r for r in st["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert (ra["active_conns"], ra["inactive_conns"]) == (2, 0)
 
@@ -108,17 +109,17 @@ def test_quiesced_reports_when_a_pod_ip_stops_getting_new_connections():
     h.start([service("web"), svc2],
             [endpoint_slice("web", [endpoint(A), endpoint(B)]),
              endpoint_slice("api", [endpoint(A)])])
-    assert h.engine.quiesced(A)["quiesced"] is False
-    assert h.engine.quiesced(A)["real_servers_with_weight"] == 2
+    assert quiesced_json(h.engine, A)["quiesced"] is False
+    assert quiesced_json(h.engine, A)["real_servers_with_weight"] == 2
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))
-    assert h.engine.quiesced(A)["quiesced"] is False  # still live behind "api"
+    assert quiesced_json(h.engine, A)["quiesced"] is False  # still live behind "api"
     h.clock.advance(2)
     h.upsert(endpoint_slice("api", []))
-    q = h.engine.quiesced(A)
+    q = quiesced_json(h.engine, A)
     assert q["quiesced"] is True and q["since"] == h.clock.wall()
     h.clock.advance(3)
-    assert h.engine.quiesced(A)["for_seconds"] == 3
-    assert h.engine.quiesced("10.1.1.1") == {
+    assert quiesced_json(h.engine, A)["for_seconds"] == 3
+    assert quiesced_json(h.engine, "10.1.1.1") == {
         "ip": "10.1.1.1", "node": "node-a", "ready": True, "quiesced": True,
         "real_servers_with_weight": 0, "since": None, "for_seconds": None}

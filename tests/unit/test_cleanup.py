@@ -8,8 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.plan.ownership import owned_virtual_servers
 from ipvsctl.shell import cleanup as cleanup_mod
-from ipvsctl.shell.cleanup import CleanupError, cleanup_node, owned_virtual_servers
+from ipvsctl.shell.cleanup import CleanupError, cleanup_node
 from ipvsctl.shell.cli import app
 
 
@@ -150,3 +151,19 @@ def test_command_refuses_while_a_daemon_answers(monkeypatch):
     monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: pytest.fail("touched"))
     r = CliRunner().invoke(app, ["cleanup", "--node-ip", NODE])
     assert r.exit_code == 1 and "stop it first" in r.output
+
+
+def test_the_system_hosts_kernel_errors_are_cleanup_errors():
+    # The IPVS/interface half lives in kernel/system_host.py and speaks KernelError; the
+    # cleanup reports each as one line.
+    from ipvsctl.kernel import KernelError
+    from ipvsctl.shell.cleanup import SystemHost
+
+    host = SystemHost("kube-ipvs0")
+
+    def failing_ip(*args: str) -> str:
+        raise KernelError(f"ip {' '.join(args)}: Operation not permitted", "ip")
+
+    host._host._ip = failing_ip
+    with pytest.raises(CleanupError, match="ip link delete dev kube-ipvs0: Operation not"):
+        host.delete_interface()

@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from ipvsctl.model import ServiceRef, VirtualServerKind
-from ipvsctl.plan.cluster import plan_objects
 from ipvsctl.plan.conflicts import Claims, rank, resolve
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_service
 from ipvsctl.source.events import ObjectKind, Upsert
 from tests.builders import endpoint, endpoint_slice, service

@@ -15,6 +15,7 @@ import yaml
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import DrainEntry, NodeContext
 from ipvsctl.persist.drain_state import FILE_NAME
+from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions, StartupError
 from ipvsctl.source.manifests import ManifestSource
 from tests.builders import endpoint, endpoint_slice, service
@@ -50,8 +51,8 @@ def make(tmp_path: Path, kernel: FakeKernel, drain_timeout: float = 30.0) -> Dae
         node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(tmp_path / "m"),
         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
         drain_timeout=drain_timeout, drain_check_interval=0.05)
-    d = Daemon(opts, kernel, ManifestSource(tmp_path / "m", interval=0.05))
-    d.loop.config = d.loop.config.__class__(drain_check_interval=0.05, idle_wakeup=0.05)
+    d = Daemon(opts, kernel, ManifestSource(tmp_path / "m", interval=0.05),
+               loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
     return d
 
 
@@ -173,3 +174,26 @@ def test_unwritable_state_dir_is_a_startup_error(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(StartupError, match="--state-dir"):
         Daemon(opts, FakeKernel(), ManifestSource(tmp_path / "m"))
+
+
+def test_the_daemon_takes_its_loop_configuration(tmp_path):
+    # Issue 12: tests used to rewrite d.loop.config after construction, too late for what
+    # the loop derives from it when built (its first audit time, its retry delay).
+    opts = DaemonOptions(node=NodeContext("node-a", ("192.0.2.10",)),
+                         manifests=str(tmp_path / "m"), state_dir=str(tmp_path / "state"),
+                         listen="127.0.0.1:0", drain_check_interval=0.25)
+    (tmp_path / "m").mkdir()
+    source = ManifestSource(tmp_path / "m", interval=0.05)
+    cfg = LoopConfig(audit_interval=7.0, retry_min=0.125)
+    d = Daemon(opts, FakeKernel(), source, loop_config=cfg)
+    try:
+        assert d.loop.config is cfg
+        assert d.loop._retry_delay == 0.125
+        assert d.loop._next_audit - d.loop.heartbeat == pytest.approx(7.0, abs=0.5)
+    finally:
+        d.http.stop()
+    d = Daemon(opts, FakeKernel(), source)  # without: the defaults, the options' interval
+    try:
+        assert d.loop.config == LoopConfig(drain_check_interval=0.25)
+    finally:
+        d.http.stop()

@@ -14,6 +14,7 @@ from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from tests.builders import endpoint, endpoint_slice, pod, service, terminating
 from tests.fakeapi.server import FakeAPIServer
@@ -40,8 +41,8 @@ def start_daemon(api: FakeAPIServer, tmp_path, kernel: FakeKernel) -> Daemon:
     source = KubeSource.from_config(
         apiserver=api.url, settings=settings,
         on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc())
-    d = Daemon(opts, kernel, source, metrics=metrics)
-    d.loop.config = d.loop.config.__class__(drain_check_interval=0.05, idle_wakeup=0.05)
+    d = Daemon(opts, kernel, source, metrics=metrics,
+               loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
     d.start()
     wait_for(lambda: d.engine.started)
     return d

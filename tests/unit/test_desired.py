@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ipvsctl.model import NodeContext
-from ipvsctl.plan.cluster import plan_objects
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 from tests.builders import endpoint, endpoint_slice, service, terminating

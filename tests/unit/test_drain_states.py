@@ -16,6 +16,7 @@ from ipvsctl.model import ConnCounts, VirtualServer, VirtualServerStatus
 from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.shell.status import join_status, render_status
+from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import ObjectKind, Upsert
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness, rs, vs
@@ -144,14 +145,14 @@ def test_a_reading_from_before_a_new_drain_of_the_same_real_server_is_not_applie
 def test_status_shows_connections_by_state_for_draining_real_servers():
     h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
     h.check(1)
-    rss = h.engine.status()["virtual_servers"][0]["real_servers"]
+    rss = engine_status(h.engine)["virtual_servers"][0]["real_servers"]
     a = next(r for r in rss if r["address"] == A)
     assert a["drain"]["connections"] == ConnCounts(closing=1, closed=2).to_json()
     assert next(r for r in rss if r["address"] == B)["drain"] is None
     # not read (ActiveConn > 0): established is ActiveConn, the rest unknown
     h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
     h.check(1)
-    a = next(r for r in h.engine.status()["virtual_servers"][0]["real_servers"]
+    a = next(r for r in engine_status(h.engine)["virtual_servers"][0]["real_servers"]
              if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 2, "closing": None, "closed": None}
 
@@ -203,7 +204,7 @@ def test_ipvsctl_status_shows_the_connection_states():
     h.check(1)
     table = [VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
              for v in h.fake.list_virtual_servers()]
-    doc = join_status(table, None, h.engine.status(), None, "http://x")
+    doc = join_status(table, None, engine_status(h.engine), None, "http://x")
     a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
     assert "connections 0 established/1 closing/2 closed" in render_status(doc)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import VirtualServer
+from ipvsctl.shell.status_json import quiesced_json
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness
 
@@ -36,4 +37,4 @@ def test_engine_is_started_only_once_the_first_sync_is_in_the_kernel() -> None:
             [endpoint_slice("web", [endpoint("10.244.1.5")])])
     assert kernel.started_when_adding == [False, False]
     assert h.engine.started
-    assert h.engine.quiesced("10.244.1.5")["ready"]
+    assert quiesced_json(h.engine, "10.244.1.5")["ready"]

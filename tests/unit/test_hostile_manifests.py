@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipvsctl.model import NodeContext
-from ipvsctl.plan.cluster import plan_objects
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_endpoint_slice, parse_pod, parse_service
 from ipvsctl.source.events import ObjectKind, Replace
 from ipvsctl.source.manifests import ManifestError, load_file, load_paths

@@ -30,6 +30,8 @@ def test_the_tree_keeps_every_contract() -> None:
     ("model/keys.py", "import typer", "only shell/ imports typer"),
     ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
     ("source/convert.py", "import ipvsctl.reconcile.engine", "shell > reconcile"),
+    ("plan/desired.py", "import ipvsctl.source.convert", "plan | source"),
+    ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
 ])
 def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str,
                                    contract: str) -> None:

@@ -200,3 +200,31 @@ def test_a_failing_state_write_is_retried_per_interval_not_per_step():
     h.clock.advance(2.0)
     loop.step()
     assert calls == [1, 4]
+
+
+def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
+    # Issue 12: such a sync used to count its Service as failed: "sync incomplete,
+    # retrying" and a doubled backoff, for a sync where nothing failed.
+    from ipvsctl.model import VirtualServer
+    from tests.harness import rs, vs
+
+    h, events, loop = make()
+    events.put(Replace(ObjectKind.SERVICE, [], 0))
+    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [], 0))
+    loop.step()
+    # Another tool programs the Service's address before the Service arrives.
+    h.fake.add_virtual_server(VirtualServer(vs()), True)
+    h.fake.add_real_server(vs(), rs("10.9.9.9"), 1)
+    events.put(Upsert(ObjectKind.SERVICE, service("web"), 0))
+    events.put(Upsert(ObjectKind.ENDPOINT_SLICE,
+                      endpoint_slice("web", [endpoint("10.0.0.1")]), 0))
+    caplog.set_level("DEBUG", logger="ipvsctl")
+    loop.step()
+    assert "sync incomplete, retrying" not in caplog.text
+    assert loop._retry_delay == loop.config.retry_min
+    # The same sync took the entry over and put it right (the stale real server, without
+    # connections, deleted at once).
+    assert not h.engine.dirty
+    dests = h.fake.services[vs()].dests
+    assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1}
+    assert h.metrics.value("ipvsctl_last_sync_timestamp_seconds") == h.clock.wall()

@@ -13,6 +13,7 @@ from ipvsctl.health.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.netfilter.nft import NftUnavailable
+from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.cli import app
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
@@ -34,8 +35,8 @@ def make(tmp_path: Path, nft: FakeNft, ports: Ports) -> Daemon:
         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
         cluster_cidrs=("10.244.0.0/16",))
     d = Daemon(opts, FakeKernel(), ManifestSource(tmp_path / "m", interval=0.05), nft=nft,
-               health=HealthServer("node-a", listen=ports))
-    d.loop.config = d.loop.config.__class__(idle_wakeup=0.05)
+               health=HealthServer("node-a", listen=ports),
+               loop_config=LoopConfig(idle_wakeup=0.05))
     return d
 
 

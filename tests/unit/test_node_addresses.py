@@ -249,8 +249,8 @@ def daemon(tmp_path: Path):
         node=NodeContext("node-a", (OLD,)), manifests=str(folder),
         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0", follow_node_ips=True)
     kernel = FakeKernel()
-    d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), read_node_ips=read)
-    d.loop.config = LoopConfig(idle_wakeup=0.05, node_ips_interval=0.05)
+    d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), read_node_ips=read,
+               loop_config=LoopConfig(idle_wakeup=0.05, node_ips_interval=0.05))
     d.start()
     try:
         yield d, kernel, read

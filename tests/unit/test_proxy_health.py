@@ -16,6 +16,7 @@ import pytest
 from ipvsctl.health.proxy import ZERO_TIME, ProxyState, answer, go_time
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
+from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
 from tests.builders import endpoint, endpoint_slice, service
@@ -86,8 +87,8 @@ def daemon(tmp_path: Path, healthz: str = "127.0.0.1:0", stale_after: float = 60
         node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(folder),
         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0", stale_after=stale_after,
         healthz_bind_address=healthz)
-    d = Daemon(opts, FakeKernel(), ManifestSource(folder, interval=0.05))
-    d.loop.config = d.loop.config.__class__(idle_wakeup=0.05)
+    d = Daemon(opts, FakeKernel(), ManifestSource(folder, interval=0.05),
+               loop_config=LoopConfig(idle_wakeup=0.05))
     assert d.proxy_health is not None
     d.proxy_health.retry_interval = 0.05
     return d

@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from ipvsctl.model import DeadlineSource, NodeContext
-from ipvsctl.plan.cluster import plan_objects
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 from tests.builders import endpoint, endpoint_slice, pod, service, terminating
@@ -243,7 +243,7 @@ def _keys(*pairs):
     (range(20000, 32768), [("192.0.2.10", 20080), ("192.0.2.10", 30080)]),
 ])
 def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
-    from ipvsctl.shell.cleanup import owned_virtual_servers
+    from ipvsctl.plan.ownership import owned_virtual_servers
 
     candidates = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("192.0.2.10", 22),
                        ("192.0.2.99", 20080))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ipvsctl.model import NodeContext
-from ipvsctl.plan.cluster import plan_objects
+from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 from ipvsctl.source.hints import parse_hints

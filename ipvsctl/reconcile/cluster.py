@@ -1,4 +1,5 @@
-"""Desired state for a whole set of objects at once (`ipvsctl plan`). Pure."""
+"""Desired state for a whole set of objects at once (`ipvsctl plan`). Pure, but it drives
+source's ObjectStore and plan's rules together: a floor above both."""
 
 from __future__ import annotations
 

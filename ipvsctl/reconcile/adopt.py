@@ -1,0 +1,119 @@
+"""Start-up adoption: what the kernel holds becomes the applied state before the first diff.
+
+As Cilium's ResetAndRestore, a restart takes over the table in place rather than rebuilding
+it, so no connection is disturbed: every virtual server a Service wants is adopted with its
+real servers as they are; real servers at weight 0 that no Service wants are adopted into
+the drain queue (with their persisted deadline when the state file has one), never deleted
+abruptly; owned virtual servers nobody wants are returned as orphans for the caller to
+delete. The first diff then works from this state like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound
+from ipvsctl.model import (
+    DeadlineSource,
+    DesiredService,
+    DrainEntry,
+    DrainReason,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceRef,
+    VirtualServer,
+)
+from ipvsctl.obs.logging import fields
+from ipvsctl.plan.desired import binds_address
+from ipvsctl.reconcile.applied import AppliedState
+from ipvsctl.reconcile.termination import Terminations
+
+log = logging.getLogger("ipvsctl.engine")
+
+Observed = dict[ServiceKey, tuple[VirtualServer, list[RealServerStatus]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    key: ServiceKey
+    real_servers: int
+
+
+def read_ours(kernel: IPVSKernel, wanted: Collection[ServiceKey],
+              owned: Callable[[ServiceKey], bool]) -> Observed:
+    """The kernel's virtual servers that are ours, with their real servers: what we want
+    (even when another proxy made it: kube-router's VIPs live on its own interface; taking
+    them over in place keeps their connections) and what sits on our addresses. Anything
+    else in the table is left alone."""
+    ours = [vs for vs in kernel.list_virtual_servers() if vs.key in wanted or owned(vs.key)]
+    dests = read_all_real_servers(kernel, [vs.key for vs in ours])
+    return {vs.key: (vs, dests[vs.key]) for vs in ours if vs.key in dests}
+
+
+def read_all_real_servers(
+    kernel: IPVSKernel, keys: list[ServiceKey]
+) -> dict[ServiceKey, list[RealServerStatus]]:
+    """Real servers of many virtual servers: one /proc/net/ip_vs read (a restart over
+    10,000 Services made 10,000 dumps), per-service dumps for what it could not give.
+    A virtual server gone between the reads is left out."""
+    try:
+        table = kernel.read_real_servers(keys)
+    except KernelError as exc:
+        log.info("ipvs table file unreadable, reading per virtual server",
+                 extra=fields(error=exc))
+        table = {}
+    out: dict[ServiceKey, list[RealServerStatus]] = {}
+    for key in keys:
+        if key in table:
+            found = table[key]
+            if found is not None:
+                out[key] = found
+            continue
+        with contextlib.suppress(KernelNotFound):
+            out[key] = kernel.list_real_servers(key)
+    return out
+
+
+def adopt(
+    observed: Observed,
+    built: Mapping[ServiceRef, DesiredService | None],
+    state: AppliedState,
+    drains: Terminations,
+    *,
+    restored: Iterable[DrainEntry],
+    now: float,
+    drain_timeout: float,
+    node_ips: Collection[str],
+) -> list[Orphan]:
+    """Fill `state` and `drains` from the kernel. `built` is every Service's desired state
+    (conflicts resolved); its owners are already recorded in `state.owner`."""
+    wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
+    for ref, desired in built.items():
+        if desired is None:
+            continue
+        for key, dvs in desired.virtual_servers.items():
+            wanted_rs[key] = dvs.real_servers
+            if key in observed:
+                vs, dests = observed[key]
+                state.add(ref, vs, binds_address(dvs.kind, key.address, node_ips),
+                          {d.key: d.weight for d in dests})
+
+    by_key = {e.key: e for e in restored}
+    for key, (_vs, dests) in observed.items():
+        for d in dests:
+            if d.weight != 0 or d.key in wanted_rs.get(key, frozenset()):
+                continue
+            entry = by_key.get((key, d.key))
+            if entry is None:
+                entry = DrainEntry(key, d.key, state.owner.get(key), DrainReason.ADOPTED, now,
+                                   now + drain_timeout, DeadlineSource.DEFAULT)
+            drains.add(entry)
+            log.info("drain adopted", extra=fields(
+                vs=key, rs=d.key, reason=entry.reason,
+                deadline_in=round(entry.deadline - now, 3)))
+    return [Orphan(key, len(observed[key][1]))
+            for key in sorted(observed.keys() - wanted_rs.keys())]

@@ -1,0 +1,229 @@
+"""Applying ops to the kernel: one small function per op, found by the op's type.
+
+Each function makes the kernel call(s) and records the result in the applied state (and the
+drain queue), nothing else: deciding what to do was the planner's job. Every call is
+idempotent against a kernel that moved on its own (as Cilium's BPFOps Update/Delete): an
+add that finds the entry takes it over, a delete of what is gone is done. A function
+returns True when the kernel turned out to hold something the applied state did not know
+(a "surprise": the Service is diffed once more to put it right).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
+from ipvsctl.model import RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.desired import binds_address
+from ipvsctl.plan.ops import (
+    AddRealServer,
+    AddVirtualServer,
+    DeleteRealServer,
+    DeleteVirtualServer,
+    DeletionReason,
+    DrainRealServer,
+    ForgetDrain,
+    Op,
+    RestoreRealServer,
+    UpdateVirtualServer,
+)
+from ipvsctl.reconcile.applied import AppliedState
+from ipvsctl.reconcile.clock import Clock
+from ipvsctl.reconcile.termination import Terminations
+
+log = logging.getLogger("ipvsctl.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """How applying one Service's ops went."""
+
+    ops: int = 0  # applied
+    failed: bool = False  # an op failed: the rest were not tried
+    surprised: bool = False  # the kernel held something unknown: diff once more
+
+
+@dataclass
+class Applier:
+    kernel: IPVSKernel
+    state: AppliedState
+    drains: Terminations
+    metrics: Metrics
+    clock: Clock
+    node_ips: Callable[[], Collection[str]]  # now: they change while running
+    # A virtual server was deleted: a Service waiting for its key may have it now.
+    on_released: Callable[[ServiceKey], None] = lambda key: None
+    _failing: set[ServiceRef] = field(default_factory=set)
+
+    def apply(self, ref: ServiceRef | None, ops: list[Op]) -> Applied:
+        """Apply in order; stop at the first failure (the Service stays dirty)."""
+        surprised = False
+        done = 0
+        for op in ops:
+            try:
+                self.state.mutations += 1
+                surprised |= _HANDLERS[type(op)](self, ref, op)
+            except KernelError as exc:
+                operation = exc.operation or type(op).__name__
+                self.metrics.netlink_errors.labels(operation).inc()
+                self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
+                if ref is not None and ref not in self._failing:  # one line per streak
+                    self._failing.add(ref)
+                    log.error("kernel operation failed", extra=fields(
+                        service=ref, op=op, operation=operation, error=exc))
+                return Applied(done, True, surprised)
+            done += 1
+            self.metrics.kernel_ops.labels(type(op).__name__, "ok").inc()
+            log.debug("applied", extra=fields(service=ref, op=op))
+        if ref is not None and ref in self._failing:
+            self._failing.discard(ref)
+            log.info("kernel operations recovered", extra=fields(service=ref))
+        return Applied(done, False, surprised)
+
+    def delete_orphan(self, key: ServiceKey, real_servers: int) -> bool:
+        """A virtual server of ours that no Service wants. Returns whether it is gone."""
+        self.state.mutations += 1
+        try:
+            self.kernel.delete_virtual_server(key, True)
+        except KernelNotFound:
+            pass
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "delete_virtual_server").inc()
+            log.error("kernel operation failed", extra=fields(op=f"del-vs {key}", error=exc))
+            return False
+        self.forget_vs(None, key, real_servers)
+        return True
+
+    def forget_vs(self, ref: ServiceRef | None, key: ServiceKey, real_servers: int) -> None:
+        owner = self.state.forget(ref, key)
+        self.drains.remove_vs(key)
+        if real_servers:
+            self.metrics.real_server_deletions.labels(
+                DeletionReason.SERVICE_DELETED.value).inc(real_servers)
+        log.info("virtual server deleted", extra=fields(
+            service=owner, vs=key, real_servers=real_servers))
+        self.on_released(key)
+
+
+# --- one function per op ------------------------------------------------------------------
+
+def _add_vs(a: Applier, ref: ServiceRef | None, op: AddVirtualServer) -> bool:
+    k = a.kernel
+    bind = binds_address(op.kind, op.vs.key.address, a.node_ips())
+    try:
+        k.add_virtual_server(op.vs, bind)
+        weights: dict[RealServerKey, int] = {}
+    except KernelExists:
+        # Left by an earlier run or another tool: adopt it as it is.
+        k.update_virtual_server(op.vs)
+        weights = {s.key: s.weight for s in k.list_real_servers(op.vs.key)}
+    assert ref is not None
+    a.state.add(ref, op.vs, bind, weights)
+    return bool(weights)
+
+
+def _update_vs(a: Applier, ref: ServiceRef | None, op: UpdateVirtualServer) -> bool:
+    state = a.state.get(ref, op.vs.key)
+    surprised = False
+    try:
+        a.kernel.update_virtual_server(op.vs)
+    except KernelNotFound:
+        a.kernel.add_virtual_server(op.vs, state.bind_address if state else True)
+        if state:
+            for rs in list(state.weights):
+                a.state.set_weight(state, rs, None)
+        surprised = True
+    if state:
+        state.vs = op.vs
+    return surprised
+
+
+def _delete_vs(a: Applier, ref: ServiceRef | None, op: DeleteVirtualServer) -> bool:
+    with contextlib.suppress(KernelNotFound):
+        a.kernel.delete_virtual_server(op.key, op.bind_address)
+    a.forget_vs(ref, op.key, op.real_servers)
+    return False
+
+
+def _add_rs(a: Applier, ref: ServiceRef | None, op: AddRealServer) -> bool:
+    try:
+        a.kernel.add_real_server(op.vs, op.rs, 1)
+    except KernelExists:
+        a.kernel.set_real_server_weight(op.vs, op.rs, 1)
+    a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
+    return False
+
+
+def _restore_rs(a: Applier, ref: ServiceRef | None, op: RestoreRealServer) -> bool:
+    try:
+        a.kernel.set_real_server_weight(op.vs, op.rs, 1)
+    except KernelNotFound:
+        a.kernel.add_real_server(op.vs, op.rs, 1)
+    a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
+    if a.drains.remove(op.vs, op.rs):
+        log.info("drain cancelled, endpoint back", extra=fields(
+            service=ref, vs=op.vs, rs=op.rs))
+    return False
+
+
+def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
+    e = op.entry
+    state = a.state.get(ref, e.vs)
+    try:
+        if state is None or state.weights.get(e.rs) != 0:
+            a.kernel.set_real_server_weight(e.vs, e.rs, 0)
+    except KernelNotFound:
+        a.state.set_weight(state, e.rs, None)  # nothing left to drain
+        return False
+    a.state.set_weight(state, e.rs, 0)
+    a.drains.add(e)
+    log.info("drain started", extra=fields(
+        service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
+        deadline_in=round(e.deadline - e.since, 3), deadline_from=e.deadline_source))
+    return False
+
+
+def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool:
+    with contextlib.suppress(KernelNotFound):
+        a.kernel.delete_real_server(op.vs, op.rs)
+    if op.flush_conntrack:
+        try:
+            a.kernel.flush_conntrack(op.vs, op.rs)
+        except KernelError as exc:  # the real server is gone either way
+            a.metrics.netlink_errors.labels(exc.operation or "flush_conntrack").inc()
+            log.warning("conntrack flush failed", extra=fields(vs=op.vs, rs=op.rs, error=exc))
+    a.state.set_weight(a.state.get(ref, op.vs), op.rs, None)
+    entry = a.drains.remove(op.vs, op.rs)
+    a.metrics.real_server_deletions.labels(op.reason.value).inc()
+    if entry is not None:
+        a.metrics.drain_duration.labels(op.reason.value).observe(
+            max(0.0, a.clock.wall() - entry.since))
+    log.info("real server deleted", extra=fields(
+        service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
+        reason=op.reason,
+        drained_for=round(a.clock.wall() - entry.since, 3) if entry else None))
+    return False
+
+
+def _forget_drain(a: Applier, ref: ServiceRef | None, op: ForgetDrain) -> bool:
+    a.drains.remove(op.vs, op.rs)
+    a.state.set_weight(a.state.get(ref, op.vs), op.rs, None)
+    return False
+
+
+_HANDLERS: dict[type[Any], Callable[[Applier, ServiceRef | None, Any], bool]] = {
+    AddVirtualServer: _add_vs,
+    UpdateVirtualServer: _update_vs,
+    DeleteVirtualServer: _delete_vs,
+    AddRealServer: _add_rs,
+    RestoreRealServer: _restore_rs,
+    DrainRealServer: _drain_rs,
+    DeleteRealServer: _delete_rs,
+    ForgetDrain: _forget_drain,
+}

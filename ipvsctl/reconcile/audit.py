@@ -1,0 +1,145 @@
+"""The drift audit: re-read the kernel slowly and put right what differs from what was
+applied (another tool, an operator with ipvsadm, a kernel that lost an entry).
+
+Spread over steps (`batch` virtual servers each) so a large table never causes a burst. A
+step is three parts, the reads off the loop's lock: `snapshot` (under the lock: what to
+read), `read` (kernel reads only), `apply` (under the lock). A reading taken while anything
+was applied is dropped whole (it could show a change in flight as drift); the same step is
+read again next time. Repairs are made by marking the Service dirty (its next sync diffs
+against the corrected applied state), and by deleting owned virtual servers nobody wants.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound
+from ipvsctl.model import RealServerKey, ServiceKey, ServiceRef, VirtualServer
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.applied import AppliedState
+from ipvsctl.reconcile.apply import Applier
+from ipvsctl.reconcile.termination import Terminations
+
+log = logging.getLogger("ipvsctl.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPlan:
+    changed: tuple[int, int]  # Auditor.changed() when planned
+    full: bool  # a new round: the virtual servers are read too
+    keys: list[ServiceKey]  # virtual servers whose real servers are read
+
+
+@dataclass(slots=True)
+class AuditReading:
+    plan: AuditPlan
+    virtual_servers: dict[ServiceKey, VirtualServer] | None = None  # None: not read
+    real_servers: dict[ServiceKey, dict[RealServerKey, int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Findings:
+    found: int = 0  # differences
+    dirty: set[ServiceRef] = field(default_factory=set)  # Services to sync again
+
+
+class Auditor:
+    def __init__(self, kernel: IPVSKernel, state: AppliedState, drains: Terminations,
+                 applier: Applier, metrics: Metrics,
+                 owned: Callable[[ServiceKey], bool]) -> None:
+        self.kernel = kernel
+        self.state = state
+        self.drains = drains
+        self.applier = applier
+        self.metrics = metrics
+        self.owned = owned
+        self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
+
+    def changed(self) -> tuple[int, int]:
+        """Moves whenever what was applied (or the queue) may have changed."""
+        return (self.state.mutations, self.drains.queue.version)
+
+    def snapshot(self, batch: int) -> AuditPlan:
+        if not self._cursor:  # a new round: the virtual servers, then the first batch
+            return AuditPlan(self.changed(), True, sorted(self.state.owner)[:batch])
+        return AuditPlan(self.changed(), False, self._cursor[-batch:][::-1])
+
+    def read(self, plan: AuditPlan) -> AuditReading:
+        reading = AuditReading(plan)
+        if plan.full:
+            try:
+                reading.virtual_servers = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
+        for key in plan.keys:
+            try:
+                reading.real_servers[key] = {
+                    s.key: s.weight for s in self.kernel.list_real_servers(key)}
+            except KernelNotFound:
+                pass  # the virtual server check of the next round sees it
+            except KernelError as exc:
+                self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+        return reading
+
+    def apply(self, reading: AuditReading) -> Findings:
+        out = Findings()
+        if reading.plan.changed != self.changed():
+            return out
+        if reading.plan.full:
+            if reading.virtual_servers is not None:
+                self._virtual_servers(reading.virtual_servers, out)
+            self._cursor = sorted(self.state.owner, reverse=True)
+        for key in reading.plan.keys:
+            if self._cursor and self._cursor[-1] == key:
+                self._cursor.pop()
+            observed = reading.real_servers.get(key)
+            if observed is not None:
+                self._real_servers(key, observed, out)
+        if out.found:
+            self.state.mutations += 1
+        return out
+
+    def _virtual_servers(self, in_kernel: dict[ServiceKey, VirtualServer],
+                         out: Findings) -> None:
+        for ref, states in list(self.state.by_service.items()):
+            for key, applied in list(states.items()):
+                vs = in_kernel.get(key)
+                if vs is None:
+                    self._drift(out, "virtual_server_missing", ref, key)
+                    self.state.forget(ref, key, keep_owner=True)
+                    self.drains.remove_vs(key)
+                elif vs != applied.vs:
+                    self._drift(out, "virtual_server_changed", ref, key)
+                    applied.vs = vs
+        for key in sorted(in_kernel.keys() - self.state.owner.keys()):
+            if self.owned(key):
+                self._drift(out, "virtual_server_unknown", None, key)
+                self.applier.delete_orphan(key, 0)
+
+    def _real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int],
+                      out: Findings) -> None:
+        ref = self.state.owner.get(key)
+        applied = self.state.get(ref, key) if ref else None
+        if applied is None:
+            return
+        queued = self.drains.queue.for_vs(key)
+        for rs in sorted(applied.weights.keys() | observed.keys()):
+            if rs in queued:
+                if rs not in observed:
+                    self.drains.remove(key, rs)
+                    self.state.set_weight(applied, rs, None)
+                continue  # draining real servers are the drain check's business
+            if applied.weights.get(rs) != observed.get(rs):
+                self._drift(out, "real_server_changed", ref, key, rs)
+                self.state.set_weight(applied, rs, observed.get(rs))
+
+    def _drift(self, out: Findings, kind: str, ref: ServiceRef | None, key: ServiceKey,
+               rs: RealServerKey | None = None) -> None:
+        self.metrics.drift_repairs.labels(kind).inc()
+        log.warning("kernel drift repaired", extra=fields(kind=kind, service=ref, vs=key, rs=rs))
+        out.found += 1
+        if ref is not None:
+            out.dirty.add(ref)

@@ -1,0 +1,134 @@
+"""The source side of the engine: events into the object store, and which Services each
+event, node change or node address change makes dirty, O(the Services it touches).
+
+Keeps the indexes that make those answers cheap (Services with a nodePort, Services whose
+slices carry topology hints), the node IPs removed while running (NodePort virtual servers
+on them are still ours), and the pods whose deletion deadline was asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+
+from ipvsctl.model import DesiredService, DrainQueue, NodeContext, PodRef, ServiceRef
+from ipvsctl.obs.logging import fields
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.source.events import ObjectKind, SourceEvent
+from ipvsctl.source.store import ObjectStore, Problem
+
+log = logging.getLogger("ipvsctl.engine")
+
+# Node IPs removed while running, remembered so their NodePort virtual servers still count
+# as ours (`node_ips_known`); bounded because IPv6 temporary addresses rotate for ever.
+FORMER_NODE_IPS = 256
+
+
+class Intake:
+    def __init__(self, node: NodeContext, metrics: Metrics,
+                 request_pod: Callable[[PodRef], None]) -> None:
+        self.metrics = metrics
+        self.request_pod = request_pod
+        self.store = ObjectStore(node.default_scheduler, node_name=node.node_name,
+                                 service_proxy_name=node.service_proxy_name)
+        self.arrivals: dict[ServiceRef, list[float]] = {}  # monotonic, per dirty Service
+        self._pods_requested: set[PodRef] = set()
+        # Services with a nodePort: the only ones a node address change touches.
+        self._node_port_services: set[ServiceRef] = set()
+        # Services with a slice carrying topology hints: the only ones a zone change touches.
+        self._hinted_services: set[ServiceRef] = set()
+        self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
+        self.node_ips_known = frozenset(node.node_ips)
+
+    def handle(self, event: SourceEvent, queue: DrainQueue) -> tuple[set[ServiceRef], bool]:
+        """Returns the Services the event changed, and whether this node's Node did (then
+        the caller asks `node_changed`)."""
+        change = self.store.apply(event)
+        for problem in change.problems:
+            self._report_problem(problem)
+        for ref in change.services:
+            self.arrivals.setdefault(ref, []).append(event.received)
+            self._index(ref)
+        deadlines = self.store.pod_deadlines()
+        for pod in change.pods:
+            self._pods_requested.discard(pod)
+            deadline = deadlines.get(pod)
+            if deadline is None:
+                continue
+            for entry in queue.apply_pod_deadline(pod, deadline):
+                log.info("drain deadline from pod", extra=fields(
+                    vs=entry.vs, rs=entry.rs, pod=pod, deadline=round(deadline, 3)))
+        return set(change.services), change.node
+
+    def _index(self, ref: ServiceRef) -> None:
+        svc = self.store.services.get(ref)
+        if (svc is not None and svc.type in ("NodePort", "LoadBalancer")
+                and any(p.node_port for p in svc.ports)):
+            self._node_port_services.add(ref)
+        else:
+            self._node_port_services.discard(ref)
+        by_name = self.store.slices_by_service.get(ref)
+        if by_name and any(sl.has_hints for sl in by_name.values()):
+            self._hinted_services.add(ref)
+        else:
+            self._hinted_services.discard(ref)
+
+    def node_changed(self, node: NodeContext) -> tuple[NodeContext, set[ServiceRef]]:
+        """This node's Node changed: a new zone marks dirty only the Services whose slices
+        carry topology hints (node hints follow the node name, which never changes)."""
+        obj = self.store.node
+        zone = obj.zone if obj is not None else None
+        log.info("node object", extra=fields(
+            node=node.node_name, known=obj is not None and obj.present,
+            zone=zone, eligible=obj.eligible if obj is not None else None))
+        if zone == node.zone:
+            return node, set()
+        log.info("node zone changed", extra=fields(
+            zone=zone, services=len(self._hinted_services)))
+        return dataclasses.replace(node, zone=zone), set(self._hinted_services)
+
+    def set_node_ips(self, ips: Iterable[str], node: NodeContext,
+                     ) -> tuple[NodeContext, set[ServiceRef]] | None:
+        """The node's addresses changed: the new NodeContext and the Services with a
+        nodePort (their virtual servers move); None when nothing changed."""
+        new = tuple(dict.fromkeys(ips))
+        old = node.node_ips
+        if set(new) == set(old):
+            return None
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        for ip in added:
+            self._former_node_ips.pop(ip, None)
+        for ip in removed:
+            self._former_node_ips[ip] = None
+        while len(self._former_node_ips) > FORMER_NODE_IPS:
+            del self._former_node_ips[next(iter(self._former_node_ips))]
+        self.node_ips_known = frozenset((*new, *self._former_node_ips))
+        log.info("node addresses changed", extra=fields(
+            added=",".join(added) or None, removed=",".join(removed) or None,
+            services=len(self._node_port_services)))
+        return dataclasses.replace(node, node_ips=new), set(self._node_port_services)
+
+    def request_pods(self, desired: DesiredService | None) -> None:
+        """Ask the source for the pods of terminating endpoints: their deletion deadline
+        bounds the drain (unless the Service's annotation decides it)."""
+        if desired is None or desired.drain_timeout is not None:
+            return
+        deadlines = self.store.pod_deadlines()
+        for meta in desired.endpoints.values():
+            pod = meta.pod
+            if (meta.terminating and pod is not None and pod not in deadlines
+                    and pod not in self._pods_requested):
+                self._pods_requested.add(pod)
+                self.request_pod(pod)
+
+    def ready(self, wait_for_node: bool) -> bool:
+        synced = self.store.synced
+        return ({ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= synced
+                and (ObjectKind.NODE in synced or not wait_for_node))
+
+    def _report_problem(self, p: Problem) -> None:
+        self.metrics.invalid_objects.labels(p.kind.value).inc()
+        msg = "invalid object skipped" if p.fatal else "invalid field ignored"
+        log.warning(msg, extra=fields(kind=p.kind.value, object=p.name, reason=p.reason))
