@@ -124,3 +124,20 @@ def test_oci_image_config():
     assert (config["Entrypoint"], config["Cmd"], config["User"]) == (["ipvsctl"], ["run"],
                                                                      "10001")
     assert len(manifest["layers"]) == 1
+
+
+def test_the_docs_state_the_image_size_as_built():
+    """README and docs/install.md give the size; a dependency change that moves it by more
+    than 10% makes them say so."""
+    import re
+
+    built = (ROOTFS.parent / "size.txt").read_text()
+    m = re.match(r"rootfs (\d+) MB, compressed layer (\d+) MB", built)
+    assert m, built
+    rootfs_mb, layer_mb = int(m.group(1)), int(m.group(2))
+    for doc in ("README.md", "docs/install.md"):
+        text = " ".join((REPO / doc).read_text().split())
+        said = re.search(r"(\d+) MB unpacked, (?:a )?(\d+) MB compressed", text)
+        assert said, f"{doc} does not state the image size"
+        assert abs(int(said.group(1)) - rootfs_mb) <= rootfs_mb / 10, (doc, built)
+        assert abs(int(said.group(2)) - layer_mb) <= layer_mb / 10, (doc, built)
