@@ -65,7 +65,8 @@ retry() {
 
 if [[ $(id -u) != 0 ]]; then
 	if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-		exec sudo -n --preserve-env=IMAGE_OUT,IMAGE_BASE,IMAGE_TAG,IMAGE_REBUILD,PIP,IPVSCTL_DEBIAN_MIRROR,IPVSCTL_DEBIAN_SECURITY \
+		keep=IMAGE_OUT,IMAGE_BASE,IMAGE_TAG,IMAGE_REBUILD,PIP
+		exec sudo -n --preserve-env="$keep,IPVSCTL_DEBIAN_MIRROR,IPVSCTL_DEBIAN_SECURITY" \
 			bash "$0" "$@"
 	fi
 	echo "image: needs root (mmdebstrap, chroot, file owners): run as root or with sudo" >&2
@@ -112,9 +113,9 @@ command -v umoci >/dev/null || missing+=(umoci)
 if ((${#missing[@]})); then
 	log "installing ${missing[*]} (apt)"
 	export DEBIAN_FRONTEND=noninteractive
-	retry 3 apt-get update -qq -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300 </dev/null
-	retry 3 apt-get install -y -qq -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300 --no-install-recommends \
-		"${missing[@]}" </dev/null
+	apt_opts=(-qq -o Acquire::Retries=3 -o DPkg::Lock::Timeout=300)
+	retry 3 apt-get update "${apt_opts[@]}" </dev/null
+	retry 3 apt-get install -y "${apt_opts[@]}" --no-install-recommends "${missing[@]}" </dev/null
 fi
 
 start=$(date +%s)
@@ -136,13 +137,22 @@ fi
 if [[ -n ${IMAGE_REBUILD:-} || $(cat "$BASE/key" 2>/dev/null) != "$base_key" ||
 	$base_age_days -lt 0 || $base_age_days -ge $BASE_MAX_DAYS ]]; then
 	log "debian root filesystem ($SUITE: $PACKAGES)"
-	rm -rf "$BASE"
 	mkdir -p "$BASE"
-	retry 3 debian_rootfs "$BASE/rootfs.new"
-	rm -rf "$BASE/rootfs.new"/var/cache/apt/* "$BASE/rootfs.new"/var/lib/apt/lists/* \
-		"$BASE/rootfs.new"/var/log/*.log "$BASE/rootfs.new"/tmp/*
-	mv "$BASE/rootfs.new" "$BASE/rootfs"
-	echo "$base_key" >"$BASE/key"
+	if retry 3 debian_rootfs "$BASE/rootfs.new"; then
+		rm -rf "$BASE/rootfs.new"/var/cache/apt/* "$BASE/rootfs.new"/var/lib/apt/lists/* \
+			"$BASE/rootfs.new"/var/log/*.log "$BASE/rootfs.new"/tmp/*
+		rm -rf "$BASE/rootfs" "$BASE/key"
+		mv "$BASE/rootfs.new" "$BASE/rootfs"
+		echo "$base_key" >"$BASE/key"
+	elif [[ -z ${IMAGE_REBUILD:-} && $base_age_days -ge 0 &&
+		$(cat "$BASE/key") == "$base_key" ]]; then
+		# only too old: offline, last week's packages beat no image
+		log "WARNING: no new Debian root filesystem; using the one from $base_age_days days ago"
+		rm -rf "$BASE/rootfs.new"
+	else
+		echo "image: mmdebstrap failed (see above): no Debian root filesystem" >&2
+		exit 1
+	fi
 else
 	log "debian root filesystem: cached in $BASE ($base_age_days days old)"
 fi
