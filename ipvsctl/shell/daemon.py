@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsctl.health.proxy import ProxyState
-from ipvsctl.health.server import HealthServer
+from ipvsctl.healthcheck.proxy import ProxyState
+from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import Limits
 from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ipvsctl.health.proxy import ProxyState, answer
+from ipvsctl.healthcheck.proxy import ProxyState, answer
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.shell.http import Handler, HTTPServer

@@ -119,7 +119,7 @@ def write_manifests(folder: Path, name: str, *objs: dict[str, Any]) -> None:
 
 def health_socket_factory(netns: str):
     """Listening sockets for healthCheckNodePorts, opened inside the node's namespace."""
-    from ipvsctl.health.server import listen_socket
+    from ipvsctl.healthcheck.server import listen_socket
 
     def make(port: int) -> socket.socket:
         return run_in_netns(netns, lambda: listen_socket(port))
@@ -133,7 +133,7 @@ def run_daemon(node: Node, manifests: Path, state_dir: Path, *,
                cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
                masquerade_all: bool = False) -> Iterator[Any]:
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
-    from ipvsctl.health.server import HealthServer
+    from ipvsctl.healthcheck.server import HealthServer
     from ipvsctl.model import NodeContext
     from ipvsctl.netfilter.nft import Nft
     from ipvsctl.shell.daemon import Daemon, DaemonOptions

@@ -86,7 +86,7 @@ def test_pod_on_a_node_without_local_endpoints_reaches_its_load_balancer(
 
 def test_health_check_still_says_no_local_endpoint(lab) -> None:
     _, d, _, _ = lab
-    from ipvsctl.health.state import local_ready_endpoints
+    from ipvsctl.healthcheck.state import local_ready_endpoints
     from ipvsctl.model import ServiceRef
 
     assert local_ready_endpoints(d.engine.desired[ServiceRef("default", "lb")], "node-a") == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from ipvsctl.health.server import HealthServer
+from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.netfilter.nft import NftUnavailable

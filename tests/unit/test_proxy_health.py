@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ipvsctl.health.proxy import ZERO_TIME, ProxyState, answer, go_time
+from ipvsctl.healthcheck.proxy import ZERO_TIME, ProxyState, answer, go_time
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig

@@ -339,7 +339,7 @@ def test_external_local_without_local_endpoints(itp, eps, cluster, external):
 
 def test_fallback_keeps_the_health_check_at_503():
     """The healthCheckNodePort counts local ready endpoints, never the fallback's."""
-    from ipvsctl.health.state import local_ready_endpoints
+    from ipvsctl.healthcheck.state import local_ready_endpoints
 
     result, _ = plan_objects(
         {ObjectKind.SERVICE: [_etp_local()],

@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from ipvsctl.health.state import HealthState
+from ipvsctl.healthcheck.state import HealthState
 from ipvsctl.httpd import BoundedServer, Limits, Request, Response
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 
-log = logging.getLogger("ipvsctl.health")
+log = logging.getLogger("ipvsctl.healthcheck")
 
 # Load balancers probe every few seconds from a handful of addresses.
 HEALTH_HTTP_LIMITS = Limits(max_connections=64, workers=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ipvsctl.health.state import (
+from ipvsctl.healthcheck.state import (
     HealthCheck,
     HealthState,
     PortChanges,

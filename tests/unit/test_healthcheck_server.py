@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ipvsctl.health.server import HealthServer
+from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.obs.metrics import Metrics
 from tests.builders import endpoint, endpoint_slice, service
 from tests.harness import Harness
