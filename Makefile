@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check ipvsctl tests
+	$(BIN)/ruff check ipvsctl devkit tests bench demo
 	$(BIN)/lint-imports
 
 test-unit: venv

@@ -22,7 +22,7 @@ syncIpvsServices(), which walks every Service:
 Deliberate kindnesses to the baseline, all stated in docs/benchmarks.md: it finds existing
 services in a dict (kube-router scans the dumped list for each Service: quadratic), it does
 not replace the local route of each VIP (older releases exec `ip route replace` per Service
-per sync), and on a real kernel it talks through bench.ipvsnl (hand-packed netlink, much
+per sync), and on a real kernel it talks through devkit.ipvsnl (hand-packed netlink, much
 cheaper per call than ipvsctl's pyroute2 adapter). The maps are rebuilt with ipvsctl's own
 pure planner (build_desired_service), the Python stand-in for buildServicesInfo /
 buildEndpointSliceInfo.

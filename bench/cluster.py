@@ -6,15 +6,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from devkit.fakeapi import objects
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey
-from tests.fakeapi import objects
 
 RawObject = dict[str, Any]
 
 
 def cluster(n: int, e: int) -> tuple[list[RawObject], list[RawObject]]:
-    """(services, slices) for n Services of e endpoints (tests.fakeapi.objects.cluster)."""
+    """(services, slices) for n Services of e endpoints (devkit.fakeapi.objects.cluster)."""
     services: list[RawObject] = []
     slices: list[RawObject] = []
     for obj in objects.cluster(n, e):

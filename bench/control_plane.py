@@ -25,15 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from devkit.fakeapi import FakeAPIServer, objects
+from devkit.harness import rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from tests.fakeapi import FakeAPIServer, objects
-from tests.harness import rs, vs
 
 FAST = KubeSettings(backoff_initial=0.02, backoff_max=0.1, healthy_watch_seconds=0.05,
                     probe_interval=0.05, recovery_spread=0.02, pod_jitter=0.0,
@@ -115,8 +116,8 @@ def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 
         opts = DaemonOptions(node=NodeContext("node-a"), apiserver=api.url, state_dir=state,
                              listen="127.0.0.1:0", drain_timeout=300,
                              drain_check_interval=0.05)
-        d = Daemon(opts, kernel, source, metrics=metrics)
-        d.loop.config = d.loop.config.__class__(drain_check_interval=0.05, idle_wakeup=0.05)
+        d = Daemon(opts, kernel, source, metrics=metrics,
+                   loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
         s0 = _snap(api)
         d.start()
         try:

@@ -40,11 +40,11 @@ class _Deletions(logging.Handler):
 def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.37,
               poll: float = 0.02) -> dict[str, Any]:
     from bench.harness import BenchDaemon
-    from bench.ipvsnl import RawIPVS
+    from devkit.fakeapi import objects
+    from devkit.ipvsnl import RawIPVS
+    from devkit.labkit import Node, wait_for
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.model import Protocol, ServiceKey
-    from tests.fakeapi import objects
-    from tests.lab.labkit import Node, wait_for
 
     node = Node()
     configure_host(kernel=node.kernel)

@@ -536,7 +536,7 @@ def _baseline(cls: Any, ns: Netns | None, impl: Any, t: Table, rng: random.Rando
         "netlink_calls_per_change": max(s.calls for s in stats),
         "build_s_mean": round(sum(s.build_s for s in stats) / len(stats), 3),
         "walk_s_mean": round(sum(s.setup_s + s.cleanup_s for s in stats) / len(stats), 3),
-        "client": "bench.ipvsnl (raw netlink)" if ns else "in-memory kernel",
+        "client": "devkit.ipvsnl (raw netlink)" if ns else "in-memory kernel",
         "stopped_by_budget": stopped}
     if prof is not None:
         out["profile"] = profile_text(prof)

@@ -15,8 +15,8 @@ import random
 import sys
 import time
 
-from tests.fakeapi import objects
-from tests.fakeapi.server import FakeAPIServer
+from devkit.fakeapi import objects
+from devkit.fakeapi.server import FakeAPIServer
 
 
 def main(argv: list[str] | None = None) -> int:

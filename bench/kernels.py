@@ -45,7 +45,7 @@ def netlink_kernel(netns: str) -> Any:
 
 
 def raw_kernel(netns: str) -> Any:
-    from bench.ipvsnl import RawIPVS
+    from devkit.ipvsnl import RawIPVS
 
     return RawIPVS(netns=netns)
 

@@ -126,11 +126,11 @@ def cases() -> dict[str, Callable[[int], None]]:
 
 
 def change_cases() -> dict[str, Callable[[int], None]]:
+    from devkit.builders import endpoint, endpoint_slice, service
+    from devkit.harness import Harness
     from ipvsctl.kernel.codec import dest_spec, service_key_spec
     from ipvsctl.kernel.fake import FakeKernel
     from ipvsctl.model import RealServerKey, ServiceKey
-    from tests.builders import endpoint, endpoint_slice, service
-    from tests.harness import Harness
 
     class Pyroute2Writes(FakeKernel):
         ipvs = pyroute2_ipvs()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from demo.app import App
-from tests.fakeapi import objects
-from tests.fakeapi.server import FakeAPIServer
+from devkit.fakeapi import objects
+from devkit.fakeapi.server import FakeAPIServer
 
 NAMESPACE = "default"
 SERVICE = "web"

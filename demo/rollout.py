@@ -79,7 +79,7 @@ class KernelPoller:
     server of the virtual server (a hand-packed netlink dump, cheap even in the VM)."""
 
     def __init__(self, netns: str, clock: Any, interval: float = 0.25) -> None:
-        from bench.ipvsnl import RawIPVS
+        from devkit.ipvsnl import RawIPVS
         from ipvsctl.model import Protocol, ServiceKey
 
         self.ipvs = RawIPVS(netns=netns)
@@ -115,12 +115,12 @@ class KernelPoller:
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from demo.clients import HalfClosed, LongLived, ShortLoad
     from demo.cluster import NODE_NAME, Cluster, DemoClock
+    from devkit.fakeapi.server import FakeAPIServer
+    from devkit.labkit import Node, wait_for
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
     from ipvsctl.shell.daemon import Daemon, DaemonOptions
-    from tests.fakeapi.server import FakeAPIServer
-    from tests.lab.labkit import Node, wait_for
 
     drain = mode in ("drain", "halfclose")
     half_mode = mode == "halfclose"
@@ -271,7 +271,7 @@ def snapshot_half_closed(node: Any, daemon: Any, cluster: Any, half: Any,
     """Once the other v1 backends are gone (or shortly before the stream ends), the
     half-closed backend as the kernel and ipvsctl show it: weight, counts, the IPVS state of
     its connections, and ipvsctl's split of them (established / closing / closed)."""
-    from tests.lab.labkit import wait_for
+    from devkit.labkit import wait_for
 
     pod = cluster.pods.get(half.pod)
     if pod is None:

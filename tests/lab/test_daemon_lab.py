@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.labkit import Node, Pod, daemon_get, http_get, wait_for
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import Protocol, ServiceKey
 from ipvsctl.obs.metrics import Metrics
-from tests.builders import endpoint, endpoint_slice, pod, service, terminating
-from tests.fakeapi.server import FakeAPIServer
-from tests.lab.labkit import Node, Pod, daemon_get, http_get, wait_for
 
 pytestmark = pytest.mark.lab
 

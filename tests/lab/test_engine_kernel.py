@@ -1,5 +1,5 @@
 """The engine on a real kernel: Engine(NetlinkKernel in the node's netns) fed raw Kubernetes
-objects (tests/harness.py's Harness, with a hand-moved clock for deadlines), real
+objects (devkit/harness.py's Harness, with a hand-moved clock for deadlines), real
 connections from a client pod through the virtual IPs, and what the kernel holds read back
 from it, with `ipvsadm -Ln` and `conntrack -L` as independent witnesses.
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness
+from devkit.labkit import Node, Pod, RecordingKernel, wait_for
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext, Protocol, RealServerKey, ServiceKey
 from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import Delete, ObjectKind, Upsert
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness
-from tests.lab.labkit import Node, Pod, RecordingKernel, wait_for
 
 pytestmark = pytest.mark.lab
 

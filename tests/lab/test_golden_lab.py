@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from devkit.labkit import Node
 from tests.golden.runner import ENGINE_CASES, Run, case_names, compare, load_case
-from tests.lab.labkit import Node
 
 pytestmark = pytest.mark.lab
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.labkit import Node, Pod, http_get, parse_ipvsadm, sh, wait_for
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.model import Protocol, ServiceKey
-from tests.builders import endpoint, endpoint_slice, service
-from tests.fakeapi.server import FakeAPIServer
-from tests.lab.labkit import Node, Pod, http_get, parse_ipvsadm, sh, wait_for
 from tests.lab.test_daemon_lab import held_connection, metric_sum, weights
 
 pytestmark = pytest.mark.lab

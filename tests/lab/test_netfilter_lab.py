@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.labkit import Node, Pod, _Server, sh, wait_for
 from ipvsctl.kernel.netlink import configure_host
 from ipvsctl.model import Protocol, ServiceKey, VirtualServer
-from tests.builders import endpoint, endpoint_slice, service
 from tests.lab import netkit
-from tests.lab.labkit import Node, Pod, _Server, sh, wait_for
 from tests.lab.netkit import (
     NODE_LAN,
     NODE_LAN6,

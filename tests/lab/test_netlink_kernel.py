@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from devkit.labkit import Node, Pod, wait_for
 from ipvsctl.kernel import (
     KernelExists,
     KernelNotFound,
@@ -21,7 +22,6 @@ from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.host import run_in_netns, wanted_sysctls
 from ipvsctl.kernel.netlink import IPVSTimeouts, NetlinkKernel, configure_host, read_table
 from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
-from tests.lab.labkit import Node, Pod, wait_for
 
 pytestmark = pytest.mark.lab
 

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.labkit import Node, Pod, wait_for
 from ipvsctl.kernel.addresses import node_addresses
 from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
-from tests.builders import endpoint, endpoint_slice, service
-from tests.lab.labkit import Node, Pod, wait_for
 
 pytestmark = pytest.mark.lab
 

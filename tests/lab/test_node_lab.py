@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.fakeapi import objects
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.labkit import Node, Pod, wait_for
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import Protocol, ServiceKey
-from tests.builders import endpoint, endpoint_slice, service
-from tests.fakeapi import objects
-from tests.fakeapi.server import FakeAPIServer
-from tests.lab.labkit import Node, Pod, wait_for
 
 pytestmark = pytest.mark.lab
 

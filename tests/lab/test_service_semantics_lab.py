@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.labkit import Node, wait_for
 from ipvsctl.kernel.netlink import configure_host
-from tests.builders import endpoint, endpoint_slice, service
 from tests.lab import netkit
-from tests.lab.labkit import Node, wait_for
 from tests.lab.netkit import NODE_LAN, HostClient, Outside, ask
 
 pytestmark = pytest.mark.lab

@@ -16,12 +16,12 @@ import yaml
 from typer.testing import CliRunner
 
 import ipvsctl
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import rs, vs
 from ipvsctl.model import RealServerStatus, VirtualServer, VirtualServerStatus
 from ipvsctl.shell import status as status_mod
 from ipvsctl.shell.cli import app
 from ipvsctl.shell.status import endpoint_is_local, join_status, render_status
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import rs, vs
 
 REPO = Path(__file__).resolve().parents[2]
 V6_NODE = "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"  # the longest compressed form there is

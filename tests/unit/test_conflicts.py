@@ -9,13 +9,13 @@ import logging
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import NODE, Harness, rs, vs
 from ipvsctl.model import ServiceRef, VirtualServerKind
 from ipvsctl.plan.conflicts import Claims, rank, resolve
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_service
 from ipvsctl.source.events import ObjectKind, Upsert
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import NODE, Harness, rs, vs
 
 CIP, EXT, LB = (VirtualServerKind.CLUSTER_IP, VirtualServerKind.EXTERNAL_IP,
                 VirtualServerKind.LOAD_BALANCER)

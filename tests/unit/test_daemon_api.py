@@ -9,6 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.harness import rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
@@ -16,9 +19,6 @@ from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from tests.builders import endpoint, endpoint_slice, pod, service, terminating
-from tests.fakeapi.server import FakeAPIServer
-from tests.harness import rs, vs
 from tests.unit.test_daemon import get, wait_for
 
 A, B = "10.244.1.5", "10.244.1.6"

@@ -52,9 +52,9 @@ def test_a_dead_source_thread_is_unhealthy(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("folder")
 def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
     """Issue 16.3: ten shapes killed the loop or source thread in --manifests mode."""
+    from devkit.builders import endpoint, endpoint_slice, service
+    from devkit.harness import rs, vs
     from ipvsctl.source.manifests import ManifestSource
-    from tests.builders import endpoint, endpoint_slice, service
-    from tests.harness import rs, vs
     from tests.unit.test_daemon import write
     from tests.unit.test_hostile_manifests import HOSTILE
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from devkit.harness import rs, vs
 from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason
 from ipvsctl.persist.drain_state import FILE_NAME, DrainStateFile
-from tests.harness import rs, vs
 
 GOOD = DrainEntry(vs(), rs("10.244.1.6"), None, DrainReason.TERMINATING, 1000.0, 1600.0,
                   DeadlineSource.ANNOTATION)

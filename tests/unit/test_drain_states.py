@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelUnavailable
 from ipvsctl.model import ConnCounts, VirtualServer, VirtualServerStatus
@@ -18,8 +20,6 @@ from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.shell.status import join_status, render_status
 from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import ObjectKind, Upsert
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness, rs, vs
 
 A, B = "10.244.1.5", "10.244.1.6"
 DEL_A = "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"

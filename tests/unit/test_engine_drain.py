@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime
 
+from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason, PodRef, VirtualServer
 from ipvsctl.source.events import ObjectKind, Replace
-from tests.builders import endpoint, endpoint_slice, pod, service, terminating
-from tests.harness import Harness, rs, vs
 
 SVC = service("web")
 A, B, C = "10.244.1.5", "10.244.1.6", "10.244.1.7"

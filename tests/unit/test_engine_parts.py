@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typing
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import VirtualServer
 from ipvsctl.plan.ops import Op
 from ipvsctl.reconcile.apply import _HANDLERS
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness, rs, vs
 
 
 def test_every_op_type_has_exactly_one_function():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import VirtualServer
 from ipvsctl.shell.status_json import quiesced_json
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness
 
 
 # --- /readyz said ready before the first sync had reached the kernel -------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import ipvsctl.reconcile.engine as engine_module
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness
 from ipvsctl.kernel.fake import FakeKernel, FaultyKernel
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness
 
 N_SERVICES = 10_000
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.obs.metrics import Metrics
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness
 
 
 class Ports:

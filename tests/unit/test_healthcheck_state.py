@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.healthcheck.state import (
     HealthCheck,
     HealthState,
@@ -14,7 +15,6 @@ from ipvsctl.healthcheck.state import (
 from ipvsctl.model import NodeContext, ServiceRef
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source.convert import parse_endpoint_slice, parse_service
-from tests.builders import endpoint, endpoint_slice, service
 
 NODE = NodeContext("node-a", ("192.0.2.10",), "rr")
 REF = ServiceRef("default", "lb")

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_endpoint_slice, parse_pod, parse_service
@@ -21,7 +22,6 @@ from ipvsctl.source.manifests import ManifestError, load_file, load_paths
 from ipvsctl.source.node import parse_node
 from ipvsctl.source.store import ObjectStore
 from ipvsctl.source.validate import InvalidObject
-from tests.builders import endpoint, endpoint_slice, service
 
 NODE = NodeContext("node-a", ("192.0.2.10",))
 GOOD_SVC = service("good", cluster_ip="10.96.0.10")

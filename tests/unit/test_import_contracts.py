@@ -32,11 +32,15 @@ def test_the_tree_keeps_every_contract() -> None:
     ("source/convert.py", "import ipvsctl.reconcile.engine", "shell > reconcile"),
     ("plan/desired.py", "import ipvsctl.source.convert", "plan | source"),
     ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
+    ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
+    ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
+    ("../devkit/builders.py", "import tests.unit", "nothing outside tests/ imports tests/"),
 ])
 def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str,
                                    contract: str) -> None:
-    shutil.copytree(REPO / "ipvsctl", tmp_path / "ipvsctl",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "results", "golden"))
     target = tmp_path / "ipvsctl" / module
     target.write_text(target.read_text() + f"\n{line}  # planted\n")
     result = _lint(tmp_path)

@@ -16,10 +16,10 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.events import ObjectKind, Replace, SourceConfigError, SourceEvent
 
 try:
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 
 TOKEN = "s3cret"
 

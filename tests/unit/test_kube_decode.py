@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from devkit.fakeapi import objects
 from ipvsctl.kube.trim import trim_endpoint_slice
 from ipvsctl.kube.watch import decode_list
-from tests.fakeapi import objects
 
 
 def ident(obj):

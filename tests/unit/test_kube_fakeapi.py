@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 try:
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 
 SERVICES = "/api/v1/services"
 

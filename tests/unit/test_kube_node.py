@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.trim import trim_node
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from tests.fakeapi import FakeAPIServer, objects
 from tests.unit.test_kube_source import FAST, WAIT, api, logs  # noqa: F401
 
 NODE = ObjectKind.NODE

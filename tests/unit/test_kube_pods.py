@@ -79,8 +79,8 @@ def test_a_full_queue_drops_lookups_with_one_log_line_and_a_count(caplog) -> Non
 
 
 def test_no_pod_lookup_when_the_annotation_decides_the_deadline() -> None:
-    from tests.builders import endpoint, endpoint_slice, service, terminating
-    from tests.harness import Harness
+    from devkit.builders import endpoint, endpoint_slice, service, terminating
+    from devkit.harness import Harness
 
     a, b = "10.244.1.5", "10.244.1.6"
     for notes, wanted in (({"ipvsctl.io/drain-timeout": "600"}, []),

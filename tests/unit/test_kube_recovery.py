@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.events import Replace, Upsert
-from tests.fakeapi import FakeAPIServer, objects
 from tests.unit.test_kube_source import (  # noqa: F401  (fixtures)
     EPS,
     FAST,
@@ -239,9 +239,9 @@ def test_settings_defaults_meet_the_catch_up_target() -> None:
 
 def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None:
     # Regression (11.7): a 200 OK list without items deleted every virtual server at once.
+    from devkit.builders import endpoint, endpoint_slice, service
+    from devkit.harness import rs, vs
     from ipvsctl.kernel.fake import FakeKernel
-    from tests.builders import endpoint, endpoint_slice, service
-    from tests.harness import rs, vs
     from tests.unit.test_daemon import wait_for
     from tests.unit.test_daemon_api import A, start_daemon
 

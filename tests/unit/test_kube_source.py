@@ -21,10 +21,10 @@ from ipvsctl.model import PodRef
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
 
 try:
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakeapi import FakeAPIServer, objects
+    from devkit.fakeapi import FakeAPIServer, objects
 
 SVC, EPS, POD = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE, ObjectKind.POD
 WAIT = 5.0  # generous upper bound for conditions; tests normally pass far sooner

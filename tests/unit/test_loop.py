@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import queue
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.source.events import ObjectKind, Replace, Upsert
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness
 
 
 class FlakyListKernel(FakeKernel):
@@ -205,8 +205,8 @@ def test_a_failing_state_write_is_retried_per_interval_not_per_step():
 def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
     # Issue 12: such a sync used to count its Service as failed: "sync incomplete,
     # retrying" and a doubled backoff, for a sync where nothing failed.
+    from devkit.harness import rs, vs
     from ipvsctl.model import VirtualServer
-    from tests.harness import rs, vs
 
     h, events, loop = make()
     events.put(Replace(ObjectKind.SERVICE, [], 0))

@@ -10,9 +10,9 @@ import sys
 import pytest
 import yaml
 
+from devkit.builders import endpoint, endpoint_slice, pod, service
 from ipvsctl.source.events import Delete, ObjectKind, Upsert
 from ipvsctl.source.manifests import ManifestError, ManifestSource, load_paths
-from tests.builders import endpoint, endpoint_slice, pod, service
 
 
 def test_multi_document_yaml_lists_and_json(tmp_path):

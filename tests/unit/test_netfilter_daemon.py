@@ -9,6 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
@@ -17,7 +18,6 @@ from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.cli import app
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
-from tests.builders import endpoint, endpoint_slice, service
 from tests.unit.test_daemon import wait_for, write
 from tests.unit.test_health_server import Ports, get
 from tests.unit.test_netfilter_sync import FakeNft

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.model import NodeContext, Protocol, ServiceKey, ServiceRef
 from ipvsctl.netfilter.ruleset import (
     Element,
@@ -25,7 +26,6 @@ from ipvsctl.netfilter.ruleset import (
 )
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source.convert import parse_endpoint_slice, parse_service
-from tests.builders import endpoint, endpoint_slice, service
 
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 CONFIG = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))

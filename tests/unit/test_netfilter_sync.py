@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness, vs
 from ipvsctl.model import ServiceRef
 from ipvsctl.netfilter.nft import NftError, NftNotFound, NftUnavailable
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness, vs
 from tests.unit.test_netfilter_ruleset import desired
 
 CONFIG = SyncConfig(RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10,

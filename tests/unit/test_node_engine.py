@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import NODE, Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import ServiceRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.source.events import Delete, ObjectKind, Replace, Upsert
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import NODE, Harness, rs, vs
 
 NODE_KIND = ObjectKind.NODE
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.healthcheck.proxy import ZERO_TIME, ProxyState, answer, go_time
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
-from tests.builders import endpoint, endpoint_slice, service
 from tests.unit.test_daemon import get, wait_for, write
 
 NOW = 1_700_000_000.0

@@ -8,12 +8,12 @@ import datetime
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.harness import Harness, rs, vs
 from ipvsctl.model import DeadlineSource, NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
-from tests.builders import endpoint, endpoint_slice, pod, service, terminating
-from tests.harness import Harness, rs, vs
 
 NODE = NodeContext("node-a", ("192.0.2.10",), "rr")
 A, B = "10.244.1.5", "10.244.1.6"
@@ -181,10 +181,10 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
     import queue
     import threading
 
+    from devkit.fakeapi import FakeAPIServer
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.shell.daemon import DaemonOptions, open_source
     from ipvsctl.source.convert import service_label_selector
-    from tests.fakeapi import FakeAPIServer
 
     api = FakeAPIServer().start()
     try:

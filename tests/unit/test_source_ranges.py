@@ -3,6 +3,7 @@ turned into nftables elements (the lab shows the traffic: tests/lab/test_netfilt
 
 from __future__ import annotations
 
+from devkit.builders import service
 from ipvsctl.kube.trim import trim_service
 from ipvsctl.model import NodeContext, Protocol, ServiceKey
 from ipvsctl.netfilter.ruleset import (
@@ -15,7 +16,6 @@ from ipvsctl.netfilter.ruleset import (
 )
 from ipvsctl.plan.desired import build_desired_service, source_ranges
 from ipvsctl.source.convert import parse_service
-from tests.builders import service
 
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 LB4, LB6 = "203.0.113.7", "2001:db8:7::1"

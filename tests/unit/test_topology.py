@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service, terminating
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 from ipvsctl.source.hints import parse_hints
-from tests.builders import endpoint, endpoint_slice, service, terminating
 
 NODE = NodeContext("node-a", ("192.0.2.10",), "rr")
 

@@ -1,6 +1,6 @@
 """Run the fake API server standalone, for demos and benchmarks:
 
-    python -m tests.fakeapi --services 10000 --endpoints 10 --port 8001
+    python -m devkit.fakeapi --services 10000 --endpoints 10 --port 8001
 
 Prints its URL on stdout once loaded (one line), then serves until SIGINT/SIGTERM.
 """
@@ -13,12 +13,12 @@ import sys
 import threading
 import time
 
-from tests.fakeapi import objects
-from tests.fakeapi.server import FakeAPIServer
+from devkit.fakeapi import objects
+from devkit.fakeapi.server import FakeAPIServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakeapi", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devkit.fakeapi", description=__doc__)
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     parser.add_argument("--services", type=int, default=0)
     parser.add_argument("--endpoints", type=int, default=3, help="endpoints per Service")

@@ -4,7 +4,7 @@ survive, and builders for the objects it serves. Used by the unit tests, the dae
 end-to-end tests, `make demo` and `make bench`.
 """
 
-from tests.fakeapi import objects
-from tests.fakeapi.server import RESOURCES, FakeAPIServer, RequestRecord, ResourceInfo
+from devkit.fakeapi import objects
+from devkit.fakeapi.server import RESOURCES, FakeAPIServer, RequestRecord, ResourceInfo
 
 __all__ = ["RESOURCES", "FakeAPIServer", "RequestRecord", "ResourceInfo", "objects"]
