@@ -117,7 +117,7 @@ class Auditor:
         for key in sorted(in_kernel.keys() - self.state.owner.keys()):
             if self.owned(key):
                 self._drift(out, "virtual_server_unknown", None, key)
-                self.applier.delete_orphan(key, 0)
+                self.applier.delete_orphan(key, self._count_real_servers(key))
 
     def _real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int],
                       out: Findings) -> None:
@@ -143,3 +143,11 @@ class Auditor:
         out.found += 1
         if ref is not None:
             out.dirty.add(ref)
+
+    def _count_real_servers(self, key: ServiceKey) -> int:
+        """For the deletion count of an orphan (rare: its start-up deletion failed, or a
+        tool made it): one read under the lock, as the start-up path counts them."""
+        try:
+            return len(self.kernel.list_real_servers(key))
+        except KernelError:
+            return 0  # the deletion that follows reports the kernel's trouble

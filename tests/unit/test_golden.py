@@ -92,10 +92,8 @@ class FailsFirstDeletion(FakeKernel):
         super().delete_virtual_server(key, bind_address)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: an orphan virtual server whose deletion fails at start-up is deleted later "
-    "by the audit, which counts none of its real servers in "
-    "ipvsctl_real_server_deletions_total{reason=service_deleted} (the start-up path does)"))
+# Regression: the audit deleted such an orphan counting none of its real servers in
+# ipvsctl_real_server_deletions_total{reason=service_deleted} (the start-up path counts them).
 def test_orphan_deleted_by_the_audit_counts_its_real_servers() -> None:
     """restart-adoption with the orphan's deletion failing once at start-up (found by running
     the cases at higher fault rates): the kernel ends right, the count does not."""
