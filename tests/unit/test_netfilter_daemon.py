@@ -19,7 +19,7 @@ from ipvsctl.shell.cli import app
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
 from tests.unit.test_daemon import wait_for, write
-from tests.unit.test_health_server import Ports, get
+from tests.unit.test_healthcheck_server import Ports, get
 from tests.unit.test_netfilter_sync import FakeNft
 
 
