@@ -13,7 +13,9 @@ class DrainReason(StrEnum):
     """Why a real server is draining (shown in status)."""
 
     TERMINATING = "terminating"  # its endpoint is terminating (pod being deleted)
-    NOT_READY = "not_ready"  # its endpoint is present but neither ready nor a fallback
+    # its endpoint is present but not used: not ready (and no KEP-1669 fallback), or left
+    # out by a traffic policy or topology (another node's endpoint under Local, another zone)
+    NOT_READY = "not_ready"
     REMOVED = "removed"  # its endpoint left the EndpointSlices
     ADOPTED = "adopted"  # found at weight 0 in the kernel at start-up, nothing wants it
 
