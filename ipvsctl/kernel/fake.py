@@ -11,6 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import (
+    ConntrackTable,
     IPVSKernel,
     KernelExists,
     KernelNotFound,
@@ -18,7 +19,8 @@ from ipvsctl.kernel.port import (
     KernelUnavailable,
 )
 from ipvsctl.kernel.proc_codec import ConnScan, kernel_address, scan_connections
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model.conntrack import ConntrackEntry
 
 KNOWN_SCHEDULERS = frozenset(
     {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
@@ -52,6 +54,9 @@ class FakeKernel:
         # Connection entries as ip_vs_conn lines (`add_connection`); None: no such file.
         self.conn_lines: list[str] | None = []
         self.conn_reads = 0
+        # The conntrack table (ConntrackTable); None: conntrack unavailable.
+        self.conntrack: set[ConntrackEntry] | None = set()
+        self.conntrack_dumps: list[tuple[Protocol, bool]] = []
 
     # --- test helpers -------------------------------------------------------------
     def set_connections(
@@ -163,6 +168,21 @@ class FakeKernel:
         self.conntrack_flushes.append((key, rs))
         self.ops.append(f"flush-conntrack {key} -> {rs}")
 
+    # --- ConntrackTable -----------------------------------------------------------
+    def list_conntrack(self, protocol: Protocol, ipv6: bool) -> list[ConntrackEntry]:
+        if self.conntrack is None:
+            raise KernelUnavailable("no conntrack", "list_conntrack")
+        self.conntrack_dumps.append((protocol, ipv6))
+        return sorted(e for e in self.conntrack if e.protocol == protocol and e.ipv6 == ipv6)
+
+    def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
+        if self.conntrack is None:
+            raise KernelUnavailable("no conntrack", "delete_conntrack")
+        found = [e for e in entries if e in self.conntrack]
+        self.conntrack.difference_update(found)
+        self.ops.extend(f"del-conntrack {e}" for e in sorted(found))
+        return len(found)
+
     # --- internals ----------------------------------------------------------------
     def _service(self, key: ServiceKey, op: str) -> _Service:
         try:
@@ -206,3 +226,4 @@ class FaultyKernel:
 
 
 _: type[IPVSKernel] = FakeKernel  # FakeKernel satisfies the interface
+_ct: type[ConntrackTable] = FakeKernel  # and the conntrack table the sweep reads
