@@ -139,7 +139,13 @@ def test_the_daemon_sweeps_when_a_udp_port_gets_endpoints(
 
     api.update(dns_service("TCP", "UDP"))
     api.update(dns_slice(dns_pod, "TCP", "UDP"))
-    wait_for(lambda: stale not in to_vip(ct, client), timeout=120, what="the sweep")
+
+    def swept() -> bool:
+        # keep sending: the entry must not simply expire (30 s unanswered) meanwhile
+        client.udp(VIP, 53, sock, timeout=0.5)
+        return stale not in to_vip(ct, client)
+
+    wait_for(swept, timeout=120, what="the sweep")
     assert d.sweeper.last.reason == "endpoints"  # not the 60 s periodic sweep
     assert metrics.value("ipvsctl_conntrack_stale_entries_deleted_total") >= 1
     assert answer(client, sock) == (dns_pod.name, NODE_GW4)  # same source port, masqueraded
