@@ -8,17 +8,22 @@ import errno
 import logging
 import socket
 import threading
+import time
 
 import pytest
+import yaml
 from pyroute2 import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from ipvsctl.kernel.conntrack_sweep import NetlinkConntrack, entry_from_message
+from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
-from ipvsctl.model import Protocol
+from ipvsctl.model import NodeContext, Protocol
 from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.plan.conntrack import newly_served, stale_entries, sweep_table
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig
+from ipvsctl.shell.daemon import Daemon, DaemonOptions
+from ipvsctl.source.manifests import ManifestSource
 from tests.builders import endpoint, endpoint_slice, service, terminating
 from tests.harness import Harness
 
@@ -347,3 +352,27 @@ def test_netlink_delete_skips_entries_gone_meanwhile() -> None:
     sock.delete_errors = {40000: errno.EPERM}
     with pytest.raises(KernelPermissionDenied):
         ct.delete_conntrack([entry(CLUSTER_IP, CLUSTER_IP)])
+
+
+# --- the daemon ----------------------------------------------------------------------------
+def test_the_daemon_sweeps_at_start_up_on_its_own_thread(tmp_path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "dns.yaml").write_text(yaml.safe_dump_all([*SERVED[0], *SERVED[1]]))
+    kernel = FakeKernel()
+    stale, live = entry(CLUSTER_IP, CLUSTER_IP), entry(CLUSTER_IP, EP1, sport=40001)
+    kernel.conntrack = {stale, live}
+    opts = DaemonOptions(node=NodeContext("node-a", (NODE_IP,)), manifests=str(folder),
+                         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0")
+    d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), conntrack=kernel)
+    d.start()
+    try:
+        deadline = time.monotonic() + 30
+        while d.metrics.value("ipvsctl_conntrack_stale_entries_deleted_total") < 1:
+            assert time.monotonic() < deadline, "no sweep"
+            time.sleep(0.02)
+        assert kernel.conntrack == {live}
+        assert "conntrack" in [t.name for t in d.threads]
+    finally:
+        d.shutdown()
+    assert all(not t.is_alive() for t in d.threads)
