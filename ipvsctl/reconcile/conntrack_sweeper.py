@@ -89,13 +89,15 @@ class ConntrackSweeper:
             self.wake.wait(self._timeout())
 
     def _timeout(self) -> float:
+        """How long the thread may wait: at most 1 s (it polls for the first sync and for
+        the node addresses, which change without a service event)."""
         now = self.clock.monotonic()
-        if self._requested is not None:
-            wake = self._not_before
-        else:
-            wake = self._next_periodic if self._next_periodic is not None else now + 1.0
-        # the node addresses are polled: they change without a service event
-        return min(max(0.0, wake - now), 1.0)
+        wake = now + 1.0
+        if self._requested is not None and self.engine.started:
+            wake = min(wake, max(self._not_before, now))
+        elif self._next_periodic is not None:
+            wake = min(wake, self._next_periodic)
+        return max(0.0, wake - now)
 
     def step(self) -> SweepResult | None:
         """Sweep if one is due; the result, None when none was (or it failed)."""

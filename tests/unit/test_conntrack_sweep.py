@@ -178,14 +178,19 @@ def test_sweeps_after_the_first_sync_then_only_when_due() -> None:
     s.fake.conntrack = {stale, live}
     assert s.sweeper.step() is None  # not before the first sync
     assert s.fake.conntrack_dumps == []
+    assert s.sweeper._timeout() == 1.0  # the thread polls for it, never spins
     s.start()
+    assert s.sweeper._timeout() == 0.0
     result = s.sweeper.step()
     assert result is not None and (result.reason, result.examined, result.deleted) == (
         "start-up", 2, 1)
     assert s.fake.conntrack == {live}
     assert s.deleted() == 1
     assert s.sweeper.step() is None  # nothing asked, the periodic sweep not due
-    s.h.clock.advance(60)
+    assert s.sweeper._timeout() == 1.0
+    s.h.clock.advance(59.5)
+    assert s.sweeper._timeout() == 0.5
+    s.h.clock.advance(0.5)
     s.fake.conntrack.add(stale)
     result = s.sweeper.step()
     assert result is not None and (result.reason, result.deleted) == ("periodic", 1)
