@@ -3,10 +3,12 @@
 A UDP (or SCTP) conntrack entry whose original destination is a Service frontend of this
 node (cluster IP, external or load-balancer IP, node address + NodePort: the virtual
 servers' own keys) and whose reply source is not one of the Service's serving endpoints
-is stale: it was made while no virtual server or no endpoint existed (the reply source is
+is stale: it was made while no virtual server for it existed (the reply source is
 then the VIP itself), or it outlived its endpoint (a daemon restart, a missed flush). A
-client that keeps its source port keeps hitting such an entry and its datagrams go
-nowhere; deleting it lets the next datagram be scheduled afresh.
+client that keeps its source port keeps riding such an entry: IPVS still schedules its
+datagrams, but the entry's NAT was settled at its first packet, so the node's masquerade
+never applies to them (seen on a 6.1 kernel). Deleting it lets the next datagram start a
+fresh entry.
 
 As in kube-proxy, a frontend with no serving endpoint is left alone (there is nowhere
 better to send its clients), and serving means the Service's serving endpoints whatever
