@@ -14,7 +14,6 @@ Its own short-lived NFCTSocket per call, opened as kernel/netlink.py opens its s
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import socket
@@ -32,7 +31,7 @@ from ipvsctl.kernel.port import (
     KernelTransient,
     KernelUnavailable,
 )
-from ipvsctl.model import Protocol
+from ipvsctl.model import Protocol, normalize_ip
 from ipvsctl.model.conntrack import ConntrackEntry
 
 log = logging.getLogger("ipvsctl.kernel")
@@ -68,31 +67,37 @@ def _error(exc: BaseException, operation: str) -> KernelError:
     return KernelTransient(message, operation)
 
 
+def _attrs(nla: Any) -> dict[str, Any]:
+    # one pass over the attribute list: get_attr() walks it again for every name (the
+    # decoding of a dump is the sweep's main cost)
+    return {a[0]: a[1] for a in nla["attrs"]} if nla is not None else {}
+
+
 def entry_from_message(m: Any) -> ConntrackEntry | None:
     """A dumped IPCTNL_MSG_CT_NEW as a ConntrackEntry; None for what the sweep cannot
     name (an unswept protocol, a tuple without addresses or ports)."""
-    orig, reply = m.get_attr("CTA_TUPLE_ORIG"), m.get_attr("CTA_TUPLE_REPLY")
-    if orig is None or reply is None:
-        return None
-    o_ip, o_proto = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
-    r_ip = reply.get_attr("CTA_TUPLE_IP")
-    if o_ip is None or o_proto is None or r_ip is None:
-        return None
-    protocol = _BY_NUMBER.get(int(o_proto.get_attr("CTA_PROTO_NUM") or 0))
-    src = o_ip.get_attr("CTA_IP_V4_SRC") or o_ip.get_attr("CTA_IP_V6_SRC")
-    dst = o_ip.get_attr("CTA_IP_V4_DST") or o_ip.get_attr("CTA_IP_V6_DST")
-    reply_src = r_ip.get_attr("CTA_IP_V4_SRC") or r_ip.get_attr("CTA_IP_V6_SRC")
-    sport, dport = o_proto.get_attr("CTA_PROTO_SRC_PORT"), o_proto.get_attr("CTA_PROTO_DST_PORT")
+    top = _attrs(m)
+    orig, reply = _attrs(top.get("CTA_TUPLE_ORIG")), _attrs(top.get("CTA_TUPLE_REPLY"))
+    o_ip, o_proto = _attrs(orig.get("CTA_TUPLE_IP")), _attrs(orig.get("CTA_TUPLE_PROTO"))
+    r_ip = _attrs(reply.get("CTA_TUPLE_IP"))
+    protocol = _BY_NUMBER.get(int(o_proto.get("CTA_PROTO_NUM") or 0))
+    src = o_ip.get("CTA_IP_V4_SRC") or o_ip.get("CTA_IP_V6_SRC")
+    dst = o_ip.get("CTA_IP_V4_DST") or o_ip.get("CTA_IP_V6_DST")
+    reply_src = r_ip.get("CTA_IP_V4_SRC") or r_ip.get("CTA_IP_V6_SRC")
+    sport, dport = o_proto.get("CTA_PROTO_SRC_PORT"), o_proto.get("CTA_PROTO_DST_PORT")
     if protocol is None or None in (src, dst, reply_src, sport, dport):
         return None
-    return ConntrackEntry(
-        protocol=protocol,
-        orig_src=ipaddress.ip_address(src).compressed,
-        orig_sport=int(sport),
-        orig_dst=ipaddress.ip_address(dst).compressed,
-        orig_dport=int(dport),
-        reply_src=ipaddress.ip_address(reply_src).compressed,
-    )
+    try:
+        return ConntrackEntry(
+            protocol=protocol,
+            orig_src=normalize_ip(src),
+            orig_sport=int(sport),
+            orig_dst=normalize_ip(dst),
+            orig_dport=int(dport),
+            reply_src=normalize_ip(reply_src),
+        )
+    except ValueError:  # not an address: not an entry the sweep could match
+        return None
 
 
 def _family(ipv6: bool) -> int:
