@@ -68,23 +68,35 @@ def _error(exc: BaseException, operation: str) -> KernelError:
 
 
 def _attrs(nla: Any) -> dict[str, Any]:
-    # one pass over the attribute list: get_attr() walks it again for every name (the
-    # decoding of a dump is the sweep's main cost)
-    return {a[0]: a[1] for a in nla["attrs"]} if nla is not None else {}
+    # one pass over the attribute list (get_attr() walks it again for every name; the
+    # decoding of a dump is the sweep's main cost), keeping pyroute2's lazily decoded
+    # slots: only the attributes read below get decoded
+    return {a[0]: a for a in nla["attrs"]} if nla is not None else {}
+
+
+def _value(attrs: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        slot = attrs.get(name)
+        if slot is not None:
+            return slot[1]
+    return None
 
 
 def entry_from_message(m: Any) -> ConntrackEntry | None:
     """A dumped IPCTNL_MSG_CT_NEW as a ConntrackEntry; None for what the sweep cannot
     name (an unswept protocol, a tuple without addresses or ports)."""
     top = _attrs(m)
-    orig, reply = _attrs(top.get("CTA_TUPLE_ORIG")), _attrs(top.get("CTA_TUPLE_REPLY"))
-    o_ip, o_proto = _attrs(orig.get("CTA_TUPLE_IP")), _attrs(orig.get("CTA_TUPLE_PROTO"))
-    r_ip = _attrs(reply.get("CTA_TUPLE_IP"))
-    protocol = _BY_NUMBER.get(int(o_proto.get("CTA_PROTO_NUM") or 0))
-    src = o_ip.get("CTA_IP_V4_SRC") or o_ip.get("CTA_IP_V6_SRC")
-    dst = o_ip.get("CTA_IP_V4_DST") or o_ip.get("CTA_IP_V6_DST")
-    reply_src = r_ip.get("CTA_IP_V4_SRC") or r_ip.get("CTA_IP_V6_SRC")
-    sport, dport = o_proto.get("CTA_PROTO_SRC_PORT"), o_proto.get("CTA_PROTO_DST_PORT")
+    orig = _attrs(_value(top, "CTA_TUPLE_ORIG"))
+    reply = _attrs(_value(top, "CTA_TUPLE_REPLY"))
+    o_ip = _attrs(_value(orig, "CTA_TUPLE_IP"))
+    o_proto = _attrs(_value(orig, "CTA_TUPLE_PROTO"))
+    r_ip = _attrs(_value(reply, "CTA_TUPLE_IP"))
+    protocol = _BY_NUMBER.get(int(_value(o_proto, "CTA_PROTO_NUM") or 0))
+    src = _value(o_ip, "CTA_IP_V4_SRC", "CTA_IP_V6_SRC")
+    dst = _value(o_ip, "CTA_IP_V4_DST", "CTA_IP_V6_DST")
+    reply_src = _value(r_ip, "CTA_IP_V4_SRC", "CTA_IP_V6_SRC")
+    sport = _value(o_proto, "CTA_PROTO_SRC_PORT")
+    dport = _value(o_proto, "CTA_PROTO_DST_PORT")
     if protocol is None or None in (src, dst, reply_src, sport, dport):
         return None
     try:
