@@ -497,12 +497,13 @@ class Node:
 def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
                  drain_timeout: float = 600.0, drain_check_interval: float = 0.1,
                  node_name: str = "node-a", node_ips: tuple[str, ...] = ("192.0.2.10",),
-                 metrics: Any = None) -> Any:
+                 metrics: Any = None, conntrack: Any = None) -> Any:
     """A started `Daemon` (ipvsctl.shell.daemon) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
     pods reach it at 169.254.1.1, tests with `daemon_get(node, daemon, path)`. The loop and
     source threads run in the test process's own netns (a fake API server on its 127.0.0.1
-    is reachable). The caller shuts it down (the `make_daemon` fixture does)."""
+    is reachable). `conntrack`: the table the stale-entry sweep works on (None: no sweep).
+    The caller shuts it down (the `make_daemon` fixture does)."""
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig
@@ -513,7 +514,7 @@ def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
         drain_timeout=drain_timeout, drain_check_interval=drain_check_interval)
     daemon = run_in_netns(node.name, lambda: Daemon(
         opts, kernel if kernel is not None else node.kernel, source,
-        metrics=metrics if metrics is not None else Metrics(),
+        metrics=metrics if metrics is not None else Metrics(), conntrack=conntrack,
         loop_config=LoopConfig(drain_check_interval=drain_check_interval,
                                audit_interval=0.5, idle_wakeup=0.1)))
     daemon.start()

@@ -10,6 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import (
+    ConntrackTable,
     IPVSKernel,
     KernelExists,
     KernelNotFound,
@@ -28,12 +29,14 @@ from ipvsctl.kernel.wrappers import (
     set_vs_line,
 )
 from ipvsctl.model import (
+    Protocol,
     RealServerKey,
     RealServerStatus,
     ServiceKey,
     VirtualServer,
     VirtualServerStatus,
 )
+from ipvsctl.model.conntrack import ConntrackEntry
 
 __all__ = ["KNOWN_SCHEDULERS", "FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
 
@@ -69,6 +72,9 @@ class FakeKernel:
         # Connection entries as ip_vs_conn lines (`add_connection`); None: no such file.
         self.conn_lines: list[str] | None = []
         self.conn_reads = 0
+        # The conntrack table (ConntrackTable); None: conntrack unavailable.
+        self.conntrack: set[ConntrackEntry] | None = set()
+        self.conntrack_dumps: list[tuple[Protocol, bool]] = []
 
     # --- test helpers -------------------------------------------------------------
     def set_connections(
@@ -178,6 +184,21 @@ class FakeKernel:
         self.conntrack_flushes.append((key, rs))
         self.ops.append(flush_conntrack_line(key, rs))
 
+    # --- ConntrackTable -----------------------------------------------------------
+    def list_conntrack(self, protocol: Protocol, ipv6: bool) -> list[ConntrackEntry]:
+        if self.conntrack is None:
+            raise KernelUnavailable("no conntrack", "list_conntrack")
+        self.conntrack_dumps.append((protocol, ipv6))
+        return sorted(e for e in self.conntrack if e.protocol == protocol and e.ipv6 == ipv6)
+
+    def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
+        if self.conntrack is None:
+            raise KernelUnavailable("no conntrack", "delete_conntrack")
+        found = [e for e in entries if e in self.conntrack]
+        self.conntrack.difference_update(found)
+        self.ops.extend(f"del-conntrack {e}" for e in sorted(found))
+        return len(found)
+
     # --- internals ----------------------------------------------------------------
     def _service(self, key: ServiceKey, op: str) -> _Service:
         try:
@@ -193,3 +214,4 @@ class FakeKernel:
 
 
 _: type[IPVSKernel] = FakeKernel  # FakeKernel satisfies the interface
+_ct: type[ConntrackTable] = FakeKernel  # and the conntrack table the sweep reads

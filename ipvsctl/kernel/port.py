@@ -13,6 +13,8 @@ from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualSe
 
 if TYPE_CHECKING:
     from ipvsctl.kernel.proc_codec import ConnScan
+    from ipvsctl.model import Protocol as TransportProtocol
+    from ipvsctl.model.conntrack import ConntrackEntry
 
 
 class KernelError(Exception):
@@ -98,4 +100,19 @@ class IPVSKernel(Protocol):
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         """Remove conntrack entries of connections from this virtual to this real server
         (UDP/SCTP removal), so clients move to a live backend."""
+        ...
+
+
+class ConntrackTable(Protocol):
+    """The conntrack table, for the stale-entry sweep (reconcile/conntrack_sweeper.py).
+    Separate from IPVSKernel: the netlink side lives in kernel/conntrack_sweep.py."""
+
+    def list_conntrack(self, protocol: TransportProtocol, ipv6: bool) -> list[ConntrackEntry]:
+        """Every entry of one protocol and family: one dump, filtered by protocol in the
+        kernel. KernelUnavailable when the kernel has no conntrack to dump."""
+        ...
+
+    def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
+        """Delete these entries (by their original tuple); returns how many were deleted
+        (one gone meanwhile is not an error)."""
         ...

@@ -188,6 +188,18 @@ class Metrics:
             self.real_server_deletions.labels(reason)
         for result in ("ok", "deferred", "unavailable", "error"):
             self.conn_table_reads.labels(result)
+        # Stale UDP/SCTP conntrack entries (ipvsctl/reconcile/conntrack_sweeper.py)
+        self.conntrack_stale_deleted = Counter(
+            "ipvsctl_conntrack_stale_entries_deleted",
+            "Stale UDP/SCTP conntrack entries deleted by the sweep (to a Service address, "
+            "answered by no serving endpoint).", registry=r,
+        )
+        self.conntrack_sweeps = Counter(
+            "ipvsctl_conntrack_sweeps", "Conntrack sweeps, by result (ok, error).",
+            ["result"], registry=r,
+        )
+        for result in ("ok", "error"):
+            self.conntrack_sweeps.labels(result)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

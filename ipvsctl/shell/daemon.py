@@ -19,7 +19,7 @@ from typing import Any
 from ipvsctl.healthcheck.proxy import ProxyState
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import Limits
-from ipvsctl.kernel.port import IPVSKernel, KernelError
+from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
@@ -29,6 +29,7 @@ from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.plan.ownership import is_owned
+from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.writer import StateWriter
@@ -94,6 +95,7 @@ class Daemon:
     read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
     # When to sync, check drains, audit...; None: the defaults with the options' interval.
     loop_config: LoopConfig | None = None
+    conntrack: ConntrackTable | None = None  # None: no stale-UDP-entry sweep
 
     def __post_init__(self) -> None:
         o = self.options
@@ -127,6 +129,11 @@ class Daemon:
             self.health.metrics = self.metrics
             self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
+        self.sweeper: ConntrackSweeper | None = None
+        if self.conntrack is not None:
+            self.sweeper = ConntrackSweeper(self.engine, self.conntrack, self.loop.lock,
+                                            self.metrics)
+            self.engine.service_listeners.append(self.sweeper.on_service)
         self.status_doc = StatusDocument(self.engine, self.loop.lock, on_render=lambda s: (
             self.metrics.status_renders.inc(), self.metrics.status_render_seconds.set(s)))
         try:
@@ -219,7 +226,8 @@ class Daemon:
             target=self._guard(self.loop.run_drain_reader), args=(self.stop,),
             name="drain", daemon=True))
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
-                           ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
+                           ("proxy-health", self.proxy_health), ("state-writer", self.writer),
+                           ("conntrack", self.sweeper)):
             if part is not None:
                 self.threads.append(threading.Thread(
                     target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
@@ -245,6 +253,8 @@ class Daemon:
         self.stop.set()
         if self.netfilter is not None:
             self.netfilter.wake.set()
+        if self.sweeper is not None:
+            self.sweeper.wake.set()
         for t in self.threads:
             t.join(timeout=10)
         if self.health is not None:
@@ -340,8 +350,11 @@ def run(o: DaemonOptions) -> int:
         from ipvsctl.netfilter.nft import Nft
 
         nft = Nft(metrics=metrics)
+    from ipvsctl.kernel.conntrack_sweep import NetlinkConntrack
+
     daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
-                    health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o))
+                    health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o),
+                    conntrack=NetlinkConntrack())
     serve_until_signal(daemon.start)
     log.info("signal received, stopping")
     daemon.shutdown()
