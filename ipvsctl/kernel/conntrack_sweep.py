@@ -24,11 +24,10 @@ from typing import Any
 from pyroute2 import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, NFCTSocket
 
+from ipvsctl.kernel.errors import error_code, translate_error
 from ipvsctl.kernel.port import (
     ConntrackTable,
     KernelError,
-    KernelPermissionDenied,
-    KernelTransient,
     KernelUnavailable,
 )
 from ipvsctl.model import Protocol, normalize_ip
@@ -48,23 +47,15 @@ _UNAVAILABLE = (errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT, errno.EAF
 SocketFactory = Callable[[int], Any]  # nfgen_family -> an NFCTSocket-like object
 
 
-def _code(exc: BaseException) -> int | None:
-    if isinstance(exc, NetlinkError):
-        return exc.code
-    if isinstance(exc, OSError):
-        return exc.errno
-    return None
-
-
 def _error(exc: BaseException, operation: str) -> KernelError:
-    code = _code(exc)
-    reason = os.strerror(code) if code else (str(exc) or type(exc).__name__)
-    message = f"{operation}: {reason}"
-    if code in (errno.EPERM, errno.EACCES):
-        return KernelPermissionDenied(f"{message} (needs CAP_NET_ADMIN)", operation)
+    """errors.translate_error, except that a missing ctnetlink is KernelUnavailable (a node
+    without conntrack: the sweep has nothing to do), not KernelNotFound."""
+    code = error_code(exc)
     if code in _UNAVAILABLE:
-        return KernelUnavailable(f"{message} (is nf_conntrack_netlink loaded?)", operation)
-    return KernelTransient(message, operation)
+        reason = os.strerror(code) if code else str(exc)
+        return KernelUnavailable(
+            f"{operation}: {reason} (is nf_conntrack_netlink loaded?)", operation)
+    return translate_error(exc, operation)
 
 
 def _attrs(nla: Any) -> dict[str, Any]:
