@@ -38,9 +38,9 @@ from typing import Any
 
 import pytest
 
+from devkit import labkit
 from devkit.labkit import Node, Pod
 from ipvsctl.kernel.netlink import configure_host
-from tests.lab import labkit
 
 MODULES = (
     "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sh",
