@@ -14,6 +14,7 @@ class DrainQueue:
         self._by_vs: dict[ServiceKey, dict[RealServerKey, DrainEntry]] = {}
         self._by_pod: dict[PodRef, set[tuple[ServiceKey, RealServerKey]]] = {}
         self.version = 0  # bumped on every change: tells the state file it must be written
+        self.added = 0  # bumped on every add: a new drain is written at once, not coalesced
         self._count = 0
         for e in entries or ():
             self.add(e)
@@ -26,6 +27,11 @@ class DrainQueue:
             d = self._by_vs[vs]
             for rs in sorted(d):
                 yield d[rs]
+
+    def entries(self) -> list[DrainEntry]:
+        """Every entry, in no particular order: a copy without the sort of `__iter__` (the
+        state file and the earliest deadline need no order)."""
+        return [e for d in self._by_vs.values() for e in d.values()]
 
     def __contains__(self, key: tuple[ServiceKey, RealServerKey]) -> bool:
         return key[1] in self._by_vs.get(key[0], {})
@@ -46,6 +52,7 @@ class DrainQueue:
         if entry.pod is not None:
             self._by_pod.setdefault(entry.pod, set()).add(entry.key)
         self.version += 1
+        self.added += 1
 
     def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
         d = self._by_vs.get(vs)

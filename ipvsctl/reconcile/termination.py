@@ -51,7 +51,7 @@ class Terminations:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue (wall clock), for the loop's timer."""
-        return min((e.deadline for e in self.queue), default=None)
+        return min((e.deadline for e in self.queue.entries()), default=None)
 
     def snapshot(self) -> DrainSnapshot:
         """The queue as it is now, O(queue)."""
