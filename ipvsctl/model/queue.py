@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ipvsctl.model.drain import DeadlineSource, DrainEntry
-from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey
+from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, service_order
+
+
+def _rs_order(rs: RealServerKey) -> tuple[str, int]:
+    return (rs.address, rs.port)
 
 
 class DrainQueue:
@@ -23,9 +27,9 @@ class DrainQueue:
         return self._count
 
     def __iter__(self) -> Iterator[DrainEntry]:
-        for vs in sorted(self._by_vs):
+        for vs in sorted(self._by_vs, key=service_order):
             d = self._by_vs[vs]
-            for rs in sorted(d):
+            for rs in sorted(d, key=_rs_order):
                 yield d[rs]
 
     def entries(self) -> list[DrainEntry]:
@@ -43,7 +47,7 @@ class DrainQueue:
         return self._by_vs.get(vs, {})
 
     def virtual_servers(self) -> list[ServiceKey]:
-        return sorted(self._by_vs)
+        return sorted(self._by_vs, key=service_order)
 
     def add(self, entry: DrainEntry) -> None:
         self.remove(entry.vs, entry.rs)

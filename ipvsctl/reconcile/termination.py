@@ -10,6 +10,7 @@ like any other; their application removes entries here (`remove`).
 from __future__ import annotations
 
 from ipvsctl.model import ConnCounts, DrainEntry, DrainQueue, RealServerKey, ServiceKey
+from ipvsctl.model.keys import by_service
 from ipvsctl.plan.drain import check_drains
 from ipvsctl.plan.ops import Op
 from ipvsctl.reconcile.drain_reader import DrainReading, DrainSnapshot
@@ -63,7 +64,7 @@ class Terminations:
         entries still queued as the very same entry are judged: an endpoint that came back,
         or drained anew, since the snapshot is left alone."""
         out: list[tuple[ServiceKey, list[Op]]] = []
-        for key, snapped in sorted(reading.snapshot.entries.items()):
+        for key, snapped in sorted(reading.snapshot.entries.items(), key=by_service):
             if key not in reading.observed:
                 continue  # not read this time
             queued = self.queue.for_vs(key)
