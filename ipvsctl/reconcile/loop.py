@@ -168,21 +168,27 @@ class Loop:
         node stays idle however slow its reads are), and at least `audit_interval`."""
         next_audit = self.clock.monotonic() + self.config.audit_interval
         while not stop.wait(max(0.0, next_audit - self.clock.monotonic())):
-            t0 = self.clock.monotonic()
+            took = 0.0
             try:
-                self.audit_off_lock()
+                took = self.audit_off_lock()
             except Exception:  # the audit is a safety net: its failure must not end drains
                 log.exception("audit step failed")
-            next_audit = audit_due(t0, self.clock.monotonic(), self.config.audit_interval)
+            now = self.clock.monotonic()
+            next_audit = audit_due(now - took, now, self.config.audit_interval)
 
-    def audit_off_lock(self) -> None:
+    def audit_off_lock(self) -> float:
+        """One audit step; returns how long its kernel reads took (the pacing's measure:
+        not the time spent waiting for the lock, say behind a 5 s initial sync)."""
         e = self.engine
         with self.lock:
             plan = e.audit_snapshot()
+        t0 = self.clock.monotonic()
         reading = e.read_audit(plan)
+        took = self.clock.monotonic() - t0
         with self.lock:
             if e.apply_audit_reading(reading):
                 self._audit_found = True  # the loop syncs the repaired Services next step
+        return took
 
     def drain_step(self) -> None:
         e = self.engine
