@@ -49,6 +49,10 @@ class DrainQueue:
     def virtual_servers(self) -> list[ServiceKey]:
         return sorted(self._by_vs, key=service_order)
 
+    def per_vs(self) -> Iterator[tuple[ServiceKey, Mapping[RealServerKey, DrainEntry]]]:
+        """(virtual server, its entries), in no particular order (no sort under the lock)."""
+        return iter(self._by_vs.items())
+
     def add(self, entry: DrainEntry) -> None:
         self.remove(entry.vs, entry.rs)
         self._by_vs.setdefault(entry.vs, {})[entry.rs] = entry

@@ -55,9 +55,8 @@ class Terminations:
         return min((e.deadline for e in self.queue.entries()), default=None)
 
     def snapshot(self) -> DrainSnapshot:
-        """The queue as it is now, O(queue)."""
-        return DrainSnapshot({key: dict(self.queue.for_vs(key))
-                              for key in self.queue.virtual_servers()})
+        """The queue as it is now, O(queue), unsorted (the reader sorts, off the lock)."""
+        return DrainSnapshot({key: dict(d) for key, d in self.queue.per_vs()})
 
     def judge(self, reading: DrainReading, now: float) -> list[tuple[ServiceKey, list[Op]]]:
         """The deletions (and forgettings) the reading calls for, per virtual server. Only
