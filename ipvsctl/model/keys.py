@@ -103,3 +103,15 @@ class ServiceRef(_NamespacedName):
 @dataclass(frozen=True, slots=True, order=True)
 class PodRef(_NamespacedName):
     """namespace/name of a Pod (an endpoint's targetRef)."""
+
+
+def service_order(key: ServiceKey) -> tuple[str, str, int]:
+    """The order of `<` as a plain tuple: `sorted(keys, key=service_order)` compares in C,
+    several times cheaper than the dataclass's `__lt__` (bench: 67% of an audit's time)."""
+    return (key.protocol, key.address, key.port)
+
+
+def by_service(item: tuple[ServiceKey, object]) -> tuple[str, str, int]:
+    """`service_order` of a (ServiceKey, value) pair, for sorting a dict's items."""
+    k = item[0]
+    return (k.protocol, k.address, k.port)

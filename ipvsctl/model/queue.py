@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ipvsctl.model.drain import DeadlineSource, DrainEntry
-from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey
+from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, service_order
+
+
+def _rs_order(rs: RealServerKey) -> tuple[str, int]:
+    return (rs.address, rs.port)
 
 
 class DrainQueue:
@@ -14,6 +18,7 @@ class DrainQueue:
         self._by_vs: dict[ServiceKey, dict[RealServerKey, DrainEntry]] = {}
         self._by_pod: dict[PodRef, set[tuple[ServiceKey, RealServerKey]]] = {}
         self.version = 0  # bumped on every change: tells the state file it must be written
+        self.added = 0  # bumped on every add: a new drain is written at once, not coalesced
         self._count = 0
         for e in entries or ():
             self.add(e)
@@ -22,10 +27,15 @@ class DrainQueue:
         return self._count
 
     def __iter__(self) -> Iterator[DrainEntry]:
-        for vs in sorted(self._by_vs):
+        for vs in sorted(self._by_vs, key=service_order):
             d = self._by_vs[vs]
-            for rs in sorted(d):
+            for rs in sorted(d, key=_rs_order):
                 yield d[rs]
+
+    def entries(self) -> list[DrainEntry]:
+        """Every entry, in no particular order: a copy without the sort of `__iter__` (the
+        state file and the earliest deadline need no order)."""
+        return [e for d in self._by_vs.values() for e in d.values()]
 
     def __contains__(self, key: tuple[ServiceKey, RealServerKey]) -> bool:
         return key[1] in self._by_vs.get(key[0], {})
@@ -37,7 +47,11 @@ class DrainQueue:
         return self._by_vs.get(vs, {})
 
     def virtual_servers(self) -> list[ServiceKey]:
-        return sorted(self._by_vs)
+        return sorted(self._by_vs, key=service_order)
+
+    def per_vs(self) -> Iterator[tuple[ServiceKey, Mapping[RealServerKey, DrainEntry]]]:
+        """(virtual server, its entries), in no particular order (no sort under the lock)."""
+        return iter(self._by_vs.items())
 
     def add(self, entry: DrainEntry) -> None:
         self.remove(entry.vs, entry.rs)
@@ -46,6 +60,7 @@ class DrainQueue:
         if entry.pod is not None:
             self._by_pod.setdefault(entry.pod, set()).add(entry.key)
         self.version += 1
+        self.added += 1
 
     def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
         d = self._by_vs.get(vs)

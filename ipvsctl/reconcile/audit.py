@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound
 from ipvsctl.model import RealServerKey, ServiceKey, ServiceRef, VirtualServer
+from ipvsctl.model.keys import service_order
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.applied import AppliedState
@@ -64,7 +66,9 @@ class Auditor:
 
     def snapshot(self, batch: int) -> AuditPlan:
         if not self._cursor:  # a new round: the virtual servers, then the first batch
-            return AuditPlan(self.changed(), True, sorted(self.state.owner)[:batch])
+            # No order is needed, only every key once per round: no sort under the loop's
+            # lock (sorting 10,000 keys twice per round was 70 ms holding it).
+            return AuditPlan(self.changed(), True, list(islice(self.state.owner, batch)))
         return AuditPlan(self.changed(), False, self._cursor[-batch:][::-1])
 
     def read(self, plan: AuditPlan) -> AuditReading:
@@ -91,7 +95,7 @@ class Auditor:
         if reading.plan.full:
             if reading.virtual_servers is not None:
                 self._virtual_servers(reading.virtual_servers, out)
-            self._cursor = sorted(self.state.owner, reverse=True)
+            self._cursor = list(self.state.owner)[::-1]
         for key in reading.plan.keys:
             if self._cursor and self._cursor[-1] == key:
                 self._cursor.pop()
@@ -114,7 +118,7 @@ class Auditor:
                 elif vs != applied.vs:
                     self._drift(out, "virtual_server_changed", ref, key)
                     applied.vs = vs
-        for key in sorted(in_kernel.keys() - self.state.owner.keys()):
+        for key in sorted(in_kernel.keys() - self.state.owner.keys(), key=service_order):
             if self.owned(key):
                 self._drift(out, "virtual_server_unknown", None, key)
                 self.applier.delete_orphan(key, self._count_real_servers(key))

@@ -25,6 +25,7 @@ from ipvsctl.model import (
     RealServerStatus,
     ServiceKey,
 )
+from ipvsctl.model.keys import service_order
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.drain import wants_conn_states
@@ -75,7 +76,7 @@ class DrainReader:
 
     def read(self, snapshot: DrainSnapshot) -> DrainReading:
         reading = DrainReading(snapshot)
-        keys = sorted(snapshot.entries)
+        keys = sorted(snapshot.entries, key=service_order)
         if not keys:
             return reading
         reading.observed = self._read_counts(keys)

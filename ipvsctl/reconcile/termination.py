@@ -10,6 +10,7 @@ like any other; their application removes entries here (`remove`).
 from __future__ import annotations
 
 from ipvsctl.model import ConnCounts, DrainEntry, DrainQueue, RealServerKey, ServiceKey
+from ipvsctl.model.keys import by_service
 from ipvsctl.plan.drain import check_drains
 from ipvsctl.plan.ops import Op
 from ipvsctl.reconcile.drain_reader import DrainReading, DrainSnapshot
@@ -51,19 +52,18 @@ class Terminations:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue (wall clock), for the loop's timer."""
-        return min((e.deadline for e in self.queue), default=None)
+        return min((e.deadline for e in self.queue.entries()), default=None)
 
     def snapshot(self) -> DrainSnapshot:
-        """The queue as it is now, O(queue)."""
-        return DrainSnapshot({key: dict(self.queue.for_vs(key))
-                              for key in self.queue.virtual_servers()})
+        """The queue as it is now, O(queue), unsorted (the reader sorts, off the lock)."""
+        return DrainSnapshot({key: dict(d) for key, d in self.queue.per_vs()})
 
     def judge(self, reading: DrainReading, now: float) -> list[tuple[ServiceKey, list[Op]]]:
         """The deletions (and forgettings) the reading calls for, per virtual server. Only
         entries still queued as the very same entry are judged: an endpoint that came back,
         or drained anew, since the snapshot is left alone."""
         out: list[tuple[ServiceKey, list[Op]]] = []
-        for key, snapped in sorted(reading.snapshot.entries.items()):
+        for key, snapped in sorted(reading.snapshot.entries.items(), key=by_service):
             if key not in reading.observed:
                 continue  # not read this time
             queued = self.queue.for_vs(key)

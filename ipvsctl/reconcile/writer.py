@@ -2,16 +2,17 @@
 
 A whole-queue write costs ~10 ms of fsyncs and ~20 ms per 1,000 entries of JSON (200 ms at
 10,000, measured on the dev VM's disk): done by the loop, every step that starts a drain
-would hold up the next events. The loop hands over a snapshot (`submit`, O(1) past the
-list copy) and this thread writes the newest one; snapshots that arrive during a write
-replace each other, so a burst costs one write more than its duration needs, never a queue.
+would hold up the next events. The loop hands over a view of the queue (`submit`, O(1):
+the loop's `QueueView` copies the entries only when this thread reads it to write) and this
+thread writes the newest one; views that arrive during a write replace each other, so a
+burst costs one write (and one copy) more than its duration needs, never a queue.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ipvsctl.model import DrainEntry
 from ipvsctl.obs.logging import fields
@@ -20,18 +21,18 @@ log = logging.getLogger("ipvsctl.loop")
 
 
 class StateWriter:
-    def __init__(self, save: Callable[[list[DrainEntry]], None],
+    def __init__(self, save: Callable[[Sequence[DrainEntry]], None],
                  on_error: Callable[[], None] | None = None,
                  retry_interval: float = 0.5) -> None:
         self.save = save
         self.on_error = on_error
         self.retry_interval = retry_interval
         self._cond = threading.Condition()
-        self._pending: list[DrainEntry] | None = None
+        self._pending: Sequence[DrainEntry] | None = None
         self._writing = False
         self._failing = False
 
-    def submit(self, entries: list[DrainEntry]) -> None:
+    def submit(self, entries: Sequence[DrainEntry]) -> None:
         """The newest queue to write; returns at once (the loop's `save_queue`)."""
         with self._cond:
             self._pending = entries
@@ -54,7 +55,7 @@ class StateWriter:
             if stop.is_set() and (self._pending is None or not ok):
                 return  # a failing disk is not retried at exit (shutdown tries once more)
 
-    def _write(self, entries: list[DrainEntry], stop: threading.Event) -> bool:
+    def _write(self, entries: Sequence[DrainEntry], stop: threading.Event) -> bool:
         try:
             self.save(entries)
         except OSError as exc:
