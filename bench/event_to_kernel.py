@@ -137,8 +137,9 @@ class Sampler:
     event), waiting for the loop's lock (the innermost line is a `with ... lock`), or busy;
     for busy samples, the share in which each function was on the stack."""
 
-    def __init__(self, names: tuple[str, ...] = ("loop", "drain"), every: float = 0.005):
-        # the daemon's threads are named (daemon.py): loop, source, drain, state-writer
+    def __init__(self, names: tuple[str, ...] = ("loop", "drain", "audit-reader"),
+                 every: float = 0.005):
+        # the daemon's threads are named: loop, source, drain, audit-reader, state-writer
         self.names, self.every = names, every
         self.stop = threading.Event()
         self.state: dict[str, Counter[str]] = {n: Counter() for n in names}
@@ -372,7 +373,7 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     locked: list[float] = []  # audit work done holding the loop's lock (snapshot, apply)
 
     def full_round() -> Any:
-        eng._audit_cursor = []
+        eng.auditor._cursor = []  # force a round start (the split engine's auditor)
         t0 = time.monotonic()
         try:
             return orig_snapshot()
@@ -489,7 +490,8 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     dt = time.monotonic() - t0
     cpu = time.process_time() - c0
     # sampled after the measurement: the sampler costs CPU
-    with Sampler(("loop", "drain", "source", "state-writer"), every=SAMPLE_EVERY) as s:
+    with Sampler(("loop", "drain", "audit-reader", "source", "state-writer"),
+                 every=SAMPLE_EVERY) as s:
         time.sleep(min(10.0, plan.idle_cpu_s / 2))
     phases["idle_cpu"] = {"seconds": round(dt, 1),
                           "cpu_pct_of_one_core": round(100 * cpu / dt, 2),
