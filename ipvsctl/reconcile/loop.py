@@ -64,6 +64,7 @@ class Loop:
         self.config = config or LoopConfig()
         self.clock = clock or SystemClock()
         self.save_queue = save_queue
+        self.audit_reader: threading.Thread | None = None  # run_drain_reader starts it
         self.read_node_ips = read_node_ips  # None: fixed addresses (--node-ip)
         self.lock = threading.Lock()
         self.heartbeat = self.clock.monotonic()
@@ -151,6 +152,7 @@ class Loop:
         seen within their interval (+ 0.5 s)."""
         audit = threading.Thread(target=self.run_audit_reader, args=(stop,),
                                  name="audit-reader", daemon=True)
+        self.audit_reader = audit  # the daemon's /healthz watches it with its own threads
         audit.start()
         try:
             next_drain = self.clock.monotonic()

@@ -189,6 +189,9 @@ class Daemon:
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
         dead = [t.name for t in self.threads if not t.is_alive()]
+        audit = self.loop.audit_reader  # started by the drain reader, not here
+        if audit is not None and not audit.is_alive():
+            dead.append(audit.name)
         # A source's own threads (the API reflectors) die unseen behind its run() thread.
         dead += getattr(self.source, "dead_threads", list)()
         if dead or age > self.options.stale_after:

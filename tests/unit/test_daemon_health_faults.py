@@ -3,6 +3,7 @@ thread inside the source shows on /healthz."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,27 @@ def test_a_dead_source_thread_is_unhealthy(tmp_path: Path) -> None:
         dead.append("ipvsctl-kube-services")
         status, body = get(base + "/healthz")
         assert status == 503 and "ipvsctl-kube-services" in body
+    finally:
+        d.shutdown()
+
+
+@pytest.mark.usefixtures("folder")
+def test_a_dead_audit_reader_is_unhealthy(tmp_path: Path) -> None:
+    """The audit reader is started by the drain reader, not the daemon: /healthz must see
+    it die all the same (it had been left out of the daemon's threads)."""
+    d = make(tmp_path, FakeKernel())
+    try:
+        d.start()
+        base = f"http://127.0.0.1:{d.http.port}"
+        wait_for(lambda: get(base + "/readyz")[0] == 200)
+        wait_for(lambda: d.loop.audit_reader is not None)
+        assert get(base + "/healthz")[0] == 200
+        finished = threading.Thread(target=lambda: None, name="audit-reader")
+        finished.start()
+        finished.join()
+        d.loop.audit_reader = finished  # as if the real one had died
+        status, body = get(base + "/healthz")
+        assert status == 503 and "audit-reader" in body
     finally:
         d.shutdown()
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import queue
 import threading
 
+from devkit.harness import Harness
 from ipvsctl.model import DrainEntry, DrainQueue, RealServerKey, ServiceKey
 from ipvsctl.model.drain import DeadlineSource, DrainReason
 from ipvsctl.model.keys import Protocol
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.writer import StateWriter
-from tests.harness import Harness
 
 
 def _entry(i: int) -> DrainEntry:

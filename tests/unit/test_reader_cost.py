@@ -7,11 +7,11 @@ from __future__ import annotations
 import queue
 import threading
 
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import ServiceKey
 from ipvsctl.reconcile.loop import AUDIT_DUTY, Loop, LoopConfig, audit_due
-from tests.builders import endpoint, endpoint_slice, service
-from tests.harness import Harness, rs, vs
 
 A, B = "10.244.1.5", "10.244.1.6"
 
