@@ -64,7 +64,6 @@ class Loop:
         self.config = config or LoopConfig()
         self.clock = clock or SystemClock()
         self.save_queue = save_queue
-        self.audit_reader: threading.Thread | None = None  # run_drain_reader starts it
         self.read_node_ips = read_node_ips  # None: fixed addresses (--node-ip)
         self.lock = threading.Lock()
         self.heartbeat = self.clock.monotonic()
@@ -143,26 +142,18 @@ class Loop:
             self._persist(*snapshot)
 
     def run_drain_reader(self, stop: threading.Event) -> None:
-        """The kernel reads' own threads (set `drain_thread` before starting this): drain
-        checks (one /proc/net/ip_vs read, a paced pass over ip_vs_conn) here, and the drift
-        audit's steps in a thread of their own started from here, both reading without the
-        lock, so events never wait behind them; the lock is held for a snapshot and for
-        applying the result, both small. Drain checks never queue behind the audit: a round
-        start's full dump took ~40 s under emulation at 10,000 Services, and drains must be
-        seen within their interval (+ 0.5 s)."""
-        audit = threading.Thread(target=self.run_audit_reader, args=(stop,),
-                                 name="audit-reader", daemon=True)
-        self.audit_reader = audit  # the daemon's /healthz watches it with its own threads
-        audit.start()
-        try:
-            next_drain = self.clock.monotonic()
-            while not stop.is_set():
-                if self.clock.monotonic() >= next_drain:
-                    self.drain_step()
-                    next_drain = self.clock.monotonic() + self.config.drain_check_interval
-                stop.wait(max(0.0, next_drain - self.clock.monotonic()))
-        finally:
-            audit.join(timeout=10)
+        """Drain checks in a thread of their own (set `drain_thread` before starting this,
+        and run `run_audit_reader` in another): one /proc/net/ip_vs read and a paced pass
+        over ip_vs_conn, without the lock, so events never wait behind them; the lock is held
+        for a snapshot and for applying the result, both small. Drain checks never queue
+        behind the audit: a round start's full dump took ~40 s under emulation at 10,000
+        Services, and drains must be seen within their interval (+ 0.5 s)."""
+        next_drain = self.clock.monotonic()
+        while not stop.is_set():
+            if self.clock.monotonic() >= next_drain:
+                self.drain_step()
+                next_drain = self.clock.monotonic() + self.config.drain_check_interval
+            stop.wait(max(0.0, next_drain - self.clock.monotonic()))
 
     def run_audit_reader(self, stop: threading.Event) -> None:
         """Audit steps, paced by their cost: a step that took t seconds waits at least

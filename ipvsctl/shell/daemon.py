@@ -189,9 +189,6 @@ class Daemon:
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
         dead = [t.name for t in self.threads if not t.is_alive()]
-        audit = self.loop.audit_reader  # started by the drain reader, not here
-        if audit is not None and not audit.is_alive():
-            dead.append(audit.name)
         # A source's own threads (the API reflectors) die unseen behind its run() thread.
         dead += getattr(self.source, "dead_threads", list)()
         if dead or age > self.options.stale_after:
@@ -225,9 +222,12 @@ class Daemon:
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
         self.loop.drain_thread = True  # drain checks read the kernel off the loop's lock
-        self.threads.append(threading.Thread(
-            target=self._guard(self.loop.run_drain_reader), args=(self.stop,),
-            name="drain", daemon=True))
+        # Drain checks and the audit read the kernel off the loop's lock, each on its own
+        # thread: a drain check never waits behind a full dump.
+        for name, reader in (("drain", self.loop.run_drain_reader),
+                             ("audit-reader", self.loop.run_audit_reader)):
+            self.threads.append(threading.Thread(
+                target=self._guard(reader), args=(self.stop,), name=name, daemon=True))
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
                            ("proxy-health", self.proxy_health), ("state-writer", self.writer),
                            ("conntrack", self.sweeper)):

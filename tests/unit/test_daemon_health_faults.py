@@ -52,19 +52,18 @@ def test_a_dead_source_thread_is_unhealthy(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("folder")
 def test_a_dead_audit_reader_is_unhealthy(tmp_path: Path) -> None:
-    """The audit reader is started by the drain reader, not the daemon: /healthz must see
-    it die all the same (it had been left out of the daemon's threads)."""
+    """The audit reader is a thread of its own: /healthz must see it die (it had been left
+    out of the daemon's threads)."""
     d = make(tmp_path, FakeKernel())
     try:
         d.start()
         base = f"http://127.0.0.1:{d.http.port}"
         wait_for(lambda: get(base + "/readyz")[0] == 200)
-        wait_for(lambda: d.loop.audit_reader is not None)
         assert get(base + "/healthz")[0] == 200
         finished = threading.Thread(target=lambda: None, name="audit-reader")
         finished.start()
         finished.join()
-        d.loop.audit_reader = finished  # as if the real one had died
+        d.threads = [finished if t.name == "audit-reader" else t for t in d.threads]
         status, body = get(base + "/healthz")
         assert status == 503 and "audit-reader" in body
     finally:

@@ -81,6 +81,8 @@ def test_a_drain_check_is_not_held_up_by_the_audits_full_dump():
     kernel.block = True
     stop = threading.Event()
     reader = threading.Thread(target=loop.run_drain_reader, args=(stop,))
+    auditor = threading.Thread(target=loop.run_audit_reader, args=(stop,))
+    auditor.start()
     reader.start()
     try:
         assert kernel.dumping.wait(30)  # the audit is inside its full dump...
@@ -93,7 +95,8 @@ def test_a_drain_check_is_not_held_up_by_the_audits_full_dump():
         kernel.release.set()
         stop.set()
         reader.join(30)
-    assert not reader.is_alive()
+        auditor.join(30)
+    assert not reader.is_alive() and not auditor.is_alive()
 
 
 def test_the_audit_reads_at_most_a_tenth_of_the_time():
