@@ -42,6 +42,16 @@ from ipvsctl.source.events import SourceEvent
 from ipvsctl.source.store import ObjectStore
 
 
+def _wanted(store: ObjectStore, node: NodeContext, rng: random.Random
+            ) -> tuple[dict[ServiceKey, DesiredVirtualServer], list[ServiceKey]]:
+    """Both baselines' first half: every Service planned from scratch, in Go's map order."""
+    wanted: dict[ServiceKey, DesiredVirtualServer] = {}
+    for ref, svc in store.services.items():
+        wanted.update(build_desired_service(svc, store.slices_of(ref), node).virtual_servers)
+    order = list(wanted)
+    rng.shuffle(order)  # Go map iteration order
+    return wanted, order
+
 @dataclass
 class ResyncStats:
     build_s: float = 0.0  # rebuilding the maps (Python planning)
@@ -81,12 +91,7 @@ class FullResync:
         st = ResyncStats()
         calls0 = getattr(k, "calls", 0)
         t0 = time.monotonic()
-        wanted: dict[ServiceKey, DesiredVirtualServer] = {}
-        for ref, svc in self.store.services.items():
-            desired = build_desired_service(svc, self.store.slices_of(ref), self.node)
-            wanted.update(desired.virtual_servers)
-        order = list(wanted)
-        self.rng.shuffle(order)  # Go map iteration order
+        wanted, order = _wanted(self.store, self.node, self.rng)
         t1 = time.monotonic()
         st.build_s = t1 - t0
 
@@ -166,12 +171,7 @@ class PerServiceSync:
         st = ResyncStats()
         calls0 = getattr(k, "calls", 0)
         t0 = time.monotonic()
-        wanted: dict[ServiceKey, DesiredVirtualServer] = {}
-        for ref, svc in self.store.services.items():
-            desired = build_desired_service(svc, self.store.slices_of(ref), self.node)
-            wanted.update(desired.virtual_servers)
-        order = list(wanted)
-        self.rng.shuffle(order)  # Go map iteration order
+        wanted, order = _wanted(self.store, self.node, self.rng)
         t1 = time.monotonic()
         st.build_s = t1 - t0
         current = {vs.key for vs in k.list_virtual_servers()}  # cleanLegacyService's dump
