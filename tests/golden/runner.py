@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from ipvsctl.kernel.port import IPVSKernel
+from ipvsctl.kernel.table import read_table
 from ipvsctl.model import (
     NodeContext,
     Protocol,
@@ -153,9 +154,7 @@ _FLAGS = {"flag-1": SCHED_FLAG_1, "flag-2": SCHED_FLAG_2, "flag-3": SCHED_FLAG_3
 
 def table(kernel: Any) -> list[VirtualServerStatus]:
     """The kernel's table through the port, sorted (what `ipvsctl status` reads)."""
-    return [VirtualServerStatus(vs, tuple(sorted(kernel.list_real_servers(vs.key),
-                                                 key=lambda s: s.key)))
-            for vs in sorted(kernel.list_virtual_servers(), key=lambda v: v.key)]
+    return read_table(kernel)
 
 
 def kernel_text(rows: Iterable[VirtualServerStatus], addresses: Iterable[str]) -> str:
