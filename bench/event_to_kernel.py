@@ -211,7 +211,8 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], k: str = "p99") -> float | None
 
 def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
              seed: int = 1, profile: bool = False) -> dict[str, Any]:
-    """Everything for one size; see the module docstring. `kernel`: fake or netlink;
+    """Everything for one size; see the module docstring. `kernel`: fake (in-memory),
+    packed (in-memory, each write also packed and sent as over netlink) or netlink;
     `mode`: initial or restart (how the table gets there, see 1.)."""
     t = Table(n, e)
     ns = Netns() if kernel == "netlink" else None
@@ -219,7 +220,7 @@ def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
     out: dict[str, Any] = {"services": n, "endpoints_per_service": e, "real_servers": n * e,
                            "kernel": kernel, "mode": mode}
     try:
-        impl = netlink_kernel(ns.name) if ns else fake_kernel()
+        impl = netlink_kernel(ns.name) if ns else fake_kernel(packed=kernel == "packed")
         w = Watcher(impl)
 
         # 1. the table
@@ -335,10 +336,11 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
             measured = 20 <= k < plan.engine_changes + 20
             for ready in (False, True):
                 t.set(i, j, ready)
+                obj = t.slice(i)  # the object as the watch hands it over: not timed
                 c0, w0, k0 = time.thread_time(), time.monotonic(), w.calls
                 if prof is not None and not measured and k >= 20:
                     prof.enable()
-                eng.handle(Upsert(ObjectKind.ENDPOINT_SLICE, t.slice(i), w0))
+                eng.handle(Upsert(ObjectKind.ENDPOINT_SLICE, obj, w0))
                 eng.sync()
                 if prof is not None:
                     prof.disable()

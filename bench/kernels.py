@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import collections
 import itertools
+import socket
+import struct
 import subprocess
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +53,44 @@ def raw_kernel(netns: str) -> Any:
     return RawIPVS(netns=netns)
 
 
+# The generic netlink family id the modelled kernel answers for (any number does).
+FAMILY = 0x1C
+
+
+def ack(seq: int) -> bytes:
+    """A netlink ACK (an NLMSG_ERROR with error 0) for request `seq`."""
+    return struct.pack("=IHHIIi", 36, 2, 0x100, seq, 0, 0) + bytes(16)
+
+
+class AckSocket:
+    """A socket whose peer acknowledges each request at once (the modelled kernel): a real
+    send and a real recv per call, no kernel work."""
+
+    def __init__(self) -> None:
+        self.ours, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.ours.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.ours.fileno()
+
+    def send(self, data: bytes) -> int:
+        self.peer.send(ack(struct.unpack_from("=I", data, 8)[0]))
+        return len(data)
+
+    def recv(self, size: int) -> bytes:
+        return self.ours.recv(size)
+
+
+def wire_calls() -> Any:
+    """ipvsctl's own IPVS request path (`IPVSCalls`: messages packed by `kernel/wire.py`,
+    sent, ACK read and checked) on an AckSocket."""
+    from ipvsctl.kernel.ipvs_calls import IPVSCalls
+
+    ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=AckSocket()),
+                                 prid=FAMILY)
+    return IPVSCalls(types.SimpleNamespace(ipvs=lambda: ipvs))  # type: ignore[arg-type]
+
+
 class BenchFakeKernel(FakeKernel):
     """FakeKernel plus the two reads the baselines make that ipvsctl does not: one virtual
     server by key (kube-proxy's GetVirtualServer) and the dummy interface's addresses."""
@@ -65,10 +106,44 @@ class BenchFakeKernel(FakeKernel):
         self.bound.setdefault(address, 1)
 
 
-def fake_kernel() -> BenchFakeKernel:
+class PackedFakeKernel(BenchFakeKernel):
+    """The in-memory kernel, each write also made as ipvsctl makes it over netlink: the
+    message packed, sent and its ACK read (`wire_calls`). What a write costs the daemon's
+    Python on a real node, less the kernel's own work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = wire_calls()
+
+    def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
+        super().add_virtual_server(vs, bind_address)
+        self.calls.add_service(vs)
+
+    def update_virtual_server(self, vs: VirtualServer) -> None:
+        super().update_virtual_server(vs)
+        self.calls.set_service(vs)
+
+    def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
+        super().delete_virtual_server(key, bind_address)
+        self.calls.delete_service(key)
+
+    def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        super().add_real_server(key, rs, weight)
+        self.calls.add_dest(key, rs, weight)
+
+    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
+        super().set_real_server_weight(key, rs, weight)
+        self.calls.set_dest(key, rs, weight)
+
+    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
+        super().delete_real_server(key, rs)
+        self.calls.delete_dest(key, rs)
+
+
+def fake_kernel(packed: bool = False) -> BenchFakeKernel:
     """FakeKernel without its op log (tests read it; millions of benchmark calls would only
-    grow it)."""
-    k = BenchFakeKernel()
+    grow it); `packed`: each write also packed and sent as over netlink (PackedFakeKernel)."""
+    k = PackedFakeKernel() if packed else BenchFakeKernel()
     k.ops = collections.deque(maxlen=0)  # type: ignore[assignment]
     return k
 

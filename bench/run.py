@@ -161,15 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         host_parts = (args.parts or "e2k,restart,memory").split(",")
         host_sizes = [int(x) for x in (args.sizes or "100,1000,3200,10000").split(",")]
         if "e2k" in host_parts:
-            ok &= _part(out, "e2k-host", lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "fake",
+            ok &= _part(out, "e2k-host", lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "packed",
                                                      None, out, mode=args.mode))
         if "change" in host_parts:  # one change's cost only: quick, after a merge
             ok &= _part(out, "change-host", lambda: e2k(
-                "change-host", [1000, 10000], {}, "fake", 10000, out, mode="initial",
+                "change-host", [1000, 10000], {}, "packed", 10000, out, mode="initial",
                 only=Plan(engine_changes=2000, loop_changes=0, baseline_changes=0)))
         if "restart" in host_parts:
             ok &= _part(out, "restart-host", lambda: e2k(
-                "restart-host", [1000, 10000], {}, "fake", None, out, mode="restart",
+                "restart-host", [1000, 10000], {}, "packed", None, out, mode="restart",
                 only=RESTART_PLAN))
 
         def mem_host() -> dict[str, Any]:
