@@ -103,6 +103,14 @@ def load_all_yaml(text: str) -> Iterator[Any]:
     try:
         while loader.check_data():
             yield loader.get_data()
+    except yaml.YAMLError as exc:
+        # libyaml 0.2.6 (PyYAML 6.0.4's wheels) stops a flow collection at 1,000 levels in
+        # its scanner, which reads a flow collection whole before our composer sees it:
+        # the same refusal as ours, said the same way.
+        if "maximum nesting depth" in str(exc) and not isinstance(exc, LimitError):
+            raise LimitError(f"nested deeper than {MAX_DEPTH} levels "
+                             f"(at {getattr(exc, 'problem_mark', '?')})") from exc
+        raise
     finally:
         loader.dispose()
 
