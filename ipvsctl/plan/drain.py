@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ipvsctl.model import ConnCounts, DrainEntry, Protocol, RealServerKey, RealServerStatus
-from ipvsctl.plan.ops import DeleteRealServer, DeletionReason, ForgetDrain, Op
+from ipvsctl.plan.ops import DeleteRealServer, DeletionReason, ForgetDrain
 
 
 def wants_conn_states(entry: DrainEntry, status: RealServerStatus) -> bool:
@@ -27,7 +27,7 @@ def check_drains(
     observed: Iterable[RealServerStatus] | None,
     now: float,
     conns: Mapping[RealServerKey, ConnCounts] | None = None,
-) -> list[Op]:
+) -> list[DeleteRealServer | ForgetDrain]:
     """`observed` is one read of the virtual server's real servers (None: the virtual
     server is gone). A real server goes as drained when ActiveConn and InActConn are both 0,
     or when its connections, read from the connection table (`conns`, None when it was not
@@ -35,7 +35,7 @@ def check_drains(
     if observed is None:
         return [ForgetDrain(e.vs, e.rs) for _, e in sorted(queued.items())]
     by_key = {s.key: s for s in observed}
-    ops: list[Op] = []
+    ops: list[DeleteRealServer | ForgetDrain] = []
     for rs, entry in sorted(queued.items()):
         status = by_key.get(rs)
         counts = conns.get(rs) if conns is not None else None

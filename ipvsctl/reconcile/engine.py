@@ -47,9 +47,9 @@ from ipvsctl.reconcile.apply import Applier
 from ipvsctl.reconcile.audit import Auditor, AuditPlan, AuditReading
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.contention import Contention
-from ipvsctl.reconcile.drain_reader import DrainReader, DrainReading, DrainSnapshot
+from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
 from ipvsctl.reconcile.intake import Intake
-from ipvsctl.reconcile.termination import Terminations
+from ipvsctl.reconcile.termination import DrainVerdict, Terminations
 from ipvsctl.source.events import SourceEvent
 from ipvsctl.source.store import ObjectStore
 
@@ -319,24 +319,26 @@ class Engine:
     # --- draining -----------------------------------------------------------------------
     def check_drains(self) -> SyncResult:
         """One whole drain check in the caller's thread (tests, and the loop without a
-        reader thread): snapshot, read, apply."""
+        reader thread): snapshot, read and judge, apply."""
         return self.apply_drain_reading(self.read_drains(self.drain_snapshot()))
 
     def drain_snapshot(self) -> DrainSnapshot:
         """Under the loop's lock: the queue as it is now, O(queue)."""
         return self.drains.snapshot()
 
-    def read_drains(self, snapshot: DrainSnapshot) -> DrainReading:
-        """Without the lock: kernel reads only, no engine state touched."""
-        return self.drain_reader.read(snapshot)
+    def read_drains(self, snapshot: DrainSnapshot) -> DrainVerdict:
+        """Without the lock: kernel reads, then the drain rule on what was read; no engine
+        state touched."""
+        reading = self.drain_reader.read(snapshot)
+        return self.drains.judge(reading, self.clock.wall())
 
-    def apply_drain_reading(self, reading: DrainReading) -> SyncResult:
+    def apply_drain_reading(self, verdict: DrainVerdict) -> SyncResult:
         """Under the lock: delete the real servers whose connections are gone or closed, or
-        whose deadline passed (`Terminations.judge`)."""
+        whose deadline passed, as judged off the lock, if their entries are still the ones
+        judged (`Terminations.accept`). O(the deletions), not O(queue)."""
         result = SyncResult()
-        now = self.clock.wall()
-        self.store.expire_pods(now)
-        for key, ops in self.drains.judge(reading, now):
+        self.store.expire_pods(self.clock.wall())
+        for key, ops in self.drains.accept(verdict):
             ref = self.state.owner.get(key)
             outcome = self.applier.apply(ref, ops)
             result.ops += outcome.ops

@@ -1,30 +1,55 @@
 """Terminating real servers: the drain queue and what the drain checks last saw of it.
 
-A drain check is observations in, actions out: `snapshot()` (under the loop's lock) says
-what to read, the reader (`drain_reader.py`, off the lock) reads the kernel, and `judge()`
-(under the lock again) turns the reading into ops through the pure rule (`plan/drain.py`),
-for entries that are still the very ones snapshotted. The ops are applied by the caller
-like any other; their application removes entries here (`remove`).
+A drain check is observations in, actions out, with the loop's lock held only at the ends:
+`snapshot()` (under the lock, one copy of the queue) says what to read; the reader
+(`drain_reader.py`) reads the kernel and `judge()` turns the reading into ops through the
+pure rule (`plan/drain.py`), both off the lock; `accept()` (under the lock again) keeps the
+ops whose entries are still the very ones snapshotted, O(the ops), so a check of 1,000
+draining real servers holds up no event. The ops are applied by the caller like any other;
+their application removes entries here (`remove`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ipvsctl.model import ConnCounts, DrainEntry, DrainQueue, RealServerKey, ServiceKey
 from ipvsctl.model.keys import by_service
 from ipvsctl.plan.drain import check_drains
-from ipvsctl.plan.ops import Op
+from ipvsctl.plan.ops import DeleteRealServer, ForgetDrain, Op
 from ipvsctl.reconcile.drain_reader import DrainReading, DrainSnapshot
 
 RsKey = tuple[ServiceKey, RealServerKey]
+DrainOp = DeleteRealServer | ForgetDrain  # what plan/drain.py's check gives
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a drain check read of one queued entry: its counts and, when the connection
+    table was read for it, its connections by state. Valid only while `entry` is the one
+    queued (an endpoint that came back and drained anew is a new entry)."""
+
+    entry: DrainEntry
+    active: int
+    inactive: int
+    conns: ConnCounts | None
+
+
+@dataclass(frozen=True, slots=True)
+class DrainVerdict:
+    """A judged reading: the ops it calls for, each with the entry it was judged on, and
+    what was seen of every entry (replaces the previous record whole when accepted)."""
+
+    ops: list[tuple[ServiceKey, list[tuple[DrainEntry, Op]]]]
+    seen: dict[RsKey, Seen]
 
 
 class Terminations:
     def __init__(self) -> None:
         self.queue = DrainQueue()
-        # Connection counts of draining real servers as the last drain check read them.
-        self._counts: dict[RsKey, tuple[int, int]] = {}
-        # Their connections by state, when the connection table was read for them.
-        self._conns: dict[RsKey, ConnCounts] = {}
+        # What the last accepted drain check read. Replaced whole, never changed in place:
+        # the reader thread reads it off the lock while judging.
+        self._seen: dict[RsKey, Seen] = {}
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -33,22 +58,32 @@ class Terminations:
         self.queue.add(entry)
 
     def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
-        """The real server is back, deleted or gone: out of the queue, its counts forgotten."""
-        self._counts.pop((vs, rs), None)
-        self._conns.pop((vs, rs), None)
-        return self.queue.remove(vs, rs)
+        """The real server is back, deleted or gone: out of the queue (what was seen of it
+        no longer counts: `Seen` holds the entry it was read for)."""
+        entry = self.queue.remove(vs, rs)
+        self._forget_if_empty()
+        return entry
 
     def remove_vs(self, key: ServiceKey) -> None:
-        for entry in self.queue.remove_vs(key):
-            self._counts.pop(entry.key, None)
-            self._conns.pop(entry.key, None)
+        self.queue.remove_vs(key)
+        self._forget_if_empty()
+
+    def _forget_if_empty(self) -> None:
+        if not len(self.queue):  # no check will replace the record: let it go now
+            self._seen = {}
+
+    def _seen_now(self, vs: ServiceKey, rs: RealServerKey) -> Seen | None:
+        seen = self._seen.get((vs, rs))
+        return seen if seen is not None and self.queue.get(vs, rs) is seen.entry else None
 
     def counts(self, vs: ServiceKey, rs: RealServerKey) -> tuple[int, int] | None:
         """(active, inactive) as the last drain check read them; None: not read."""
-        return self._counts.get((vs, rs))
+        seen = self._seen_now(vs, rs)
+        return (seen.active, seen.inactive) if seen else None
 
     def conns(self, vs: ServiceKey, rs: RealServerKey) -> ConnCounts | None:
-        return self._conns.get((vs, rs))
+        seen = self._seen_now(vs, rs)
+        return seen.conns if seen else None
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue (wall clock), for the loop's timer."""
@@ -58,30 +93,42 @@ class Terminations:
         """The queue as it is now, O(queue), unsorted (the reader sorts, off the lock)."""
         return DrainSnapshot({key: dict(d) for key, d in self.queue.per_vs()})
 
-    def judge(self, reading: DrainReading, now: float) -> list[tuple[ServiceKey, list[Op]]]:
-        """The deletions (and forgettings) the reading calls for, per virtual server. Only
-        entries still queued as the very same entry are judged: an endpoint that came back,
-        or drained anew, since the snapshot is left alone."""
-        out: list[tuple[ServiceKey, list[Op]]] = []
+    def judge(self, reading: DrainReading, now: float) -> DrainVerdict:
+        """Off the lock: the deletions (and forgettings) the reading calls for, per virtual
+        server, judged on the snapshot's entries; touches no state of this object."""
+        previous = self._seen  # replaced whole by accept(), never changed: safe to read
+        seen: dict[RsKey, Seen] = {}
+        out: list[tuple[ServiceKey, list[tuple[DrainEntry, Op]]]] = []
         for key, snapped in sorted(reading.snapshot.entries.items(), key=by_service):
-            if key not in reading.observed:
-                continue  # not read this time
-            queued = self.queue.for_vs(key)
-            current = {rs: e for rs, e in snapped.items() if queued.get(rs) is e}
-            if not current:
+            if key not in reading.observed:  # not read this time: what was seen stays
+                for rs, entry in snapped.items():
+                    old = previous.get((key, rs))
+                    if old is not None and old.entry is entry:
+                        seen[key, rs] = old
                 continue
             observed = reading.observed[key]
-            conns = {rs: c for rs in current
-                     if (c := reading.conns.get((key, rs))) is not None}
             for status in observed or ():
-                if status.key in current:
-                    k = (key, status.key)
-                    self._counts[k] = (status.active_conns, status.inactive_conns)
-                    if status.key in conns:
-                        self._conns[k] = conns[status.key]
-                    else:
-                        self._conns.pop(k, None)
-            ops = check_drains(current, observed, now, conns)
+                entry = snapped.get(status.key)
+                if entry is not None:
+                    seen[key, status.key] = Seen(entry, status.active_conns,
+                                                 status.inactive_conns,
+                                                 reading.conns.get((key, status.key)))
+            conns = {rs: c for rs in snapped
+                     if (c := reading.conns.get((key, rs))) is not None}
+            ops: list[DrainOp] = check_drains(snapped, observed, now, conns)
+            if ops:
+                out.append((key, [(snapped[op.rs], op) for op in ops]))
+        return DrainVerdict(out, seen)
+
+    def accept(self, verdict: DrainVerdict) -> list[tuple[ServiceKey, list[Op]]]:
+        """Under the lock: the verdict's ops whose entries are still queued as the very same
+        entries (an endpoint that came back, or drained anew, since the snapshot is left
+        alone), and what was seen becomes the record. O(the ops)."""
+        self._seen = verdict.seen
+        out: list[tuple[ServiceKey, list[Op]]] = []
+        for key, judged in verdict.ops:
+            queued = self.queue.for_vs(key)
+            ops = [op for entry, op in judged if queued.get(entry.rs) is entry]
             if ops:
                 out.append((key, ops))
         return out

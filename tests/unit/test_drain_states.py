@@ -124,7 +124,8 @@ def test_the_connection_table_pass_is_paced_by_its_own_cost():
 def test_a_reading_from_before_the_endpoint_came_back_never_deletes_it():
     h = draining_a(0, [])  # idle: the next reading says "delete"
     reading = h.engine.read_drains(h.engine.drain_snapshot())
-    assert reading.observed[vs()][0].connections == 0
+    assert [str(op) for _, judged in reading.ops for _, op in judged] == [
+        "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 reason drained"]
     h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))  # A is back (weight 1)
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
     h.engine.apply_drain_reading(reading)
