@@ -19,6 +19,7 @@ from ipvsctl.kernel.port import (
     KernelPermissionDenied,
     KernelTransient,
 )
+from ipvsctl.kernel.wire import MalformedAnswer
 
 __all__ = ["NetlinkError", "error_code", "errors", "translate_error"]
 
@@ -56,7 +57,9 @@ def errors(operation: str, subject: object = "", scheduler: str | None = None) -
         raise
     # RuntimeError: pyroute2 event loop; struct.error/OverflowError: a value that does not
     # fit its netlink field (parsing validates them; this keeps a miss to one Service).
-    except (NetlinkError, OSError, RuntimeError, struct.error, OverflowError) as exc:
+    # MalformedAnswer: a dump answer that does not decode (wire.py).
+    except (NetlinkError, OSError, RuntimeError, struct.error, OverflowError,
+            MalformedAnswer) as exc:
         err = translate_error(exc, operation, str(subject))
         if scheduler is not None and isinstance(err, KernelNotFound):
             # a new/changed service gets ENOENT only for an unknown scheduler

@@ -3,12 +3,12 @@ service and dest add/set/del, the two dumps, and the connection timeouts.
 
 The service and dest commands and the dumps' requests are packed by wire.py (pyroute2's
 bytes, ~60x cheaper to build) and sent on pyroute2's own socket for this thread, with its
-family id; answers are read until the ACK, error or end of dump, dump messages decoded by
-pyroute2's message class as before, and errors go through errors.py like every other
-netlink error. A socket without a raw side (a test's stand-in) gets the pyroute2 calls the
-codec's specs describe. Only add/set/del/get/dump are used (pyroute2's "update" sends a
-DELETE). A dest dump of a missing service is an empty list, not an error, so an empty one
-is followed by a get.
+family id; answers are read until the ACK, error or end of dump, dump messages parsed by
+wire.py too (pyroute2's generic decoding was most of a dump's cost), and errors go through
+errors.py like every other netlink error. A socket without a raw side (a test's stand-in)
+gets the pyroute2 calls the codec's specs describe. Only add/set/del/get/dump are used
+(pyroute2's "update" sends a DELETE). A dest dump of a missing service is an empty list,
+not an error, so an empty one is followed by a get.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 from pyroute2 import NetlinkError
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
-from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from ipvsctl.kernel import wire
 from ipvsctl.kernel.codec import (
@@ -81,13 +80,6 @@ class RawIPVS:
                 out.append(msg)
 
 
-def decode(msg: bytes) -> Any:
-    """A dump message as pyroute2 parses it (what codec.py's parsers read)."""
-    parsed = genl_ipvs.ipvsmsg(msg)
-    parsed.decode()
-    return parsed
-
-
 class IPVSCalls:
     """IPVS over generic netlink. Errors come out as KernelErrors (errors.py)."""
 
@@ -121,9 +113,10 @@ class IPVSCalls:
     def list_virtual_servers(self) -> list[VirtualServer]:
         with errors("list_virtual_servers"):
             answers = self._send(wire.dump_services())
-            messages = ([decode(m) for m in answers] if answers is not None
-                        else self._ipvs().service("dump"))
-        found = (virtual_server_from_message(m) for m in messages)
+            if answers is None:  # a stand-in without a raw socket: pyroute2's decoding
+                found = [virtual_server_from_message(m) for m in self._ipvs().service("dump")]
+            else:
+                found = [wire.parse_service(m) for m in answers]
         return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
@@ -131,12 +124,13 @@ class IPVSCalls:
             answers = self._send(wire.dump_dests(key))
             if answers is None:
                 messages = self._ipvs().dest("dump", service=service_key_spec(key))
+                found = [real_server_from_message(m) for m in messages]
             else:
-                messages = [decode(m) for m in answers]
+                found = [wire.parse_dest(m, key) for m in answers]
             # the kernel answers an empty dump for a missing service too: a get says ESRCH
-            if not messages and self._send(wire.get_service(key)) is None:
+            if not found and self._send(wire.get_service(key)) is None:
                 self._ipvs().service("get", service=service_key_spec(key))
-        return sorted((real_server_from_message(m) for m in messages), key=lambda r: r.key)
+        return sorted(found, key=lambda r: r.key)
 
     # --- writes -----------------------------------------------------------------------
     def add_service(self, vs: VirtualServer) -> None:

@@ -1,10 +1,14 @@
-"""The IPVS messages ipvsctl sends, packed by hand (pure: bytes in, bytes out).
+"""The IPVS messages ipvsctl sends, packed by hand, and the dump answers it reads, parsed by
+hand (pure: bytes in, bytes out).
 
 pyroute2 spends ~0.3 ms of Python building each of these small fixed messages through its
 generic request filters (docs/benchmarks.md, "The netlink hot path"); `struct` does it in
 microseconds. The output is kept byte-for-byte equal to what pyroute2 sends for the same
 call (`IPVS.service`/`IPVS.dest` with codec.py's specs), attribute order and the defaults it
-adds included, by tests/unit/test_netlink_wire.py over every message kind. pyroute2 still
+adds included, by tests/unit/test_netlink_wire.py over every message kind. The same goes for
+the answers: pyroute2's generic attribute decoding was most of a dump's cost (the drift
+audit, restarts), and `parse_service`/`parse_dest` give what codec.py's readers give from
+pyroute2's decoding of the same bytes (tests/unit/test_netlink_wire_parse.py). pyroute2 still
 owns the socket, the family id, links, addresses and conntrack.
 
 Layouts: include/uapi/linux/netlink.h, genetlink.h and ip_vs.h.
@@ -12,11 +16,12 @@ Layouts: include/uapi/linux/netlink.h, genetlink.h and ip_vs.h.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import struct
 
 from ipvsctl.kernel.codec import FWD_MASQ, PROTOCOL_NUMBERS, SVC_F_PERSISTENT
-from ipvsctl.model import RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
 # netlink header flags, as pyroute2's NetlinkRequest sets them per request kind
@@ -36,6 +41,7 @@ SVC_AF, SVC_PROTOCOL, SVC_ADDR, SVC_PORT = 1, 2, 3, 4
 SVC_SCHED_NAME, SVC_FLAGS, SVC_TIMEOUT, SVC_NETMASK = 6, 7, 8, 9
 DEST_ADDR, DEST_PORT, DEST_FWD_METHOD, DEST_WEIGHT = 1, 2, 3, 4
 DEST_U_THRESH, DEST_L_THRESH, DEST_ADDR_FAMILY = 5, 6, 11
+DEST_ACTIVE_CONNS, DEST_INACT_CONNS = 7, 8
 DEST_TUN_TYPE, DEST_TUN_PORT, DEST_TUN_FLAGS = 13, 14, 15
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
@@ -173,3 +179,89 @@ def split(data: bytes) -> list[tuple[int, int, int, bytes]]:
 def error_code(msg: bytes) -> int:
     """The (positive) errno of an NLMSG_ERROR message; 0 is an ACK."""
     return -_ERROR.unpack_from(msg, 16)[0]
+
+
+# --- dump answers ---------------------------------------------------------------------------
+_NLA = struct.Struct("=HH")
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+_GENL_ATTRS = 16 + 4  # nlmsghdr, genlmsghdr
+_PROTOCOLS = {n: p for p, n in PROTOCOL_NUMBERS.items()}
+
+
+def _attrs(data: bytes, start: int = 0, end: int | None = None) -> dict[int, bytes]:
+    """The attributes in data[start:end] by type (the last of a type wins, as in pyroute2's
+    lookups); a truncated attribute ends the walk."""
+    end = len(data) if end is None else end
+    out: dict[int, bytes] = {}
+    i = start
+    while i + 4 <= end:
+        length, kind = _NLA.unpack_from(data, i)
+        if length < 4 or i + length > end:
+            break
+        out[kind & _NLA_TYPE_MASK] = data[i + 4:i + length]
+        i += (length + 3) & ~3
+    return out
+
+
+def _address(af: int | None, raw: bytes) -> str | None:
+    """The kernel sends a 16-byte union nf_inet_addr; the family says how much is used."""
+    if af == socket.AF_INET and len(raw) >= 4:
+        return f"{raw[0]}.{raw[1]}.{raw[2]}.{raw[3]}"
+    if af == socket.AF_INET6 and len(raw) >= 16:
+        return ipaddress.IPv6Address(raw[:16]).compressed
+    return None
+
+
+def _u16(raw: bytes | None) -> int | None:
+    return _U16.unpack_from(raw)[0] if raw is not None and len(raw) >= 2 else None
+
+
+def _u32(raw: bytes | None) -> int:
+    return _U32.unpack_from(raw)[0] if raw is not None and len(raw) >= 4 else 0
+
+
+def _nested(msg: bytes, kind: int) -> dict[int, bytes]:
+    top = _attrs(msg, _GENL_ATTRS)
+    return _attrs(top[kind]) if kind in top else {}
+
+
+def parse_service(msg: bytes) -> VirtualServer | None:
+    """A service dump message (whole, header included) as a VirtualServer; None for what
+    ipvsctl never programs (fwmark services, other protocols)."""
+    a = _nested(msg, ATTR_SERVICE)
+    protocol = _PROTOCOLS.get(_u16(a.get(SVC_PROTOCOL)) or 0)
+    raw_port = a.get(SVC_PORT)
+    addr = _address(_u16(a.get(SVC_AF)), a.get(SVC_ADDR, b""))
+    if addr is None or raw_port is None or len(raw_port) < 2 or protocol is None:
+        return None
+    raw_flags = a.get(SVC_FLAGS)
+    flags = _U32.unpack_from(raw_flags)[0] if raw_flags and len(raw_flags) >= 4 else 0
+    timeout = _u32(a.get(SVC_TIMEOUT)) if flags & SVC_F_PERSISTENT else 0
+    name = a.get(SVC_SCHED_NAME, b"").split(b"\0", 1)[0].decode("utf-8", "replace")
+    return VirtualServer(
+        key=ServiceKey(protocol, addr, _BE16.unpack_from(raw_port)[0]),
+        scheduler=name,
+        persistent_timeout=timeout,
+        sched_flags=flags & SCHED_FLAGS_MASK,
+    )
+
+
+class MalformedAnswer(Exception):
+    """An answer that does not hold what its kind must (errors.py: a KernelTransient)."""
+
+
+def parse_dest(msg: bytes, vs: ServiceKey) -> RealServerStatus:
+    """A dest dump message of virtual server `vs` as a RealServerStatus (the virtual
+    server's family stands in on kernels that do not send IPVS_DEST_ATTR_ADDR_FAMILY)."""
+    a = _nested(msg, ATTR_DEST)
+    family = _u16(a.get(DEST_ADDR_FAMILY)) or _family(vs.address)
+    addr = _address(family, a.get(DEST_ADDR, b""))
+    raw_port = a.get(DEST_PORT)
+    if addr is None or raw_port is None or len(raw_port) < 2:
+        raise MalformedAnswer("a real server without an address or port")
+    return RealServerStatus(
+        key=RealServerKey(addr, _BE16.unpack_from(raw_port)[0]),
+        weight=_u32(a.get(DEST_WEIGHT)),
+        active_conns=_u32(a.get(DEST_ACTIVE_CONNS)),
+        inactive_conns=_u32(a.get(DEST_INACT_CONNS)),
+    )

@@ -1,0 +1,165 @@
+"""The dump answers parsed by hand (kernel/wire.py) read what pyroute2's decoding of the same
+bytes gives codec.py's readers, over every shape the kernel sends: IPv4/IPv6, TCP/UDP/SCTP,
+fwmark services, persistence, scheduler flags and names, statistics, counts at their limits.
+The messages are built as the kernel's ip_vs_genl_fill_service / ip_vs_genl_fill_dest
+write them (net/netfilter/ipvs/ip_vs_ctl.c, 6.1); the lab runs the same parsers on 6.1."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+
+import pytest
+from pyroute2.netlink.generic.ipvs import ipvsmsg
+
+from ipvsctl.kernel import wire
+from ipvsctl.kernel.codec import real_server_from_message, virtual_server_from_message
+from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.port import KernelTransient
+from ipvsctl.model import Protocol, ServiceKey
+
+NESTED = 0x8000
+PROTO = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+
+def nla(kind: int, payload: bytes) -> bytes:
+    n = 4 + len(payload)
+    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n & 3)
+
+
+def u16(v: int) -> bytes:
+    return struct.pack("=H", v)
+
+
+def u32(v: int) -> bytes:
+    return struct.pack("=I", v)
+
+
+def inet(address: str) -> tuple[int, bytes]:
+    """(af, the 16-byte union nf_inet_addr the kernel puts)."""
+    af = socket.AF_INET6 if ":" in address else socket.AF_INET
+    return af, socket.inet_pton(af, address).ljust(16, b"\0")
+
+
+def stats(width: str) -> bytes:
+    return b"".join(nla(i, struct.pack(width, 1000 + i)) for i in range(1, 11))
+
+
+def message(cmd: int, top: int, attrs: bytes, nested_flag: bool) -> bytes:
+    body = bytes((cmd, 1, 0, 0)) + nla(top | (NESTED if nested_flag else 0), attrs)
+    return struct.pack("=IHHII", 16 + len(body), 0x1C, 2, 7, 0) + body
+
+
+def service_message(address: str | None, port: int, proto: str | int, sched: str, flags: int,
+                    timeout: int, fwmark: int = 0, pe: str | None = None,
+                    nested_flag: bool = False) -> bytes:
+    af, raw = inet(address or "0.0.0.0")
+    a = nla(1, u16(af))
+    if fwmark:
+        a += nla(5, u32(fwmark))
+    else:
+        number = PROTO[proto] if isinstance(proto, str) else proto
+        a += nla(2, u16(number)) + nla(3, raw) + nla(4, struct.pack("!H", port))
+    a += nla(6, sched.encode() + b"\0")
+    if pe:
+        a += nla(11, pe.encode() + b"\0")
+    a += nla(7, struct.pack("=II", flags, 0xFFFFFFFF)) + nla(8, u32(timeout))
+    a += nla(9, u32(0xFFFFFFFF if af == socket.AF_INET else 128))
+    a += nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q"))
+    return message(1, 1, a, nested_flag)
+
+
+def dest_message(address: str, port: int, weight: int, active: int, inactive: int,
+                 nested_flag: bool = False) -> bytes:
+    af, raw = inet(address)
+    a = (nla(1, raw) + nla(11, u16(af)) + nla(2, struct.pack("!H", port)) + nla(3, u32(0))
+         + nla(4, u32(weight)) + nla(13, b"\0") + nla(14, u16(0)) + nla(15, u16(0))
+         + nla(5, u32(0)) + nla(6, u32(0)) + nla(7, u32(active)) + nla(8, u32(inactive))
+         + nla(9, u32(3)) + nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q")))
+    return message(5, 2, a, nested_flag)
+
+
+def pyroute2_decoded(data: bytes) -> ipvsmsg:
+    m = ipvsmsg(data)
+    m.decode()
+    return m
+
+
+SERVICES = [
+    dict(address=address, port=port, proto=proto, sched=sched, flags=flags, timeout=timeout,
+         nested_flag=nested)
+    for (address, port), proto, (sched, flags, timeout), nested in itertools.product(
+        [("10.96.0.10", 80), ("0.0.0.1", 1), ("255.255.255.255", 65535), ("fd00::a", 443),
+         ("2001:db8::1:0:0:1", 8080), ("::ffff:10.1.2.3", 53), ("fe80::1", 0)],
+        ["TCP", "UDP", "SCTP"],
+        [("rr", 0, 0), ("wlc", 0, 0), ("mh", 0x10, 0), ("sh", 0x18, 0), ("rr", 0x1, 10800),
+         ("lc", 0x1 | 0x8, 1), ("", 0, 0)],
+        [False, True],
+    )
+]
+
+
+@pytest.mark.parametrize("case", SERVICES, ids=lambda c: "-".join(map(str, c.values())))
+def test_a_service_parses_as_pyroute2_decodes_it(case):
+    data = service_message(**case)
+    assert wire.parse_service(data) == virtual_server_from_message(pyroute2_decoded(data))
+    assert wire.parse_service(data) is not None
+
+
+@pytest.mark.parametrize("case", [
+    dict(address=None, port=0, proto="TCP", sched="rr", flags=0, timeout=0, fwmark=7),
+    dict(address="10.0.0.1", port=80, proto=47, sched="rr", flags=0, timeout=0),  # GRE
+    dict(address="10.0.0.1", port=80, proto="TCP", sched="rr", flags=0, timeout=0, pe="sip"),
+])
+def test_what_ipvsctl_never_programs_parses_as_pyroute2_decodes_it(case):
+    data = service_message(**case)
+    expected = virtual_server_from_message(pyroute2_decoded(data))
+    assert wire.parse_service(data) == expected
+    assert (expected is None) == (case.get("pe") is None)
+
+
+@pytest.mark.parametrize("address, port, weight, active, inactive, nested", [
+    (address, port, weight, active, inactive, nested)
+    for address, (port, weight, (active, inactive)), nested in itertools.product(
+        ["10.244.1.5", "0.0.0.0", "255.255.255.254", "fd00::5", "2001:db8:0:0:1::1",
+         "::ffff:10.1.2.3"],
+        [(8080, 1, (0, 0)), (1, 0, (1, 0)), (65535, 2**31, (2**32 - 1, 2**32 - 1))],
+        [False, True],
+    )
+])
+def test_a_real_server_parses_as_pyroute2_decodes_it(address, port, weight, active, inactive,
+                                                      nested):
+    data = dest_message(address, port, weight, active, inactive, nested)
+    key = ServiceKey(Protocol.TCP, "fd00::1" if ":" in address else "10.96.0.1", 80)
+    assert wire.parse_dest(data, key) == real_server_from_message(pyroute2_decoded(data))
+
+
+def test_a_real_server_without_its_family_takes_the_virtual_servers():
+    af, raw = inet("10.244.1.5")
+    a = nla(1, raw) + nla(2, struct.pack("!H", 8080)) + nla(4, u32(1)) + nla(7, u32(2))
+    rs = wire.parse_dest(message(5, 2, a, False), ServiceKey(Protocol.TCP, "10.96.0.1", 80))
+    assert (str(rs.key), rs.weight, rs.active_conns, rs.inactive_conns) == (
+        "10.244.1.5:8080", 1, 2, 0)
+
+
+@pytest.mark.parametrize("data", [
+    message(5, 2, b"", False),  # no attributes
+    message(5, 2, nla(1, b"\x0a\x00"), False),  # a short address, no port
+    message(5, 2, nla(1, inet("10.0.0.1")[1]) + nla(11, u16(99)) + nla(2, b"\0\x50"), False),
+    message(5, 2, nla(1, inet("10.0.0.1")[1])[:10], False),  # truncated attribute
+    b"\0" * 20,
+])
+def test_a_malformed_real_server_is_a_transient_kernel_error(data):
+    with pytest.raises(KernelTransient, match="list_real_servers"), errors("list_real_servers"):
+        wire.parse_dest(data, ServiceKey(Protocol.TCP, "10.96.0.1", 80))
+
+
+@pytest.mark.parametrize("data", [
+    message(1, 1, b"", False),
+    message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, b"\x0a"), False),  # short address
+    message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, inet("10.0.0.1")[1]), False),
+    b"\0" * 20,
+])
+def test_a_service_the_parser_cannot_read_is_skipped(data):
+    assert wire.parse_service(data) is None
