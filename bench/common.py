@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -75,7 +76,23 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "kvm": os.environ.get("IPVSCTL_VM_KVM") == "1",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": _commit(),
+        # the daemon sets 0.001 (shell/daemon.py); BENCH_SWITCH_INTERVAL overrides it
+        "switch_interval": float(os.environ.get("BENCH_SWITCH_INTERVAL") or 0.001),
     }
+
+
+def _commit() -> str:
+    """The commit measured (+ "-dirty" with uncommitted changes): results name their code."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
+                                "ipvsctl", "bench"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("-dirty" if dirty else "")
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> Path:

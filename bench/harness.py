@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import os
 import queue
+import sys
 import tempfile
 import threading
 import time
@@ -200,6 +202,8 @@ class BenchDaemon:
     def start(self, timeout: float = 7200.0) -> float:
         t0 = time.monotonic()
         self.daemon.start()
+        if os.environ.get("BENCH_SWITCH_INTERVAL"):  # an A/B of the daemon's GIL setting
+            sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
         deadline = t0 + timeout
         while self.readyz() != 200:
             if time.monotonic() > deadline:

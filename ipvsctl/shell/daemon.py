@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -39,6 +40,8 @@ from ipvsctl.shell.signals import serve_until_signal
 from ipvsctl.shell.status_http import StatusDocument
 from ipvsctl.shell.status_json import engine_status, quiesced_json
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+
+SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
 
 log = logging.getLogger("ipvsctl.daemon")
 
@@ -201,6 +204,11 @@ class Daemon:
         return text(503, "waiting for the first full list to reach the kernel\n")
 
     def start(self) -> None:
+        # The readers parse kernel answers in Python while the loop waits to apply an event:
+        # a thread waiting for the GIL gets it after up to the switch interval (5 ms by
+        # default), several times per change (each netlink call releases it). 1 ms keeps an
+        # event's wait short while a dump or a table read is being parsed.
+        sys.setswitchinterval(SWITCH_INTERVAL)
         if self.netfilter is not None:
             try:
                 self.netfilter.start()
