@@ -92,9 +92,10 @@ class Watcher:
         self.calls += 1
         return self._hold(key, self.impl.list_real_servers(key)) or []
 
-    def read_real_servers(self, keys: Collection[ServiceKey]) -> dict[ServiceKey, Any]:
+    def read_real_servers(self, keys: Collection[ServiceKey],
+                          only: Any = None) -> dict[ServiceKey, Any]:
         self.calls += 1
-        table = self.impl.read_real_servers(keys)
+        table = self.impl.read_real_servers(keys, only)
         return {k: self._hold(k, v) for k, v in table.items()}
 
     # --- writes -------------------------------------------------------------------------

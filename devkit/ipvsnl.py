@@ -236,8 +236,9 @@ class RawIPVS:
         return sorted(out, key=lambda r: r.key)
 
     # --- writes -------------------------------------------------------------------------
-    def read_real_servers(self, keys: Any) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        scan = procfs.read_table(keys, netns=self.netns)  # one /proc/net/ip_vs read
+    def read_real_servers(self, keys: Any,
+                          only: Any = None) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        scan = procfs.read_table(keys, only, netns=self.netns)  # one /proc/net/ip_vs read
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
 
     def read_connections(self, pairs: Any) -> Any:

@@ -6,7 +6,7 @@ scenarios against the real kernel.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import (
@@ -125,11 +125,13 @@ class FakeKernel:
         ]
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey]
+        self, keys: Collection[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         self.table_reads += 1
         return {k: [RealServerStatus(rs, d.weight, d.active, d.inactive)
-                    for rs, d in sorted(self.services[k].dests.items())]
+                    for rs, d in sorted(self.services[k].dests.items())
+                    if only is None or rs in only.get(k, ())]
                 if k in self.services else None for k in keys}
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from pyroute2 import IPVS, IPRoute
 
@@ -135,9 +135,10 @@ class NetlinkKernel:
         return self._calls.list_real_servers(key)
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey]
+        self, keys: Collection[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        scan = procfs.read_table(keys, netns=self.netns)
+        scan = procfs.read_table(keys, only, netns=self.netns)
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:

@@ -6,7 +6,7 @@ so nothing above `kernel/` ever sees a foreign exception.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
@@ -59,11 +59,14 @@ class IPVSKernel(Protocol):
         ...
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey]
+        self, keys: Collection[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         """The real servers of many virtual servers in one read (/proc/net/ip_vs), with
         weights and counts: None for a virtual server that is not in the kernel; a key left
-        out could not be read this time (ask again later)."""
+        out could not be read this time (ask again later). With `only`, a virtual server's
+        list holds just those of its real servers that are in the kernel (a drain check
+        needs no others: parsing them was most of its read)."""
         ...
 
     def read_connections(

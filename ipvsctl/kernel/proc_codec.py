@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ipvsctl.model import (
@@ -230,15 +230,29 @@ class TableScan:
     unreadable: set[ServiceKey] = field(default_factory=set)
 
 
-def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = None) -> TableScan:
+_RS_TOKEN = re.compile(r"(?:[0-9A-Fa-f]{8}|\[[0-9A-Fa-f:]{2,39}\]):[0-9A-Fa-f]{4}")
+
+
+def rs_token(rs: RealServerKey) -> str:
+    """`RemoteAddress:Port` as an ip_vs real server line prints it."""
+    addr = kernel_address(rs.address)
+    return f"[{addr}]:{rs.port:04X}" if ":" in addr else f"{addr}:{rs.port:04X}"
+
+
+def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = None,
+               only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None) -> TableScan:
     """Real servers with weights and counts per virtual server (all of them when wanted is
-    None). Header lines of other virtual servers cost a split, their real servers a prefix
-    check. A wanted virtual server with an unreadable line goes to `unreadable` (its drains
-    wait for the next read) rather than reported without that real server (that would
-    forget it)."""
+    None; with `only`, just those real servers of each). Header lines of other virtual
+    servers cost a split, their real servers a prefix check, real servers left out by
+    `only` a split. A wanted virtual server with an unreadable line goes to `unreadable`
+    (its drains wait for the next read) rather than reported without that real server
+    (that would forget it)."""
     tokens = None if wanted is None else {vs_token(k): k for k in wanted}
+    chosen = None if only is None else {
+        key: frozenset(map(rs_token, only.get(key, ()))) for key in (wanted or only)}
     scan = TableScan()
     current: ServiceKey | None = None
+    keep: frozenset[str] | None = None  # the current virtual server's chosen real servers
     broken: set[ServiceKey] = set()
     for line in lines:
         scan.lines += 1
@@ -248,6 +262,12 @@ def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = Non
             cols = line.split()
             try:
                 if cols[1] == "RemoteAddress:Port":
+                    continue
+                if keep is not None and cols[1] not in keep:
+                    # not asked for: its shape is checked (a line that does not parse still
+                    # makes the virtual server unreadable), not its values
+                    if len(cols) != 6 or _RS_TOKEN.fullmatch(cols[1]) is None:
+                        raise ValueError(cols[1])
                     continue
                 address, port = _hostport(cols[1])
                 weight, active, inactive = int(cols[3]), int(cols[4]), int(cols[5])
@@ -276,6 +296,7 @@ def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = Non
                 scan.bad += 1
                 continue
         current = key
+        keep = None if chosen is None else chosen.get(key, frozenset())
         scan.real_servers[key] = []
     for key in broken:
         scan.real_servers.pop(key, None)

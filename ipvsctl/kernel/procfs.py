@@ -8,7 +8,7 @@ table of 100,000 connections is never held in memory.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, TypeVar
 
 from ipvsctl.kernel import host
@@ -20,7 +20,7 @@ from ipvsctl.kernel.proc_codec import (
     scan_connections,
     scan_table,
 )
-from ipvsctl.model import ServiceKey
+from ipvsctl.model import RealServerKey, ServiceKey
 
 # thread-self: the namespace of the thread that opens it (run_in_netns's), not the process's
 CONN_FILE = "/proc/thread-self/net/ip_vs_conn"
@@ -60,11 +60,13 @@ def read_connections(pairs: Collection[ConnKey], *, netns: str | None = None,
     return _stream(f, path, "read_ip_vs_conn", lambda lines: scan_connections(lines, pairs))
 
 
-def read_table(keys: Collection[ServiceKey] | None = None, *, netns: str | None = None,
-               path: str = TABLE_FILE) -> TableScan:
-    """One read of /proc/net/ip_vs for these virtual servers (all when None)."""
+def read_table(keys: Collection[ServiceKey] | None = None,
+               only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None, *,
+               netns: str | None = None, path: str = TABLE_FILE) -> TableScan:
+    """One read of /proc/net/ip_vs for these virtual servers (all when None), with only
+    these of their real servers (`scan_table`)."""
     f = _open(path, netns, "read_ip_vs")
-    scan = _stream(f, path, "read_ip_vs", lambda lines: scan_table(lines, keys))
+    scan = _stream(f, path, "read_ip_vs", lambda lines: scan_table(lines, keys, only))
     if not scan.complete:
         raise KernelTransient(f"{path}: no IPVS header", "read_ip_vs")
     return scan

@@ -10,7 +10,7 @@ read them all spell a call the same way
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Generic, TypeVar
 
 from ipvsctl.kernel.port import IPVSKernel, KernelTransient
@@ -62,9 +62,10 @@ class _Passthrough(Generic[K]):
         return self.impl.list_real_servers(key)
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey]
+        self, keys: Collection[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        return self.impl.read_real_servers(keys)
+        return self.impl.read_real_servers(keys, only)
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         return self.impl.read_connections(pairs)

@@ -15,6 +15,7 @@ a million connections checks less often rather than spending every check reading
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound, KernelUnavailable
@@ -79,7 +80,7 @@ class DrainReader:
         keys = sorted(snapshot.entries, key=service_order)
         if not keys:
             return reading
-        reading.observed = self._read_counts(keys)
+        reading.observed = self._read_counts(keys, snapshot.entries)
         wanted = [
             (key, s.key)
             for key in keys
@@ -91,7 +92,7 @@ class DrainReader:
         return reading
 
     def _read_counts(
-        self, keys: list[ServiceKey]
+        self, keys: list[ServiceKey], only: Mapping[ServiceKey, Collection[RealServerKey]]
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         """The cheaper of one table read (its cost grows with the whole table) and one
         netlink dump per draining virtual server (grows with the drains), by the costs
@@ -100,7 +101,10 @@ class DrainReader:
         if self.read_choice(len(keys)) == "table":
             t0 = self.clock.monotonic()
             try:
-                observed = self.kernel.read_real_servers(keys)
+                # only the draining real servers: the rule needs no others (at 1,000 draining
+                # of 10,000 virtual servers, parsing the other 9,000 real server lines was
+                # most of the read)
+                observed = self.kernel.read_real_servers(keys, only)
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
                 self._table_cost = float("inf")  # dumps from now on

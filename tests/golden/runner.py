@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,10 +139,11 @@ class GoldenKernel:
         return [self._counted(key, s) for s in self.impl.list_real_servers(key)]
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey]
+        self, keys: Collection[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         return {k: None if v is None else [self._counted(k, s) for s in v]
-                for k, v in self.impl.read_real_servers(keys).items()}
+                for k, v in self.impl.read_real_servers(keys, only).items()}
 
 
 _: type[IPVSKernel] = GoldenKernel

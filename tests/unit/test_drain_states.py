@@ -167,11 +167,11 @@ class BlockingReadKernel(FakeKernel):
         self.release = threading.Event()
         self.block = False
 
-    def read_real_servers(self, keys):
+    def read_real_servers(self, keys, only=None):
         if self.block:
             self.reading.set()
             assert self.release.wait(10)
-        return super().read_real_servers(keys)
+        return super().read_real_servers(keys, only)
 
 
 def test_events_are_applied_while_a_drain_read_is_in_progress():
@@ -229,9 +229,9 @@ def test_counts_come_from_the_cheaper_read_by_measured_cost():
     h = Harness()
 
     class CostlyKernel(FakeKernel):
-        def read_real_servers(self, keys):  # a big node table: 100 ms whatever is asked
+        def read_real_servers(self, keys, only=None):  # a big node table: 100 ms whatever is asked
             h.clock.advance(0.1)
-            return super().read_real_servers(keys)
+            return super().read_real_servers(keys, only)
 
         def list_real_servers(self, key):  # one dump: 1 ms
             h.clock.advance(0.001)
@@ -250,7 +250,7 @@ def test_counts_come_from_the_cheaper_read_by_measured_cost():
 
 def test_without_the_table_file_counts_come_from_dumps_with_one_log_line(caplog):
     class NoTable(FakeKernel):
-        def read_real_servers(self, keys):
+        def read_real_servers(self, keys, only=None):
             raise KernelUnavailable("no /proc/net/ip_vs", "read_ip_vs")
 
     h = Harness(kernel=NoTable(), drain_timeout=600)

@@ -95,7 +95,7 @@ def test_table_reads_through_the_port_and_prints_like_the_fake() -> None:
 
 def test_table_falls_back_to_per_service_dumps_when_the_table_file_fails() -> None:
     class NoProcFile(FakeKernel):
-        def read_real_servers(self, keys: object) -> dict:  # type: ignore[override]
+        def read_real_servers(self, keys: object, only: object = None) -> dict:  # type: ignore[override]
             raise KernelTransient("no /proc/net/ip_vs", "read_real_servers")
 
     k = NoProcFile()

@@ -136,7 +136,7 @@ def test_a_real_server_parses_as_pyroute2_decodes_it(address, port, weight, acti
 
 
 def test_a_real_server_without_its_family_takes_the_virtual_servers():
-    af, raw = inet("10.244.1.5")
+    _, raw = inet("10.244.1.5")
     a = nla(1, raw) + nla(2, struct.pack("!H", 8080)) + nla(4, u32(1)) + nla(7, u32(2))
     rs = wire.parse_dest(message(5, 2, a, False), ServiceKey(Protocol.TCP, "10.96.0.1", 80))
     assert (str(rs.key), rs.weight, rs.active_conns, rs.inactive_conns) == (

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ipvsctl.kernel.proc_codec import (
     dest_token,
     parse_conn_line,
+    rs_token,
     scan_connections,
     scan_table,
 )
@@ -140,6 +141,27 @@ def test_table_with_an_unreadable_real_server_line_is_not_known_for_that_virtual
     scan = scan_table(broken.splitlines(True), [VS, VS6])
     assert scan.unreadable == {VS} and VS not in scan.real_servers and VS6 in scan.real_servers
     assert not scan_table(["garbage\n"]).complete
+
+
+def test_with_only_a_virtual_servers_chosen_real_servers_are_parsed_and_reported():
+    gone = RealServerKey("10.244.9.9", 8080)
+    scan = scan_table(TABLE.splitlines(True), [VS, VS6], {VS: [B, gone], VS6: [A6]})
+    assert scan.real_servers == {VS: [RealServerStatus(B, 1, 2, 0)],
+                                 VS6: [RealServerStatus(A6, 1, 0, 7)]}
+    assert rs_token(A6) == "[fd00:0000:0000:0000:0000:0000:0000:0005]:1F90"
+    assert rs_token(B) == "0AF40106:1F90"
+
+
+def test_with_only_an_unreadable_line_still_makes_its_virtual_server_unknown():
+    """A line left out by `only` is not parsed, but one that does not look like a real
+    server (it might be the drained one, mangled) still makes the drain wait."""
+    for broken_line in ("  -> 0AF40105:1F90      Masq    0      0",
+                        "  -> 0AF4010:1F90      Masq    0      0          3",
+                        "  -> [fd00::5]]:1F90      Masq    0      0          3"):
+        broken = TABLE.replace("  -> 0AF40105:1F90      Masq    0      0          3",
+                               broken_line)
+        scan = scan_table(broken.splitlines(True), [VS], {VS: [B]})
+        assert scan.unreadable == {VS} and VS not in scan.real_servers, broken_line
 
 
 def test_hex_fields_must_be_plain_hex():

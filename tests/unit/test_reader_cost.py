@@ -176,9 +176,9 @@ def test_drain_checks_are_paced_start_to_start():
     not 1 s later: a drain is seen within the interval plus one read, not two reads."""
 
     class SlowTable(FakeKernel):
-        def read_real_servers(self, keys):
+        def read_real_servers(self, keys, only=None):
             h.clock.advance(0.8)
-            return super().read_real_servers(keys)
+            return super().read_real_servers(keys, only)
 
     class Stop:
         """Records each wait; stops after the first wait that follows a check."""
