@@ -30,7 +30,7 @@ from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.conntrack import newly_served, stale_entries, sweep_table
-from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.reconcile.clock import Clock, SystemClock, paced
 from ipvsctl.reconcile.engine import Engine
 
 log = logging.getLogger("ipvsctl.conntrack")
@@ -118,8 +118,8 @@ class ConntrackSweeper:
             return result
         finally:
             end = self.clock.monotonic()
-            self._not_before = end + max(self.config.min_interval,
-                                         self.config.duty * (end - now))
+            self._not_before = paced(now, end, duty=self.config.duty,
+                                     rest=self.config.min_interval)
             self._next_periodic = end + self.config.interval
 
     def _due(self, now: float) -> str | None:

@@ -30,7 +30,7 @@ from ipvsctl.model.keys import service_order
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.drain import wants_conn_states
-from ipvsctl.reconcile.clock import Clock
+from ipvsctl.reconcile.clock import Clock, paced
 
 log = logging.getLogger("ipvsctl.drain")
 
@@ -161,8 +161,7 @@ class DrainReader:
                 log.warning("ipvs connection table unreadable, draining by counts only",
                             extra=fields(error=exc))
             return {}
-        took = self.clock.monotonic() - now
-        self._next_conn_scan = now + took * (1 + DUTY)
+        self._next_conn_scan = paced(now, self.clock.monotonic(), duty=DUTY)
         self.last_scan = scan
         self.metrics.conn_table_reads.labels("ok").inc()
         self.metrics.conn_table_lines.inc(scan.lines)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import DrainEntry
 from ipvsctl.obs.logging import fields
-from ipvsctl.reconcile.clock import Clock, SystemClock
+from ipvsctl.reconcile.clock import Clock, SystemClock, paced
 from ipvsctl.reconcile.engine import Engine
 from ipvsctl.source.events import SourceEvent
 
@@ -44,8 +44,8 @@ AUDIT_DUTY = 9.0  # an audit step waits at least this many times its own duratio
 
 
 def audit_due(started: float, ended: float, interval: float) -> float:
-    """When the next audit step may start (pure; the audit reader's pacing)."""
-    return ended + max(interval - (ended - started), (ended - started) * AUDIT_DUTY)
+    """When the next audit step may start: one per interval, at most ~10% of the time."""
+    return paced(started, ended, duty=AUDIT_DUTY, every=interval)
 
 
 class Loop:

@@ -202,3 +202,12 @@ def test_drain_checks_are_paced_start_to_start():
     stop = Stop()
     loop.run_drain_reader(stop)  # type: ignore[arg-type]
     assert stop.waits == [0.2]
+
+
+def test_one_pacing_rule_for_every_background_read():
+    from ipvsctl.reconcile.clock import paced
+
+    assert paced(10.0, 10.01, duty=9.0, every=1.0) == 11.0  # cheap: once per `every`
+    assert paced(10.0, 14.0, duty=9.0, every=1.0) == 50.0  # 4 s of reading, 36 s of rest
+    assert paced(10.0, 10.5, duty=4.0, rest=60.0) == 70.5  # at least `rest` after it ended
+    assert paced(10.0, 10.5, duty=9.0) == 15.0  # the connection-table pass: duty alone
