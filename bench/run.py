@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default=None,
                    help="vm: e2k,drain,rollout[,memory] (default the first three); "
                         "host: e2k,restart,memory,change,status (default e2k,restart,memory)")
+    p.add_argument("--table-only", action="store_true",
+                   help="vm e2k: the table only (initial sync or restart, timed), no phases "
+                        "or baselines; a size given twice runs twice")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = (args.parts or "e2k,drain,rollout").split(",")
         if "e2k" in parts:
             ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, VM_PLAN, "netlink", 1000, out,
-                                                mode=args.mode))
+                                                mode=args.mode,
+                                                only=RESTART_PLAN if args.table_only else None))
         if "drain" in parts:
             from bench.drain import run_drain
 
