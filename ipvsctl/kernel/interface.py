@@ -15,8 +15,10 @@ from typing import TypeVar
 
 from pyroute2 import NetlinkError
 
+from ipvsctl.kernel import wire
 from ipvsctl.kernel.errors import error_code, errors
 from ipvsctl.kernel.port import KernelError, KernelTransient
+from ipvsctl.kernel.raw import RawRequests
 from ipvsctl.kernel.sockets import Sockets
 from ipvsctl.model import ServiceKey
 
@@ -36,6 +38,9 @@ class DummyInterface:
         self.sockets = sockets
         self.name = name
         self._ifindex: int | None = None
+        # add/del packed by hand (wire.py): pyroute2's request path was ~40% of an initial
+        # sync under emulation (8.5 ms an address, against 0.5 ms a real server)
+        self._raw = RawRequests()
 
     def ensure(self) -> int:
         """The interface's index, creating the interface if it is missing."""
@@ -86,7 +91,8 @@ class DummyInterface:
 
         def add(index: int) -> None:
             try:
-                ipr.addr("add", index=index, address=address, prefixlen=prefixlen(address))
+                if self._raw.send(ipr, wire.RTM_NEWADDR, wire.new_addr(index, address)) is None:
+                    ipr.addr("add", index=index, address=address, prefixlen=prefixlen(address))
             except NetlinkError as exc:
                 if exc.code != errno.EEXIST:
                     raise
@@ -99,7 +105,8 @@ class DummyInterface:
 
         def delete(index: int) -> None:
             try:
-                ipr.addr("del", index=index, address=address, prefixlen=prefixlen(address))
+                if self._raw.send(ipr, wire.RTM_DELADDR, wire.del_addr(index, address)) is None:
+                    ipr.addr("del", index=index, address=address, prefixlen=prefixlen(address))
             except NetlinkError as exc:
                 if exc.code not in (errno.EADDRNOTAVAIL, errno.ENOENT):
                     raise

@@ -13,13 +13,8 @@ not an error, so an empty one is followed by a get.
 
 from __future__ import annotations
 
-import errno
-import itertools
-import select
-import threading
 from typing import Any
 
-from pyroute2 import NetlinkError
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
 from ipvsctl.kernel import wire
@@ -34,50 +29,9 @@ from ipvsctl.kernel.codec import (
     virtual_server_from_message,
 )
 from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.raw import RawRequests
 from ipvsctl.kernel.sockets import Sockets, get_config
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
-
-ANSWER_TIMEOUT = 30.0  # seconds; the kernel answers at once, this only bounds a lost answer
-_DUMP_BUFFER, _ACK_BUFFER = 1 << 18, 1 << 14
-# pyroute2 numbers its requests from 0xFF to 0xFFFF: ours never meet them
-_SEQ_FIRST, _SEQ_LAST = 0x01000000, 0x7FFFFFFF
-
-
-class RawIPVS:
-    """The calling thread's pyroute2 IPVS socket, used raw: pre-packed requests out, answers
-    in. Blocks (poll: any descriptor number) for the answer; stray answers of other
-    sequence numbers are dropped, as pyroute2 drops them."""
-
-    def __init__(self, sock: Any, family: int) -> None:
-        self.sock = sock
-        self.family = family
-        self._poll = select.poll()
-        self._poll.register(sock.fileno(), select.POLLIN)
-
-    def request(self, request: wire.Request, seq: int) -> list[bytes]:
-        """The answers to one request (whole messages) before its ACK or end of dump;
-        NetlinkError with the kernel's errno for an error answer."""
-        self.sock.send(wire.message(self.family, request, seq))
-        size = _DUMP_BUFFER if request[0] == wire.FLAGS_DUMP else _ACK_BUFFER
-        out: list[bytes] = []
-        while True:
-            if not self._poll.poll(ANSWER_TIMEOUT * 1000):
-                raise NetlinkError(errno.ETIMEDOUT, "no answer from IPVS")
-            try:
-                data = self.sock.recv(size)
-            except BlockingIOError:
-                continue
-            for kind, _flags, answer_seq, msg in wire.split(data):
-                if answer_seq != seq:
-                    continue
-                if kind == wire.NLMSG_ERROR:
-                    code = wire.error_code(msg)
-                    if code:
-                        raise NetlinkError(code)
-                    return out
-                if kind == wire.NLMSG_DONE:
-                    return out
-                out.append(msg)
 
 
 class IPVSCalls:
@@ -85,29 +39,15 @@ class IPVSCalls:
 
     def __init__(self, sockets: Sockets) -> None:
         self.sockets = sockets
-        self._seq = itertools.count()
-        self._local = threading.local()
+        self._raw = RawRequests()
 
     def _ipvs(self) -> Any:
         return self.sockets.ipvs()
 
-    def _raw(self) -> RawIPVS | None:
-        """This thread's socket, raw; None for a stand-in without one."""
-        ipvs = self._ipvs()
-        cached = getattr(self._local, "raw", None)
-        if cached is None or cached[0] is not ipvs:
-            asyncore = getattr(ipvs, "asyncore", None)
-            raw = RawIPVS(asyncore.socket, ipvs.prid) if asyncore is not None else None
-            cached = self._local.raw = (ipvs, raw)
-        return cached[1]
-
     def _send(self, request: wire.Request) -> list[bytes] | None:
         """The answers, or None when there is no raw socket (the caller uses pyroute2)."""
-        raw = self._raw()
-        if raw is None:
-            return None
-        seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
-        return raw.request(request, seq)
+        ipvs = self._ipvs()
+        return self._raw.send(ipvs, ipvs.prid, request)
 
     # --- reads ------------------------------------------------------------------------
     def list_virtual_servers(self) -> list[VirtualServer]:

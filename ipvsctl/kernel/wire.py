@@ -156,8 +156,36 @@ def dump_dests(key: ServiceKey) -> Request:
     return FLAGS_DUMP, _genl(GET_DEST, _nla(ATTR_SERVICE, _identity(key)))
 
 
+# --- rtnetlink: the VIP interface's addresses ----------------------------------------------
+# What pyroute2's IPRoute.addr("add"/"del", index=, address=, prefixlen=/32 or /128) sends:
+# an ifaddrmsg, IFA_ADDRESS, and for IPv4 IFA_LOCAL too (tests/unit/test_netlink_wire.py).
+RTM_NEWADDR, RTM_DELADDR = 20, 21
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+
+
+def _ifaddr(index: int, address: str) -> bytes:
+    af = _family(address)
+    raw = socket.inet_pton(af, address)
+    if af == socket.AF_INET:
+        return (_IFADDRMSG.pack(af, 32, 0, 0, index)
+                + _nla(IFA_ADDRESS, raw) + _nla(IFA_LOCAL, raw))
+    return _IFADDRMSG.pack(af, 128, 0, 0, index) + _nla(IFA_ADDRESS, raw)
+
+
+def new_addr(index: int, address: str) -> Request:
+    """Put address/32 (/128) on interface `index` (message type RTM_NEWADDR)."""
+    return FLAGS_CREATE, _ifaddr(index, address)
+
+
+def del_addr(index: int, address: str) -> Request:
+    """Remove address/32 (/128) from interface `index` (message type RTM_DELADDR)."""
+    return FLAGS_REQ, _ifaddr(index, address)
+
+
 def message(family: int, request: Request, seq: int, pid: int = 0) -> bytes:
-    """The whole netlink message: header (type = the IPVS family id) and payload."""
+    """The whole netlink message: header (type = the IPVS family id, or the rtnetlink
+    message type) and payload."""
     flags, payload = request
     return _HEADER.pack(16 + len(payload), family, flags, seq, pid) + payload
 

@@ -207,3 +207,39 @@ def test_an_empty_dest_dump_asks_whether_the_service_exists() -> None:
     with pytest.raises(KernelNotFound, match="list_real_servers"):
         calls_on(model).list_real_servers(KEYS[0])
     assert [d[16] for d in model.sent] == [wire.GET_DEST, wire.GET_SERVICE]
+
+
+def pyroute2_addr_bytes(command: str, index: int, address: str) -> tuple[int, bytes]:
+    """(message type, bytes) of pyroute2's IPRoute.addr(command, ...) as ipvsctl called it,
+    with our sequence number and pid put in the header for the comparison."""
+    import struct
+
+    from pyroute2 import IPRoute
+
+    sent: list[bytes] = []
+
+    class Capture:
+        def handle(self, msg: Any) -> bytes:
+            sent.append(bytes(msg.data))
+            seq = msg["header"]["sequence_number"]
+            return struct.pack("=IHHIIi", 36, 2, 0x100, seq, 0, 0) + bytes(16)
+
+    ipr = IPRoute()
+    try:
+        ipr.asyncore.request_proxy = Capture()
+        ipr.addr(command, index=index, address=address, prefixlen=128 if ":" in address else 32)
+    finally:
+        ipr.close()
+    (data,) = sent
+    length, kind, flags = struct.unpack_from("=IHH", data)
+    return kind, struct.pack("=IHHII", length, kind, flags, SEQ, PID) + data[16:]
+
+
+@pytest.mark.parametrize("address", ["10.96.0.10", "0.0.0.1", "255.255.255.255", "fd00::10",
+                                     "2001:db8::1:0:0:1", "::ffff:10.1.2.3"])
+@pytest.mark.parametrize("index", [1, 7, 2**31 + 5])
+def test_address_add_and_del(address: str, index: int) -> None:
+    for command, kind, request in (("add", wire.RTM_NEWADDR, wire.new_addr(index, address)),
+                                   ("del", wire.RTM_DELADDR, wire.del_addr(index, address))):
+        assert pyroute2_addr_bytes(command, index, address) == (
+            kind, wire.message(kind, request, SEQ, PID))
