@@ -16,6 +16,7 @@ Layouts: include/uapi/linux/netlink.h, genetlink.h and ip_vs.h.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -80,6 +81,7 @@ def _family(address: str) -> int:
     return socket.AF_INET6 if ":" in address else socket.AF_INET
 
 
+@functools.lru_cache(maxsize=4096)  # a Service's real servers are written one after another
 def _identity(key: ServiceKey) -> bytes:
     """af, protocol, addr, port: what dest commands name their service by."""
     af = _family(key.address)
