@@ -15,8 +15,9 @@ VM, the in-memory kernel on the host):
    return of that change's kernel call. Phases: *idle* (nothing draining, the audit as
    configured); *audit* (every audit step forced to be the start of a round: a dump of every
    virtual server plus 20 dest dumps, back to back for the whole phase, instead of once per
-   500 steps at 10,000 Services, each paced to ~10% of the time); *draining* (1,000 real servers held at weight 0 with connections: the drain
-   check reads all of them every second); then the *drain reaction* (held real servers
+   500 steps at 10,000 Services, each paced to ~10% of the time); *draining* (1,000 real
+   servers held at weight 0 with connections: the drain check reads all of them every
+   second); then the *drain reaction* (held real servers
    released one by one: counts read 0 -> deleted); a *burst* of 1,000 changes put at once;
    *idle CPU* (process CPU and loop steps over a quiet period);
 4. the two baselines on the same table, >= 10 changes each where the time allows:
@@ -249,15 +250,20 @@ def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
             out["initial_sync"] = {"readyz_seconds": round(t_ready, 3), "kernel_writes": writes,
                                    "per_write_ms": round(1000 * t_ready / max(1, writes), 3)}
             if ns:
-                scratch = Netns("benchprime")
-                try:
-                    netlink_kernel(scratch.name).close()  # the dummy interface
-                    out["initial_sync"]["lean_prime_seconds"] = round(
-                        prime(scratch.name, None, t), 3)
-                finally:
-                    scratch.close()
-                out["initial_sync"]["over_lean"] = round(
-                    t_ready / out["initial_sync"]["lean_prime_seconds"], 2)
+                # Best of two, each into a new namespace: the first prime in a process ran
+                # 1.5-2 s slower at 1,000 Services (a cold start the yardstick should not
+                # carry); the better one is the stricter yardstick for ipvsctl.
+                runs = []
+                for _ in range(2):
+                    scratch = Netns("benchprime")
+                    try:
+                        netlink_kernel(scratch.name).close()  # the dummy interface
+                        runs.append(prime(scratch.name, None, t))
+                    finally:
+                        scratch.close()
+                out["initial_sync"]["lean_prime_seconds"] = round(min(runs), 3)
+                out["initial_sync"]["lean_prime_runs_s"] = [round(r, 3) for r in runs]
+                out["initial_sync"]["over_lean"] = round(t_ready / min(runs), 2)
             log(f"{n} services: initial sync to /readyz {t_ready:.2f}s, {writes} writes "
                 f"{out['initial_sync']}")
 
