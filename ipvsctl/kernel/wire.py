@@ -73,7 +73,6 @@ _KEY_DEFAULTS = (_nla(SVC_TIMEOUT, _U32.pack(0)) + _nla(SVC_SCHED_NAME, b"wlc\0"
 _DEST_DEFAULTS = (_nla(DEST_TUN_TYPE, b"\0") + _nla(DEST_TUN_PORT, _U16.pack(0))
                   + _nla(DEST_TUN_FLAGS, _U16.pack(0)) + _nla(DEST_U_THRESH, _U32.pack(0))
                   + _nla(DEST_L_THRESH, _U32.pack(0)))
-_FWD_MASQ = _nla(DEST_FWD_METHOD, _U32.pack(FWD_MASQ))
 _FLAGS_MASK = SVC_F_PERSISTENT | SCHED_FLAGS_MASK
 
 
@@ -108,14 +107,29 @@ def _service_key(key: ServiceKey) -> bytes:
     return _nla(ATTR_SERVICE, _KEY_DEFAULTS + _identity(key) + _netmask(key))
 
 
+@functools.lru_cache(maxsize=4096)
+def _service_attr(key: ServiceKey) -> bytes:
+    return _nla(ATTR_SERVICE, _identity(key))
+
+
+# What follows the defaults in a dest attribute, in one pack per family (the initial sync
+# writes every real server): address, its family, port (network order, as bytes), forward
+# method, weight; each attribute 4-byte aligned as _nla pads it.
+_DEST_TAIL = {
+    socket.AF_INET: struct.Struct("=HH4sHHH2xHH2s2xHHIHHI"),
+    socket.AF_INET6: struct.Struct("=HH16sHHH2xHH2s2xHHIHHI"),
+}
+_DEST_HEADER_LEN = 4 + len(_DEST_DEFAULTS)
+
+
 def _dest(key: ServiceKey, rs: RealServerKey, weight: int) -> bytes:
     af = _family(rs.address)
-    return (_nla(ATTR_SERVICE, _identity(key))
-            + _nla(ATTR_DEST, _DEST_DEFAULTS
-                   + _nla(DEST_ADDR, socket.inet_pton(af, rs.address))
-                   + _nla(DEST_ADDR_FAMILY, _U16.pack(af))
-                   + _nla(DEST_PORT, _BE16.pack(rs.port)) + _FWD_MASQ
-                   + _nla(DEST_WEIGHT, _U32.pack(weight))))
+    raw = socket.inet_pton(af, rs.address)
+    tail = _DEST_TAIL[af].pack(4 + len(raw), DEST_ADDR, raw, 6, DEST_ADDR_FAMILY, af,
+                               6, DEST_PORT, rs.port.to_bytes(2, "big"),
+                               8, DEST_FWD_METHOD, FWD_MASQ, 8, DEST_WEIGHT, weight)
+    return (_service_attr(key) + _U16.pack(_DEST_HEADER_LEN + len(tail)) + _U16.pack(ATTR_DEST)
+            + _DEST_DEFAULTS + tail)
 
 
 # --- requests: (netlink flags, generic netlink payload) -------------------------------------
