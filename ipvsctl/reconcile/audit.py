@@ -7,6 +7,12 @@ read), `read` (kernel reads only), `apply` (under the lock). A reading taken whi
 was applied is dropped whole (it could show a change in flight as drift); the same step is
 read again next time. Repairs are made by marking the Service dirty (its next sync diffs
 against the corrected applied state), and by deleting owned virtual servers nobody wants.
+
+A round's start compares every virtual server with the applied state; that comparison is
+made in the read too, off the lock, on the live state (optimistically, as a seqlock reader:
+the loop may change the state meanwhile, and then `changed` moved and the reading is
+dropped at `apply`), so the lock is held for the differences only, not for a walk of 10,000
+virtual servers (up to ~30 ms at 1,000 under emulation).
 """
 
 from __future__ import annotations
@@ -35,11 +41,22 @@ class AuditPlan:
     keys: list[ServiceKey]  # virtual servers whose real servers are read
 
 
+@dataclass(frozen=True, slots=True)
+class VirtualServerDrift:
+    """The virtual servers the kernel holds against those applied (found off the lock)."""
+
+    missing: list[tuple[ServiceRef, ServiceKey]]  # applied, not in the kernel
+    changed: list[tuple[ServiceRef, ServiceKey, VirtualServer]]  # as the kernel holds it
+    unknown: list[ServiceKey]  # in the kernel, ours, applied for no Service
+
+
 @dataclass(slots=True)
 class AuditReading:
     plan: AuditPlan
     virtual_servers: dict[ServiceKey, VirtualServer] | None = None  # None: not read
     real_servers: dict[ServiceKey, dict[RealServerKey, int]] = field(default_factory=dict)
+    # None: not compared (not a round start, not read, or the state moved under the walk)
+    drift: VirtualServerDrift | None = None
 
 
 @dataclass(slots=True)
@@ -78,6 +95,8 @@ class Auditor:
                 reading.virtual_servers = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
+            else:
+                reading.drift = self._compare(reading.virtual_servers)
         for key in plan.keys:
             try:
                 reading.real_servers[key] = {
@@ -93,8 +112,10 @@ class Auditor:
         if reading.plan.changed != self.changed():
             return out
         if reading.plan.full:
-            if reading.virtual_servers is not None:
-                self._virtual_servers(reading.virtual_servers, out)
+            if reading.virtual_servers is not None and reading.drift is None:
+                return out  # the walk met a change: read the round's start again
+            if reading.drift is not None:
+                self._repair(reading.drift, out)
             self._cursor = list(self.state.owner)[::-1]
         for key in reading.plan.keys:
             if self._cursor and self._cursor[-1] == key:
@@ -106,22 +127,40 @@ class Auditor:
             self.state.mutations += 1
         return out
 
-    def _virtual_servers(self, in_kernel: dict[ServiceKey, VirtualServer],
-                         out: Findings) -> None:
-        for ref, states in list(self.state.by_service.items()):
-            for key, applied in list(states.items()):
-                vs = in_kernel.get(key)
-                if vs is None:
-                    self._drift(out, "virtual_server_missing", ref, key)
-                    self.state.forget(ref, key, keep_owner=True)
-                    self.drains.remove_vs(key)
-                elif vs != applied.vs:
-                    self._drift(out, "virtual_server_changed", ref, key)
-                    applied.vs = vs
-        for key in sorted(in_kernel.keys() - self.state.owner.keys(), key=service_order):
-            if self.owned(key):
-                self._drift(out, "virtual_server_unknown", None, key)
-                self.applier.delete_orphan(key, self._count_real_servers(key))
+    def _compare(self, in_kernel: dict[ServiceKey, VirtualServer]) -> VirtualServerDrift | None:
+        """Off the lock, on the live state: what differs. None when the loop changed the
+        state under the walk (the dicts then refuse to iterate); any other change shows
+        in `changed()` and drops the reading at apply."""
+        missing: list[tuple[ServiceRef, ServiceKey]] = []
+        changed: list[tuple[ServiceRef, ServiceKey, VirtualServer]] = []
+        try:
+            for ref, states in self.state.by_service.items():
+                for key, applied in states.items():
+                    vs = in_kernel.get(key)
+                    if vs is None:
+                        missing.append((ref, key))
+                    elif vs != applied.vs:
+                        changed.append((ref, key, vs))
+            unknown = [key for key in in_kernel.keys() - self.state.owner.keys()
+                       if self.owned(key)]
+        except RuntimeError:  # "dictionary changed size during iteration"
+            return None
+        return VirtualServerDrift(missing, changed, sorted(unknown, key=service_order))
+
+    def _repair(self, drift: VirtualServerDrift, out: Findings) -> None:
+        """Under the lock, the state unchanged since the walk: O(the differences)."""
+        for ref, key in drift.missing:
+            self._drift(out, "virtual_server_missing", ref, key)
+            self.state.forget(ref, key, keep_owner=True)
+            self.drains.remove_vs(key)
+        for ref, key, vs in drift.changed:
+            applied = self.state.get(ref, key)
+            if applied is not None:
+                self._drift(out, "virtual_server_changed", ref, key)
+                applied.vs = vs
+        for key in drift.unknown:
+            self._drift(out, "virtual_server_unknown", None, key)
+            self.applier.delete_orphan(key, self._count_real_servers(key))
 
     def _real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int],
                       out: Findings) -> None:

@@ -211,3 +211,46 @@ def test_one_pacing_rule_for_every_background_read():
     assert paced(10.0, 14.0, duty=9.0, every=1.0) == 50.0  # 4 s of reading, 36 s of rest
     assert paced(10.0, 10.5, duty=4.0, rest=60.0) == 70.5  # at least `rest` after it ended
     assert paced(10.0, 10.5, duty=9.0) == 15.0  # the connection-table pass: duty alone
+
+
+def test_a_round_start_compares_the_virtual_servers_off_the_lock(monkeypatch):
+    """The walk comparing every applied virtual server with the kernel's dump is in the
+    read; under the lock only the differences are applied (one changed behind our back)."""
+    from ipvsctl.model import VirtualServer
+
+    h = Harness()
+    h.start([service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}")
+             for i in range(300)], [])
+    changed = ServiceKey(vs().protocol, "10.96.0.7", 80)
+    h.fake.update_virtual_server(VirtualServer(changed, "wlc"))  # an operator's ipvsadm -E
+    compared = 0
+    eq = VirtualServer.__eq__
+
+    def counting_eq(a, b):
+        nonlocal compared
+        compared += 1
+        return eq(a, b)
+
+    monkeypatch.setattr(VirtualServer, "__eq__", counting_eq)
+    h.engine.auditor._cursor = []
+    plan = h.engine.audit_snapshot()
+    assert plan is not None and plan.full
+    reading = h.engine.read_audit(plan)  # off the lock
+    assert compared >= 300
+    compared = 0
+    assert h.engine.apply_audit_reading(reading) == 1  # under the lock
+    assert compared == 0
+    assert h.engine.state.get(None, changed).vs.scheduler == "wlc"  # seen as it is now
+    h.engine.sync()
+    assert h.fake.services[changed].vs.scheduler == "rr"  # and put right
+
+
+def test_a_round_start_read_while_the_state_changed_is_read_again():
+    h = Harness()
+    h.start([service(f"s{i}", cluster_ip=f"10.96.0.{i + 1}") for i in range(5)], [])
+    h.engine.auditor._cursor = []
+    plan = h.engine.audit_snapshot()
+    reading = h.engine.read_audit(plan)
+    h.upsert(service("s9", cluster_ip="10.96.0.99"))  # the loop applies a change meanwhile
+    assert h.engine.apply_audit_reading(reading) == 0
+    assert h.engine.audit_snapshot().full  # the round starts again
