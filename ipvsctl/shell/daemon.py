@@ -223,6 +223,7 @@ class Daemon:
                 self.engine.service_listeners.remove(self.netfilter.on_service)
                 self.netfilter = None
         self.http.start()
+        self.loop.pause_gc_until_started()
         self.threads = [
             threading.Thread(target=self._guard(self.loop.run), args=(self.stop,),
                              name="loop", daemon=True),

@@ -228,3 +228,41 @@ def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
     dests = h.fake.services[vs()].dests
     assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1}
     assert h.metrics.value("ipvsctl_last_sync_timestamp_seconds") == h.clock.wall()
+
+
+def test_the_gc_is_off_from_the_start_until_the_first_sync_then_frozen():
+    import gc
+
+    h, events, loop = make()
+    assert gc.isenabled()
+    try:
+        loop.pause_gc_until_started()
+        assert not gc.isenabled()
+        loop.step()  # nothing listed yet: still off
+        assert not gc.isenabled()
+        events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+        events.put(Replace(ObjectKind.ENDPOINT_SLICE,
+                           [endpoint_slice("web", [endpoint("10.0.0.1")])], 0))
+        loop.step()
+        assert h.engine.started and gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_the_gc_comes_back_after_the_grace_without_a_first_sync():
+    import gc
+
+    from ipvsctl.reconcile.loop import STARTUP_GC_GRACE
+
+    h, events, loop = make()
+    try:
+        loop.pause_gc_until_started()
+        h.clock.advance(STARTUP_GC_GRACE - 1)
+        loop.step()
+        assert not gc.isenabled()
+        h.clock.advance(1)
+        loop.step()
+        assert gc.isenabled() and not h.engine.started
+    finally:
+        gc.enable()
