@@ -5,10 +5,13 @@ A node with `samples` pods behind one ClusterIP; ipvsctl's daemon as `ipvsctl ru
 it (bench.harness: loop, drain reader thread, --drain-check-interval 1 s) programs it. One
 client connection per pod through the virtual IP, then every endpoint goes not-ready: every
 real server is at weight 0 with one connection. The connections are then closed one by one
-at staggered times with a reset, so IPVS moves each to CLOSE and drops it 10 s later: that
-is when its counts reach zero. A poller reading the kernel every 20 ms notes when
-ActiveConn+InActConn first reads 0 and when the real server is gone; ipvsctl's own log
-gives its deletion time and reason.
+at staggered times with a reset, so IPVS moves each to CLOSE (and drops it 10 s later).
+The time is from that reset to the deletion: ipvsctl deletes a real server whose
+connections are all closed (CLOSE, TIME_WAIT: the connection table says so) at its next
+check, without waiting the 10 s for the counts to reach zero (before 2026-11-23 it waited,
+and this measured from counts 0). A poller reading the kernel every 20 ms also notes when
+ActiveConn+InActConn first reads 0 (if it does before the deletion) and when the real
+server is gone; ipvsctl's own log gives its deletion time and reason.
 """
 
 from __future__ import annotations
@@ -100,32 +103,40 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        closed_at: dict[str, float] = {}
+        ip_of = {f"d{i}": ip for i, ip in enumerate(ips)}
         for c in conns:  # reset one connection at a time: IPVS CLOSE state, 10 s
             with contextlib.suppress(OSError):
                 c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            closed_at[ip_of.get(c.pod.split()[0] if c.pod else "", "")] = time.time()
             c.close()
             time.sleep(stagger)
         wait_for(lambda: len(gone_at) == samples, timeout=120, what="every real server deleted")
         stop.set()
         watcher.join(timeout=5)
-        latencies, rows = [], []
+        latencies, from_zero, rows = [], [], []
         for ip in ips:
             rs = f"{ip}:8080"
             deleted, reason = handler.deleted.get(rs, (None, None))
+            if ip in closed_at and deleted is not None:
+                latencies.append(max(0.0, deleted - closed_at[ip]))
             if ip in zero_at and deleted is not None:
-                latencies.append(max(0.0, deleted - zero_at[ip]))
-            rows.append({"rs": rs, "zero_at": zero_at.get(ip), "deleted_at": deleted,
-                         "kernel_gone_at": gone_at.get(ip), "reason": reason})
-        t0 = min(r["zero_at"] for r in rows if r["zero_at"])
+                from_zero.append(max(0.0, deleted - zero_at[ip]))
+            rows.append({"rs": rs, "closed_at": closed_at.get(ip), "zero_at": zero_at.get(ip),
+                         "deleted_at": deleted, "kernel_gone_at": gone_at.get(ip),
+                         "reason": reason})
+        t0 = min(closed_at.values())
         for r in rows:
-            for k in ("zero_at", "deleted_at", "kernel_gone_at"):
+            for k in ("closed_at", "zero_at", "deleted_at", "kernel_gone_at"):
                 if r[k] is not None:
                     r[k] = round(r[k] - t0, 3)
         out = {"samples": samples, "check_interval_s": check_interval,
                "target_s": check_interval + 0.5, "pods_served": served,
-               "zero_to_deleted": summary(latencies), "real_servers": rows}
-        log(f"drain: zero -> deleted p50 {out['zero_to_deleted'].get('p50')} ms, "
-            f"max {out['zero_to_deleted'].get('max')} ms")
+               "closed_to_deleted": summary(latencies), "zero_to_deleted": summary(from_zero),
+               "real_servers": rows}
+        log(f"drain: last connection closed -> deleted p50 "
+            f"{out['closed_to_deleted'].get('p50')} ms, max "
+            f"{out['closed_to_deleted'].get('max')} ms ({len(latencies)} of {samples})")
         return out
     finally:
         stop.set()

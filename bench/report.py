@@ -220,17 +220,23 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     if "drain" in docs and "result" in docs["drain"]:
         d = docs["drain"]
         r = d["result"]
-        z = r["zero_to_deleted"]
-        lines += ["## Drain: counts reach zero -> real server deleted", "",
+        if "closed_to_deleted" in r:  # since 2026-11-25: from the last connection's close
+            z = r["closed_to_deleted"]
+            title, since = "last connection closed -> real server deleted", "closed at"
+        else:
+            z = r["zero_to_deleted"]
+            title, since = "counts reach zero -> real server deleted", "counts 0 at"
+        lines += [f"## Drain with real connections: {title}", "",
                   f"Machine: {machine_line(d)}.", "",
                   f"{r['samples']} draining real servers, `--drain-check-interval "
                   f"{r['check_interval_s']:g}`: p50 {fmt(z.get('p50'))} ms, p90 "
                   f"{fmt(z.get('p90'))} ms, max {fmt(z.get('max'))} ms (target: within "
                   f"{r['target_s']:g} s).", "",
-                  "| real server | counts 0 at | ipvsctl deleted at | gone from the kernel at "
-                  "| reason |", "|---|---|---|---|---|"]
+                  f"| real server | {since} | counts 0 at | ipvsctl deleted at | gone from "
+                  "the kernel at | reason |", "|---|---|---|---|---|---|"]
         for row in r["real_servers"]:
-            lines.append(f"| {row['rs']} | {fmt(row['zero_at'])} s | {fmt(row['deleted_at'])} s "
+            lines.append(f"| {row['rs']} | {fmt(row.get('closed_at', row['zero_at']))} s | "
+                         f"{fmt(row['zero_at'])} s | {fmt(row['deleted_at'])} s "
                          f"| {fmt(row['kernel_gone_at'])} s | {row['reason']} |")
         lines.append("")
     if "rollout" in docs and "result" in docs["rollout"]:
