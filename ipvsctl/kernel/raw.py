@@ -41,11 +41,15 @@ class RawSocket:
         size = _DUMP_BUFFER if request[0] == wire.FLAGS_DUMP else _ACK_BUFFER
         out: list[bytes] = []
         while True:
-            if not self._poll.poll(ANSWER_TIMEOUT * 1000):
-                raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel")
+            # The kernel answers inside send() (and makes each further dump part inside
+            # recv()), so the answer is normally there already: recv first, poll only when
+            # it is not. Each call releases the GIL, and getting it back costs up to the
+            # switch interval while a reader thread is busy: one fewer per request.
             try:
                 data = self.sock.recv(size)
             except BlockingIOError:
+                if not self._poll.poll(ANSWER_TIMEOUT * 1000):
+                    raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
                 continue
             for kind, _flags, answer_seq, msg in wire.split(data):
                 if answer_seq != seq:
