@@ -1,5 +1,11 @@
 """The drain queue: entries indexed by (VS, RS), by VS and by pod, so every lookup the
-engine makes costs O(the entries involved), never O(queue)."""
+engine makes costs O(the entries involved), never O(queue).
+
+A virtual server's map of entries is never changed in place: a change replaces it with a
+new one (copy-on-write; a virtual server has a few entries). So `snapshot()` is one
+shallow copy of the outer map, and the drain reader may walk it off the loop's lock while
+the loop changes the queue: 1,000 inner copies under the lock were a drain check's cost to
+every event waiting for it."""
 
 from __future__ import annotations
 
@@ -49,13 +55,16 @@ class DrainQueue:
     def virtual_servers(self) -> list[ServiceKey]:
         return sorted(self._by_vs, key=service_order)
 
-    def per_vs(self) -> Iterator[tuple[ServiceKey, Mapping[RealServerKey, DrainEntry]]]:
-        """(virtual server, its entries), in no particular order (no sort under the lock)."""
-        return iter(self._by_vs.items())
+    def snapshot(self) -> dict[ServiceKey, Mapping[RealServerKey, DrainEntry]]:
+        """Every virtual server's entries as they are now, safe to read off the lock (the
+        inner maps are replaced on change, never changed): one shallow copy."""
+        return dict(self._by_vs)
 
     def add(self, entry: DrainEntry) -> None:
         self.remove(entry.vs, entry.rs)
-        self._by_vs.setdefault(entry.vs, {})[entry.rs] = entry
+        d = dict(self._by_vs.get(entry.vs, ()))
+        d[entry.rs] = entry
+        self._by_vs[entry.vs] = d
         self._count += 1
         if entry.pod is not None:
             self._by_pod.setdefault(entry.pod, set()).add(entry.key)
@@ -63,13 +72,15 @@ class DrainQueue:
         self.added += 1
 
     def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
-        d = self._by_vs.get(vs)
-        entry = d.pop(rs, None) if d else None
-        if entry is None:
+        old = self._by_vs.get(vs)
+        if old is None or rs not in old:
             return None
+        entry = old[rs]
         self._count -= 1
-        if not d:
+        if len(old) == 1:
             del self._by_vs[vs]
+        else:
+            self._by_vs[vs] = {k: e for k, e in old.items() if k != rs}
         if entry.pod is not None:
             keys = self._by_pod.get(entry.pod)
             if keys:
@@ -90,7 +101,7 @@ class DrainQueue:
             e = self._by_vs[key[0]][key[1]]
             if e.deadline_source is DeadlineSource.DEFAULT and e.deadline != deadline:
                 new = e.with_deadline(deadline, DeadlineSource.POD)
-                self._by_vs[key[0]][key[1]] = new
+                self._by_vs[key[0]] = {**self._by_vs[key[0]], key[1]: new}
                 changed.append(new)
         if changed:
             self.version += 1

@@ -47,7 +47,7 @@ def _ewma(old: float | None, new: float) -> float:
 class DrainSnapshot:
     """The queue's entries per virtual server, as they were when the check began."""
 
-    entries: dict[ServiceKey, dict[RealServerKey, DrainEntry]]
+    entries: dict[ServiceKey, Mapping[RealServerKey, DrainEntry]]  # never changed in place
 
 
 @dataclass(slots=True)

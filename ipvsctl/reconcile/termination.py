@@ -1,7 +1,7 @@
 """Terminating real servers: the drain queue and what the drain checks last saw of it.
 
 A drain check is observations in, actions out, with the loop's lock held only at the ends:
-`snapshot()` (under the lock, one copy of the queue) says what to read; the reader
+`snapshot()` (under the lock, one shallow copy of the queue's map) says what to read; the reader
 (`drain_reader.py`) reads the kernel and `judge()` turns the reading into ops through the
 pure rule (`plan/drain.py`), both off the lock; `accept()` (under the lock again) keeps the
 ops whose entries are still the very ones snapshotted, O(the ops), so a check of 1,000
@@ -90,8 +90,9 @@ class Terminations:
         return min((e.deadline for e in self.queue.entries()), default=None)
 
     def snapshot(self) -> DrainSnapshot:
-        """The queue as it is now, O(queue), unsorted (the reader sorts, off the lock)."""
-        return DrainSnapshot({key: dict(d) for key, d in self.queue.per_vs()})
+        """The queue as it is now, unsorted (the reader sorts, off the lock): one shallow
+        copy of its map (`DrainQueue.snapshot`)."""
+        return DrainSnapshot(self.queue.snapshot())
 
     def judge(self, reading: DrainReading, now: float) -> DrainVerdict:
         """Off the lock: the deletions (and forgettings) the reading calls for, per virtual

@@ -255,7 +255,7 @@ def test_the_gc_comes_back_after_the_grace_without_a_first_sync():
 
     from ipvsctl.reconcile.loop import STARTUP_GC_GRACE
 
-    h, events, loop = make()
+    h, _, loop = make()
     try:
         loop.pause_gc_until_started()
         h.clock.advance(STARTUP_GC_GRACE - 1)

@@ -254,3 +254,27 @@ def test_a_round_start_read_while_the_state_changed_is_read_again():
     h.upsert(service("s9", cluster_ip="10.96.0.99"))  # the loop applies a change meanwhile
     assert h.engine.apply_audit_reading(reading) == 0
     assert h.engine.audit_snapshot().full  # the round starts again
+
+
+def test_a_drain_snapshot_is_one_shallow_copy_and_later_changes_leave_it_alone():
+    """The queue's per-virtual-server maps are replaced on change, never changed in place:
+    the snapshot shares them (no copy per entry under the lock) and stays as it was."""
+    from ipvsctl.model import DrainEntry, DrainQueue, DrainReason, RealServerKey
+    from ipvsctl.model.drain import DeadlineSource
+
+    q = DrainQueue()
+    keys = [ServiceKey(vs().protocol, f"10.96.0.{i + 1}", 80) for i in range(50)]
+    a, b = RealServerKey(A, 8080), RealServerKey(B, 8080)
+    for key in keys:
+        for rs_ in (a, b):
+            q.add(DrainEntry(key, rs_, None, DrainReason.REMOVED, 0.0, 60.0,
+                             DeadlineSource.DEFAULT))
+    snap = q.snapshot()
+    assert all(snap[k] is q.for_vs(k) for k in keys)  # shared, not copied
+    q.remove(keys[0], a)
+    q.remove_vs(keys[1])
+    q.add(DrainEntry(keys[2], RealServerKey("10.244.9.9", 8080), None, DrainReason.REMOVED,
+                     0.0, 60.0, DeadlineSource.DEFAULT))
+    assert set(snap[keys[0]]) == {a, b} and set(snap[keys[1]]) == {a, b}
+    assert len(snap[keys[2]]) == 2 and len(q.for_vs(keys[2])) == 3
+    assert set(q.for_vs(keys[0])) == {b} and not q.for_vs(keys[1]) and len(q) == 98
