@@ -203,9 +203,13 @@ class DrainStateFile:
 
     def save(self, entries: Iterable[DrainEntry]) -> None:
         """Atomic replace; raises OSError (the caller counts it and retries later)."""
-        doc = {"version": FORMAT_VERSION, "entries": [e.to_json() for e in entries]}
+        # Entry by entry: one json.dumps of the whole queue is one C call that holds the GIL
+        # throughout (~30 ms for 1,000 entries under emulation, every event waiting); short
+        # calls let the loop thread in between. The same document, byte for byte.
+        encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
         try:
-            data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+            data = (f'{{"version":{FORMAT_VERSION},"entries":['
+                    + ",".join(encode(e.to_json()) for e in entries) + "]}").encode()
         except ValueError as exc:  # a NaN deadline would never expire: refuse to keep it
             raise OSError(errno.EINVAL, f"drain state not serializable: {exc}") from None
         tmp = self.path.with_name(f".{FILE_NAME}.tmp")

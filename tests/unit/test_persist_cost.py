@@ -106,3 +106,33 @@ def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatc
         t.join(30)
     assert counting.copies == len(written) <= 3
     assert {e.key for e in written[-1]} == {e.key for e in h.engine.queue.entries()}
+
+
+def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document(tmp_path,
+                                                                                 monkeypatch):
+    """No json.dumps of the whole queue (one C call holding the GIL for all of it); the
+    file is the same document as before, byte for byte, and loads back."""
+    import json
+
+    from ipvsctl.persist.drain_state import FORMAT_VERSION, DrainStateFile
+
+    entries = [_entry(i) for i in range(300)]
+    longest = 0
+    encode = json.JSONEncoder.encode
+
+    def counting(self, o):
+        nonlocal longest
+        out = encode(self, o)
+        longest = max(longest, len(out))
+        return out
+
+    monkeypatch.setattr(json.JSONEncoder, "encode", counting)
+    f = DrainStateFile(tmp_path)
+    f.save(entries)
+    monkeypatch.undo()
+    text = (tmp_path / "drain-queue.json").read_text()
+    assert longest < 1000  # one entry at a time, never the queue
+    assert text == json.dumps({"version": FORMAT_VERSION,
+                               "entries": [e.to_json() for e in entries]},
+                              separators=(",", ":"))
+    assert f.load() == entries
