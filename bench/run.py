@@ -18,6 +18,7 @@ size) is in VM_PLAN / HOST_PLAN below; see docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-only", action="store_true",
                    help="vm e2k: the table only (initial sync or restart, timed), no phases "
                         "or baselines; a size given twice runs twice")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="vm e2k: the daemon's phases without the two baselines")
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -140,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(s) for s in (args.sizes or "100,1000,10000").split(",")]
         parts = (args.parts or "e2k,drain,rollout").split(",")
         if "e2k" in parts:
-            ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, VM_PLAN, "netlink", 1000, out,
+            plan = VM_PLAN
+            if args.no_baselines:
+                plan = {n: (m, dataclasses.replace(p, baseline_changes=0))
+                        for n, (m, p) in VM_PLAN.items()}
+            ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, plan, "netlink", 1000, out,
                                                 mode=args.mode,
                                                 only=RESTART_PLAN if args.table_only else None))
         if "drain" in parts:
