@@ -55,7 +55,8 @@ def machine_line(doc: dict[str, Any]) -> str:
     m = doc.get("machine", {})
     return (f"{m.get('where')}, kernel {m.get('kernel')}, {m.get('cpus')} vCPU "
             f"({m.get('cpu') or 'unknown CPU'}), {m.get('memory_mb')} MB, Python "
-            f"{m.get('python')}, {m.get('date')}")
+            f"{m.get('python')}, {m.get('date')}"
+            + (f", main at {m['commit']}" if m.get("commit") else ""))
 
 
 def _pm(d: dict[str, Any] | None) -> str:
@@ -191,7 +192,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     if summary_md.exists():
         lines += [summary_md.read_text().rstrip(), ""]
     for part, title in (("e2k", "lab VM, real kernel (ratios only: software emulation)"),
-                        ("e2k-host", "host, in-memory kernel (absolute)")):
+                        ("e2k-host", "host, in-memory kernel, writes packed as over "
+                                     "netlink (absolute)")):
         if part not in docs or "result" not in docs[part]:
             continue
         d = docs[part]
@@ -205,7 +207,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         lines += profile_lines(d)
     if "change-host" in docs and "result" in docs["change-host"]:
         d = docs["change-host"]
-        lines += ["## One change's cost on the host (in-memory kernel, no netlink)", "",
+        lines += ["## One change's cost on the host (in-memory kernel, each write packed, sent "
+                  "and acknowledged as over netlink)", "",
                   f"Machine: {machine_line(d)}.", "",
                   "| Services | wall p50 / p99 (ms) | CPU p50 / p99 (ms) | changes |",
                   "|---|---|---|---|"]
