@@ -204,11 +204,15 @@ def scan_connections(lines: Iterable[str], wanted: Collection[ConnKey]) -> ConnS
 
 
 # --- /proc/net/ip_vs ----------------------------------------------------------------
+def table_hostport(address: str, port: int) -> str:
+    """`address:port` as /proc/net/ip_vs prints it: %08X:%04X, or [%pI6]:%04X."""
+    addr = kernel_address(address)
+    return f"[{addr}]:{port:04X}" if ":" in addr else f"{addr}:{port:04X}"
+
+
 def vs_token(key: ServiceKey) -> tuple[str, str]:
     """(Prot, LocalAddress:Port) as an ip_vs header line prints them."""
-    ip = ipaddress.ip_address(key.address)
-    addr = f"{int(ip):08X}" if ip.version == 4 else f"[{ip.exploded}]"
-    return key.protocol.value, f"{addr}:{key.port:04X}"
+    return key.protocol.value, table_hostport(key.address, key.port)
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -235,8 +239,7 @@ _RS_TOKEN = re.compile(r"(?:[0-9A-Fa-f]{8}|\[[0-9A-Fa-f:]{2,39}\]):[0-9A-Fa-f]{4
 
 def rs_token(rs: RealServerKey) -> str:
     """`RemoteAddress:Port` as an ip_vs real server line prints it."""
-    addr = kernel_address(rs.address)
-    return f"[{addr}]:{rs.port:04X}" if ":" in addr else f"{addr}:{rs.port:04X}"
+    return table_hostport(rs.address, rs.port)
 
 
 def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = None,

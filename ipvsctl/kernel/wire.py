@@ -8,8 +8,9 @@ call (`IPVS.service`/`IPVS.dest` with codec.py's specs), attribute order and the
 adds included, by tests/unit/test_netlink_wire.py over every message kind. The same goes for
 the answers: pyroute2's generic attribute decoding was most of a dump's cost (the drift
 audit, restarts), and `parse_service`/`parse_dest` give what codec.py's readers give from
-pyroute2's decoding of the same bytes (tests/unit/test_netlink_wire_parse.py). pyroute2 still
-owns the socket, the family id, links, addresses and conntrack.
+pyroute2's decoding of the same bytes (tests/unit/test_netlink_wire_parse.py). So are the VIP
+interface's address add and delete (RTM_NEWADDR/RTM_DELADDR). pyroute2 still owns the
+sockets, the family id, links, address dumps and conntrack.
 
 Layouts: include/uapi/linux/netlink.h, genetlink.h and ip_vs.h.
 """
@@ -169,7 +170,7 @@ def del_dest(key: ServiceKey, rs: RealServerKey) -> Request:
 
 
 def dump_dests(key: ServiceKey) -> Request:
-    return FLAGS_DUMP, _genl(GET_DEST, _nla(ATTR_SERVICE, _identity(key)))
+    return FLAGS_DUMP, _genl(GET_DEST, _service_attr(key))
 
 
 # --- rtnetlink: the VIP interface's addresses ----------------------------------------------
