@@ -76,11 +76,24 @@ class DrainQueue:
         if old is None or rs not in old:
             return None
         entry = old[rs]
-        self._count -= 1
         if len(old) == 1:
             del self._by_vs[vs]
         else:
             self._by_vs[vs] = {k: e for k, e in old.items() if k != rs}
+        self._forget(entry)
+        return entry
+
+    def remove_vs(self, vs: ServiceKey) -> list[DrainEntry]:
+        """All of a virtual server's entries, its map dropped whole (not copied once per
+        entry removed)."""
+        entries = list(self._by_vs.pop(vs, {}).values())
+        for entry in entries:
+            self._forget(entry)
+        return entries
+
+    def _forget(self, entry: DrainEntry) -> None:
+        """The count, the pod index and the version, for an entry just taken out."""
+        self._count -= 1
         if entry.pod is not None:
             keys = self._by_pod.get(entry.pod)
             if keys:
@@ -88,10 +101,6 @@ class DrainQueue:
                 if not keys:
                     del self._by_pod[entry.pod]
         self.version += 1
-        return entry
-
-    def remove_vs(self, vs: ServiceKey) -> list[DrainEntry]:
-        return [e for rs in list(self._by_vs.get(vs, {})) if (e := self.remove(vs, rs))]
 
     def apply_pod_deadline(self, pod: PodRef, deadline: float) -> list[DrainEntry]:
         """A pod's deletion deadline became known: entries of that pod that only had the
