@@ -51,6 +51,8 @@ def summary(values: Sequence[float], scale: float = 1000.0) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     """The machine and kernel the numbers came from."""
+    from ipvsctl.shell.daemon import SWITCH_INTERVAL
+
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -77,8 +79,8 @@ def machine() -> dict[str, Any]:
         "kvm": os.environ.get("IPVSCTL_VM_KVM") == "1",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": _commit(),
-        # the daemon sets 0.001 (shell/daemon.py); BENCH_SWITCH_INTERVAL overrides it
-        "switch_interval": float(os.environ.get("BENCH_SWITCH_INTERVAL") or 0.001),
+        # the daemon's own (shell/daemon.py) unless BENCH_SWITCH_INTERVAL overrides it
+        "switch_interval": float(os.environ.get("BENCH_SWITCH_INTERVAL") or SWITCH_INTERVAL),
     }
 
 

@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if "e2k" in parts:
             plan = VM_PLAN
             if args.no_baselines:
-                plan = {n: (m, dataclasses.replace(p, baseline_changes=0))
-                        for n, (m, p) in VM_PLAN.items()}
+                plan = {n: (mode, dataclasses.replace(size_plan, baseline_changes=0))
+                        for n, (mode, size_plan) in VM_PLAN.items()}
             ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, plan, "netlink", 1000, out,
                                                 mode=args.mode,
                                                 only=RESTART_PLAN if args.table_only else None))
