@@ -189,7 +189,10 @@ def test_2000_time_wait_entries_elsewhere_are_not_parsed(node: Node, client: Pod
     drain(h, [b])
     h.check()  # a had no connection: deleted at once by its counts
     assert not in_kernel(node, a)
-    closed_connections(client, 2000)  # all to b
+    # All to b. A few more than the 2,000 asserted: the one CI failure (2026-11-26, passing
+    # alone right after) saw fewer than 2,000 entries for 60 s after 2,000 connections,
+    # i.e. some connections shared an entry; the margin keeps the test about parsing.
+    closed_connections(client, 2050)
     wait_for(lambda: len(node.ipvs_connections()) >= 2000, what="2,000 entries")
     drain(h, [a, b])
     conn = connect_to(client, a)
