@@ -117,13 +117,32 @@ def test_node_prep_fails_loudly_without_ipvs(fake_proc_sys, tmp_path):
 DOCS = ("docs/install.md", "docs/migrating-from-kube-router.md")
 
 
+# What CONTRACT.md names that the program does not have yet, each with the open issue that
+# brings it. An entry leaves when its issue lands; the test fails on an entry that is already
+# there (so the list only shrinks) and on anything missing that is not listed.
+PENDING: dict[str, str] = {
+    "ipvsctl node-drain": "issue 27 (node drain)",
+    "--config": "issue 29 (kube-proxy's config file)",
+    "--draining-taints": "issue 27 (node drain)",
+    "--lb-grace": "issue 27 (node drain)",
+    "--max-virtual-servers-per-service": "issue 25 (hostile round two)",
+    "--service-drain-timeout": "issue 26 (virtual servers drain)",
+    "--service-metrics": "issue 30 (per-Service metrics)",
+    "--service-metrics-max-series": "issue 30 (per-Service metrics)",
+}
+
+
 def test_cli_has_every_contract_command_and_run_option(contract):
-    """The program fulfils CONTRACT.md; it may offer more, which the docs then describe."""
+    """The program fulfils CONTRACT.md, but for what PENDING names with its open issue; it
+    may offer more, which the docs then describe."""
     commands = set(re.findall(r"^### `ipvsctl ([\w-]+)", contract, re.M))
-    assert {"run", "status", "plan"} <= commands <= cli_commands()
+    assert {"run", "status", "plan"} <= commands
     contract_flags, contract_envs = contract_run_options(contract)
     flags, envs = cli_run_options()
-    assert contract_flags <= flags, sorted(contract_flags - flags)
+    missing = {f"ipvsctl {c}" for c in commands - cli_commands()} | (contract_flags - flags)
+    assert not missing - set(PENDING), f"missing and not pending: {sorted(missing - set(PENDING))}"
+    landed = set(PENDING) - missing
+    assert not landed, f"landed, take them off PENDING: {sorted(landed)}"
     assert contract_envs <= envs, sorted(contract_envs - envs)
 
 
