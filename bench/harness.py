@@ -164,9 +164,6 @@ class ProducerSource:
                     on_stamp(t)
                 sink(Upsert(ObjectKind.ENDPOINT_SLICE, obj, t))
 
-    def request_pod(self, ref: Any) -> None:
-        pass
-
 
 class BenchDaemon:
     """`Daemon` on a given kernel with a ProducerSource; `start()` returns the seconds to

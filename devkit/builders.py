@@ -46,6 +46,7 @@ def endpoint(
     node: str | None = "node-a",
     pod: str | None = None,
     namespace: str = "default",
+    uid: str | None = None,
 ) -> dict[str, Any]:
     conditions: dict[str, Any] = {}
     if ready is not None:
@@ -59,12 +60,15 @@ def endpoint(
         ep["nodeName"] = node
     if pod:
         ep["targetRef"] = {"kind": "Pod", "name": pod, "namespace": namespace}
+        if uid:
+            ep["targetRef"]["uid"] = uid
     return ep
 
 
 def terminating(address: str, pod: str | None = None, node: str = "node-a",
-                serving: bool = True) -> dict[str, Any]:
-    return endpoint(address, ready=False, serving=serving, terminating=True, node=node, pod=pod)
+                serving: bool = True, uid: str | None = None) -> dict[str, Any]:
+    return endpoint(address, ready=False, serving=serving, terminating=True, node=node, pod=pod,
+                    uid=uid)
 
 
 def endpoint_slice(
@@ -88,8 +92,11 @@ def endpoint_slice(
 
 
 def pod(name: str, deletion_timestamp: str | None = None,
-        namespace: str = "default") -> dict[str, Any]:
+        namespace: str = "default", uid: str | None = None) -> dict[str, Any]:
+    """A Pod, for the fake API server (the daemon reads none: tests check it never asks)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
     if deletion_timestamp:
         meta["deletionTimestamp"] = deletion_timestamp
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": "node-a"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import DrainEntry, NodeContext, PodRef, Protocol, RealServerKey, ServiceKey
+from ipvsctl.model import DrainEntry, NodeContext, Protocol, RealServerKey, ServiceKey
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.engine import Engine, EngineConfig
@@ -28,11 +28,9 @@ class Harness:
         self.kernel = kernel if kernel is not None else FakeKernel()
         self.clock = ManualClock()
         self.metrics = Metrics()
-        self.pods_requested: list[PodRef] = []
         self.engine = Engine(
             self.kernel, EngineConfig(node, drain_timeout), clock=self.clock,
-            metrics=self.metrics, request_pod=self.pods_requested.append,
-            restored_queue=restored or [],
+            metrics=self.metrics, restored_queue=restored or [],
         )
 
     @property
@@ -42,10 +40,8 @@ class Harness:
             k = k.impl
         return k
 
-    def start(self, services: list[dict], slices: list[dict], pods: list[dict] = ()) -> None:
+    def start(self, services: list[dict], slices: list[dict]) -> None:
         now = self.clock.monotonic()
-        if pods:
-            self.engine.handle(Replace(ObjectKind.POD, list(pods), now))
         self.engine.handle(Replace(ObjectKind.SERVICE, list(services), now))
         self.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, list(slices), now))
         self.engine.sync()

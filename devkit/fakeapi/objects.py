@@ -68,6 +68,7 @@ def endpoint(
     node: str = "node-1",
     pod: str | None = None,
     namespace: str = "default",
+    uid: str | None = None,
 ) -> JSON:
     ep: JSON = {
         "addresses": [address],
@@ -80,7 +81,8 @@ def endpoint(
         "zone": "zone-a",
     }
     if pod is not None:
-        ep["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": pod, "uid": "u-" + pod}
+        ep["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": pod,
+                           "uid": uid or "u-" + pod}
     return ep
 
 
@@ -120,8 +122,12 @@ def pod(
     node: str = "node-1",
     deletion_timestamp: str | None = None,
     grace: int = 30,
+    uid: str | None = None,
 ) -> JSON:
-    meta: JSON = {"name": name, "namespace": namespace, "managedFields": _MANAGED}
+    """A Pod: the daemon reads none (CONTRACT.md "Draining"); tests serve them to show it
+    never asks."""
+    meta: JSON = {"name": name, "namespace": namespace, "managedFields": _MANAGED,
+                  "uid": uid or "u-" + name}
     if deletion_timestamp is not None:
         meta["deletionTimestamp"] = deletion_timestamp
         meta["deletionGracePeriodSeconds"] = grace

@@ -4,18 +4,17 @@ Threads (all daemon threads, started by `run` and stopped when `stop` is set):
 - `ipvsctl-kube-services`, `ipvsctl-kube-endpointslices`: one reflector each (`kube.watch`):
   list (watch cache) -> Replace -> watch -> Upsert/Delete, resuming broken watches and
   relisting on 410; a shared `/readyz` probe (`kube.probe`) shortens pauses after outages;
-- `ipvsctl-kube-pods-N`: answer `request_pod` with single GETs (`kube.pods`), bounded;
 - `ipvsctl-kube-nodes` (with a node name): this node's own Node, one object (`kube.node`).
 
 Only the calls in `kube.permissions.REQUIRED_PERMISSIONS` are made: list+watch Services and
-EndpointSlices in all namespaces, get Pods; plus `GET /readyz` (`PUBLIC_PATHS`), which every
-client may read.
+EndpointSlices in all namespaces, this node's Node; plus `GET /readyz` (`PUBLIC_PATHS`),
+which every client may read. No Pod is ever read: what a drain needs of a pod comes from
+its endpoint (CONTRACT.md "Draining").
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import random
 import threading
@@ -24,17 +23,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client as k8s_client
-from kubernetes.client.exceptions import ApiException
 
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.logs import log
 from ipvsctl.kube.node import node_list_func
-from ipvsctl.kube.pods import LookupCallback, PodFetcher
 from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
 from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
-from ipvsctl.model import PodRef
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
@@ -64,15 +60,14 @@ def require_service(namespace: str, name: str) -> ListCheck:
 
 
 class KubeSource:
-    """Services and EndpointSlices from the API server (list+watch), Pods on request (get).
+    """Services, EndpointSlices and this node's Node from the API server (list+watch).
 
     `on_watch_restart(resource, reason)` is called on every watch restart, `resource` being
     "services" or "endpointslices" and `reason` one of closed (clean end, re-watch), expired
     (410, relist), timeout (read timeout, relist), error (relist); the daemon counts them in
     `ipvsctl_watch_restarts_total`. `sink` is called from several threads, one call at a
-    time; emitted objects are trimmed (`kube.trim`) and must be treated as read-only (a pod
-    answer may be emitted again from the cache). `clock` stamps `received` and times the
-    pod cache; `rng` drives the jitter. A Service list without `sentinel` (default
+    time; emitted objects are trimmed (`kube.trim`) and must be treated as read-only.
+    `clock` stamps `received`; `rng` drives the jitter. A Service list without `sentinel` (default
     `default/kubernetes`; None: no check) is refused: the table is kept, one warning is
     logged, the restart is counted with reason `suspect`, and the list is retried with backoff.
     """
@@ -88,7 +83,6 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
-        on_pod_lookup: LookupCallback | None = None,
     ) -> None:
         self._api = api_client
         self._sentinel = sentinel
@@ -105,21 +99,6 @@ class KubeSource:
         self._core = k8s_client.CoreV1Api(api_client)
         self._discovery = k8s_client.DiscoveryV1Api(api_client)
         s = self.settings
-        self._pods = PodFetcher(
-            self._get_pod,
-            workers=s.pod_workers,
-            cache_seconds=s.pod_cache_seconds,
-            attempts=s.pod_attempts,
-            backoff_initial=s.pod_backoff_initial,
-            backoff_max=s.pod_backoff_max,
-            clock=clock,
-            rng=self._rng,
-            rate=s.pod_rate,
-            burst=s.pod_burst,
-            jitter=s.pod_jitter,
-            max_pending=s.pod_max_pending,
-            on_lookup=on_pod_lookup,
-        )
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
         self._halt = threading.Event()
@@ -142,7 +121,6 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
-        on_pod_lookup: LookupCallback | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -158,7 +136,6 @@ class KubeSource:
             service_label_selector=service_label_selector,
             node_name=node_name,
             sentinel=sentinel,
-            on_pod_lookup=on_pod_lookup,
         )
 
     @property
@@ -235,7 +212,6 @@ class KubeSource:
             for r in self.reflectors
         ]
         self._threads = threads
-        self._pods.start(emit, halt)
         for t in threads:
             t.start()
         log(logging.INFO, "API source started", host=self.host)
@@ -245,25 +221,20 @@ class KubeSource:
             halt.set()
             for r in self.reflectors:
                 r.interrupt()
-            self._pods.wake()
             deadline = time.monotonic() + s.join_timeout
             for t in threads:
                 t.join(max(0.0, deadline - time.monotonic()))
             stuck = [t.name for t in threads if t.is_alive()]
-            stuck += [t.name for t in self._pods.join(max(0.0, deadline - time.monotonic()))]
             if stuck:
                 log(logging.WARNING, "API source threads still busy at stop", threads=stuck)
             self._api.rest_client.pool_manager.clear()
             log(logging.INFO, "API source stopped")
 
-    def request_pod(self, ref: PodRef) -> None:
-        self._pods.request(ref)
-
     def dead_threads(self) -> list[str]:
         """Names of this source's threads that ended while it runs (for /healthz)."""
         if self._halt.is_set():
             return []
-        threads = getattr(self, "_threads", []) + self._pods.threads()
+        threads = getattr(self, "_threads", [])
         return [t.name for t in threads if not t.is_alive()]
 
     # ---- internals ----------------------------------------------------------------------
@@ -287,30 +258,6 @@ class KubeSource:
                                   _request_timeout=(s.connect_timeout, s.probe_timeout))
         resp.read()  # a few bytes; reading them returns the connection to the pool
         return int(resp.status)
-
-    def _get_pod(self, namespace: str, name: str) -> RawObject | None:
-        """GET one pod with resourceVersion=0: served from the API server's watch cache (no
-        etcd read). The cache lags etcd by milliseconds; the EndpointSlice that made us ask
-        was itself written after the pod's deletionTimestamp, from that same stream."""
-        s = self.settings
-        method, url, headers, body, post = self._api.param_serialize(
-            "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
-            path_params={"namespace": namespace, "name": name},
-            query_params=[("resourceVersion", "0")],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self._api.call_api(method, url, headers, body, post,
-                                  _request_timeout=(s.connect_timeout, s.pod_read_timeout))
-        data = resp.read()
-        if resp.status == 404:
-            return None
-        if resp.status >= 400:
-            raise ApiException(status=resp.status, reason=resp.reason)
-        obj = json.loads(data)
-        if not isinstance(obj, dict):
-            raise ValueError("pod response is not a JSON object")
-        return obj
 
 
 __all__ = ["KubeSettings", "KubeSource"]

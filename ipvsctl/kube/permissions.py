@@ -19,7 +19,6 @@ class Permission:
 REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission("", "services", ("list", "watch")),
     Permission("discovery.k8s.io", "endpointslices", ("list", "watch")),
-    Permission("", "pods", ("get",)),  # deletionTimestamp of terminating endpoints' pods
     # This node's own Node (one object, by field selector): zone and deletion (as kube-proxy).
     Permission("", "nodes", ("get", "list", "watch")),
 )

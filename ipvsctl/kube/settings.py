@@ -60,29 +60,5 @@ class KubeSettings:
     with nothing is retried with backoff, so a misbehaving server cannot spin us (real
     watches last 300-600 s and carry bookmarks about every minute)."""
 
-    pod_workers: int = 2
-    """Threads answering `request_pod` (one GET each at a time)."""
-
-    pod_read_timeout: float = 10.0
-    pod_cache_seconds: float = 2.0
-    """How long a pod answer is reused: a burst of endpoints of one pod costs one GET."""
-
-    pod_rate: float = 5.0
-    pod_burst: int = 20
-    """Token bucket of pod GETs per node (per second, burst): at 5,000 nodes the cluster-wide
-    peak is bounded by 25,000/s of watch-cache reads whatever the churn (see
-    docs/benchmarks.md, "Control-plane cost")."""
-
-    pod_jitter: float = 2.0
-    """Each pod GET waits a random 0..pod_jitter s: the nodes seeing one EndpointSlice update
-    spread their lookups instead of asking in the same instant."""
-
-    pod_max_pending: int = 2000
-    """Lookups waiting at most; more are dropped (the drain falls back to --drain-timeout)."""
-
-    pod_attempts: int = 4
-    pod_backoff_initial: float = 0.5
-    pod_backoff_max: float = 5.0
-
     join_timeout: float = 5.0
     """How long `run()` waits for its threads after `stop` (they are daemon threads)."""

@@ -35,8 +35,6 @@ SERVICE_SPEC_FIELDS = (
     "healthCheckNodePort",
     "trafficDistribution",
 )
-POD_SPEC_FIELDS = ("nodeName", "terminationGracePeriodSeconds")
-POD_STATUS_FIELDS = ("podIP", "podIPs")
 
 
 def _pick(src: Any, keys: Iterable[str]) -> RawObject:
@@ -125,6 +123,9 @@ def _trim_endpoint(ep: Any) -> Any:
         v = target.get("name")
         if v is not None:
             ref["name"] = v
+        v = target.get("uid")  # two pods of one name (a StatefulSet's) are two endpoints
+        if v is not None:
+            ref["uid"] = v
         out["targetRef"] = ref
     return out
 
@@ -146,22 +147,6 @@ def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
         out["endpoints"] = [_trim_endpoint(ep) for ep in endpoints]
     elif endpoints is not None:
         out["endpoints"] = endpoints
-    return out
-
-
-def trim_pod(obj: Mapping[str, Any]) -> RawObject:
-    meta = obj.get("metadata") or {}
-    out: RawObject = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": _pick(meta, ("name", "namespace", "uid", "deletionTimestamp")),
-    }
-    spec = _pick(obj.get("spec"), POD_SPEC_FIELDS)
-    if spec:
-        out["spec"] = spec
-    status = _pick(obj.get("status"), POD_STATUS_FIELDS)
-    if status:
-        out["status"] = status
     return out
 
 

@@ -11,7 +11,7 @@ from ipvsctl.model.desired import (
     NodeContext,
     VirtualServerKind,
 )
-from ipvsctl.model.drain import DeadlineSource, DrainEntry, DrainReason
+from ipvsctl.model.drain import NO_DEADLINE, DeadlineSource, DrainEntry, DrainReason
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
     ConnCounts,
@@ -31,6 +31,7 @@ from ipvsctl.model.keys import (
 from ipvsctl.model.queue import DrainQueue
 
 __all__ = [
+    "NO_DEADLINE",
     "AppliedVirtualServer",
     "ConnCounts",
     "DeadlineSource",

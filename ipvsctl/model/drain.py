@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -21,9 +22,18 @@ class DrainReason(StrEnum):
 
 
 class DeadlineSource(StrEnum):
-    ANNOTATION = "annotation"  # ipvsctl.io/drain-timeout on the Service
-    POD = "pod"  # the pod's metadata.deletionTimestamp
-    DEFAULT = "default"  # --drain-timeout
+    """What bounds a drain (CONTRACT.md "Draining", the deadline order)."""
+
+    ANNOTATION = "annotation"  # ipvsctl.io/drain-timeout on the Service, from `since`
+    # Its endpoint is still listed as terminating: no deadline of its own (`deadline` is
+    # infinite); its pod's lifetime bounds it. (A state file of the version that read pods
+    # wrote this value with the pod's deletionTimestamp; it loads as this meaning.)
+    POD = "pod"
+    POD_GONE = "pod_gone"  # it left every slice after being terminating: a short grace
+    DEFAULT = "default"  # --drain-timeout, from `since`
+
+
+NO_DEADLINE = math.inf  # the deadline of a drain its pod's lifetime bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +43,17 @@ class DrainEntry:
     service: ServiceRef | None
     reason: DrainReason
     since: float  # wall-clock seconds (survives restarts)
-    deadline: float  # wall-clock seconds
+    deadline: float  # wall-clock seconds; NO_DEADLINE while its pod's lifetime bounds it
     deadline_source: DeadlineSource
-    pod: PodRef | None = None
+    pod: PodRef | None = None  # the endpoint's targetRef (name and uid) when it had one
 
     @property
     def key(self) -> tuple[ServiceKey, RealServerKey]:
         return (self.vs, self.rs)
+
+    @property
+    def has_deadline(self) -> bool:
+        return self.deadline != NO_DEADLINE
 
     def with_deadline(self, deadline: float, source: DeadlineSource) -> DrainEntry:
         return replace(self, deadline=deadline, deadline_source=source)
@@ -54,9 +68,10 @@ class DrainEntry:
             "service": str(self.service) if self.service else None,
             "reason": self.reason.value,
             "since": self.since,
-            "deadline": self.deadline,
+            "deadline": self.deadline if self.has_deadline else None,
             "deadline_source": self.deadline_source.value,
             "pod": str(self.pod) if self.pod else None,
+            "pod_uid": self.pod.uid if self.pod and self.pod.uid else None,
         }
 
     @classmethod
@@ -68,7 +83,7 @@ class DrainEntry:
             service=ServiceRef.parse(d["service"]) if d.get("service") else None,
             reason=DrainReason(d["reason"]),
             since=float(d["since"]),
-            deadline=float(d["deadline"]),
+            deadline=NO_DEADLINE if d.get("deadline") is None else float(d["deadline"]),
             deadline_source=DeadlineSource(d["deadline_source"]),
-            pod=PodRef.parse(d["pod"]) if d.get("pod") else None,
+            pod=PodRef.parse(d["pod"], d.get("pod_uid") or "") if d.get("pod") else None,
         )

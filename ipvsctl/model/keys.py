@@ -102,7 +102,22 @@ class ServiceRef(_NamespacedName):
 
 @dataclass(frozen=True, slots=True, order=True)
 class PodRef(_NamespacedName):
-    """namespace/name of a Pod (an endpoint's targetRef)."""
+    """A Pod as an endpoint's targetRef names it: namespace/name and its uid. Two pods of
+    one name (a StatefulSet's `web-0` deleted and created again) differ by uid, so they are
+    two endpoints; "" is an unknown uid (a targetRef without one, an old state file)."""
+
+    uid: str = ""
+
+    @classmethod
+    def parse(cls, text: str, uid: str = "") -> PodRef:
+        namespace, _, name = text.partition("/")
+        return cls(namespace, name, uid)
+
+    def same_pod(self, other: PodRef) -> bool:
+        """Whether the two name the same pod: the same name, and the same uid when both
+        are known."""
+        return (self.namespace == other.namespace and self.name == other.name
+                and (not self.uid or not other.uid or self.uid == other.uid))
 
 
 def service_order(key: ServiceKey) -> tuple[str, str, int]:

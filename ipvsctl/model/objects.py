@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipvsctl.model.desired import EndpointInfo
-from ipvsctl.model.keys import PodRef, Protocol, ServiceRef
+from ipvsctl.model.keys import Protocol, ServiceRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +63,3 @@ class SliceInfo:
     @property
     def service(self) -> ServiceRef | None:
         return ServiceRef(self.namespace, self.service_name) if self.service_name else None
-
-
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    ref: PodRef
-    deletion_deadline: float | None  # metadata.deletionTimestamp as epoch seconds

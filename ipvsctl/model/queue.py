@@ -1,4 +1,4 @@
-"""The drain queue: entries indexed by (VS, RS), by VS and by pod, so every lookup the
+"""The drain queue: entries indexed by (VS, RS) and by VS, so every lookup the
 engine makes costs O(the entries involved), never O(queue).
 
 A virtual server's map of entries is never changed in place: a change replaces it with a
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from ipvsctl.model.drain import DeadlineSource, DrainEntry
-from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, service_order
+from ipvsctl.model.drain import NO_DEADLINE, DrainEntry
+from ipvsctl.model.keys import RealServerKey, ServiceKey, service_order
 
 
 def _rs_order(rs: RealServerKey) -> tuple[str, int]:
@@ -22,7 +22,6 @@ def _rs_order(rs: RealServerKey) -> tuple[str, int]:
 class DrainQueue:
     def __init__(self, entries: list[DrainEntry] | None = None) -> None:
         self._by_vs: dict[ServiceKey, dict[RealServerKey, DrainEntry]] = {}
-        self._by_pod: dict[PodRef, set[tuple[ServiceKey, RealServerKey]]] = {}
         self.version = 0  # bumped on every change: tells the state file it must be written
         self.added = 0  # bumped on every add: a new drain is written at once, not coalesced
         self._count = 0
@@ -66,8 +65,6 @@ class DrainQueue:
         d[entry.rs] = entry
         self._by_vs[entry.vs] = d
         self._count += 1
-        if entry.pod is not None:
-            self._by_pod.setdefault(entry.pod, set()).add(entry.key)
         self.version += 1
         self.added += 1
 
@@ -92,26 +89,22 @@ class DrainQueue:
         return entries
 
     def _forget(self, entry: DrainEntry) -> None:
-        """The count, the pod index and the version, for an entry just taken out."""
+        """The count and the version, for an entry just taken out."""
         self._count -= 1
-        if entry.pod is not None:
-            keys = self._by_pod.get(entry.pod)
-            if keys:
-                keys.discard(entry.key)
-                if not keys:
-                    del self._by_pod[entry.pod]
         self.version += 1
 
-    def apply_pod_deadline(self, pod: PodRef, deadline: float) -> list[DrainEntry]:
-        """A pod's deletion deadline became known: entries of that pod that only had the
-        default deadline take it. An annotation deadline stays (it is the Service's word)."""
-        changed = []
-        for key in sorted(self._by_pod.get(pod, ())):
-            e = self._by_vs[key[0]][key[1]]
-            if e.deadline_source is DeadlineSource.DEFAULT and e.deadline != deadline:
-                new = e.with_deadline(deadline, DeadlineSource.POD)
-                self._by_vs[key[0]] = {**self._by_vs[key[0]], key[1]: new}
-                changed.append(new)
-        if changed:
-            self.version += 1
-        return changed
+    def replace(self, entry: DrainEntry) -> bool:
+        """A queued entry's bound changed (`RetimeDrain`): it takes the new one in place;
+        `since` stays, it is not a new drain (no immediate state write). False when the
+        entry is no longer queued."""
+        old = self._by_vs.get(entry.vs)
+        if old is None or entry.rs not in old:
+            return False
+        self._by_vs[entry.vs] = {**old, entry.rs: entry}
+        self.version += 1
+        return True
+
+    def next_deadline(self) -> float | None:
+        """The earliest finite deadline (None: none has one), O(queue)."""
+        return min((e.deadline for d in self._by_vs.values() for e in d.values()
+                    if e.deadline != NO_DEADLINE), default=None)

@@ -92,12 +92,6 @@ class Metrics:
             "Failed re-reads of the node's addresses (the addresses in force were kept).",
             registry=r,
         )
-        # Kubernetes API (ipvsctl/kube): pod deadline lookups, by outcome
-        self.pod_lookups = Counter(
-            "ipvsctl_pod_lookups",
-            "Pod GETs for drain deadlines, by result (ok, not_found, error, dropped).",
-            ["result"], registry=r,
-        )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
         self.nft_errors = Counter(
             "ipvsctl_nft_errors", "Failed nft runs, by operation.", ["operation"], registry=r,
@@ -184,7 +178,7 @@ class Metrics:
         )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
-        for reason in ("drained", "deadline", "udp", "service_deleted"):
+        for reason in ("drained", "deadline", "udp", "pod_gone", "service_deleted"):
             self.real_server_deletions.labels(reason)
         for result in ("ok", "deferred", "unavailable", "error"):
             self.conn_table_reads.labels(result)

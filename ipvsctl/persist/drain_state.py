@@ -9,6 +9,12 @@ nor hangs start-up), must be a regular file under MAX_BYTES, UTF-8 JSON without 
 and every field of every entry is checked. A file that fails any check is set aside (renamed
 `*.corrupt-<time>`) and the queue is rebuilt from the kernel by adoption: a bad file must
 never crash-loop the daemon.
+
+A drain its pod's lifetime bounds has no deadline: `"deadline": null` with
+`"deadline_source": "pod"`. The version before that read Pod objects wrote `"pod"` with the
+pod's deletionTimestamp as the deadline and no `pod_uid`: such an entry loads as a drain
+its pod bounds (the number is dropped, it may be a former pod's of the same name), and the
+first sync judges it again from the slices (still terminating, gone, or neither).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ipvsctl.model import (
+    NO_DEADLINE,
     DeadlineSource,
     DrainEntry,
     DrainReason,
@@ -86,6 +93,15 @@ def _ip(d: dict[str, Any], key: str) -> str:
     return ip
 
 
+def _uid(d: dict[str, Any]) -> str:
+    v = d.get("pod_uid")
+    if v is None:
+        return ""
+    if not isinstance(v, str) or len(v) > 128:
+        raise BadState(f"pod_uid: {v!r} is not a uid")
+    return v
+
+
 def _ref(d: dict[str, Any], key: str) -> str | None:
     if d.get(key) is None:
         return None
@@ -106,16 +122,22 @@ def entry_from_json(d: Any) -> DrainEntry:
         source = DeadlineSource(_str(d, "deadline_source"))
     except ValueError as exc:
         raise BadState(str(exc)) from None
-    service, pod = _ref(d, "service"), _ref(d, "pod")
+    service, pod, uid = _ref(d, "service"), _ref(d, "pod"), _uid(d)
+    if source is DeadlineSource.POD:
+        if d.get("deadline") is not None:
+            _time(d, "deadline")  # an old file's deletionTimestamp: checked, then dropped
+        deadline = NO_DEADLINE
+    else:
+        deadline = _time(d, "deadline")
     return DrainEntry(
         vs=ServiceKey(protocol, _ip(d, "vip"), _port(d, "vport")),
         rs=RealServerKey(_ip(d, "address"), _port(d, "port")),
         service=ServiceRef.parse(service) if service else None,
         reason=reason,
         since=_time(d, "since"),
-        deadline=_time(d, "deadline"),
+        deadline=deadline,
         deadline_source=source,
-        pod=PodRef.parse(pod) if pod else None,
+        pod=PodRef.parse(pod, uid) if pod else None,
     )
 
 

@@ -4,16 +4,16 @@ is desired. Pure: all inputs are values, the output is a list of ops in apply or
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ipvsctl.model import (
+    NO_DEADLINE,
     AppliedVirtualServer,
     DeadlineSource,
     DesiredService,
     DrainEntry,
     DrainReason,
     EndpointInfo,
-    PodRef,
     RealServerKey,
     ServiceKey,
     ServiceRef,
@@ -27,17 +27,70 @@ from ipvsctl.plan.ops import (
     DrainRealServer,
     Op,
     RestoreRealServer,
+    RetimeDrain,
     UpdateVirtualServer,
 )
+
+# CONTRACT.md "Draining", rule 3: "a few seconds". The EndpointSlice controller's re-pack
+# writes the two slices within one sync (milliseconds apart); watch delivery and a
+# daemon's loop add at most a second or two.
+POD_GONE_GRACE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class DrainPolicy:
-    """What a new drain entry's deadline depends on."""
+    """What a drain's deadline depends on besides its endpoint."""
 
     now: float  # wall clock
     default_timeout: float  # --drain-timeout
-    pod_deadlines: Mapping[PodRef, float]  # pod -> metadata.deletionTimestamp
+    # An endpoint that left every slice after being terminating goes this long after it
+    # left: long enough that a slice re-pack (the endpoint deleted from one slice, added to
+    # another, in two events) is not mistaken for its pod being gone.
+    pod_gone_grace: float = POD_GONE_GRACE
+
+
+def same_endpoint(entry: DrainEntry, listed: EndpointInfo) -> bool:
+    """Whether the endpoint listed at a draining real server's address is the one that
+    drains (by its targetRef's name and uid; without a targetRef, the address is all there
+    is to go by)."""
+    if entry.pod is None or listed.pod is None:
+        return True
+    return entry.pod.same_pod(listed.pod)
+
+
+def drain_bound(
+    entry: DrainEntry,
+    drain_timeout: float | None,
+    listed: EndpointInfo | None,
+    policy: DrainPolicy,
+) -> DrainEntry:
+    """CONTRACT.md "Draining", the deadline order, for a drain as its endpoint is listed
+    now (`listed`: the endpoint at its address in the Service's slices, None if none):
+    1. the annotation (`drain_timeout`), from when the drain began;
+    2. its endpoint still listed as terminating: no deadline (its pod's lifetime bounds it);
+    3. it was terminating and is listed no more (or another pod has its address): the pod
+       is gone, `pod_gone_grace` from when that was first seen;
+    4. else --drain-timeout from when the drain began.
+    Returns `entry` itself when nothing changes."""
+    listed_here = listed is not None and same_endpoint(entry, listed)
+    reason = entry.reason
+    if listed_here and listed is not None and listed.terminating:
+        reason = DrainReason.TERMINATING  # a not-ready endpoint whose pod is now deleted
+    if drain_timeout is not None:
+        deadline, source = entry.since + drain_timeout, DeadlineSource.ANNOTATION
+    elif listed_here and reason is DrainReason.TERMINATING:
+        deadline, source = NO_DEADLINE, DeadlineSource.POD
+    elif reason is DrainReason.TERMINATING and not listed_here:
+        deadline, source = policy.now + policy.pod_gone_grace, DeadlineSource.POD_GONE
+    else:
+        deadline, source = entry.since + policy.default_timeout, DeadlineSource.DEFAULT
+    if source is entry.deadline_source:
+        # A deadline once set stays (the queue keeps its deadlines across a restart with
+        # another --drain-timeout; the grace runs from when the pod was first seen gone).
+        deadline = entry.deadline
+    if (deadline, source, reason) == (entry.deadline, entry.deadline_source, entry.reason):
+        return entry
+    return replace(entry, reason=reason, deadline=deadline, deadline_source=source)
 
 
 def drain_entry(
@@ -49,22 +102,18 @@ def drain_entry(
     still_listed: bool,
     policy: DrainPolicy,
 ) -> DrainEntry:
-    """CONTRACT.md "Draining": the annotation, else the pod's deletion deadline when the
-    endpoint is terminating and its pod is known, else --drain-timeout."""
-    pod = meta.pod if meta else None
+    """A new drain: `meta` is its endpoint as listed now (`still_listed`) or as it was
+    last listed; its bound is `drain_bound`'s."""
     if meta is not None and meta.terminating:
         reason = DrainReason.TERMINATING
     elif still_listed:
         reason = DrainReason.NOT_READY
     else:
         reason = DrainReason.REMOVED
-    if drain_timeout is not None:
-        deadline, source = policy.now + drain_timeout, DeadlineSource.ANNOTATION
-    elif reason is DrainReason.TERMINATING and pod is not None and pod in policy.pod_deadlines:
-        deadline, source = policy.pod_deadlines[pod], DeadlineSource.POD
-    else:
-        deadline, source = policy.now + policy.default_timeout, DeadlineSource.DEFAULT
-    return DrainEntry(vs, rs, service, reason, policy.now, deadline, source, pod)
+    entry = DrainEntry(vs, rs, service, reason, policy.now,
+                       policy.now + policy.default_timeout, DeadlineSource.DEFAULT,
+                       meta.pod if meta else None)
+    return drain_bound(entry, drain_timeout, meta if still_listed else None, policy)
 
 
 def diff_service(
@@ -77,7 +126,9 @@ def diff_service(
 ) -> list[Op]:
     """Ops for one Service. `applied` holds only this Service's virtual servers; `draining`
     is the queue indexed by virtual server; `previous_endpoints` is what was known of
-    endpoints before this change (a removed endpoint's pod is only known from there)."""
+    endpoints before this change (a removed endpoint's pod is only known from there).
+    A real server already draining keeps draining; its bound follows its endpoint
+    (`drain_bound`: a `RetimeDrain` when it changes)."""
     wanted = desired.virtual_servers if desired else {}
     endpoints = desired.endpoints if desired else {}
     drain_timeout = desired.drain_timeout if desired else None
@@ -86,6 +137,7 @@ def diff_service(
     add_vs: list[Op] = []
     add_rs: list[Op] = []
     drain: list[Op] = []
+    retime: list[Op] = []
     delete_rs: list[Op] = []
     delete_vs: list[Op] = []
 
@@ -110,8 +162,12 @@ def diff_service(
             elif weight != 1 or rs in queued:
                 add_rs.append(RestoreRealServer(key, rs))
         for rs in sorted(have.weights.keys() - want.real_servers):
-            if rs in queued:
-                continue  # already draining; the drain check decides when it goes
+            entry = queued.get(rs)
+            if entry is not None:  # already draining: the drain check decides when it goes
+                new = drain_bound(entry, drain_timeout, endpoints.get(rs.address), policy)
+                if new is not entry:
+                    retime.append(RetimeDrain(new))
+                continue
             if key.protocol.connectionless:
                 delete_rs.append(DeleteRealServer(key, rs, DeletionReason.UDP, True))
                 continue
@@ -124,4 +180,4 @@ def diff_service(
                     drain_entry(key, rs, ref, drain_timeout, meta, still_listed, policy)
                 )
             )
-    return add_vs + add_rs + drain + delete_rs + delete_vs
+    return add_vs + add_rs + drain + retime + delete_rs + delete_vs

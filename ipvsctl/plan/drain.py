@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ipvsctl.model import ConnCounts, DrainEntry, Protocol, RealServerKey, RealServerStatus
+from ipvsctl.model import (
+    ConnCounts,
+    DeadlineSource,
+    DrainEntry,
+    Protocol,
+    RealServerKey,
+    RealServerStatus,
+)
 from ipvsctl.plan.ops import DeleteRealServer, DeletionReason, ForgetDrain
 
 
@@ -31,7 +38,8 @@ def check_drains(
     """`observed` is one read of the virtual server's real servers (None: the virtual
     server is gone). A real server goes as drained when ActiveConn and InActConn are both 0,
     or when its connections, read from the connection table (`conns`, None when it was not
-    read), are all closed (TIME_WAIT, CLOSE); else when its deadline has passed."""
+    read), are all closed (TIME_WAIT, CLOSE); else when its deadline has passed (reason
+    `pod_gone` when the deadline was the grace after its pod left, else `deadline`)."""
     if observed is None:
         return [ForgetDrain(e.vs, e.rs) for _, e in sorted(queued.items())]
     by_key = {s.key: s for s in observed}
@@ -46,5 +54,8 @@ def check_drains(
                 and all_closed(counts, status)):
             ops.append(DeleteRealServer(entry.vs, rs, DeletionReason.DRAINED))
         elif now >= entry.deadline:
-            ops.append(DeleteRealServer(entry.vs, rs, DeletionReason.DEADLINE))
+            reason = (DeletionReason.POD_GONE
+                      if entry.deadline_source is DeadlineSource.POD_GONE
+                      else DeletionReason.DEADLINE)
+            ops.append(DeleteRealServer(entry.vs, rs, reason))
     return ops

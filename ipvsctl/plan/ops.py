@@ -1,5 +1,6 @@
 """Kernel operations, as values. The planner returns them; the reconciler applies them in
-the fixed order they are produced: add VS, add/restore RS, drain RS, delete RS, delete VS."""
+the fixed order they are produced: add VS, add/restore RS, drain RS, retime drains, delete
+RS, delete VS."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class DeletionReason(StrEnum):
     DRAINED = "drained"  # connections reached zero
     DEADLINE = "deadline"  # deadline passed with connections left
     UDP = "udp"  # connectionless (UDP/SCTP): deleted at once
+    POD_GONE = "pod_gone"  # its endpoint left every slice after being terminating
     SERVICE_DELETED = "service_deleted"  # its virtual server went away
 
 
@@ -85,6 +87,18 @@ class DrainRealServer:
 
 
 @dataclass(frozen=True, slots=True)
+class RetimeDrain:
+    """A draining real server's bound changed (its endpoint left its slices, the
+    annotation changed, ...): the queue takes the new entry; no kernel call."""
+
+    entry: DrainEntry
+
+    def __str__(self) -> str:
+        e = self.entry
+        return f"retime-rs {e.vs} -> {e.rs} reason {e.reason} deadline-from {e.deadline_source}"
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteRealServer:
     vs: ServiceKey
     rs: RealServerKey
@@ -114,6 +128,7 @@ Op = (
     | AddRealServer
     | RestoreRealServer
     | DrainRealServer
+    | RetimeDrain
     | DeleteRealServer
     | ForgetDrain
 )

@@ -91,6 +91,7 @@ def adopt(
             drains.add(entry)
             log.info("drain adopted", extra=fields(
                 vs=key, rs=d.key, reason=entry.reason,
-                deadline_in=round(entry.deadline - now, 3)))
+                deadline_in=round(entry.deadline - now, 3) if entry.has_deadline else None,
+                deadline_from=entry.deadline_source))
     return [Orphan(key, len(observed[key][1]))
             for key in sorted(observed.keys() - wanted_rs.keys())]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
-from ipvsctl.model import RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.model import NO_DEADLINE, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.desired import binds_address
@@ -31,6 +31,7 @@ from ipvsctl.plan.ops import (
     ForgetDrain,
     Op,
     RestoreRealServer,
+    RetimeDrain,
     UpdateVirtualServer,
 )
 from ipvsctl.reconcile.applied import AppliedState
@@ -189,7 +190,22 @@ def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
     a.drains.add(e)
     log.info("drain started", extra=fields(
         service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
-        deadline_in=round(e.deadline - e.since, 3), deadline_from=e.deadline_source))
+        deadline_in=_deadline_in(e.deadline, e.since), deadline_from=e.deadline_source))
+    return False
+
+
+def _deadline_in(deadline: float, now: float) -> float | None:
+    """Seconds to a deadline for a log line; None: none (its pod's lifetime bounds it)."""
+    return round(deadline - now, 3) if deadline != NO_DEADLINE else None
+
+
+def _retime_drain(a: Applier, ref: ServiceRef | None, op: RetimeDrain) -> bool:
+    e = op.entry
+    if a.drains.replace(e):
+        log.info("drain bound changed", extra=fields(
+            service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
+            deadline_in=_deadline_in(e.deadline, a.clock.wall()),
+            deadline_from=e.deadline_source))
     return False
 
 
@@ -228,6 +244,7 @@ _HANDLERS: dict[type[Any], Callable[[Applier, ServiceRef | None, Any], bool]] = 
     AddRealServer: _add_rs,
     RestoreRealServer: _restore_rs,
     DrainRealServer: _drain_rs,
+    RetimeDrain: _retime_drain,
     DeleteRealServer: _delete_rs,
     ForgetDrain: _forget_drain,
 }

@@ -22,7 +22,7 @@ def plan_objects(
     store = ObjectStore(node.default_scheduler, node_name=node.node_name,
                          service_proxy_name=node.service_proxy_name)
     problems: list[Problem] = []
-    for kind in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+    for kind in (ObjectKind.NODE, ObjectKind.SERVICE,
                  ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
     if store.node is not None:

@@ -32,7 +32,6 @@ from ipvsctl.model import (
     DrainEntry,
     DrainQueue,
     NodeContext,
-    PodRef,
     ServiceKey,
     ServiceRef,
 )
@@ -40,7 +39,7 @@ from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.conflicts import Claims
 from ipvsctl.plan.desired import build_desired_service
-from ipvsctl.plan.diff import DrainPolicy, diff_service
+from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier
@@ -64,6 +63,9 @@ ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | 
 class EngineConfig:
     node: NodeContext
     drain_timeout: float = 30.0  # --drain-timeout
+    # How long after a terminating endpoint left every slice its real server goes (a slice
+    # re-pack is a delete and an add in two events, within this).
+    pod_gone_grace: float = POD_GONE_GRACE
     # Virtual servers re-read per audit step (one step a second): a slow safety net that
     # must never delay events (200 took most of each second under emulation).
     audit_batch: int = 20
@@ -98,7 +100,6 @@ class Engine:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         owned: Callable[[ServiceKey], bool] = lambda key: True,
-        request_pod: Callable[[PodRef], None] = lambda ref: None,
         restored_queue: Iterable[DrainEntry] = (),
     ) -> None:
         self.kernel = kernel
@@ -106,7 +107,6 @@ class Engine:
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
         self.owned = owned
-        self.request_pod = request_pod
         self.dirty: set[ServiceRef] = set()
         self.started = False
         self._restored = list(restored_queue)
@@ -122,7 +122,7 @@ class Engine:
         self.state = AppliedState(self.clock)
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
-        self.intake = Intake(config.node, self.metrics, lambda pod: self.request_pod(pod))
+        self.intake = Intake(config.node, self.metrics)
         self.applier = Applier(kernel, self.state, self.drains, self.metrics, self.clock,
                                node_ips=lambda: self.config.node.node_ips,
                                on_released=self._released)
@@ -169,7 +169,7 @@ class Engine:
         return self.intake.ready(self.config.wait_for_node)
 
     def handle(self, event: SourceEvent) -> None:
-        services, node = self.intake.handle(event, self.drains.queue)
+        services, node = self.intake.handle(event)
         self.dirty |= services
         if services and self.pending_since is None:
             self.pending_since = event.received
@@ -251,10 +251,9 @@ class Engine:
         ops = diff_service(
             ref, new, applied, {k: self.drains.queue.for_vs(k) for k in applied},
             DrainPolicy(self.clock.wall(), self.config.drain_timeout,
-                        self.store.pod_deadlines()),
+                        self.config.pod_gone_grace),
             previous_endpoints=old.endpoints if old else None,
         )
-        self.intake.request_pods(new)
         outcome = self.applier.apply(ref, ops)
         result.ops += outcome.ops
         result.services += 1
@@ -337,7 +336,6 @@ class Engine:
         whose deadline passed, as judged off the lock, if their entries are still the ones
         judged (`Terminations.accept`). O(the deletions), not O(queue)."""
         result = SyncResult()
-        self.store.expire_pods(self.clock.wall())
         for key, ops in self.drains.accept(verdict):
             ref = self.state.owner.get(key)
             outcome = self.applier.apply(ref, ops)

@@ -3,16 +3,16 @@ event, node change or node address change makes dirty, O(the Services it touches
 
 Keeps the indexes that make those answers cheap (Services with a nodePort, Services whose
 slices carry topology hints), the node IPs removed while running (NodePort virtual servers
-on them are still ours), and the pods whose deletion deadline was asked for.
+on them are still ours).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from ipvsctl.model import DesiredService, DrainQueue, NodeContext, PodRef, ServiceRef
+from ipvsctl.model import NodeContext, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.source.events import ObjectKind, SourceEvent
@@ -26,14 +26,11 @@ FORMER_NODE_IPS = 256
 
 
 class Intake:
-    def __init__(self, node: NodeContext, metrics: Metrics,
-                 request_pod: Callable[[PodRef], None]) -> None:
+    def __init__(self, node: NodeContext, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.request_pod = request_pod
         self.store = ObjectStore(node.default_scheduler, node_name=node.node_name,
                                  service_proxy_name=node.service_proxy_name)
         self.arrivals: dict[ServiceRef, list[float]] = {}  # monotonic, per dirty Service
-        self._pods_requested: set[PodRef] = set()
         # Services with a nodePort: the only ones a node address change touches.
         self._node_port_services: set[ServiceRef] = set()
         # Services with a slice carrying topology hints: the only ones a zone change touches.
@@ -41,7 +38,7 @@ class Intake:
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
         self.node_ips_known = frozenset(node.node_ips)
 
-    def handle(self, event: SourceEvent, queue: DrainQueue) -> tuple[set[ServiceRef], bool]:
+    def handle(self, event: SourceEvent) -> tuple[set[ServiceRef], bool]:
         """Returns the Services the event changed, and whether this node's Node did (then
         the caller asks `node_changed`)."""
         change = self.store.apply(event)
@@ -50,15 +47,6 @@ class Intake:
         for ref in change.services:
             self.arrivals.setdefault(ref, []).append(event.received)
             self._index(ref)
-        deadlines = self.store.pod_deadlines()
-        for pod in change.pods:
-            self._pods_requested.discard(pod)
-            deadline = deadlines.get(pod)
-            if deadline is None:
-                continue
-            for entry in queue.apply_pod_deadline(pod, deadline):
-                log.info("drain deadline from pod", extra=fields(
-                    vs=entry.vs, rs=entry.rs, pod=pod, deadline=round(deadline, 3)))
         return set(change.services), change.node
 
     def _index(self, ref: ServiceRef) -> None:
@@ -109,19 +97,6 @@ class Intake:
             added=",".join(added) or None, removed=",".join(removed) or None,
             services=len(self._node_port_services)))
         return dataclasses.replace(node, node_ips=new), set(self._node_port_services)
-
-    def request_pods(self, desired: DesiredService | None) -> None:
-        """Ask the source for the pods of terminating endpoints: their deletion deadline
-        bounds the drain (unless the Service's annotation decides it)."""
-        if desired is None or desired.drain_timeout is not None:
-            return
-        deadlines = self.store.pod_deadlines()
-        for meta in desired.endpoints.values():
-            pod = meta.pod
-            if (meta.terminating and pod is not None and pod not in deadlines
-                    and pod not in self._pods_requested):
-                self._pods_requested.add(pod)
-                self.request_pod(pod)
 
     def ready(self, wait_for_node: bool) -> bool:
         synced = self.store.synced

@@ -64,6 +64,11 @@ class Terminations:
         self._forget_if_empty()
         return entry
 
+    def replace(self, entry: DrainEntry) -> bool:
+        """A queued entry takes a new bound (what was seen of the old one no longer
+        counts, as for any new entry)."""
+        return self.queue.replace(entry)
+
     def remove_vs(self, key: ServiceKey) -> None:
         self.queue.remove_vs(key)
         self._forget_if_empty()
@@ -86,8 +91,9 @@ class Terminations:
         return seen.conns if seen else None
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline in the queue (wall clock), for the loop's timer."""
-        return min((e.deadline for e in self.queue.entries()), default=None)
+        """The earliest deadline in the queue (wall clock), for the loop's timer; drains
+        that their pod's lifetime bounds have none."""
+        return self.queue.next_deadline()
 
     def snapshot(self) -> DrainSnapshot:
         """The queue as it is now, unsorted (the reader sorts, off the lock): one shallow

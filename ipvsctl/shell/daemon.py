@@ -111,7 +111,7 @@ class Daemon:
             self.kernel, EngineConfig(o.node, o.drain_timeout,
                                       wait_for_node=getattr(self.source, "emits_node", False)),
             metrics=self.metrics,
-            owned=self.owned, request_pod=self.source.request_pod,
+            owned=self.owned,
             restored_queue=self.state.load(),
         )
         if self.state.load_error:
@@ -335,7 +335,6 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             kubeconfig=o.kubeconfig, apiserver=o.apiserver, node_name=o.node.node_name,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason).inc(),
-            on_pod_lookup=lambda result: metrics.pod_lookups.labels(result).inc(),
             service_label_selector=service_label_selector(o.node.service_proxy_name),
             # default/kubernetes carries no proxy-name label: with a name it is never listed,
             # so it cannot vouch for a Service list (the empty-list guard is off then).

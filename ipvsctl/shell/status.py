@@ -156,7 +156,7 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             if dr:
                 source = f", deadline from {dr['deadline_source']}" if wide else ""
                 note = (f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
-                        f"{_secs(dr.get('time_left'))} left{source}{_conns(dr)})").strip()
+                        f"{_bound(dr, source)}{_conns(dr)})").strip()
             row = [f"  -> {hostport(r['address'], r['port'])}", str(r["weight"]), ac, ic]
             rs_rows.append(row + ([r.get("node") or "-"] if wide else []) + [note])
             order.append((False, len(rs_rows) - 1))
@@ -172,5 +172,15 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             f"  {e['protocol']} {hostport(e['vip'], e['vport'])} -> "
             f"{hostport(e['address'], e['port'])}  {e.get('service') or '-'}  "
             f"pod {e.get('pod') or '-'}  reason {e['reason']}  age {_secs(e.get('age'))}  "
-            f"left {_secs(e.get('time_left'))} (deadline from {e['deadline_source']})")
+            + (f"left {_secs(e.get('time_left'))} (deadline from {e['deadline_source']})"
+               if e.get("time_left") is not None else _bound(e, "")))
     return "\n".join(lines) + "\n"
+
+
+def _bound(drain: dict[str, Any], source: str) -> str:
+    """What bounds a drain: "until its pod goes" (no deadline of its own: the endpoint is
+    still listed as terminating), else the time left (and, wide, where it comes from)."""
+    if drain.get("time_left") is None:
+        return "until its pod goes"
+    gone = ", its pod is gone" if drain.get("deadline_source") == "pod_gone" else ""
+    return f"{_secs(drain.get('time_left'))} left{gone}{source}"

@@ -70,7 +70,8 @@ def drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
                conns: ConnCounts | None = None) -> dict[str, Any]:
     d = e.to_json()
     d["age"] = round(max(0.0, now - e.since), 3)
-    d["time_left"] = round(max(0.0, e.deadline - now), 3)
+    # None: no deadline, its pod's lifetime bounds it (deadline_source "pod")
+    d["time_left"] = round(max(0.0, e.deadline - now), 3) if e.has_deadline else None
     if counts is not None:
         # ActiveConn is the established count; the rest is split only when the
         # connection table was read for this real server (null: not known).

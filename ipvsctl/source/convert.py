@@ -15,7 +15,6 @@ from typing import Any
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
 from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.model.objects import (
-    PodInfo,
     ServiceInfo,
     ServicePortInfo,
     SliceInfo,
@@ -58,7 +57,7 @@ IPVS_SCHEDULERS = frozenset(
 
 # InvalidObject is defined in validate, imported from here by the store; the parsed types
 # live in model (plan reads them) and are imported from here by callers of the parsers.
-__all__ = ["InvalidObject", "PodInfo", "ServiceInfo", "ServicePortInfo", "SliceInfo",
+__all__ = ["InvalidObject", "ServiceInfo", "ServicePortInfo", "SliceInfo",
            "SlicePortInfo"]
 
 
@@ -272,7 +271,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         try:
             drain_timeout = parse_duration(raw_timeout)
         except ValueError as exc:
-            # The next rule of the deadline order applies (the pod's, else --drain-timeout).
+            # The next rules of the deadline order apply (CONTRACT.md "Draining").
             warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
 
     source_ranges = None
@@ -372,7 +371,10 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
             ns = optional_str(ns, f"endpoints[{i}].targetRef.namespace")
         if type(pod_name) is not str:
             pod_name = optional_str(pod_name, f"endpoints[{i}].targetRef.name")
-        pod = PodRef(ns or namespace, pod_name or "")
+        uid = target.get("uid")
+        if uid is not None and (type(uid) is not str or len(uid) > 128):
+            raise InvalidObject(f"endpoints[{i}].targetRef.uid: {uid!r} is not a uid")
+        pod = PodRef(ns or namespace, pod_name or "", uid or "")
     node_name = ep.get("nodeName")
     raw_hints = ep.get("hints")
     hints = None
@@ -424,15 +426,3 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
 def parse_timestamp(value: str) -> float:
     """RFC 3339 (as the API server writes it) -> epoch seconds."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def parse_pod(obj: Mapping[str, Any]) -> Parsed:
-    namespace, name, meta = _meta(obj)
-    deadline = None
-    raw = meta.get("deletionTimestamp")
-    if raw:
-        try:
-            deadline = parse_timestamp(str(raw))
-        except ValueError:
-            raise InvalidObject(f"metadata.deletionTimestamp: {raw!r} is not a time") from None
-    return Parsed(PodInfo(PodRef(namespace, name), deadline))

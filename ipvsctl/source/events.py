@@ -11,21 +11,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from ipvsctl.model import PodRef
-
 RawObject = dict[str, Any]
 
 
 class ObjectKind(StrEnum):
     SERVICE = "Service"
     ENDPOINT_SLICE = "EndpointSlice"
-    POD = "Pod"
     NODE = "Node"  # this node's own Node (zone, deletion); no Replace of it is required
 
 
 @dataclass(frozen=True, slots=True)
 class Upsert:
-    """An object was added or modified (watch ADDED/MODIFIED, a pod GET)."""
+    """An object was added or modified (watch ADDED/MODIFIED)."""
 
     kind: ObjectKind
     obj: RawObject
@@ -34,7 +31,7 @@ class Upsert:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
-    """An object was deleted (watch DELETED, a pod GET answering 404)."""
+    """An object was deleted (watch DELETED)."""
 
     kind: ObjectKind
     namespace: str
@@ -59,7 +56,8 @@ EventSink = Callable[[SourceEvent], None]
 
 
 class ObjectSource(Protocol):
-    """A source of Services, EndpointSlices and (optionally) Pods."""
+    """A source of Services, EndpointSlices and this node's Node. No Pods: what ipvsctl
+    knows of a pod comes from the EndpointSlices (CONTRACT.md "Draining")."""
 
     def run(self, sink: EventSink, stop: threading.Event) -> None:
         """Emit a Replace for Services and one for EndpointSlices, then changes, until
@@ -68,22 +66,9 @@ class ObjectSource(Protocol):
         found at start-up."""
         ...
 
-    def request_pod(self, ref: PodRef) -> None:
-        """Ask for the pod's current state (its deletionTimestamp is a drain deadline): the
-        answer arrives later through the sink as an Upsert/Delete of kind Pod. Non-blocking;
-        repeated requests for the same pod may be coalesced or served from a cache."""
-        ...
-
 
 class SourceConfigError(Exception):
     """A source cannot start: bad kubeconfig, unreadable manifest folder, ..."""
-
-
-def pod_ref_of(obj: RawObject) -> PodRef | None:
-    meta = obj.get("metadata") or {}
-    if not meta.get("name"):
-        return None
-    return PodRef(meta.get("namespace") or "default", meta["name"])
 
 
 __all__ = [
@@ -96,6 +81,5 @@ __all__ = [
     "SourceConfigError",
     "SourceEvent",
     "Upsert",
-    "pod_ref_of",
 ]
 _ = threading  # used in the Protocol's signature

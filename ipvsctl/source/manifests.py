@@ -19,7 +19,6 @@ from typing import Any
 
 import yaml
 
-from ipvsctl.model import PodRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.source.events import (
     Delete,
@@ -87,7 +86,7 @@ def _unpack(path: Path, doc: Any) -> Iterator[Any]:
 
 
 def load_file(path: Path) -> FileObjects:
-    """The Services, EndpointSlices, Pods and Nodes of one file. ManifestError if
+    """The Services, EndpointSlices and Nodes of one file. ManifestError if
     unparseable."""
     objects: dict[ObjectId, RawObject] = {}
     ignored = 0
@@ -144,9 +143,6 @@ class ManifestSource:
         self._stats: dict[Path, tuple[float, int]] = {}
         self._files: dict[Path, dict[ObjectId, RawObject]] = {}
 
-    def request_pod(self, ref: PodRef) -> None:
-        """Pods come from the files themselves; nothing to fetch."""
-
     def _scan(self) -> dict[Path, tuple[float, int]]:
         stats = {}
         for f in manifest_files([self.folder]):
@@ -175,7 +171,7 @@ class ManifestSource:
         now = time.monotonic()
         merged = self._merged()
         return [Replace(k, [o for (kk, _, _), o in merged.items() if kk is k], now)
-                for k in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+                for k in (ObjectKind.NODE, ObjectKind.SERVICE,
                           ObjectKind.ENDPOINT_SLICE)]
 
     def _merged(self) -> dict[ObjectId, RawObject]:

@@ -7,21 +7,18 @@ changes, so a relist of an unchanged cluster reports nothing.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsctl.model import PodRef, ServiceRef
+from ipvsctl.model import ServiceRef
 from ipvsctl.source.convert import (
     InvalidObject,
-    PodInfo,
     ServiceInfo,
     SliceInfo,
     is_proxied,
     object_name,
     parse_endpoint_slice,
-    parse_pod,
     parse_service,
 )
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
@@ -41,21 +38,18 @@ class Problem:
 @dataclass(slots=True)
 class StoreChange:
     services: set[ServiceRef] = field(default_factory=set)  # need recomputing
-    pods: set[PodRef] = field(default_factory=set)  # deletion deadline changed
     problems: list[Problem] = field(default_factory=list)
     synced: ObjectKind | None = None  # a Replace of this kind was applied
     node: bool = False  # this node's Node changed (store.node)
 
     def merge(self, other: StoreChange) -> None:
         self.services |= other.services
-        self.pods |= other.pods
         self.problems += other.problems
         self.node |= other.node
 
 
 class ObjectStore:
-    def __init__(self, default_scheduler: str = "rr", pod_retention: float = 3600.0,
-                 node_name: str | None = None,
+    def __init__(self, default_scheduler: str = "rr", node_name: str | None = None,
                  service_proxy_name: str | None = None) -> None:
         self.default_scheduler = default_scheduler
         self.service_proxy_name = service_proxy_name  # --service-proxy-name
@@ -67,20 +61,12 @@ class ObjectStore:
         self.services: dict[ServiceRef, ServiceInfo] = {}
         self.slices: dict[tuple[str, str], SliceInfo] = {}  # (namespace, slice name)
         self.slices_by_service: dict[ServiceRef, dict[str, SliceInfo]] = {}
-        self.pods: dict[PodRef, PodInfo] = {}
-        # Pods are only ever fetched for terminating endpoints and never watched, so nothing
-        # tells us when they are gone: forget them a while after their deletion deadline.
-        self._pod_expiry: list[tuple[float, PodRef]] = []
-        self.pod_retention = pod_retention
         self.synced: set[ObjectKind] = set()
 
     # --- queries ------------------------------------------------------------------
     def slices_of(self, ref: ServiceRef) -> Iterable[SliceInfo]:
         by_name = self.slices_by_service.get(ref)
         return [by_name[n] for n in sorted(by_name)] if by_name else ()
-
-    def pod_deadlines(self) -> Mapping[PodRef, float]:
-        return _PodDeadlines(self.pods)
 
     # --- events -------------------------------------------------------------------
     def apply(self, event: SourceEvent) -> StoreChange:
@@ -91,13 +77,6 @@ class ObjectStore:
         if isinstance(event, Replace):
             return self._replace(event.kind, event.objects)
         raise TypeError(f"unknown event {event!r}")
-
-    def expire_pods(self, now: float) -> None:
-        while self._pod_expiry and self._pod_expiry[0][0] <= now:
-            _, ref = heapq.heappop(self._pod_expiry)
-            pod = self.pods.get(ref)
-            if pod and (pod.deletion_deadline or 0) + self.pod_retention <= now:
-                del self.pods[ref]
 
     def _upsert(self, kind: ObjectKind, obj: Mapping[str, Any]) -> StoreChange:
         change = StoreChange()
@@ -115,8 +94,6 @@ class ObjectStore:
                 parsed = parse_endpoint_slice(obj)
                 self._warn(change, kind, obj, parsed.warnings)
                 self._put_slice(parsed.value, change)
-            elif kind is ObjectKind.POD:
-                self._put_pod(parse_pod(obj).value, change)
             elif kind is ObjectKind.NODE:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 if isinstance(meta, Mapping) and meta.get("name") == self.node_name:
@@ -141,11 +118,6 @@ class ObjectStore:
                 change.services.add(ref)
         elif kind is ObjectKind.ENDPOINT_SLICE:
             self._drop_slice((namespace, name), change)
-        elif kind is ObjectKind.POD:
-            ref = PodRef(namespace, name)
-            pod = self.pods.pop(ref, None)
-            if pod is not None and pod.deletion_deadline is not None:
-                change.pods.add(ref)
         elif (kind is ObjectKind.NODE and name == self.node_name and self.node is not None
               and self.node.present):
             self._set_node(NodeInfo(name, present=False), change)
@@ -171,7 +143,7 @@ class ObjectStore:
             gone = [("default", n) for n in (self.node_name,)
                     if n and not any(name == n for _, name in listed)]
         else:
-            gone = [(r.namespace, r.name) for r in self.pods if (r.namespace, r.name) not in listed]
+            gone = []
         for namespace, name in list(gone):
             change.merge(self._delete(kind, namespace, name))
         self.synced.add(kind)
@@ -216,19 +188,6 @@ class ObjectStore:
             self.node = info
             change.node = True
 
-    def _put_pod(self, info: PodInfo, change: StoreChange) -> None:
-        if info.deletion_deadline is None:
-            # Only deletion deadlines matter; a pod not being deleted needs no memory.
-            if self.pods.pop(info.ref, None) is not None:
-                change.pods.add(info.ref)
-            return
-        if self.pods.get(info.ref) != info:
-            self.pods[info.ref] = info
-            change.pods.add(info.ref)
-            heapq.heappush(
-                self._pod_expiry, (info.deletion_deadline + self.pod_retention, info.ref)
-            )
-
 
 def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -236,24 +195,3 @@ def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
         return "", None
     namespace = meta.get("namespace") or "default"
     return (namespace if isinstance(namespace, str) else ""), meta["name"] or None
-
-
-class _PodDeadlines(Mapping[PodRef, float]):
-    """A read-only view: pod -> deletion deadline, for pods that have one."""
-
-    __slots__ = ("_pods",)
-
-    def __init__(self, pods: dict[PodRef, PodInfo]) -> None:
-        self._pods = pods
-
-    def __getitem__(self, ref: PodRef) -> float:
-        deadline = self._pods[ref].deletion_deadline
-        if deadline is None:
-            raise KeyError(ref)
-        return deadline
-
-    def __iter__(self):
-        return (r for r, p in self._pods.items() if p.deletion_deadline is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

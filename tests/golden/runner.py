@@ -313,7 +313,7 @@ class Run:
         now = self.clock.monotonic()
         self.known.update(step.objects)
         if first:
-            for kind in (ObjectKind.NODE, ObjectKind.POD, ObjectKind.SERVICE,
+            for kind in (ObjectKind.NODE, ObjectKind.SERVICE,
                          ObjectKind.ENDPOINT_SLICE):
                 objs = [o for (k, _, _), o in step.objects.items() if k is kind]
                 if objs or kind in (ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):

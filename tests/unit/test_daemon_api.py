@@ -15,7 +15,7 @@ from devkit.harness import rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.model import NodeContext
+from ipvsctl.model import DeadlineSource, NodeContext, PodRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
@@ -48,22 +48,75 @@ def start_daemon(api: FakeAPIServer, tmp_path, kernel: FakeKernel) -> Daemon:
     return d
 
 
-def test_terminating_endpoint_drains_until_its_pods_deletion_deadline(api, tmp_path):
+def _stamp(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_terminating_endpoint_drains_until_its_pod_goes_with_no_pod_read(api, tmp_path):
     kernel = FakeKernel()
     d = start_daemon(api, tmp_path, kernel)
     try:
         with d.loop.lock:
             kernel.set_connections(vs(), rs(A), active=1)
-        deadline = int(time.time()) + 3600
-        stamp = datetime.datetime.fromtimestamp(deadline, datetime.UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
-        api.add(pod("web-1", deletion_timestamp=stamp))
-        api.update(endpoint_slice("web", [terminating(A, pod="web-1"), endpoint(B)]))
-        wait_for(lambda: d.engine.queue.get(vs(), rs(A)) is not None
-                 and d.engine.queue.get(vs(), rs(A)).deadline == deadline)
+        # The pod is there to be read, with a deletionTimestamp long past: nothing reads it.
+        api.add(pod("web-1", deletion_timestamp=_stamp(time.time() - 300), uid="u-web-1"))
+        api.update(endpoint_slice("web", [terminating(A, pod="web-1", uid="u-web-1"),
+                                          endpoint(B, pod="web-2")]))
+        wait_for(lambda: d.engine.queue.get(vs(), rs(A)) is not None)
+        with d.loop.lock:
+            d.engine.check_drains()
+            entry = d.engine.queue.get(vs(), rs(A))
+        assert entry is not None and not entry.has_deadline
+        assert entry.deadline_source is DeadlineSource.POD
         assert kernel.weight(vs(), rs(A)) == 0 and kernel.weight(vs(), rs(B)) == 1
-        assert api.count("get", "Pod") >= 1 and api.count("list", "Pod") == 0
+        assert not [r for r in api.requests if r.resource == "pods"]
         assert d.metrics.value("ipvsctl_event_to_kernel_seconds_count") >= 2
+    finally:
+        d.shutdown()
+
+
+def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_path):
+    """Issue 23.1: `web-0` terminated twice within an hour took its first incarnation's
+    deletionTimestamp (kept by namespace/name) and was cut at the first drain check with
+    its connections open. The endpoint (name and uid) bounds the drain, not a pod read."""
+    kernel = FakeKernel()
+    d = start_daemon(api, tmp_path, kernel)
+    try:
+        # First incarnation: terminating with a connection, overdue, then gone.
+        api.add(pod("web-0", deletion_timestamp=_stamp(time.time() - 300), uid="uid-1"))
+        api.update(endpoint_slice("web", [endpoint(A, pod="web-0", uid="uid-1"),
+                                          endpoint(B, pod="web-2")]))
+        wait_for(lambda: kernel.weight(vs(), rs(A)) == 1)
+        with d.loop.lock:
+            kernel.set_connections(vs(), rs(A), active=1)
+        api.update(endpoint_slice("web", [terminating(A, pod="web-0", uid="uid-1"),
+                                          endpoint(B, pod="web-2")]))
+        wait_for(lambda: kernel.weight(vs(), rs(A)) == 0)
+        api.update(endpoint_slice("web", [endpoint(B, pod="web-2")]))
+        wait_for(lambda: kernel.weight(vs(), rs(A)) is None, timeout=20)
+        # Second incarnation: same name, new uid and address, terminating with connections
+        # (the StatefulSet controller made the new pod as soon as the old one was gone).
+        api.upsert(pod("web-0", deletion_timestamp=_stamp(time.time() + 30), uid="uid-2"))
+        C = "10.244.1.7"
+        api.update(endpoint_slice("web", [endpoint(C, pod="web-0", uid="uid-2"),
+                                          endpoint(B, pod="web-2")]))
+        wait_for(lambda: kernel.weight(vs(), rs(C)) == 1)
+        with d.loop.lock:
+            kernel.set_connections(vs(), rs(C), active=5)
+        api.update(endpoint_slice("web", [terminating(C, pod="web-0", uid="uid-2"),
+                                          endpoint(B, pod="web-2")]))
+        wait_for(lambda: kernel.weight(vs(), rs(C)) != 1)  # drained (0) or cut (None)
+        with d.loop.lock:
+            for _ in range(3):
+                d.engine.check_drains()
+            entry = d.engine.queue.get(vs(), rs(C))
+        assert kernel.weight(vs(), rs(C)) == 0  # still there, draining
+        assert entry is not None and entry.pod == PodRef("default", "web-0", "uid-2")
+        assert not entry.has_deadline
+        assert d.metrics.value("ipvsctl_real_server_deletions_total",
+                               {"reason": "deadline"}) == 0
+        assert d.metrics.value("ipvsctl_real_server_deletions_total",
+                               {"reason": "pod_gone"}) == 1  # the first incarnation
     finally:
         d.shutdown()
 

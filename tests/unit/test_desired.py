@@ -13,10 +13,9 @@ from ipvsctl.source.events import ObjectKind
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 
 
-def vs_map(services, slices, pods=(), node=NODE):
+def vs_map(services, slices, node=NODE):
     plan, problems = plan_objects(
-        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices),
-         ObjectKind.POD: list(pods)}, node)
+        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices)}, node)
     out = {}
     for v in plan_json(plan)["virtual_servers"]:
         key = f"{v['protocol']} {v['address']}:{v['port']}"

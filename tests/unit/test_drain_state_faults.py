@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devkit.harness import rs, vs
-from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason
+from ipvsctl.model import NO_DEADLINE, DeadlineSource, DrainEntry, DrainReason, PodRef
 from ipvsctl.persist.drain_state import FILE_NAME, DrainStateFile
 
 GOOD = DrainEntry(vs(), rs("10.244.1.6"), None, DrainReason.TERMINATING, 1000.0, 1600.0,
@@ -35,8 +35,27 @@ def _set_aside(tmp_path: Path) -> bool:
 
 def test_a_good_file_round_trips(tmp_path: Path) -> None:
     state = DrainStateFile(tmp_path)
-    state.save([GOOD])
-    assert state.load() == [GOOD] and state.load_error is None
+    bounded_by_pod = DrainEntry(vs(), rs("10.244.1.7"), None, DrainReason.TERMINATING, 1000.0,
+                                NO_DEADLINE, DeadlineSource.POD, PodRef("default", "web-0", "u1"))
+    state.save([GOOD, bounded_by_pod])
+    assert state.load() == [GOOD, bounded_by_pod] and state.load_error is None
+    saved = json.loads((tmp_path / FILE_NAME).read_text())["entries"][1]
+    assert saved["deadline"] is None and saved["pod_uid"] == "u1"
+
+
+def test_a_file_of_the_version_that_read_pods_loads(tmp_path: Path) -> None:
+    """Written by the previous version (before issue 23), whose "pod" deadline was the pod's
+    deletionTimestamp and whose entries carry no uid: it loads, such a drain as one its pod
+    bounds (the first sync judges it from the slices), the others as they were."""
+    old = (Path(__file__).parent / "data" / "drain-queue-v1-pod-deadlines.json").read_bytes()
+    entries, state = _load(tmp_path, old)
+    assert state.load_error is None and len(entries) == 3
+    pod, default, annotation = entries
+    assert pod.deadline_source is DeadlineSource.POD and not pod.has_deadline
+    assert pod.pod == PodRef("default", "web-0") and pod.pod.uid == ""
+    assert (default.deadline_source, default.deadline) == (DeadlineSource.DEFAULT, 1700000030.0)
+    assert (annotation.deadline_source, annotation.deadline) == (DeadlineSource.ANNOTATION,
+                                                                 1700000090.0)
 
 
 @pytest.mark.parametrize("raw", [
@@ -56,9 +75,11 @@ def test_a_good_file_round_trips(tmp_path: Path) -> None:
     json.dumps(_doc(reason="gone")).encode(),
     json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
     json.dumps([1, 2]).encode(),
+    json.dumps(_doc(deadline=None)).encode(),  # only a drain its pod bounds has none
+    json.dumps(_doc(deadline_source="pod", pod_uid=["u"])).encode(),
 ], ids=["non-utf8", "inf-vport", "inf-port", "nan-deadline", "infinity-deadline",
         "overflow-since", "deep", "big-port", "bool-port", "zone-id", "list-ip", "dict-service",
-        "bad-pod", "bad-reason", "entries-dict", "top-list"])
+        "bad-pod", "bad-reason", "entries-dict", "top-list", "null-deadline", "list-uid"])
 def test_a_bad_file_is_set_aside_and_start_up_goes_on(tmp_path: Path, raw: bytes) -> None:
     entries, state = _load(tmp_path, raw)
     assert entries == []

@@ -3,12 +3,18 @@ cases and the kube-proxy / kube-router bugs of NOTES.md §2 as regressions."""
 
 from __future__ import annotations
 
-import datetime
-
-from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.model import DeadlineSource, DrainEntry, DrainReason, PodRef, VirtualServer
+from ipvsctl.model import (
+    NO_DEADLINE,
+    DeadlineSource,
+    DrainEntry,
+    DrainReason,
+    PodRef,
+    VirtualServer,
+)
+from ipvsctl.plan.diff import POD_GONE_GRACE
 from ipvsctl.source.events import ObjectKind, Replace
 
 SVC = service("web")
@@ -95,34 +101,111 @@ def test_annotation_deadline_wins():
     assert h.deletions("deadline") == 1
 
 
-def test_terminating_endpoint_takes_its_pods_deletion_deadline():
-    h = started(A, B, drain_timeout=300)
-    now = h.clock.wall()
+def test_terminating_endpoint_still_listed_has_no_deadline_of_its_own():
+    # CONTRACT.md "Draining" rule 2: its pod's lifetime bounds it, not --drain-timeout.
+    h = started(A, B, drain_timeout=30)
     h.fake.set_connections(vs(), rs(A), active=1)
-    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
     e = h.engine.queue.get(vs(), rs(A))
-    assert e.reason is DrainReason.TERMINATING and e.deadline_source is DeadlineSource.DEFAULT
-    assert h.pods_requested == [PodRef("default", "pod-5")]  # asked once for its deadline
-    deletion = now + 45
-    stamp = datetime.datetime.fromtimestamp(deletion, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    h.upsert(pod("pod-5", deletion_timestamp=stamp))
-    e = h.engine.queue.get(vs(), rs(A))
-    assert e.deadline_source is DeadlineSource.POD and e.deadline == int(deletion)
-    h.check(44)
-    assert len(h.engine.queue) == 1
+    assert e.reason is DrainReason.TERMINATING and e.deadline_source is DeadlineSource.POD
+    assert not e.has_deadline and e.pod == PodRef("default", "pod-5", "u5")
+    assert h.engine.next_deadline() is None  # the loop sets no timer for it
+    h.check(10_000)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.deletions("deadline") == 0
+    h.fake.set_connections(vs(), rs(A), active=0)
     h.check(1)
-    assert len(h.engine.queue) == 0 and h.deletions("deadline") == 1
+    assert h.deletions("drained") == 1
 
 
-def test_pod_known_before_drain_gives_deadline_at_once():
-    h = Harness(drain_timeout=300)
-    h.start([SVC], [slice_of(endpoint(A, pod="pod-5"), endpoint(B))],
-            pods=[pod("pod-5", deletion_timestamp="2023-11-14T22:14:20Z")])
-    h.fake.set_connections(vs(), rs(A), active=1)
-    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
+def test_terminating_endpoint_gone_from_every_slice_is_pod_gone_after_a_grace():
+    # Rule 3: the pod is gone; no connection to it can finish.
+    h = started(A, B, drain_timeout=300)
+    h.fake.set_connections(vs(), rs(A), active=2)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
+    h.check(100)
+    h.upsert(slice_of(endpoint(B)))
     e = h.engine.queue.get(vs(), rs(A))
-    assert e.deadline_source is DeadlineSource.POD and e.deadline == 1700000060.0
-    assert h.pods_requested == []
+    assert e.deadline_source is DeadlineSource.POD_GONE and e.reason is DrainReason.TERMINATING
+    assert e.deadline == h.clock.wall() + POD_GONE_GRACE
+    assert h.engine.next_deadline() == e.deadline
+    h.check(POD_GONE_GRACE - 1)
+    assert h.fake.weight(vs(), rs(A)) == 0
+    h.check(1)
+    assert h.fake.weight(vs(), rs(A)) is None
+    assert h.deletions("pod_gone") == 1 and h.deletions("deadline") == 0
+
+
+def test_endpoint_removed_without_terminating_keeps_the_flag_deadline():
+    # Rule 4: never listed as terminating (force-deleted, or an old endpoint controller).
+    h = started(A, B, drain_timeout=30)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert (e.reason, e.deadline_source, e.deadline - e.since) == (
+        DrainReason.REMOVED, DeadlineSource.DEFAULT, 30)
+
+
+def _repacked(h, first, second):
+    """The endpoint of pod-5 moves from slice web-abc to web-def, in two events."""
+    for event in (first, second):
+        if event == "delete":
+            h.upsert(slice_of(endpoint(B), name="web-abc"))
+        else:
+            h.upsert(slice_of(terminating(A, pod="pod-5", uid="u5"), name="web-def"))
+        h.check(1)  # a drain check between the two events, a second apart
+
+
+def test_slice_repack_delete_then_add_cuts_nothing():
+    h = started(A, B, drain_timeout=300)
+    h.fake.set_connections(vs(), rs(A), active=3)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
+    _repacked(h, "delete", "add")
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.deadline_source is DeadlineSource.POD and not e.has_deadline
+    h.check(POD_GONE_GRACE * 10)
+    assert h.fake.weight(vs(), rs(A)) == 0
+    assert h.deletions("pod_gone") == 0 and h.deletions("deadline") == 0
+
+
+def test_slice_repack_add_then_delete_cuts_nothing():
+    h = started(A, B, drain_timeout=300)
+    h.fake.set_connections(vs(), rs(A), active=3)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
+    _repacked(h, "add", "delete")
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.deadline_source is DeadlineSource.POD and not e.has_deadline
+    h.check(POD_GONE_GRACE * 10)
+    assert h.fake.weight(vs(), rs(A)) == 0
+    assert h.deletions("pod_gone") == 0 and h.deletions("deadline") == 0
+
+
+def test_statefulset_pod_of_the_same_name_is_another_endpoint():
+    # web-0 re-created (a new uid) at the old address while the old one drains: the old
+    # pod is gone (rule 3), the new one is not mistaken for it.
+    h = started(A, B, drain_timeout=300)
+    h.upsert(slice_of(endpoint(A, pod="web-0", uid="uid-1"), endpoint(B)))
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(terminating(A, pod="web-0", uid="uid-1"), endpoint(B)))
+    h.upsert(slice_of(endpoint(A, pod="web-0", uid="uid-2", ready=False), endpoint(B)))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert e.pod == PodRef("default", "web-0", "uid-1")
+    assert e.deadline_source is DeadlineSource.POD_GONE
+    # The same pod listed again (the same uid) is the same endpoint: no deadline again.
+    h.upsert(slice_of(terminating(A, pod="web-0", uid="uid-1"), endpoint(B)))
+    assert h.engine.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.POD
+
+
+def test_not_ready_endpoint_that_turns_terminating_loses_its_flag_deadline():
+    h = started(A, B, drain_timeout=30)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(A, pod="pod-5", ready=False), endpoint(B)))
+    assert h.engine.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.DEFAULT
+    h.check(10)
+    h.upsert(slice_of(terminating(A, pod="pod-5"), endpoint(B)))
+    e = h.engine.queue.get(vs(), rs(A))
+    assert (e.reason, e.deadline_source) == (DrainReason.TERMINATING, DeadlineSource.POD)
+    h.check(60)
+    assert h.fake.weight(vs(), rs(A)) == 0
 
 
 def test_returning_endpoint_gets_weight_1_in_place_never_delete_and_add():
@@ -271,13 +354,26 @@ def test_restart_adopts_unwanted_weight_0_real_server_without_touching_it():
 def test_restart_keeps_the_persisted_deadline():
     k = _kernel_with({A: 1, B: 0}, conns={B: 2})
     h0 = Harness()
-    saved = DrainEntry(vs(), rs(B), None, DrainReason.TERMINATING, h0.clock.wall() - 20,
-                       h0.clock.wall() + 7, DeadlineSource.POD)
-    h = Harness(kernel=k, restored=[saved])
+    saved = DrainEntry(vs(), rs(B), None, DrainReason.REMOVED, h0.clock.wall() - 20,
+                       h0.clock.wall() + 7, DeadlineSource.DEFAULT)
+    h = Harness(kernel=k, restored=[saved], drain_timeout=300)
     h.start([SVC], [slice_of(endpoint(A))])
     assert h.engine.queue.get(vs(), rs(B)) == saved
     h.check(7)
     assert h.deletions("deadline") == 1
+
+
+def test_restart_judges_a_drain_its_pod_bounded_from_the_slices():
+    # Saved while web-6 was listed as terminating; gone by the time the daemon is back.
+    k = _kernel_with({A: 1, B: 0}, conns={B: 2})
+    h0 = Harness()
+    saved = DrainEntry(vs(), rs(B), None, DrainReason.TERMINATING, h0.clock.wall() - 20,
+                       NO_DEADLINE, DeadlineSource.POD, PodRef("default", "pod-6", "u6"))
+    h = Harness(kernel=k, restored=[saved], drain_timeout=300)
+    h.start([SVC], [slice_of(endpoint(A))])
+    assert h.engine.queue.get(vs(), rs(B)).deadline_source is DeadlineSource.POD_GONE
+    h.check(POD_GONE_GRACE)
+    assert h.deletions("pod_gone") == 1
 
 
 def test_restart_sets_wanted_weight_0_real_server_back_to_1():

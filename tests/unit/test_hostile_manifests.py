@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
-from ipvsctl.source.convert import parse_endpoint_slice, parse_pod, parse_service
+from ipvsctl.source.convert import parse_endpoint_slice, parse_service
 from ipvsctl.source.events import ObjectKind, Replace
 from ipvsctl.source.manifests import ManifestError, load_file, load_paths
 from ipvsctl.source.node import parse_node
@@ -140,7 +140,7 @@ _json = st.recursive(_scalars, lambda inner: st.one_of(
          "addresses", "targetRef", "conditions", "sessionAffinity", "sessionAffinityConfig",
          "clientIP", "timeoutSeconds", "nodePort", "externalIPs", "status", "loadBalancer",
          "ingress", "ip", "items", "kubernetes.io/service-name", "ipvsctl.io/scheduler",
-         "deletionTimestamp", "nodeName", "hints", "forZones", "forNodes",
+         "deletionTimestamp", "nodeName", "uid", "hints", "forZones", "forNodes",
          "trafficDistribution", "topology.kubernetes.io/zone"]), inner, max_size=6)),
     max_leaves=30)
 
@@ -149,7 +149,7 @@ _json = st.recursive(_scalars, lambda inner: st.one_of(
 @given(st.sampled_from(list(ObjectKind)), _json)
 def test_fuzz_any_shape_is_parsed_or_invalid_never_a_crash(kind: ObjectKind, obj: Any) -> None:
     parse = {ObjectKind.SERVICE: parse_service, ObjectKind.ENDPOINT_SLICE: parse_endpoint_slice,
-             ObjectKind.POD: parse_pod, ObjectKind.NODE: parse_node}.get(kind)
+             ObjectKind.NODE: parse_node}.get(kind)
     if parse is not None:
         with contextlib.suppress(InvalidObject):
             parse(obj)

@@ -269,35 +269,6 @@ def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None
 
 
 
-def test_daemon_counts_pod_lookups() -> None:
-    import threading
-
-    from ipvsctl.model import NodeContext, PodRef
-    from ipvsctl.obs.metrics import Metrics
-    from ipvsctl.shell.daemon import DaemonOptions, open_source
-
-    with FakeAPIServer() as server:
-        server.add(objects.pod("web-1"))
-        metrics = Metrics()
-        source = open_source(DaemonOptions(NodeContext("n"), apiserver=server.url), metrics)
-        stop = threading.Event()
-        t = threading.Thread(target=source.run, args=(lambda e: None, stop), daemon=True)
-        t.start()
-        try:
-            source.request_pod(PodRef("default", "web-1"))
-            source.request_pod(PodRef("default", "gone"))
-
-            def counted() -> bool:
-                return (metrics.value("ipvsctl_pod_lookups_total", {"result": "ok"}) == 1
-                        and metrics.value("ipvsctl_pod_lookups_total",
-                                          {"result": "not_found"}) == 1)
-
-            assert server.wait_for(counted)  # within the default 2 s jitter
-        finally:
-            stop.set()
-            t.join(5)
-
-
 # ---- 17.4: relists after a long outage are spread by cluster size --------------------------
 
 

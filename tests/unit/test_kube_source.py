@@ -17,7 +17,6 @@ import pytest
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.model import PodRef
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
 
 try:
@@ -26,7 +25,7 @@ except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from devkit.fakeapi import FakeAPIServer, objects
 
-SVC, EPS, POD = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE, ObjectKind.POD
+SVC, EPS = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE
 WAIT = 5.0  # generous upper bound for conditions; tests normally pass far sooner
 
 FAST = KubeSettings(
@@ -36,9 +35,6 @@ FAST = KubeSettings(
     backoff_initial=0.01,
     backoff_max=0.08,
     healthy_watch_seconds=0.0,
-    pod_backoff_initial=0.01,
-    pod_backoff_max=0.02,
-    pod_jitter=0.0,
     join_timeout=2.0,
 )
 
@@ -415,76 +411,14 @@ def test_stop_is_prompt_even_with_a_hung_stream(api, harness) -> None:
     assert time.monotonic() - started < 2.0
 
 
-# ---- pods --------------------------------------------------------------------------------
-
-
-def test_pod_get_and_404(api, harness) -> None:
-    api.add(objects.pod("web-1", deletion_timestamp="2024-01-01T00:00:30Z"))
-    h = harness().start()
-    h.source.request_pod(PodRef("default", "web-1"))
-    h.source.request_pod(PodRef("default", "gone"))
-    got = {(e.obj["metadata"]["name"] if isinstance(e, Upsert) else e.name): e
-           for e in (h.next(POD), h.next(POD))}
-    pod = got["web-1"]
-    assert isinstance(pod, Upsert)
-    assert pod.obj["metadata"]["deletionTimestamp"] == "2024-01-01T00:00:30Z"
-    assert pod.obj["spec"] == {"nodeName": "node-1", "terminationGracePeriodSeconds": 30}
-    assert "managedFields" not in pod.obj["metadata"]
-    assert got["gone"] == Delete(POD, "default", "gone", got["gone"].received)
-    h.close()
-
-
-def test_request_pod_coalesces_and_caches(api, harness) -> None:
-    api.add(objects.pod("web-1"))
-    api.add(objects.pod("web-2"))
-    h = harness(_with(FAST, pod_cache_seconds=60.0))
-    for _ in range(10):  # queued before run(): all pending at once
-        h.source.request_pod(PodRef("default", "web-1"))
-    h.start()
-    first = h.next(POD)
-    assert isinstance(first, Upsert)
-    h.source.request_pod(PodRef("default", "web-1"))  # answered from the cache
-    assert h.next(POD) == first
-    h.source.request_pod(PodRef("default", "web-2"))
-    assert h.next(POD).obj["metadata"]["name"] == "web-2"
-    assert api.count("get", "Pod") == 2
-    assert h.empty(POD)
-    h.close()
-
-
-def test_pod_errors_are_retried(api, harness) -> None:
-    api.add(objects.pod("web-1"))
-    api.fail_next("get", "Pod", status=500, times=2)
-    h = harness().start()
-    h.source.request_pod(PodRef("default", "web-1"))
-    assert isinstance(h.next(POD), Upsert)
-    assert api.count("get", "Pod") == 3
-    h.close()
-
-
-def test_pod_errors_give_up_after_attempts(api, harness, logs) -> None:
-    api.add(objects.pod("web-1"))
-    api.fail_next("get", "Pod", status=503, times=100)
-    h = harness(_with(FAST, pod_attempts=3)).start()
-    h.source.request_pod(PodRef("default", "web-1"))
-    rec = logs.next("pod lookup failed", pod="default/web-1")
-    assert rec.fields["attempts"] == 3 and "503" in rec.fields["error"]
-    assert api.count("get", "Pod") == 3
-    assert h.empty(POD)
-    # A later request is served again once the API answers.
-    api.clear_faults()
-    h.source.request_pod(PodRef("default", "web-1"))
-    assert isinstance(h.next(POD), Upsert)
-    h.close()
-
-
 def test_only_permitted_calls(api, harness) -> None:
     api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    api.add(objects.endpoint_slice("web-1", "web", [
+        objects.endpoint("10.244.1.5", pod="web-1"),
+        objects.endpoint("10.244.1.6", pod="web-2", ready=False, terminating=True)]))
     api.add(objects.pod("web-1"))
     h = harness().start()
     h.synced()
-    h.source.request_pod(PodRef("default", "web-1"))
-    h.next(POD)
     api.expire_watches()
     h.replace(SVC), h.replace(EPS)
     h.close()
@@ -492,8 +426,7 @@ def test_only_permitted_calls(api, harness) -> None:
     assert verbs == {
         ("services", "list"), ("services", "watch"),
         ("endpointslices", "list"), ("endpointslices", "watch"),
-        ("pods", "get"),
-    }
+    }  # no pod, even with a terminating endpoint listed (CONTRACT.md "Draining")
     assert_permitted(api)
 
 
@@ -511,16 +444,6 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
     delays = [logs.next("watch restart", resource="services").fields["backoff"]
               for _ in range(6)]
     assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
-    h.close()
-
-
-def test_pod_get_reads_the_watch_cache(api, harness) -> None:
-    api.add(objects.pod("web-1"))
-    h = harness().start()
-    h.source.request_pod(PodRef("default", "web-1"))
-    assert isinstance(h.next(POD), Upsert)
-    gets = [r.query for r in api.requests if r.verb == "get" and r.resource == "pods"]
-    assert gets == [{"resourceVersion": "0"}]
     h.close()
 
 

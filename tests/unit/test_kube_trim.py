@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ipvsctl.kube.backoff import Backoff
-from ipvsctl.kube.trim import trim_endpoint_slice, trim_pod, trim_service
+from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
 from ipvsctl.kube.watch import iter_lines
 
 MANAGED = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
@@ -122,7 +122,7 @@ def test_trim_endpoint_slice() -> None:
                 "conditions": {"ready": False, "serving": True, "terminating": True},
                 "nodeName": "node-1",
                 "hints": {"forZones": [{"name": "a"}]},  # topology (plan.topology)
-                "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1"},
+                "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1", "uid": "u"},
             },
             {"addresses": ["10.244.1.6"]},
         ],
@@ -147,25 +147,6 @@ def test_trim_endpoint_slice_passes_malformed_parts_through_for_validation() -> 
     out = trim_endpoint_slice({"metadata": {"name": "s"}, "endpoints": "bad"})
     assert out["endpoints"] == "bad"
     assert trim_endpoint_slice({"metadata": {"name": "s"}, "endpoints": [7]})["endpoints"] == [7]
-
-
-def test_trim_pod() -> None:
-    obj = {
-        "metadata": {"name": "p", "namespace": "n", "uid": "u", "managedFields": MANAGED,
-                     "deletionTimestamp": "2024-01-01T00:00:30Z",
-                     "deletionGracePeriodSeconds": 30, "labels": {"a": "b"}},
-        "spec": {"nodeName": "node-1", "terminationGracePeriodSeconds": 45,
-                 "containers": [{"name": "c"}]},
-        "status": {"podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}], "phase": "Running"},
-    }
-    assert trim_pod(obj) == {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {"name": "p", "namespace": "n", "uid": "u",
-                     "deletionTimestamp": "2024-01-01T00:00:30Z"},
-        "spec": {"nodeName": "node-1", "terminationGracePeriodSeconds": 45},
-        "status": {"podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}]},
-    }
 
 
 def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:

@@ -4,11 +4,11 @@ the real conversion and planner (`plan --json`) and the engine on the in-memory 
 
 from __future__ import annotations
 
-import datetime
+import math
 
 import pytest
 
-from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
+from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness, rs, vs
 from ipvsctl.model import DeadlineSource, NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
@@ -43,21 +43,18 @@ def labelled(svc, **labels):
     ("1m30s", 90, DeadlineSource.ANNOTATION, False),
     ("1h", 3600, DeadlineSource.ANNOTATION, False),
     ("500ms", 0.5, DeadlineSource.ANNOTATION, False),
-    # Invalid: one warning, counted, and the next rule: the pod's deadline (45 s away).
-    ("5 minutes", 45, DeadlineSource.POD, True),
-    ("-5s", 45, DeadlineSource.POD, True),
-    ("nan", 45, DeadlineSource.POD, True),
-    ("1d", 45, DeadlineSource.POD, True),
-    ("99999999h", 45, DeadlineSource.POD, True),
+    # Invalid: one warning, counted, and the next rule: the endpoint is listed as
+    # terminating, so its pod's lifetime bounds it (no deadline of its own).
+    ("5 minutes", math.inf, DeadlineSource.POD, True),
+    ("-5s", math.inf, DeadlineSource.POD, True),
+    ("nan", math.inf, DeadlineSource.POD, True),
+    ("1d", math.inf, DeadlineSource.POD, True),
+    ("99999999h", math.inf, DeadlineSource.POD, True),
 ])
 def test_drain_timeout_annotation(value, deadline, source, warned):
     svc = service("web", annotations={"ipvsctl.io/drain-timeout": value})
     h = Harness(drain_timeout=300)
-    now = h.clock.wall()
-    stamp = datetime.datetime.fromtimestamp(now + 45, datetime.UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-    h.start([svc], [endpoint_slice("web", [endpoint(A, pod="pod-5"), endpoint(B)])],
-            pods=[pod("pod-5", deletion_timestamp=stamp)])
+    h.start([svc], [endpoint_slice("web", [endpoint(A, pod="pod-5"), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B), terminating(A, pod="pod-5")]))
     e = h.engine.queue.get(vs(), rs(A))
