@@ -9,11 +9,21 @@ its headers one byte a second holds one for ever. Here:
   an idle or slow connection costs a socket and a small buffer, never a thread;
 - the whole request head must arrive within `header_timeout` (slowloris is cut), its request
   line and headers are bounded (414, 431), only GET and HEAD are served (405);
-- at most `max_connections` are open: a new one past the cap closes the oldest connection
-  still sending its head (a flood of idle connections cannot lock out a real client); when
-  every open connection is already being answered, the new one gets 503 at once;
+- bounds are per peer (the client's address), so a flood from one address never refuses or
+  evicts another's connection: a peer holds at most `max_per_peer` connections (one past
+  that closes the same peer's oldest connection still sending its head, or is refused);
+  past `max_connections` in all, a new connection closes the oldest idle one of the peer
+  holding the most (only if it holds at least two more than the newcomer), else it is
+  refused with 503 at once;
+- trusted peers (`trusted(peer)`: loopback and the node's own addresses, where the
+  kubelet's probes and a preStop come from) are never refused or evicted, and count for
+  no other peer's share;
 - complete requests are answered by `workers` threads; a response must be written within
-  `write_timeout`; one request per connection (`Connection: close`).
+  `write_timeout`; one request per connection (`Connection: close`);
+- a handler may answer `Park(waiter)` instead of a Response: the connection goes back to
+  the selector, holding no thread, until the waiter has the answer (the shutdown-manager's
+  /shutdown waits so, for as many callers as come). A parked connection whose client
+  closes is dropped (`waiter.cancel()`).
 
 Every refusal calls `on_refused(reason)` (the daemon counts them in
 `ipvsctl_http_refused_total{server,reason}`); reasons are in `REASONS`.
@@ -32,7 +42,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from ipvsctl.obs.logging import fields
@@ -53,7 +63,9 @@ _REASON_PHRASES = {
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_connections: int = 64
-    """Open connections, whatever their state."""
+    """Open connections, whatever their state (trusted peers may go past it)."""
+    max_per_peer: int = 16
+    """Open connections of one (untrusted) peer address."""
     workers: int = 4
     """Threads answering complete requests."""
     header_timeout: float = 5.0
@@ -65,8 +77,8 @@ class Limits:
     """Request line plus headers."""
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.workers < 1:
-            raise ValueError("max_connections and workers must be >= 1")
+        if self.max_connections < 1 or self.workers < 1 or self.max_per_peer < 1:
+            raise ValueError("max_connections, max_per_peer and workers must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +108,38 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Handle = Callable[[Request], Response]
+class Waiter(Protocol):
+    """A parked request's answer, when it has one (`Park`)."""
+
+    @property
+    def deadline(self) -> float:
+        """time.monotonic() by which `poll` must be called again (it answers by then)."""
+        ...
+
+    def poll(self, now: float) -> Response | None:
+        """The answer once there is one; None: keep waiting. Called from the selector
+        thread: must not block."""
+        ...
+
+    def cancel(self) -> None:
+        """The client went away (or the server stops) before the answer."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """A handler's "answer later": the connection waits in the selector, not in a thread.
+    Whoever makes the answer ready calls `BoundedServer.wake()` (polls run at least every
+    second and at the waiter's deadline anyway)."""
+
+    waiter: Waiter
+
+
+Handle = Callable[[Request], "Response | Park"]
+
+
+def is_loopback_peer(peer: str) -> bool:
+    return peer.startswith("127.") or peer == "::1"
 
 
 def head(code: int, headers: dict[str, str]) -> bytes:
@@ -136,13 +179,21 @@ def peer_address(addr: object) -> str:
 
 
 class _Conn:
-    __slots__ = ("accepted", "buf", "deadline", "peer", "sock", "tag")
+    __slots__ = ("accepted", "buf", "deadline", "peer", "sock", "tag", "trusted")
 
     def __init__(self, sock: socket.socket, peer: str, tag: object, now: float,
-                 limits: Limits) -> None:
+                 limits: Limits, trusted: bool) -> None:
         self.sock, self.peer, self.tag, self.accepted = sock, peer, tag, now
         self.deadline = now + limits.header_timeout
         self.buf = b""
+        self.trusted = trusted
+
+
+class _Parked:
+    __slots__ = ("conn", "req", "waiter")
+
+    def __init__(self, conn: _Conn, req: Request, waiter: Waiter) -> None:
+        self.conn, self.req, self.waiter = conn, req, waiter
 
 
 class BoundedServer:
@@ -151,17 +202,25 @@ class BoundedServer:
 
     def __init__(self, handle: Handle, *, name: str = "http", limits: Limits | None = None,
                  on_refused: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 trusted: Callable[[str], bool] = is_loopback_peer) -> None:
         self.handle = handle
         self.name = name
         self.limits = limits or Limits()
         self.on_refused = on_refused
         self.clock = clock
+        self.trusted = trusted
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # busy or parked went down
         self._busy = 0  # connections handed to the workers and not yet closed
         self._pending: list[tuple[str, socket.socket, object]] = []
         self._reading: OrderedDict[socket.socket, _Conn] = OrderedDict()  # oldest first
+        # Per peer: its open connections (reading, busy, parked), and its reading and
+        # parked ones oldest first (what a bound may close).
+        self._per_peer: Counter[str] = Counter()
+        self._peer_reading: dict[str, OrderedDict[socket.socket, _Conn]] = {}
+        self._parked: OrderedDict[socket.socket, _Parked] = OrderedDict()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -185,7 +244,24 @@ class BoundedServer:
 
     def open_connections(self) -> int:
         with self._lock:
-            return len(self._reading) + self._busy
+            return len(self._reading) + self._busy + len(self._parked)
+
+    def parked(self) -> int:
+        with self._lock:
+            return len(self._parked)
+
+    def connections_of(self, peer: str) -> int:
+        with self._lock:
+            return self._per_peer.get(peer, 0)
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Block until no request is parked or being answered (at most `timeout` s)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._parked and not self._busy, timeout)
+
+    def wake(self) -> None:
+        """A parked request's answer may be ready: poll now (any thread)."""
+        self._wake()
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -201,6 +277,8 @@ class BoundedServer:
             timeout = min(1.0, tick_interval)
             if self._reading:
                 timeout = max(0.0, min(timeout, next(iter(self._reading.values())).deadline - now))
+            for p in self._parked.values():
+                timeout = max(0.0, min(timeout, p.waiter.deadline - now))
             events = self._selector.select(timeout)
             self._apply_pending()
             for key, _ in events:
@@ -210,9 +288,12 @@ class BoundedServer:
                             pass
                 elif isinstance(key.data, _Conn):
                     self._read(key.data)
+                elif isinstance(key.data, _Parked):
+                    self._parked_readable(key.data)
                 else:  # a listener: ("listener", tag)
                     self._accept(key.fileobj, key.data[1])  # type: ignore[arg-type]
             self._expire(self.clock())
+            self._poll_parked(self.clock())
             if tick is not None and self.clock() >= next_tick:
                 next_tick = self.clock() + tick_interval
                 tick()
@@ -225,6 +306,17 @@ class BoundedServer:
             if op == "add":
                 # The tuple marks a listener (connections carry a _Conn).
                 self._selector.register(sock, selectors.EVENT_READ, ("listener", tag))
+            elif op == "park":
+                assert isinstance(tag, _Parked)
+                with self._lock:
+                    self._busy -= 1
+                    self._parked[sock] = tag
+                try:
+                    sock.setblocking(False)
+                    # Readable: the client closed (or sent more, which is read and dropped).
+                    self._selector.register(sock, selectors.EVENT_READ, tag)
+                except (OSError, ValueError):
+                    self._unpark(tag, cancel=True)
             else:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
@@ -239,19 +331,67 @@ class BoundedServer:
             except OSError:
                 return  # closed meanwhile, or out of file descriptors: try next round
             sock.setblocking(False)
-            with self._lock:
-                full = len(self._reading) + self._busy >= self.limits.max_connections
-            if full and self._reading:
-                _, oldest = self._reading.popitem(last=False)
-                self._drop(oldest, "evicted")
-                full = False
-            if full:
+            peer = peer_address(addr)
+            if not self._admit(peer):
                 self._refuse(sock, "busy", plain(503, "too many connections\n"))
                 continue
-            conn = _Conn(sock, peer_address(addr), tag, self.clock(), self.limits)
+            conn = _Conn(sock, peer, tag, self.clock(), self.limits, self.trusted(peer))
             with self._lock:
                 self._reading[sock] = conn
+                self._peer_reading.setdefault(peer, OrderedDict())[sock] = conn
+                self._per_peer[peer] += 1
             self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _admit(self, peer: str) -> bool:
+        """Room for a new connection from `peer`, made by closing another if fair (see the
+        module docstring); False: refuse it."""
+        trusted = self.trusted(peer)
+        with self._lock:
+            mine = self._per_peer.get(peer, 0)
+            total = len(self._reading) + self._busy + len(self._parked)
+        if not trusted and mine >= self.limits.max_per_peer:
+            victim = self._oldest_of(peer)
+            if victim is None:
+                return False
+            self._evict(victim)
+            return True
+        if total < self.limits.max_connections:
+            return True
+        victim = self._victim(None if trusted else mine)
+        if victim is not None:
+            self._evict(victim)
+            return True
+        return trusted  # never refused; it may go past the cap
+
+    def _oldest_of(self, peer: str) -> _Conn | _Parked | None:
+        """The peer's oldest connection still sending its head, else its oldest parked."""
+        reading = self._peer_reading.get(peer)
+        if reading:
+            return next(iter(reading.values()))
+        return next((p for p in self._parked.values() if p.conn.peer == peer), None)
+
+    def _victim(self, newcomer: int | None) -> _Conn | _Parked | None:
+        """Whom a new connection may displace at the cap: the oldest closable connection of
+        the untrusted peer holding the most, if it holds at least two more than the
+        newcomer (None: a trusted newcomer, any untrusted peer will do)."""
+        with self._lock:
+            ranked = sorted(self._per_peer.items(), key=lambda kv: -kv[1])
+        for peer, n in ranked:
+            if newcomer is not None and n < newcomer + 2:
+                return None
+            if self.trusted(peer):
+                continue
+            victim = self._oldest_of(peer)
+            if victim is not None:
+                return victim
+        return None
+
+    def _evict(self, victim: _Conn | _Parked) -> None:
+        if isinstance(victim, _Parked):
+            self._unpark(victim, cancel=True, reason="evicted")
+        else:
+            self._forget(victim)
+            self._drop(victim, "evicted")
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -291,20 +431,93 @@ class BoundedServer:
         url = urlsplit(target)
         req = Request(method, url.path, parse_qs(url.query), headers, conn.peer, conn.tag,
                       conn.accepted)
-        with self._lock:
+        with self._lock:  # being answered: counted (for its peer too) until closed
             self._busy += 1
+            self._per_peer[conn.peer] += 1
         try:
-            self._pool.submit(self._answer, conn.sock, req)
+            self._pool.submit(self._answer, conn.sock, req, conn)
         except RuntimeError:  # the pool is shut down: we are stopping
-            with self._lock:
-                self._busy -= 1
+            self._closed(conn.peer)
             conn.sock.close()
 
-    def _forget(self, conn: _Conn) -> None:
+    def _closed(self, peer: str) -> None:
+        """A connection handed to the workers is closed."""
         with self._lock:
-            self._reading.pop(conn.sock, None)
+            self._busy -= 1
+            self._release_peer(peer)
+            self._idle.notify_all()
+
+    def _forget(self, conn: _Conn, keep_count: bool = False) -> None:
+        """Out of the reading set; `keep_count`: the connection lives on (to a worker)."""
+        with self._lock:
+            if self._reading.pop(conn.sock, None) is not None:
+                reading = self._peer_reading.get(conn.peer)
+                if reading is not None:
+                    reading.pop(conn.sock, None)
+                    if not reading:
+                        del self._peer_reading[conn.peer]
+                if not keep_count:
+                    self._release_peer(conn.peer)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
+
+    def _release_peer(self, peer: str) -> None:
+        """One connection of `peer` closed. Called with the lock held."""
+        self._per_peer[peer] -= 1
+        if self._per_peer[peer] <= 0:
+            del self._per_peer[peer]
+
+    # --- parked requests (the selector thread) ------------------------------------------
+    def _parked_readable(self, parked: _Parked) -> None:
+        try:
+            data = parked.conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client went away
+            self._unpark(parked, cancel=True)
+
+    def _poll_parked(self, now: float) -> None:
+        for parked in list(self._parked.values()):
+            try:
+                resp = parked.waiter.poll(now)
+            except Exception:  # a bug in a waiter must not kill the server
+                log.exception("http parked request failed", extra=fields(
+                    server=self.name, path=parked.req.path))
+                resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
+            if resp is None:
+                continue
+            with self._lock:
+                self._parked.pop(parked.conn.sock, None)
+                self._busy += 1  # the peer's count goes on: the worker releases it
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(parked.conn.sock)
+            try:
+                self._pool.submit(self._reply, parked.conn.sock, parked.req, resp)
+            except RuntimeError:  # stopping
+                with self._lock:
+                    self._busy -= 1
+                    self._release_peer(parked.conn.peer)
+                    self._idle.notify_all()
+                parked.conn.sock.close()
+
+    def _unpark(self, parked: _Parked, cancel: bool, reason: str | None = None) -> None:
+        with self._lock:
+            if self._parked.pop(parked.conn.sock, None) is None:
+                return
+            self._release_peer(parked.conn.peer)
+            self._idle.notify_all()
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(parked.conn.sock)
+        if cancel:
+            with contextlib.suppress(Exception):
+                parked.waiter.cancel()
+        if reason is not None:
+            self._refuse(parked.conn.sock, reason, b"")
+        else:
+            with contextlib.suppress(OSError):
+                parked.conn.sock.close()
 
     def _expire(self, now: float) -> None:
         while self._reading:
@@ -349,17 +562,26 @@ class BoundedServer:
             self.on_refused(reason)
 
     # --- the workers ------------------------------------------------------------------------
-    def _answer(self, sock: socket.socket, req: Request) -> None:
+    def _answer(self, sock: socket.socket, req: Request, conn: _Conn) -> None:
+        try:
+            resp = self.handle(req)
+        except Exception as exc:  # a bug in a handler must not kill the server
+            log.exception("http handler failed", extra=fields(server=self.name,
+                                                              path=req.path))
+            resp = Response(500, "text/plain; charset=utf-8",
+                            f"internal error: {type(exc).__name__}\n".encode())
+        if isinstance(resp, Park):  # back to the selector: no thread waits for it
+            with self._lock:
+                self._pending.append(("park", sock, _Parked(conn, req, resp.waiter)))
+            self._wake()
+            return
+        self._reply(sock, req, resp)
+
+    def _reply(self, sock: socket.socket, req: Request, resp: Response) -> None:
+        """Write the response and close (a worker)."""
         try:
             sock.setblocking(True)
             sock.settimeout(self.limits.write_timeout)
-            try:
-                resp = self.handle(req)
-            except Exception as exc:  # a bug in a handler must not kill the server
-                log.exception("http handler failed", extra=fields(server=self.name,
-                                                                  path=req.path))
-                resp = Response(500, "text/plain; charset=utf-8",
-                                f"internal error: {type(exc).__name__}\n".encode())
             if resp.code == 403:
                 self.count("forbidden")
             self._write(sock, req, resp)
@@ -373,8 +595,7 @@ class BoundedServer:
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
-            with self._lock:
-                self._busy -= 1
+            self._closed(req.peer)
 
     def _write(self, sock: socket.socket, req: Request, resp: Response) -> None:
         headers = {"Content-Type": resp.content_type, **resp.headers,
@@ -421,6 +642,12 @@ class BoundedServer:
                     key.fileobj.close()  # type: ignore[union-attr]
         with self._lock:
             self._reading.clear()
+            self._peer_reading.clear()
+            parked, self._parked = list(self._parked.values()), OrderedDict()
+            self._idle.notify_all()
+        for p in parked:  # their sockets were closed above
+            with contextlib.suppress(Exception):
+                p.waiter.cancel()
         self._selector.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._wake_r.close()

@@ -130,6 +130,8 @@ class Daemon:
             self.engine.service_listeners.append(self.netfilter.on_service)
         if self.health is not None:
             self.health.metrics = self.metrics
+            # The node's own peers are never refused on a healthCheckNodePort either.
+            self.health.http.trusted = lambda peer: self.is_local_peer(peer)
             self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
         self.sweeper: ConntrackSweeper | None = None
@@ -156,7 +158,7 @@ class Daemon:
             lambda: 1 if self.engine.store.node is not None and self.engine.store.node.present
             else 0)
         self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self._proxy_state,
-                                               self.metrics)
+                                               self.metrics, trusted=self.is_local_peer)
                              if o.healthz_bind_address else None)
 
     def _proxy_state(self) -> ProxyState:

@@ -15,9 +15,10 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
+from ipvsctl.httpd import BoundedServer, Limits, Park, Request, Response, listen_socket
 
-Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes | Iterable[bytes]]]
+# A route: (code, content type, body), or Park (answered later, holding no thread).
+Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes | Iterable[bytes]] | Park]
 
 
 def text(code: int, body: str) -> tuple[int, str, bytes]:
@@ -43,7 +44,8 @@ class HTTPServer:
     """`HTTPServer(listen, routes)` binds at once (a taken port raises OSError here) and
     serves from `start()` on its own thread until `stop()`.
 
-    Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers)."""
+    Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers). The
+    same peers are the server's trusted ones: never refused or evicted by its bounds."""
 
     def __init__(self, listen: str, routes: dict[str, Handler], *,
                  limits: Limits | None = None, name: str = "http",
@@ -57,18 +59,21 @@ class HTTPServer:
         self.is_local = is_local
         self.sock = listen_socket(host, int(port))
         self.server = BoundedServer(self._handle, name=name, limits=limits,
-                                    on_refused=on_refused)
+                                    on_refused=on_refused, trusted=is_local)
         self.server.add_listener(self.sock)
         self.thread = threading.Thread(target=self.server.serve, name=name, daemon=True)
 
-    def _handle(self, req: Request) -> Response:
+    def _handle(self, req: Request) -> Response | Park:
         handler = self.routes.get(req.path)
         if handler is None:
             code, ctype, body = text(404, "not found\n")
         elif req.path in self.local_only and not self.is_local(req.peer):
             code, ctype, body = text(403, f"{req.path} answers only clients on this node\n")
         else:
-            code, ctype, body = handler(req.query)
+            answer = handler(req.query)
+            if isinstance(answer, Park):
+                return answer
+            code, ctype, body = answer
         return Response(code, ctype, body)
 
     @property

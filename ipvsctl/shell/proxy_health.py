@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ipvsctl.healthcheck.proxy import ProxyState, answer
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.shell.http import Handler, HTTPServer
+from ipvsctl.shell.http import Handler, HTTPServer, is_loopback
 
 log = logging.getLogger("ipvsctl.proxy_health")
 
@@ -26,8 +26,10 @@ PATHS = ("/healthz", "/livez")
 
 class ProxyHealthServer:
     def __init__(self, address: str, state: Callable[[], ProxyState], metrics: Metrics,
-                 *, retry_interval: float = 5.0) -> None:
+                 *, retry_interval: float = 5.0,
+                 trusted: Callable[[str], bool] = is_loopback) -> None:
         self.address = address
+        self.trusted = trusted  # the node's own peers: never refused (the kubelet)
         self.state = state
         self.metrics = metrics
         self.retry_interval = retry_interval
@@ -48,6 +50,7 @@ class ProxyHealthServer:
         try:
             server = HTTPServer(
                 self.address, {p: self._route(p) for p in PATHS}, name="proxy-health",
+                is_local=self.trusted,
                 on_refused=lambda r: self.metrics.http_refused.labels("proxy-health", r).inc())
         except (OSError, ValueError) as exc:
             self.metrics.proxy_health_errors.inc()

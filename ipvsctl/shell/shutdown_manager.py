@@ -5,8 +5,11 @@ real server with weight > 0 left for them), then until the pod's established con
 the watched ports are at most --min-open-connections, never longer than --timeout; then it
 answers 200 with a JSON account of what happened, and the kubelet goes on to SIGTERM.
 Concurrent calls share one barrier, but each gets an answer made after it came: an early or
-stray call never leaves a result that makes the real preStop return at once. /healthz is for
-the liveness probe, /status shows the barrier while it runs. See docs/shutdown-manager.md.
+stray call never leaves a result that makes the real preStop return at once. A waiting call
+holds no thread (the HTTP server parks it: `ipvsctl.httpd.Park`), and the server's bounds are
+per peer, so no number of other connections or calls makes the preStop's be refused,
+evicted or answered early. /healthz is for the liveness probe, /status shows the barrier
+while it runs. See docs/shutdown-manager.md.
 
 Wiring only: the barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes.
 The HTTP server and the probes are imported where they are used, so that registering the
@@ -15,9 +18,9 @@ command costs the rest of the CLI nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
@@ -32,8 +35,9 @@ from ipvsctl.shutdown.barrier import BarrierConfig
 from ipvsctl.source.duration import parse_duration as _parse_duration
 
 if TYPE_CHECKING:
+    from ipvsctl.httpd import Park, Response
     from ipvsctl.shutdown.probes import Resolver
-    from ipvsctl.shutdown.runner import Clock, Sleep
+    from ipvsctl.shutdown.runner import Clock, Sleep, Ticket
 
 log = logging.getLogger("ipvsctl.shutdown")
 
@@ -57,6 +61,9 @@ class ManagerOptions:
     ports: tuple[int, ...] = ()
     """Watched local ports; empty: every listening port but the manager's own."""
     proc_net: str = "/proc/net"
+    node_ips: tuple[str, ...] = ()
+    """The node's addresses (the kubelet's probes and preStop come from there): trusted
+    like loopback, never refused or evicted by the server's bounds."""
     barrier: BarrierConfig = field(default_factory=lambda: BarrierConfig(timeout=DEFAULT_TIMEOUT))
 
 
@@ -67,7 +74,7 @@ class ShutdownManager:
     def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
                  sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
         from ipvsctl.httpd import Limits
-        from ipvsctl.shell.http import HTTPServer, as_json, text
+        from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, text
         from ipvsctl.shutdown.probes import (
             ConnectionCounter,
             DnsDaemons,
@@ -77,18 +84,18 @@ class ShutdownManager:
         )
         from ipvsctl.shutdown.runner import SharedBarrier
 
-        # /shutdown calls block up to --timeout each: enough workers that a few stray ones
-        # leave room for the kubelet's own call and the probes.
-        limits = Limits(max_connections=64, workers=16)
+        # A waiting /shutdown holds a socket, not a thread (parked); per peer at most 16
+        # connections, so one address's flood or strays only ever close its own.
+        limits = Limits(max_connections=1024, max_per_peer=16, workers=4)
         self.options = options
-        self._inflight = 0
-        self._cond = threading.Condition()
+        trusted = frozenset(options.node_ips)
         try:
             self.http = HTTPServer(options.listen, {
                 "/shutdown": self._shutdown,
                 "/healthz": lambda q: text(200, "ok\n"),
                 "/status": lambda q: as_json(200, self.barrier.status()),
-            }, limits=limits, name="shutdown-manager")
+            }, limits=limits, name="shutdown-manager",
+                is_local=lambda peer: is_loopback(peer) or peer in trusted)
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
         daemons = (StaticDaemons(options.daemons) if options.daemons
@@ -99,23 +106,16 @@ class ShutdownManager:
                                          exclude=(self.http.port,))
         probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
         self.barrier = SharedBarrier(options.barrier, options.pod_ips, probes, clock, sleep)
+        self.barrier.listeners.append(self.http.server.wake)
 
     @property
     def port(self) -> int:
         return self.http.port
 
-    def _shutdown(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        from ipvsctl.shell.http import as_json
+    def _shutdown(self, q: dict[str, list[str]]) -> Park:
+        from ipvsctl.httpd import Park
 
-        with self._cond:
-            self._inflight += 1
-        try:
-            result = self.barrier.wait()
-        finally:
-            with self._cond:
-                self._inflight -= 1
-                self._cond.notify_all()
-        return as_json(200, result.to_json())
+        return Park(_ShutdownCall(self.barrier.call()))
 
     def start(self) -> None:
         self.http.start()
@@ -134,12 +134,38 @@ class ShutdownManager:
         deadline) and its replies written; then the server stops."""
         if self.barrier.started:
             self.barrier.settle()
-            with self._cond:
-                self._cond.wait_for(lambda: self._inflight == 0, timeout=REPLY_GRACE)
+            self.http.server.wake()
+            self.http.server.wait_answered(REPLY_GRACE)
         self.stop()
 
     def stop(self) -> None:
         self.http.stop()
+
+
+class _ShutdownCall:
+    """A parked GET /shutdown (`ipvsctl.httpd.Waiter`): its barrier ticket, polled by the
+    HTTP server's selector thread; always 200 with the result, never another answer."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+
+    @property
+    def deadline(self) -> float:
+        """When the caller's own deadline comes, on the server's clock."""
+        t = self.ticket
+        return time.monotonic() + max(0.0, t.deadline - t.shared.clock())
+
+    def poll(self, now: float) -> Response | None:
+        from ipvsctl.httpd import Response
+
+        result = self.ticket.poll(self.ticket.shared.clock())
+        if result is None:
+            return None
+        return Response(200, "application/json",
+                        (json.dumps(result.to_json(), indent=1) + "\n").encode())
+
+    def cancel(self) -> None:
+        self.ticket.cancel()
 
 
 def run(options: ManagerOptions) -> int:
@@ -175,7 +201,7 @@ def _duration(flag: str, value: str, positive: bool = False) -> float:
     return seconds
 
 
-def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
+def _ips(values: list[str] | None, flag: str) -> tuple[str, ...]:
     ips: list[str] = []
     for value in values or []:
         for part in re.split(r"[,\s]+", value.strip()):
@@ -184,7 +210,12 @@ def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
             try:
                 ips.append(normalize_ip(part))
             except ValueError:
-                raise _fail(f"--pod-ip {part}: not an IP address") from None
+                raise _fail(f"{flag} {part}: not an IP address") from None
+    return tuple(dict.fromkeys(ips))
+
+
+def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
+    ips = _ips(values, "--pod-ip")
     if not ips:
         raise _fail("--pod-ip (or env POD_IP, from the downward API's status.podIP) is "
                     "required")
@@ -197,6 +228,11 @@ def register(app: typer.Typer) -> None:
 
 
 def shutdown_manager(
+    node_ip: Annotated[list[str] | None, typer.Option(
+        "--node-ip", envvar="HOST_IP",
+        help="The node's address (repeatable or comma-separated): the kubelet's probes and "
+             "preStop come from it, so it is never refused or evicted, like loopback; from "
+             "env HOST_IP (the downward API's status.hostIP) by default.")] = None,
     pod_ip: Annotated[list[str] | None, typer.Option(
         "--pod-ip", envvar="POD_IP",
         help="This pod's IP (repeatable or comma-separated, for dual-stack); "
@@ -265,6 +301,7 @@ def shutdown_manager(
         pod_ips=_pod_ips(pod_ip), listen=listen, daemons=tuple(daemons),
         daemon_service=daemon_service, daemon_port=daemon_port,
         ports=tuple(dict.fromkeys(port or [])), proc_net=proc_net,
+        node_ips=_ips(node_ip, "--node-ip"),
         barrier=BarrierConfig(
             check_interval=_duration("--check-interval", check_interval, positive=True),
             check_delay=_duration("--check-delay", check_delay),

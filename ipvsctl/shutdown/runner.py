@@ -121,8 +121,60 @@ class _Run:
         self.result: BarrierResult | None = None
 
 
+class Ticket:
+    """One caller of the shared barrier, answered without a thread of its own: `poll()`
+    gives its result once there is one (the HTTP server parks the request and polls;
+    `SharedBarrier.wait()` blocks on it). Its result is made after it came, and comes by
+    its own deadline (arrival + timeout)."""
+
+    def __init__(self, shared: SharedBarrier, run: _Run, arrived: float) -> None:
+        self.shared = shared
+        self.run = run
+        self.arrived = arrived
+        self.deadline = arrived + shared.config.timeout  # on the barrier's clock
+        self.result: BarrierResult | None = None
+        self._closed = False
+
+    def poll(self, now: float, force: bool = False) -> BarrierResult | None:
+        """The result, or None while it is not there; `force`: this caller's deadline has
+        come whatever `now` says."""
+        if self.result is not None or self._closed:
+            return self.result
+        run = self.run
+        if run.done.is_set():
+            assert run.result is not None
+            return self._finish(run.result)
+        if not force and now < self.deadline:
+            return None
+        with run.runner.lock:
+            still_running = run.runner.barrier.result is None
+            later = run.runner.barrier.deadline > self.shared.clock()
+            if still_running and later:  # it goes on for a later caller
+                result = run.runner.barrier.result_now(self.shared.clock())
+                log.warning("shutdown caller timed out, barrier goes on for a later caller",
+                            extra=fields(summary=result.message))
+                return self._finish(result)
+        # Our deadline is the barrier's: a probe is stuck past it.
+        self.shared._set(run, run.runner.expire())
+        assert run.result is not None
+        return self._finish(run.result)
+
+    def cancel(self) -> None:
+        """The caller went away before its answer."""
+        self._finish(None)
+
+    def _finish(self, result: BarrierResult | None) -> BarrierResult | None:
+        with self.shared._lock:
+            if not self._closed:
+                self._closed = True
+                self.result = result
+                self.shared.waiters -= 1
+                self.shared._changed.notify_all()
+        return self.result
+
+
 class SharedBarrier:
-    """The barrier for all callers of `wait()`; see the module docstring."""
+    """The barrier for all callers of `wait()` or `call()`; see the module docstring."""
 
     def __init__(self, config: BarrierConfig, pod_ips: Sequence[str], probes: Probes,
                  clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> None:
@@ -134,6 +186,9 @@ class SharedBarrier:
         self._lock = threading.Lock()  # start/finish bookkeeping
         self._changed = threading.Condition(self._lock)  # waiters came or went
         self._run: _Run | None = None  # the current or last run
+        # Called (from the barrier's thread) when a run finishes: parked callers' answers
+        # are ready (the HTTP server's wake).
+        self.listeners: list[Callable[[], None]] = []
         self.waiters = 0
         self.calls = 0
         self.runs = 0
@@ -171,9 +226,9 @@ class SharedBarrier:
         run.done.wait()  # finished just now: that result predates this caller
         return self._start_or_join(now)
 
-    def wait(self) -> BarrierResult:
-        """Start (or join) the barrier and wait for an answer made after this call began,
-        never past this caller's own deadline (arrival + timeout)."""
+    def call(self) -> Ticket:
+        """Start (or join) the barrier for a caller that is answered later (`Ticket.poll`):
+        no thread waits for it."""
         arrived = self.clock()
         with self._lock:
             self.calls += 1
@@ -181,27 +236,24 @@ class SharedBarrier:
             self._changed.notify_all()
         try:
             run = self._start_or_join(arrived)
-            deadline = arrived + self.config.timeout
-            run.done.wait(max(0.0, deadline - self.clock()))
-            if run.done.is_set():
-                assert run.result is not None
-                return run.result
-            with run.runner.lock:
-                still_running = run.runner.barrier.result is None
-                later = run.runner.barrier.deadline > self.clock()
-                if still_running and later:  # it goes on for a later caller
-                    result = run.runner.barrier.result_now(self.clock())
-                    log.warning("shutdown caller timed out, barrier goes on for a later caller",
-                                extra=fields(summary=result.message))
-                    return result
-            # Our deadline is the barrier's: a probe is stuck past it.
-            self._set(run, run.runner.expire())
-            assert run.result is not None
-            return run.result
-        finally:
+        except BaseException:
             with self._lock:
                 self.waiters -= 1
                 self._changed.notify_all()
+            raise
+        return Ticket(self, run, arrived)
+
+    def wait(self) -> BarrierResult:
+        """Start (or join) the barrier and wait for an answer made after this call began,
+        never past this caller's own deadline (arrival + timeout)."""
+        ticket = self.call()
+        try:
+            ticket.run.done.wait(max(0.0, ticket.deadline - self.clock()))
+            result = ticket.poll(self.clock(), force=True)
+            assert result is not None
+            return result
+        finally:
+            ticket.cancel()  # a no-op once answered
 
     def settle(self) -> BarrierResult | None:
         """On SIGTERM: see the current run (if any) to its end, never past its deadline;
@@ -238,6 +290,11 @@ class SharedBarrier:
             if run.result is None:
                 run.result = result
             run.done.set()
+        for listener in self.listeners:
+            try:
+                listener()
+            except Exception:  # a waker must not stop the barrier
+                log.exception("shutdown barrier listener failed")
 
     def status(self) -> dict[str, Any]:
         """What /status shows: idle, running (stage, elapsed) or done (the last result)."""

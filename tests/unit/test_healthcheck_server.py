@@ -159,12 +159,14 @@ def test_response_headers(running):
 def test_idle_flood_and_slow_clients_are_bounded(running):
     """500 idle connections hold no thread each; a probe still gets its answer, and the
     refusals are counted."""
-    h, _, ports, m, _ = running
+    h, hs, ports, m, _ = running
+    hs.http.trusted = lambda peer: False  # the flood and the probe are strangers here
     h.start([lb()], [endpoint_slice("lb", [endpoint("10.244.1.5")])])
     before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", ports.actual[32000])) for _ in range(500)]
+    idle = [socket.create_connection(("127.0.0.1", ports.actual[32000]),
+                                     source_address=("127.0.0.2", 0)) for _ in range(500)]
     try:
-        assert get(ports.actual[32000])[0] == 200
+        assert get(ports.actual[32000])[0] == 200  # from 127.0.0.1: another peer
         assert threading.active_count() <= before + 2  # the worker pool
         assert m.value("ipvsctl_http_refused_total",
                        {"server": "health", "reason": "evicted"}) >= 400

@@ -151,7 +151,7 @@ def test_busy_workers_refuse_new_connections_with_503() -> None:
         return text(200, "slow\n")
 
     refused: list[str] = []
-    srv = HTTPServer("127.0.0.1:0", {"/slow": slow},
+    srv = HTTPServer("127.0.0.1:0", {"/slow": slow}, is_local=lambda peer: False,
                      limits=Limits(max_connections=2, workers=2), on_refused=refused.append)
     srv.start()
     try:
@@ -199,3 +199,66 @@ def test_taken_port_raises_at_construction() -> None:
             HTTPServer(f"127.0.0.1:{a.port}", {})
     finally:
         a.stop()
+
+
+def _connect(port: int, peer: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(peer, 0))
+
+
+def _ask(s: socket.socket, path: str = "/healthz") -> int:
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return int(data.split()[1]) if data else 0
+
+
+def test_a_flood_from_one_peer_never_refuses_or_evicts_another_peers_probes() -> None:
+    """Issue 23.2: an idle flood from one address evicted other clients' connections (the
+    kubelet's probes failed 1-4 of 10-25). Bounds are per peer now: 127.0.0.3 floods,
+    127.0.0.2 probes as the kubelet does (connect, then send), neither trusted."""
+    refused: list[str] = []
+    srv = HTTPServer("127.0.0.1:0", {"/healthz": lambda q: text(200, "ok\n")},
+                     is_local=lambda peer: peer == "127.0.0.1",
+                     limits=Limits(max_connections=64, max_per_peer=16, workers=2),
+                     on_refused=refused.append)
+    srv.start()
+    flood: list[socket.socket] = []
+    try:
+        waiting = _connect(srv.port, "127.0.0.2")  # opened before the flood, sent after
+        codes = []
+        for _round in range(25):
+            flood += [_connect(srv.port, "127.0.0.3") for _ in range(20)]
+            with _connect(srv.port, "127.0.0.2") as probe:
+                codes.append(_ask(probe))
+        assert codes == [200] * 25
+        assert _ask(waiting) == 200
+        waiting.close()
+        assert refused.count("evicted") >= 400  # the flood's own connections only
+        assert srv.server.connections_of("127.0.0.3") <= 16
+        # A trusted peer is never refused, even past the cap.
+        with _connect(srv.port, "127.0.0.1") as local:
+            assert _ask(local) == 200
+    finally:
+        for s in flood:
+            s.close()
+        srv.stop()
+
+
+def test_the_cap_makes_room_from_the_heaviest_peer_only() -> None:
+    srv = HTTPServer("127.0.0.1:0", {"/healthz": lambda q: text(200, "ok\n")},
+                     is_local=lambda peer: False,
+                     limits=Limits(max_connections=8, max_per_peer=8, workers=1))
+    srv.start()
+    try:
+        early = _connect(srv.port, "127.0.0.2")
+        heavy = [_connect(srv.port, "127.0.0.3") for _ in range(7)]
+        # At the cap: a newcomer displaces the heaviest peer's oldest, never 127.0.0.2's.
+        with _connect(srv.port, "127.0.0.4") as newcomer:
+            assert _ask(newcomer) == 200
+        assert _ask(early) == 200
+        early.close()
+        for s in heavy:
+            s.close()
+    finally:
+        srv.stop()

@@ -354,3 +354,55 @@ def test_the_example_manifest_is_consistent_with_the_command(cli):
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] in ("status.podIP",
                                                                    "status.podIPs")
     assert parse_duration(params["timeout"]) < pod["terminationGracePeriodSeconds"]
+
+
+def _open(port: int, peer: str, request: bytes | None = None) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(peer, 0))
+    if request:
+        s.sendall(request)
+    return s
+
+
+def test_no_strays_or_flood_end_the_prestop_before_the_barrier(tmp_path, daemons):
+    """Issue 23.2: 64 stray GET /shutdown held open made the real preStop get 503 in 1 ms,
+    and an idle flood evicted preStop connections unanswered (the kubelet takes either as
+    "done"). Now: 64 strays from four addresses are parked (no thread each), a flood of
+    idle connections comes from a fifth, and the preStop from the kubelet's address (not
+    trusted here: per-peer bounds alone) still waits for quiesced, then gets 200."""
+    a, b = daemons
+    write_proc(tmp_path, connections=0)
+    m = manager(tmp_path, [a.url, b.url])
+    # Every 127.0.0.0/8 address is loopback, so trusted: only 127.0.0.1 is, here.
+    m.http.server.trusted = lambda peer: peer == "127.0.0.1"
+    m.start()
+    shutdown = b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n"
+    held: list[socket.socket] = []
+    try:
+        strays = [_open(m.port, f"127.0.0.{3 + i // 16}", shutdown) for i in range(64)]
+        held += strays
+        assert m.barrier.wait_for_waiters(64, 10)
+        threads = threading.active_count()
+        kubelet = _open(m.port, "127.0.0.2", shutdown)  # the preStop, as the kubelet sends it
+        held.append(kubelet)
+        held += [_open(m.port, "127.0.0.9") for _ in range(300)]  # the idle flood
+        assert m.barrier.wait_for_waiters(65, 10)
+        a.answered_more()
+        b.answered_more()
+        assert threading.active_count() <= threads + 1  # no thread per waiting caller
+        kubelet.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            kubelet.recv(1)  # no answer (no 503, no reset) while the daemons send traffic
+        a.set(quiesced=True)
+        b.set(quiesced=True)
+        kubelet.settimeout(20)
+        data = b""
+        while chunk := kubelet.recv(65536):
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert json.loads(body)["outcome"] == "drained"
+        assert m.http.server.connections_of("127.0.0.9") <= 16
+    finally:
+        for s in held:
+            s.close()
+        m.stop()
