@@ -32,6 +32,7 @@ import base64
 import bisect
 import contextlib
 import json
+import os
 import select
 import socket
 import struct
@@ -74,6 +75,20 @@ RESOURCES: dict[str, ResourceInfo] = {
         ResourceInfo("Node", "", "v1", "nodes"),  # cluster-scoped; stored as "default"
     )
 }
+
+
+# A file every FakeAPIServer of this process (and its children) appends each request to,
+# one JSON line: the lab checks a whole run's log (no Pod is ever read, issue 23).
+REQUEST_LOG_ENV = "IPVSCTL_FAKEAPI_REQUEST_LOG"
+_log_lock = threading.Lock()
+
+
+def _log_request(path: str, record: RequestRecord) -> None:
+    line = json.dumps({"method": record.method, "path": record.path, "verb": record.verb,
+                       "resource": record.resource, "namespace": record.namespace,
+                       "name": record.name}) + "\n"
+    with _log_lock, open(path, "a") as f:
+        f.write(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -681,6 +696,8 @@ class FakeAPIServer:
             name,
         )
         h.acct = (verb, info.plural if info else parts.path)
+        if REQUEST_LOG_ENV in os.environ:
+            _log_request(os.environ[REQUEST_LOG_ENV], record)
         with self._cond:
             if self.record_requests:
                 self._requests.append(record)

@@ -75,6 +75,29 @@ def _lab_unavailable() -> str | None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def fake_api_request_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every fake API server of the run logs each request here (devkit.fakeapi); at the
+    end, the whole run's log must show requests and no Pod among them (issue 23: the daemon
+    reads no Pod). A failure here is an error at the session's teardown."""
+    from devkit.fakeapi.server import REQUEST_LOG_ENV
+
+    path = tmp_path_factory.mktemp("fakeapi") / "requests.jsonl"
+    path.touch()
+    old = os.environ.get(REQUEST_LOG_ENV)
+    os.environ[REQUEST_LOG_ENV] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop(REQUEST_LOG_ENV, None)
+    else:
+        os.environ[REQUEST_LOG_ENV] = old
+    requests = [json.loads(line) for line in path.read_text().splitlines() if line]
+    pods = [r for r in requests if r.get("resource") == "pods" or "/pods" in r["path"]]
+    if requests:  # a run of only tests without an API server has nothing to show
+        assert not pods, f"the daemon asked for pods: {pods[:5]}"
+        assert any(r["resource"] == "endpointslices" for r in requests)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def lab() -> None:
     if not _unavailable:
         _unavailable.append(_lab_unavailable())

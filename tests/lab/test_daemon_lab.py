@@ -103,23 +103,19 @@ def test_terminating_endpoint_drains_with_a_live_connection_until_it_closes(
 ) -> None:
     d, pods = kube_daemon
     held, gone, other = held_connection(node, client, pods)
-    deadline = int(time.time()) + 3600
-    stamp = datetime.datetime.fromtimestamp(deadline, datetime.UTC).strftime(
+    # Its Pod is there to be read, overdue: nothing reads it (the whole lab's request log
+    # is checked for pods at the end, conftest.py).
+    stamp = datetime.datetime.fromtimestamp(time.time() - 300, datetime.UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     api.add(pod(gone.name, deletion_timestamp=stamp))
     api.update(endpoint_slice("web", [terminating(gone.ip, pod=gone.name),
                                       endpoint(other.ip, pod=other.name)]))
 
     wait_for(lambda: weights(node)[str(KEY)][f"{gone.ip}:8080"] == 0, what="weight 0")
-
-    def entry() -> dict[str, Any] | None:
-        code, body = daemon_get(node, d, "/status")
-        queue = json.loads(body)["drain_queue"] if code == 200 else []
-        return queue[0] if queue and queue[0]["deadline"] == deadline else None
-
-    e = wait_for(entry, what="the pod's deletion deadline (GET of the pod)")
+    e = wait_for(lambda: drain_of(node, d, gone.ip), what="the drain in /status")
     assert (e["address"], e["reason"], e["deadline_source"], e["pod"]) == (
         gone.ip, "terminating", "pod", f"default/{gone.name}")
+    assert e["deadline"] is None and e["time_left"] is None  # until its pod goes
     assert [client.request(VIP, 80) for _ in range(4)] == [other.name] * 4
     assert held.echo("still served while terminating")
 
@@ -130,6 +126,56 @@ def test_terminating_endpoint_drains_with_a_live_connection_until_it_closes(
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
     assert weights(node) == {str(KEY): {f"{other.ip}:8080": 1}}
+
+
+def drain_of(node: Node, d: Any, ip: str) -> dict[str, Any] | None:
+    code, body = daemon_get(node, d, "/status")
+    queue = json.loads(body)["drain_queue"] if code == 200 else []
+    return next((e for e in queue if e["address"] == ip), None)
+
+
+def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
+    node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
+) -> None:
+    """Issue 23.1 on the real kernel with real traffic: `web-0` deleted and created again
+    (a new uid, a new address) and terminated again within the hour took its former
+    incarnation's deadline and was cut at the first drain check."""
+    d, pods = kube_daemon
+    first, other = pods
+    overdue = datetime.datetime.fromtimestamp(time.time() - 300, datetime.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    # web-0, first incarnation, at `first`: terminating (overdue), then gone.
+    api.add(pod("web-0", deletion_timestamp=overdue, uid="uid-1"))
+    api.update(endpoint_slice("web", [terminating(first.ip, pod="web-0", uid="uid-1"),
+                                      endpoint(other.ip, pod=other.name)]))
+    wait_for(lambda: weights(node)[str(KEY)].get(f"{first.ip}:8080") == 0, what="weight 0")
+    api.update(endpoint_slice("web", [endpoint(other.ip, pod=other.name)]))
+    wait_for(lambda: f"{first.ip}:8080" not in weights(node)[str(KEY)], timeout=60,
+             what="the first web-0 gone")
+    # web-0 again: a new pod (uid-2) at a new address, alone in the Service, then
+    # terminating with a client's connection held through the VIP.
+    again = node.make_pod("10.244.1.3", name="web-0")
+    api.upsert(pod("web-0", uid="uid-2"))
+    api.update(endpoint_slice("web", [endpoint(again.ip, pod="web-0", uid="uid-2")]))
+    wait_for(lambda: weights(node)[str(KEY)] == {f"{again.ip}:8080": 1},
+             what="only the new web-0")
+    held = client.connect(VIP, 80)
+    assert held.pod == "web-0"
+    api.upsert(pod("web-0", deletion_timestamp=overdue, uid="uid-2"))
+    api.update(endpoint_slice("web", [terminating(again.ip, pod="web-0", uid="uid-2"),
+                                      endpoint(other.ip, pod=other.name)]))
+    e = wait_for(lambda: drain_of(node, d, again.ip), what="the new web-0 draining")
+    assert e["deadline_source"] == "pod" and e["time_left"] is None
+    for _ in range(3):  # drain checks on the real kernel's counts, in this thread
+        with d.loop.lock:
+            d.engine.check_drains()
+    assert weights(node)[str(KEY)][f"{again.ip}:8080"] == 0  # still there, draining
+    assert held.echo("still served by the second web-0")
+    metrics = daemon_get(node, d, "/metrics")[1]
+    assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
+    held.abort()
+    wait_for(lambda: f"{again.ip}:8080" not in weights(node)[str(KEY)], timeout=90,
+             what="deleted as drained once its connection is gone")
 
 
 def test_relist_after_410_causes_no_kernel_churn(

@@ -12,6 +12,7 @@ from the node.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -164,12 +165,27 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
             return rs.weight if rs is not None else None
 
         wait_for(lambda: weight() == 1, what="weight 1")
+        # Issue 23.2: another pod holds 64 stray /shutdown calls and floods the port with
+        # idle connections (they used to take every slot: the preStop got 503 at once).
+        request = b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n"
+
+        def crowd() -> list[socket.socket]:
+            socks = []
+            for i in range(64 + 200):
+                s = socket.create_connection((leaving.ip, manager.port), timeout=30)
+                if i < 64:
+                    s.sendall(request)
+                socks.append(s)
+            return socks
+
+        held = run_in_netns(client.netns.name, crowd)
         prestop = PreStop(node, url)
         prestop.start()
         wait_for(lambda: manager.barrier.status().get("state") == "running"
                  and manager.barrier.status()["daemons"]["not_quiesced"], timeout=120,
                  what="the preStop's own barrier asking the daemon")
         assert prestop.answer is None and prestop.error is None  # not the stray's result
+        assert manager.http.server.connections_of(client.ip) <= 16  # the crowd's own slots
 
         terminating_at = time.monotonic()
         write_manifests(folder, service("web"), endpoint_slice("web", [
@@ -180,7 +196,9 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
         assert prestop.error is None, prestop.error
         assert prestop.answer["outcome"] == "drained", prestop.answer
         assert prestop.at >= terminating_at
-        assert manager.barrier.runs == 2
+        assert manager.barrier.runs >= 2  # the stray crowd may start one of its own
+        for sock in held:
+            sock.close()
     finally:
         manager.stop()
 
