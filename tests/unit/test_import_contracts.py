@@ -26,11 +26,25 @@ def test_the_tree_keeps_every_contract() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+FLOORS = "every package on a floor"
+
+
+def _copy(tmp_path: Path) -> None:
+    for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
+        shutil.copytree(REPO / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "results", "golden"))
+
+
 @pytest.mark.parametrize(("module", "line", "contract"), [
     ("model/keys.py", "import typer", "only shell/ imports typer"),
     ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
-    ("source/convert.py", "import ipvsctl.reconcile.engine", "shell > reconcile"),
-    ("plan/desired.py", "import ipvsctl.source.convert", "plan | source"),
+    ("source/convert.py", "import ipvsctl.reconcile.engine", FLOORS),
+    ("plan/desired.py", "import ipvsctl.source.convert", FLOORS),
+    # the adapters: nothing above them, and none knows another
+    ("kernel/table.py", "import ipvsctl.reconcile.engine", FLOORS),
+    ("netfilter/nft.py", "import ipvsctl.shell.daemon", FLOORS),
+    ("kube/backoff.py", "import ipvsctl.kernel.port", FLOORS),
+    ("httpd.py", "import ipvsctl.healthcheck.state", FLOORS),
     ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
     ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
     ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
@@ -38,11 +52,18 @@ def test_the_tree_keeps_every_contract() -> None:
 ])
 def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str,
                                    contract: str) -> None:
-    for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
-        shutil.copytree(REPO / package, tmp_path / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "results", "golden"))
+    _copy(tmp_path)
     target = tmp_path / "ipvsctl" / module
     target.write_text(target.read_text() + f"\n{line}  # planted\n")
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert contract in result.stdout
+
+
+def test_a_package_without_a_floor_fails(tmp_path: Path) -> None:
+    _copy(tmp_path)
+    (tmp_path / "ipvsctl" / "newroom").mkdir()
+    (tmp_path / "ipvsctl" / "newroom" / "__init__.py").write_text("")
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert FLOORS in result.stdout and "ipvsctl.newroom" in result.stdout
