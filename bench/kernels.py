@@ -82,9 +82,9 @@ class AckSocket:
 
 
 def wire_calls() -> Any:
-    """ipvsctl's own IPVS request path (`IPVSCalls`: messages packed by `kernel/wire.py`,
+    """ipvsctl's own IPVS request path (`IPVSCalls`: messages packed by `kernel/netlink/wire.py`,
     sent, ACK read and checked) on an AckSocket."""
-    from ipvsctl.kernel.ipvs_calls import IPVSCalls
+    from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
 
     ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=AckSocket()),
                                  prid=FAMILY)

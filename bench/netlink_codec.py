@@ -1,5 +1,5 @@
 """CPU per IPVS operation on the host, before and after the hand-packed messages
-(ipvsctl/kernel/wire.py), against a modelled kernel that answers every request at once.
+(ipvsctl/kernel/netlink/wire.py), against a modelled kernel that answers every request at once.
 
 - pyroute2: `IPVS.dest("set", ...)` with codec.py's specs, pyroute2's whole request path
   (request filters, message build and encode, NetlinkRequest, its asyncio loop, the ACK
@@ -64,8 +64,8 @@ def pyroute2_ipvs() -> Any:
 def cases() -> dict[str, Callable[[int], None]]:
     from pyroute2.ipvs import AsyncIPVS
 
-    from ipvsctl.kernel import wire
-    from ipvsctl.kernel.codec import dest_spec, service_key_spec
+    from ipvsctl.kernel.netlink import wire
+    from ipvsctl.kernel.netlink.codec import dest_spec, service_key_spec
     from ipvsctl.model import Protocol, RealServerKey, ServiceKey
 
     key = ServiceKey(Protocol.TCP, "10.96.0.10", 80)
@@ -97,8 +97,8 @@ def cases() -> dict[str, Callable[[int], None]]:
 def change_cases(ops: int) -> dict[str, Callable[[int], None]]:
     from devkit.builders import endpoint, endpoint_slice, service
     from devkit.harness import Harness
-    from ipvsctl.kernel.codec import dest_spec, service_key_spec
     from ipvsctl.kernel.fake import FakeKernel
+    from ipvsctl.kernel.netlink.codec import dest_spec, service_key_spec
     from ipvsctl.model import RealServerKey, ServiceKey
 
     class Pyroute2Writes(FakeKernel):

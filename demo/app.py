@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ipvsctl.kernel.host import enter_netns as enter
+from ipvsctl.kernel.netns import enter_netns as enter
 
 
 class App:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ipvsctl.kernel.host import enter_netns as enter
+from ipvsctl.kernel.netns import enter_netns as enter
 
 
 class RequestFailed(Exception):

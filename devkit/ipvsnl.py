@@ -21,9 +21,9 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from ipvsctl.kernel import procfs
-from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelExists, KernelNotFound, KernelTransient
+from ipvsctl.kernel.procfs import ipvs as procfs
 from ipvsctl.model import (
     Protocol,
     RealServerKey,
@@ -238,7 +238,7 @@ class RawIPVS:
     # --- writes -------------------------------------------------------------------------
     def read_real_servers(self, keys: Any,
                           only: Any = None) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        scan = procfs.read_table(keys, only, netns=self.netns)  # one /proc/net/ip_vs read
+        scan = procfs.read_real_servers(keys, only, netns=self.netns)  # one /proc/net/ip_vs read
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
 
     def read_connections(self, pairs: Any) -> Any:

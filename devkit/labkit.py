@@ -6,7 +6,7 @@ How namespaces are entered:
 - pyroute2 objects belong to the netns their socket was opened in. `NetlinkKernel(netns=N)`
   passes `netns=N, flags=0` to pyroute2, which forks a child that enters /run/netns/N, opens
   the netlink socket and hands it back; everything after that runs in our process.
-- Plain sockets (servers, clients) are opened by `ipvsctl.kernel.host.run_in_netns`: a short
+- Plain sockets (servers, clients) are opened by `ipvsctl.kernel.netns.run_in_netns`: a short
   thread setns()es into the namespace, creates the socket and ends. setns(CLONE_NEWNET)
   changes only that thread, and a socket stays in its namespace for life, so servers and
   clients all live in the test process: no subprocess (a Python start costs seconds in the
@@ -44,8 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ipvsctl.kernel.host import run_in_netns
 from ipvsctl.kernel.netlink import NetlinkKernel
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.wrappers import RecordingKernel as RecordingKernel  # for the lab tests
 
 T = TypeVar("T")

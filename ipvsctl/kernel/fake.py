@@ -16,7 +16,7 @@ from ipvsctl.kernel.port import (
     KernelNotFound,
     KernelUnavailable,
 )
-from ipvsctl.kernel.proc_codec import ConnScan, kernel_address, scan_connections
+from ipvsctl.kernel.procfs.codec import ConnScan, kernel_address, scan_connections
 from ipvsctl.kernel.table import format_table
 from ipvsctl.kernel.wrappers import (
     FaultyKernel,

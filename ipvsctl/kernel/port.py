@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 if TYPE_CHECKING:
-    from ipvsctl.kernel.proc_codec import ConnScan
+    from ipvsctl.kernel.procfs.codec import ConnScan
     from ipvsctl.model import Protocol as TransportProtocol
     from ipvsctl.model.conntrack import ConntrackEntry
 
@@ -108,7 +108,7 @@ class IPVSKernel(Protocol):
 
 class ConntrackTable(Protocol):
     """The conntrack table, for the stale-entry sweep (reconcile/conntrack_sweeper.py).
-    Separate from IPVSKernel: the netlink side lives in kernel/conntrack_sweep.py."""
+    Separate from IPVSKernel: the netlink side lives in kernel/netlink/conntrack_sweep.py."""
 
     def list_conntrack(self, protocol: TransportProtocol, ipv6: bool) -> list[ConntrackEntry]:
         """Every entry of one protocol and family: one dump, filtered by protocol in the

@@ -41,7 +41,7 @@ def read_real_servers(
     return out
 
 
-def read_table(kernel: IPVSKernel) -> list[VirtualServerStatus]:
+def read_statuses(kernel: IPVSKernel) -> list[VirtualServerStatus]:
     """Every virtual server with its real servers (what `ipvsadm -Ln` shows), sorted."""
     virtual_servers = kernel.list_virtual_servers()
     dests = read_real_servers(kernel, [vs.key for vs in virtual_servers])
@@ -62,4 +62,4 @@ def format_table(table: Iterable[VirtualServerStatus]) -> str:
 
 
 def dump(kernel: IPVSKernel) -> str:
-    return format_table(read_table(kernel))
+    return format_table(read_statuses(kernel))

@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from typing import Generic, TypeVar
 
 from ipvsctl.kernel.port import IPVSKernel, KernelTransient
-from ipvsctl.kernel.proc_codec import ConnScan
+from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 K = TypeVar("K", bound=IPVSKernel)

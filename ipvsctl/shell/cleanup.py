@@ -143,11 +143,11 @@ def _remove(path: Path) -> None:
 
 
 class SystemHost:
-    """This node: IPVS and the interface through kernel/system_host.py, the table through
-    `nft`; every failure one CleanupError."""
+    """This node: IPVS and the interface through kernel/netlink/system_host.py, the table
+    through `nft`; every failure one CleanupError."""
 
     def __init__(self, interface: str) -> None:
-        from ipvsctl.kernel.system_host import SystemIpvsHost
+        from ipvsctl.kernel.netlink.system_host import SystemIpvsHost
 
         self._host = SystemIpvsHost(interface)
 
@@ -246,7 +246,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
         if not node_ip:
             try:
-                from ipvsctl.kernel.addresses import node_addresses
+                from ipvsctl.kernel.netlink.addresses import node_addresses
 
                 ips = node_addresses(exclude_interfaces=(interface,))
             except Exception as exc:

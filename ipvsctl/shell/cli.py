@@ -117,7 +117,7 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
                 raise _fail(f"--node-ip {ip}: not an IP address", 2) from None
     else:
         try:
-            from ipvsctl.kernel.addresses import node_addresses
+            from ipvsctl.kernel.netlink.addresses import node_addresses
 
             # The VIP interface's addresses are ClusterIPs, never NodePort addresses.
             ips = node_addresses(exclude_interfaces=(interface,))
@@ -306,9 +306,9 @@ def status(
         kernel_error = "not read: the daemon is on another machine"
     else:
         try:
-            from ipvsctl.kernel.netlink import read_table
+            from ipvsctl.kernel.netlink import read_host_statuses
 
-            kernel = read_table()
+            kernel = read_host_statuses()
         except Exception as exc:  # any reason the table cannot be read is shown, not raised
             kernel_error = str(exc) or type(exc).__name__
     if kernel is None and daemon is None:

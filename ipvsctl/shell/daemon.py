@@ -314,7 +314,7 @@ def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
     """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses)."""
     if not o.follow_node_ips:
         return None
-    from ipvsctl.kernel.addresses import node_addresses
+    from ipvsctl.kernel.netlink.addresses import node_addresses
 
     # As at start-up (cli._node): the VIP interface's addresses are ClusterIPs.
     return functools.partial(node_addresses, exclude_interfaces=(o.interface,))
@@ -363,7 +363,7 @@ def run(o: DaemonOptions) -> int:
         from ipvsctl.netfilter.nft import Nft
 
         nft = Nft(metrics=metrics)
-    from ipvsctl.kernel.conntrack_sweep import NetlinkConntrack
+    from ipvsctl.kernel.netlink.conntrack_sweep import NetlinkConntrack
 
     daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
                     health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o),

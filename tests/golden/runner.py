@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from ipvsctl.kernel.port import IPVSKernel
-from ipvsctl.kernel.table import read_table
+from ipvsctl.kernel.table import read_statuses
 from ipvsctl.model import (
     NodeContext,
     Protocol,
@@ -155,7 +155,7 @@ _FLAGS = {"flag-1": SCHED_FLAG_1, "flag-2": SCHED_FLAG_2, "flag-3": SCHED_FLAG_3
 
 def table(kernel: Any) -> list[VirtualServerStatus]:
     """The kernel's table through the port, sorted (what `ipvsctl status` reads)."""
-    return read_table(kernel)
+    return read_statuses(kernel)
 
 
 def kernel_text(rows: Iterable[VirtualServerStatus], addresses: Iterable[str]) -> str:

@@ -22,7 +22,7 @@ Namespaces: a pyroute2 object talks to the namespace its socket was opened in. T
 inside a named netns pass `netns=NAME, flags=0` (pyroute2 forks a child that enters
 /run/netns/NAME, opens the socket and passes it back; flags=0 stops it from creating a
 missing netns): `NetlinkKernel(netns=NAME)` does this for IPVS, IPRoute and conntrack.
-Plain sockets and /proc/sys are entered with `ipvsctl.kernel.host.run_in_netns(NAME, fn)`
+Plain sockets and /proc/sys are entered with `ipvsctl.kernel.netns.run_in_netns(NAME, fn)`
 (setns in a short-lived thread). More in labkit's docstring.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from devkit.labkit import Connection, Netns, Node, Pod, open_connection, sh
-from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netns import run_in_netns
 
 NODE_LAN = "192.168.50.1"
 OUTSIDE_IP = "192.168.50.2"

@@ -29,7 +29,7 @@ import yaml
 from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.labkit import Node, Pod, daemon_get, http_get, wait_for
-from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import Protocol, ServiceKey

@@ -28,7 +28,7 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.labkit import Node, Pod, http_get, parse_ipvsadm, sh, wait_for
-from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.model import Protocol, ServiceKey
 from tests.lab.test_daemon_lab import held_connection, metric_sum, weights
 

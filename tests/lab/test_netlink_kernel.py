@@ -19,8 +19,10 @@ from ipvsctl.kernel import (
     KernelUnavailable,
 )
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.kernel.host import run_in_netns, wanted_sysctls
-from ipvsctl.kernel.netlink import IPVSTimeouts, NetlinkKernel, configure_host, read_table
+from ipvsctl.kernel.netlink import NetlinkKernel, configure_host, read_host_statuses
+from ipvsctl.kernel.netlink.codec import IPVSTimeouts
+from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.kernel.procfs.sysctl import wanted_sysctls
 from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 pytestmark = pytest.mark.lab
@@ -355,13 +357,13 @@ def test_dump_matches_the_fake_kernel(node: Node) -> None:
         k.add_real_server(udp6.key, RealServerKey("fd00::1", 5353), 1)
         k.set_real_server_weight(tcp.key, RealServerKey("10.244.1.2", 8080), 0)
     assert node.kernel.dump() == fake.dump()
-    table = read_table(netns=node.name)
+    table = read_host_statuses(netns=node.name)
     assert [t.vs for t in table] == [tcp, udp6]
     assert [len(t.real_servers) for t in table] == [2, 1]
 
 
 def test_every_packed_message_kind_on_the_real_kernel(node: Node) -> None:
-    """The hand-packed messages (kernel/wire.py; byte-equal to pyroute2's in the unit tests)
+    """The hand-packed messages (kernel/netlink/wire.py; byte-equal to pyroute2's in the unit tests)
     do what they say on 6.1: every kind, both families, every protocol, persistence and
     scheduler flags, read back by dumps and by ipvsadm; errors come back translated."""
     k, fake = node.kernel, FakeKernel()

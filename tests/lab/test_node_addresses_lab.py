@@ -15,8 +15,8 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, Pod, wait_for
-from ipvsctl.kernel.addresses import node_addresses
-from ipvsctl.kernel.host import run_in_netns
+from ipvsctl.kernel.netlink.addresses import node_addresses
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions

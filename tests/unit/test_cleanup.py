@@ -154,7 +154,7 @@ def test_command_refuses_while_a_daemon_answers(monkeypatch):
 
 
 def test_the_system_hosts_kernel_errors_are_cleanup_errors():
-    # The IPVS/interface half lives in kernel/system_host.py and speaks KernelError; the
+    # The IPVS/interface half lives in kernel/netlink/system_host.py and speaks KernelError; the
     # cleanup reports each as one line.
     from ipvsctl.kernel import KernelError
     from ipvsctl.shell.cleanup import SystemHost

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-import ipvsctl.kernel.addresses
+import ipvsctl.kernel.netlink.addresses
 import ipvsctl.shell.daemon
 from ipvsctl.shell.cli import app
 
@@ -19,7 +19,7 @@ def fake_node_addresses(exclude_interfaces: tuple[str, ...] = ("kube-ipvs0",)) -
 
 def started_with(monkeypatch, tmp_path, *args: str):
     seen = []
-    monkeypatch.setattr(ipvsctl.kernel.addresses, "node_addresses", fake_node_addresses)
+    monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses", fake_node_addresses)
     monkeypatch.setattr(ipvsctl.shell.daemon, "run", lambda opts: seen.append(opts) or 0)
     r = CliRunner().invoke(app, ["run", "--manifests", str(tmp_path),
                                  "--state-dir", str(tmp_path / "state"), *args])

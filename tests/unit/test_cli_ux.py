@@ -131,7 +131,7 @@ def test_status_against_another_machine_does_not_read_this_kernel(monkeypatch):
     import ipvsctl.kernel.netlink as netlink
 
     reads = []
-    monkeypatch.setattr(netlink, "read_table", lambda: reads.append(1) or [])
+    monkeypatch.setattr(netlink, "read_host_statuses", lambda: reads.append(1) or [])
     r = invoke("status", "--endpoint", "http://192.0.2.1:9796")
     assert reads == [] and r.exit_code == 1
     assert "another machine" in r.output
@@ -159,7 +159,7 @@ def test_status_against_another_machine_does_not_read_this_kernel(monkeypatch):
     assert re.search(r"\s1\s+node-b\s+default/web-1 DRAINING .*deadline from flag", wide)
 
     # the same daemon on this machine: joined with (a fake of) this machine's table
-    monkeypatch.setattr(netlink, "read_table", lambda: reads.append(1) or [])
+    monkeypatch.setattr(netlink, "read_host_statuses", lambda: reads.append(1) or [])
     r = invoke("status", "--endpoint", "http://127.0.0.1:9796", "-o", "yaml")
     assert reads == [1] and yaml.safe_load(r.output)["kernel"]["machine"] == "local"
 

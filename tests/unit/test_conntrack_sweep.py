@@ -1,6 +1,6 @@
 """The stale-UDP-entry sweep: which entries (plan/conntrack.py, in the style of kube-proxy's
 cleanup_test.go), when (reconcile/conntrack_sweeper.py) and the netlink side's decoding and
-errors (kernel/conntrack_sweep.py)."""
+errors (kernel/netlink/conntrack_sweep.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness
-from ipvsctl.kernel.conntrack_sweep import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.kernel.netlink.conntrack_sweep import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
 from ipvsctl.model import NodeContext, Protocol
 from ipvsctl.model.conntrack import ConntrackEntry

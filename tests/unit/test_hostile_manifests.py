@@ -192,8 +192,8 @@ def test_a_value_that_does_not_fit_netlink_is_a_kernel_error_not_a_crash() -> No
     # Issue 16.7: struct.error escaped the adapter's error translation and killed the loop.
     import struct
 
-    from ipvsctl.kernel import netlink
+    from ipvsctl.kernel.netlink.errors import errors
     from ipvsctl.kernel.port import KernelError
 
-    with pytest.raises(KernelError), netlink._errors("add_virtual_server", "10.96.0.1:80/TCP"):
+    with pytest.raises(KernelError), errors("add_virtual_server", "10.96.0.1:80/TCP"):
         struct.pack("=I", 2**33)

@@ -8,7 +8,7 @@ import pytest
 from ipvsctl.kernel import table
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.fake import FaultyKernel as FaultyFromFake
-from ipvsctl.kernel.interface import AddressIndex
+from ipvsctl.kernel.netlink.interface import AddressIndex
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelTransient
 from ipvsctl.kernel.wrappers import FaultyKernel, RecordingKernel
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
@@ -101,7 +101,7 @@ def test_table_falls_back_to_per_service_dumps_when_the_table_file_fails() -> No
     k = NoProcFile()
     k.add_virtual_server(VirtualServer(KEY, "rr"), False)
     k.add_real_server(KEY, RS, 1)
-    assert [len(v.real_servers) for v in table.read_table(k)] == [1]
+    assert [len(v.real_servers) for v in table.read_statuses(k)] == [1]
     assert k.dumps == 1
 
 

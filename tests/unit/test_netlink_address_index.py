@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from ipvsctl.kernel import netlink
-from ipvsctl.kernel.netlink import NetlinkError, NetlinkKernel
+from ipvsctl.kernel.netlink import NetlinkKernel, adapter
+from ipvsctl.kernel.netlink.errors import NetlinkError
+from ipvsctl.kernel.port import KernelNotFound
 from ipvsctl.model import Protocol, ServiceKey, VirtualServer
 
 
@@ -90,8 +91,8 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> NetlinkKernel:
     monkeypatch.setattr(TableIPVS, "table", {})
     monkeypatch.setattr(TableIPVS, "dumps", 0)
     monkeypatch.setattr(AddressIPRoute, "addresses", set())
-    monkeypatch.setattr(netlink, "IPVS", TableIPVS)
-    monkeypatch.setattr(netlink, "IPRoute", AddressIPRoute)
+    monkeypatch.setattr(adapter, "IPVS", TableIPVS)
+    monkeypatch.setattr(adapter, "IPRoute", AddressIPRoute)
     return NetlinkKernel(create_interface=False)
 
 
@@ -146,6 +147,6 @@ def test_the_address_index_follows_changes_made_by_others(kernel: NetlinkKernel)
 
     # and one that is already gone still has its unused address removed
     again.bind_address("10.96.0.12")
-    with pytest.raises(netlink.KernelNotFound):
+    with pytest.raises(KernelNotFound):
         again.delete_virtual_server(ServiceKey(Protocol.TCP, "10.96.0.12", 80), True)
     assert AddressIPRoute.addresses == set()

@@ -18,16 +18,11 @@ from ipvsctl.kernel import (
     KernelPermissionDenied,
     KernelTransient,
     KernelUnavailable,
-    host,
-    netlink,
+    netns,
 )
-from ipvsctl.kernel.netlink import (  # NetlinkError: pyroute2's, as the adapter sees it
-    ConntrackTuple,
+from ipvsctl.kernel.netlink import NetlinkKernel, adapter
+from ipvsctl.kernel.netlink.codec import (
     IPVSTimeouts,
-    NetlinkError,
-    NetlinkKernel,
-    conntrack_matches,
-    conntrack_tuple,
     decode_u32,
     dest_spec,
     ipvs_config_msg,
@@ -36,9 +31,15 @@ from ipvsctl.kernel.netlink import (  # NetlinkError: pyroute2's, as the adapter
     service_spec,
     timeouts_from_message,
     timeouts_message,
-    translate_error,
     virtual_server_from_message,
 )
+from ipvsctl.kernel.netlink.conntrack import ConntrackTuple, conntrack_matches, conntrack_tuple
+from ipvsctl.kernel.netlink.errors import (  # NetlinkError: pyroute2's, as the adapter sees it
+    NetlinkError,
+    errors,
+    translate_error,
+)
+from ipvsctl.kernel.procfs import sysctl
 from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 
@@ -71,7 +72,7 @@ def test_os_errors_are_translated_too() -> None:
 
 def test_unknown_scheduler_message_says_which_module() -> None:
     with pytest.raises(KernelNotFound, match="modprobe ip_vs_mh"), \
-            netlink._errors("add_virtual_server", "x", scheduler="mh"):
+            errors("add_virtual_server", "x", scheduler="mh"):
         raise NetlinkError(errno.ENOENT)
 
 
@@ -245,7 +246,7 @@ class FakeIPVS:
 ])
 def test_constructor_errors(monkeypatch: pytest.MonkeyPatch, code: int,
                             cls: type[KernelError], text: str) -> None:
-    monkeypatch.setattr(netlink, "IPVS", FakeIPVS)
+    monkeypatch.setattr(adapter, "IPVS", FakeIPVS)
     monkeypatch.setattr(FakeIPVS, "error", code)
     with pytest.raises(cls, match=text):
         NetlinkKernel(create_interface=False)
@@ -262,20 +263,20 @@ def test_constructor_with_a_missing_netns() -> None:
         NetlinkKernel(netns="ipvsctl-no-such-netns")
 
 
-# --- host: sysctls and namespaces -----------------------------------------------------------
+# --- procfs's sysctls and network namespaces ----------------------------------------------
 def test_kernel_versions() -> None:
-    assert host.parse_kernel_version("6.1.0-56-amd64") == (6, 1)
-    assert host.parse_kernel_version("5.10.0") == (5, 10)
+    assert sysctl.parse_kernel_version("6.1.0-56-amd64") == (6, 1)
+    assert sysctl.parse_kernel_version("5.10.0") == (5, 10)
     with pytest.raises(ValueError):
-        host.parse_kernel_version("unknown")
+        sysctl.parse_kernel_version("unknown")
 
 
 def test_conn_reuse_mode_only_before_5_9() -> None:
-    assert host.wanted_sysctls("4.19.0-20-amd64")["net.ipv4.vs.conn_reuse_mode"] == "0"
-    assert host.wanted_sysctls("5.8.18")["net.ipv4.vs.conn_reuse_mode"] == "0"
+    assert sysctl.wanted_sysctls("4.19.0-20-amd64")["net.ipv4.vs.conn_reuse_mode"] == "0"
+    assert sysctl.wanted_sysctls("5.8.18")["net.ipv4.vs.conn_reuse_mode"] == "0"
     for release in ("5.9.0", "5.10.0-30-amd64", "6.1.0-56-amd64"):
-        assert "net.ipv4.vs.conn_reuse_mode" not in host.wanted_sysctls(release)
-    assert host.wanted_sysctls("6.1.0") == {
+        assert "net.ipv4.vs.conn_reuse_mode" not in sysctl.wanted_sysctls(release)
+    assert sysctl.wanted_sysctls("6.1.0") == {
         "net.ipv4.vs.conntrack": "1",
         "net.ipv4.vs.expire_nodest_conn": "1",
         "net.ipv4.vs.expire_quiescent_template": "1",
@@ -285,7 +286,7 @@ def test_conn_reuse_mode_only_before_5_9() -> None:
 
 def fake_proc_sys(root: Any, values: dict[str, str]) -> str:
     for name, value in values.items():
-        path = host.sysctl_path(name, str(root))
+        path = sysctl.sysctl_path(name, str(root))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(value + "\n")
@@ -295,20 +296,20 @@ def fake_proc_sys(root: Any, values: dict[str, str]) -> str:
 def test_apply_sysctls_writes_only_what_differs(tmp_path: Any) -> None:
     proc = fake_proc_sys(tmp_path, {"net.ipv4.vs.conntrack": "0", "net.ipv4.ip_forward": "1"})
     wanted = {"net.ipv4.vs.conntrack": "1", "net.ipv4.ip_forward": "1"}
-    assert host.apply_sysctls(wanted, proc_sys=proc) == {"net.ipv4.vs.conntrack": "1"}
-    assert host.read_sysctl("net.ipv4.vs.conntrack", proc_sys=proc) == "1"
-    assert host.apply_sysctls(wanted, proc_sys=proc) == {}
+    assert sysctl.apply_sysctls(wanted, proc_sys=proc) == {"net.ipv4.vs.conntrack": "1"}
+    assert sysctl.read_sysctl("net.ipv4.vs.conntrack", proc_sys=proc) == "1"
+    assert sysctl.apply_sysctls(wanted, proc_sys=proc) == {}
 
 
 def test_missing_ipvs_sysctls_say_to_load_ip_vs(tmp_path: Any) -> None:
     proc = fake_proc_sys(tmp_path, {"net.ipv4.ip_forward": "1"})
     with pytest.raises(KernelUnavailable, match="modprobe ip_vs"):
-        host.apply_sysctls({"net.ipv4.vs.conntrack": "1"}, proc_sys=proc)
+        sysctl.apply_sysctls({"net.ipv4.vs.conntrack": "1"}, proc_sys=proc)
 
 
 def test_run_in_netns() -> None:
-    assert host.run_in_netns(None, lambda: 42) == 42
+    assert netns.run_in_netns(None, lambda: 42) == 42
     with pytest.raises(KernelUnavailable, match="not found"):
-        host.run_in_netns("ipvsctl-no-such-netns", lambda: 42)
-    assert host.netns_path("n1") == "/run/netns/n1"
-    assert host.netns_path("/proc/1/ns/net") == "/proc/1/ns/net"
+        netns.run_in_netns("ipvsctl-no-such-netns", lambda: 42)
+    assert netns.netns_path("n1") == "/run/netns/n1"
+    assert netns.netns_path("/proc/1/ns/net") == "/proc/1/ns/net"

@@ -1,4 +1,4 @@
-"""The hand-packed IPVS messages (kernel/wire.py) are byte-for-byte what pyroute2 sends for
+"""The hand-packed IPVS messages (kernel/netlink/wire.py) are byte-for-byte what pyroute2 sends for
 the same call: every message kind ipvsctl sends, over IPv4/IPv6, TCP/UDP/SCTP, persistence,
 scheduler flags and names. pyroute2's own request path (IPVS.service/IPVS.dest building the
 message from codec.py's specs, then NetlinkRequest's header and encode) is the oracle.
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pyroute2.ipvs import AsyncIPVS
 
-from ipvsctl.kernel import wire
-from ipvsctl.kernel.codec import dest_spec, service_key_spec, service_spec
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.netlink.codec import dest_spec, service_key_spec, service_spec
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 
 FAMILY, SEQ, PID = 0x1C, 0x01000007, 4242
@@ -160,7 +160,7 @@ def dest_answer(seq: int, rs: RealServerKey, weight: int, active: int) -> bytes:
 
 
 def calls_on(model: ModelKernelSocket) -> Any:
-    from ipvsctl.kernel.ipvs_calls import IPVSCalls
+    from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
 
     ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=model), prid=FAMILY)
     return IPVSCalls(types.SimpleNamespace(ipvs=lambda: ipvs))  # type: ignore[arg-type]

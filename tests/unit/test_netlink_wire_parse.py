@@ -1,5 +1,5 @@
-"""The dump answers parsed by hand (kernel/wire.py) read what pyroute2's decoding of the same
-bytes gives codec.py's readers, over every shape the kernel sends: IPv4/IPv6, TCP/UDP/SCTP,
+"""The dump answers parsed by hand (kernel/netlink/wire.py) read what pyroute2's decoding of
+the same bytes gives codec.py's readers, over every shape the kernel sends: IPv4/IPv6, TCP/UDP/SCTP,
 fwmark services, persistence, scheduler flags and names, statistics, counts at their limits.
 The messages are built as the kernel's ip_vs_genl_fill_service / ip_vs_genl_fill_dest
 write them (net/netfilter/ipvs/ip_vs_ctl.c, 6.1); the lab runs the same parsers on 6.1."""
@@ -13,9 +13,9 @@ import struct
 import pytest
 from pyroute2.netlink.generic.ipvs import ipvsmsg
 
-from ipvsctl.kernel import wire
-from ipvsctl.kernel.codec import real_server_from_message, virtual_server_from_message
-from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.netlink.codec import real_server_from_message, virtual_server_from_message
+from ipvsctl.kernel.netlink.errors import errors
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.model import Protocol, ServiceKey
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ipvsctl.kernel.proc_codec import (
+from ipvsctl.kernel.procfs.codec import (
     dest_token,
     parse_conn_line,
     rs_token,

@@ -7,7 +7,7 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
-import ipvsctl.kernel.addresses
+import ipvsctl.kernel.netlink.addresses
 import ipvsctl.obs.logging
 import ipvsctl.shell.daemon
 from ipvsctl.shell.cli import app
@@ -18,7 +18,7 @@ def invoke(monkeypatch, tmp_path, *args: str):
     """Run `ipvsctl run` up to the daemon; the daemon is replaced by a recorder."""
     seen = []
     levels = []
-    monkeypatch.setattr(ipvsctl.kernel.addresses, "node_addresses",
+    monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses",
                         lambda exclude_interfaces=(): ["192.0.2.10"])
     monkeypatch.setattr(ipvsctl.shell.daemon, "run", lambda opts: seen.append(opts) or 0)
     monkeypatch.setattr(ipvsctl.obs.logging, "setup",

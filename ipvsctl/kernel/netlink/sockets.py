@@ -19,7 +19,7 @@ from pyroute2 import IPVS, IPRoute, NetlinkError
 from pyroute2.netlink import NLM_F_REQUEST
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
-from ipvsctl.kernel.errors import errors, translate_error
+from ipvsctl.kernel.netlink.errors import errors, translate_error
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelUnavailable
 
 log = logging.getLogger("ipvsctl.kernel")

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 from pyroute2 import NetlinkError
 
+from ipvsctl.kernel.netlink.wire import MalformedAnswer
 from ipvsctl.kernel.port import (
     KernelError,
     KernelExists,
@@ -19,7 +20,6 @@ from ipvsctl.kernel.port import (
     KernelPermissionDenied,
     KernelTransient,
 )
-from ipvsctl.kernel.wire import MalformedAnswer
 
 __all__ = ["NetlinkError", "error_code", "errors", "translate_error"]
 

@@ -16,8 +16,8 @@ from typing import Any
 from pyroute2 import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, NFCTSocket
 
-from ipvsctl.kernel.codec import PROTOCOL_NUMBERS, family_of
-from ipvsctl.kernel.errors import errors
+from ipvsctl.kernel.netlink.codec import PROTOCOL_NUMBERS, family_of
+from ipvsctl.kernel.netlink.errors import errors
 from ipvsctl.kernel.port import KernelNotFound
 from ipvsctl.model import RealServerKey, ServiceKey
 from ipvsctl.obs.logging import fields

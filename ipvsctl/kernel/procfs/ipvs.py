@@ -1,4 +1,4 @@
-"""Readers of IPVS's /proc files (the codecs are pure, in `proc_codec`).
+"""Readers of IPVS's /proc files (the codecs are pure, in `codec`).
 
 The files are per network namespace: they are opened by a thread inside `netns` (a proc
 net file stays bound to the namespace it was opened in) and streamed line by line, so a
@@ -11,9 +11,9 @@ import errno
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, TypeVar
 
-from ipvsctl.kernel import host
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelError, KernelTransient, KernelUnavailable
-from ipvsctl.kernel.proc_codec import (
+from ipvsctl.kernel.procfs.codec import (
     ConnKey,
     ConnScan,
     TableScan,
@@ -34,7 +34,7 @@ def _open(path: str, netns: str | None, operation: str) -> IO[str]:
         return open(path, encoding="ascii", errors="replace", buffering=1 << 16)
 
     try:
-        return host.run_in_netns(netns, open_)
+        return run_in_netns(netns, open_)
     except KernelError:
         raise
     except OSError as exc:
@@ -60,11 +60,11 @@ def read_connections(pairs: Collection[ConnKey], *, netns: str | None = None,
     return _stream(f, path, "read_ip_vs_conn", lambda lines: scan_connections(lines, pairs))
 
 
-def read_table(keys: Collection[ServiceKey] | None = None,
-               only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None, *,
-               netns: str | None = None, path: str = TABLE_FILE) -> TableScan:
-    """One read of /proc/net/ip_vs for these virtual servers (all when None), with only
-    these of their real servers (`scan_table`)."""
+def read_real_servers(keys: Collection[ServiceKey] | None = None,
+                      only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None, *,
+                      netns: str | None = None, path: str = TABLE_FILE) -> TableScan:
+    """The real servers of these virtual servers (all when None), with only these of their
+    real servers (`scan_table`): one read of /proc/net/ip_vs."""
     f = _open(path, netns, "read_ip_vs")
     scan = _stream(f, path, "read_ip_vs", lambda lines: scan_table(lines, keys, only))
     if not scan.complete:

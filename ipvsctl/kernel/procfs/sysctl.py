@@ -1,27 +1,23 @@
-"""Host set-up that needs no netlink: the sysctls an IPVS service proxy relies on (written
-through /proc/sys), and running a function inside a named network namespace.
+"""The sysctls an IPVS service proxy relies on, read and written through /proc/sys (per
+network namespace: with `netns`, inside that namespace).
 
-No pyroute2 here (that stays in `netlink.py`); `netlink.configure_host` combines these
-sysctls with the IPVS timeouts.
+`netlink.configure_host` combines these with the IPVS timeouts at start-up.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelError, KernelPermissionDenied, KernelUnavailable
 
 T = TypeVar("T")
 
 PROC_SYS = "/proc/sys"
-NETNS_DIR = "/run/netns"
-_CLONE_NEWNET = 0x40000000
 
 # What kube-proxy's IPVS mode sets, and why (NOTES §3).
 BASE_SYSCTLS: dict[str, str] = {
@@ -114,54 +110,3 @@ def _sysctl_errors(name: str, fn: Callable[[], T]) -> T:
                 "sysctl",
             ) from None
         raise KernelError(f"sysctl {name}: {exc}", "sysctl") from exc
-
-
-def netns_path(netns: str) -> str:
-    """A netns name as `ip netns` keeps it (/run/netns/NAME), or an absolute path."""
-    return netns if netns.startswith("/") else os.path.join(NETNS_DIR, netns)
-
-
-def enter_netns(netns: str) -> None:
-    """setns(CLONE_NEWNET) into the named namespace, for the calling thread only (for the
-    rest of its life: callers that must come back use run_in_netns)."""
-    try:
-        fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise KernelUnavailable(f"network namespace {netns} not found", "setns") from None
-    try:
-        setns = getattr(os, "setns", None)  # Python >= 3.12
-        if setns is not None:
-            setns(fd, _CLONE_NEWNET)
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
-def run_in_netns(netns: str | None, fn: Callable[[], T]) -> T:
-    """fn() inside the named network namespace, or here when netns is None.
-
-    setns(CLONE_NEWNET) changes only the calling thread, so fn runs in a short-lived thread
-    that enters the namespace and then ends: the caller's namespace never changes. Sockets
-    fn creates stay in that namespace for their whole life, whichever thread uses them."""
-    if netns is None:
-        return fn()
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            enter_netns(netns)
-            result.append(fn())
-        except BaseException as exc:  # re-raised in the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=run, name=f"netns-{netns}", daemon=True)
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]

@@ -17,7 +17,7 @@ from typing import Any
 
 from pyroute2 import NetlinkError
 
-from ipvsctl.kernel import wire
+from ipvsctl.kernel.netlink import wire
 
 ANSWER_TIMEOUT = 30.0  # seconds; the kernel answers at once, this only bounds a lost answer
 _DUMP_BUFFER, _ACK_BUFFER = 1 << 18, 1 << 14

@@ -17,8 +17,8 @@ from typing import Any
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
-from ipvsctl.kernel import wire
-from ipvsctl.kernel.codec import (
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.netlink.codec import (
     IPVSTimeouts,
     dest_spec,
     real_server_from_message,
@@ -28,9 +28,9 @@ from ipvsctl.kernel.codec import (
     timeouts_message,
     virtual_server_from_message,
 )
-from ipvsctl.kernel.errors import errors
-from ipvsctl.kernel.raw import RawRequests
-from ipvsctl.kernel.sockets import Sockets, get_config
+from ipvsctl.kernel.netlink.errors import errors
+from ipvsctl.kernel.netlink.raw import RawRequests
+from ipvsctl.kernel.netlink.sockets import Sockets, get_config
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 

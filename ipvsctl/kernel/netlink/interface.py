@@ -15,11 +15,11 @@ from typing import TypeVar
 
 from pyroute2 import NetlinkError
 
-from ipvsctl.kernel import wire
-from ipvsctl.kernel.errors import error_code, errors
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.netlink.errors import error_code, errors
+from ipvsctl.kernel.netlink.raw import RawRequests
+from ipvsctl.kernel.netlink.sockets import Sockets
 from ipvsctl.kernel.port import KernelError, KernelTransient
-from ipvsctl.kernel.raw import RawRequests
-from ipvsctl.kernel.sockets import Sockets
 from ipvsctl.model import ServiceKey
 
 DEFAULT_INTERFACE = "kube-ipvs0"

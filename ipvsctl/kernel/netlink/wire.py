@@ -22,7 +22,7 @@ import ipaddress
 import socket
 import struct
 
-from ipvsctl.kernel.codec import FWD_MASQ, PROTOCOL_NUMBERS, SVC_F_PERSISTENT
+from ipvsctl.kernel.netlink.codec import FWD_MASQ, PROTOCOL_NUMBERS, SVC_F_PERSISTENT
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 

@@ -7,7 +7,7 @@ sweep looks at every Service address at once. Deletions go one request per stale
 by its original tuple, on the dump's socket once the dump is fully read (a call on a
 pyroute2 socket ends its running dump).
 
-Its own short-lived NFCTSocket per call, opened as kernel/netlink.py opens its sockets
+Its own short-lived NFCTSocket per call, opened as netlink/sockets.py opens its sockets
 (`netns`, never created): sweeps are rare, and nothing here shares a socket with the loop.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 from pyroute2 import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, NFCTSocket
 
-from ipvsctl.kernel.errors import error_code, translate_error
+from ipvsctl.kernel.netlink.errors import error_code, translate_error
 from ipvsctl.kernel.port import (
     ConntrackTable,
     KernelError,

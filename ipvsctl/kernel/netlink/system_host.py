@@ -9,13 +9,10 @@ import contextlib
 import json
 import socket
 import subprocess
-from typing import TYPE_CHECKING
 
+from ipvsctl.kernel.netlink.adapter import NetlinkKernel
 from ipvsctl.kernel.port import KernelError, KernelNotFound, KernelUnavailable
 from ipvsctl.model import ServiceKey
-
-if TYPE_CHECKING:
-    from ipvsctl.kernel.netlink import NetlinkKernel
 
 
 class SystemIpvsHost:
@@ -25,8 +22,6 @@ class SystemIpvsHost:
         self._kernel_missing = False
 
     def _ipvs(self) -> NetlinkKernel | None:
-        from ipvsctl.kernel.netlink import NetlinkKernel
-
         if self._kernel is None and not self._kernel_missing:
             try:
                 self._kernel = NetlinkKernel(self.name, create_interface=False)

@@ -1,18 +1,7 @@
-"""The real IPVSKernel: Linux IPVS over netlink with pyroute2, composed from one module per
-concern (as kube-proxy splits pkg/util/ipvs, its netlink address code and pkg/proxy/conntrack):
-
-- codec.py: the IPVS messages and their parsing (pure); wire.py: the same messages packed
-  by hand for the hot path, byte-for-byte equal to pyroute2's
-- errors.py: the one place where netlink errors become KernelErrors
-- sockets.py: pyroute2's sockets, one set per calling thread
-- ipvs_calls.py: the IPVS commands
-- interface.py: the dummy interface (`kube-ipvs0`) and the index of addresses in use
-- conntrack.py: deleting conntrack entries of removed UDP/SCTP real servers
-- table.py: the whole table read through the port, and its text form
-
-`NetlinkKernel` ties them together with the port's semantics (a virtual server's address is
-bound before it is added and dropped with its last user). `configure_host()` is start-up.
-The sysctls themselves live in `host.py`.
+"""NetlinkKernel: the IPVSKernel port on the running kernel, composed from the modules of
+this package (netlink) and procfs's readers (the connection counts), with the port's
+semantics: a virtual server's address is bound before it is added and dropped with its
+last user. `configure_host()` is start-up (procfs's sysctls and the IPVS timeouts).
 """
 
 from __future__ import annotations
@@ -23,34 +12,18 @@ from collections.abc import Collection, Mapping
 
 from pyroute2 import IPVS, IPRoute
 
-from ipvsctl.kernel import host, procfs, table
-from ipvsctl.kernel.codec import (
-    FWD_MASQ,
-    IPPROTO_SCTP,
-    NETMASK_V4,
-    NETMASK_V6,
-    PROTOCOL_NUMBERS,
-    SVC_F_PERSISTENT,
+from ipvsctl.kernel import table
+from ipvsctl.kernel.netlink.codec import (
     IPVSTimeouts,
-    decode_u32,
-    dest_spec,
-    ipvs_config_msg,
-    real_server_from_message,
-    service_key_spec,
-    service_spec,
-    timeouts_from_message,
-    timeouts_message,
-    virtual_server_from_message,
 )
-from ipvsctl.kernel.conntrack import (
+from ipvsctl.kernel.netlink.conntrack import (
     Conntrack,
     ConntrackTuple,
-    conntrack_matches,
-    conntrack_tuple,
 )
-from ipvsctl.kernel.errors import NetlinkError, error_code, errors, translate_error
-from ipvsctl.kernel.interface import DEFAULT_INTERFACE, AddressIndex, DummyInterface
-from ipvsctl.kernel.ipvs_calls import IPVSCalls
+from ipvsctl.kernel.netlink.interface import DEFAULT_INTERFACE, AddressIndex, DummyInterface
+from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
+from ipvsctl.kernel.netlink.sockets import Sockets
+from ipvsctl.kernel.netns import netns_path
 from ipvsctl.kernel.port import (
     IPVSKernel,
     KernelError,
@@ -58,8 +31,9 @@ from ipvsctl.kernel.port import (
     KernelNotFound,
     KernelUnavailable,
 )
-from ipvsctl.kernel.proc_codec import ConnScan
-from ipvsctl.kernel.sockets import Sockets
+from ipvsctl.kernel.procfs import ipvs as procfs
+from ipvsctl.kernel.procfs import sysctl
+from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import (
     RealServerKey,
     RealServerStatus,
@@ -69,17 +43,6 @@ from ipvsctl.model import (
 )
 
 log = logging.getLogger("ipvsctl.kernel")
-
-_errors = errors  # the name tests and older callers use
-
-__all__ = [  # what callers import from here (the split modules own them)
-    "DEFAULT_INTERFACE", "FWD_MASQ", "IPPROTO_SCTP", "NETMASK_V4", "NETMASK_V6",
-    "PROTOCOL_NUMBERS", "SVC_F_PERSISTENT", "ConntrackTuple", "IPVSTimeouts", "KernelNotFound",
-    "NetlinkError", "NetlinkKernel", "configure_host", "conntrack_matches", "conntrack_tuple",
-    "decode_u32", "dest_spec", "error_code", "ipvs_config_msg", "read_table",
-    "real_server_from_message", "service_key_spec", "service_spec", "timeouts_from_message",
-    "timeouts_message", "translate_error", "virtual_server_from_message",
-]
 
 
 class NetlinkKernel:
@@ -103,7 +66,7 @@ class NetlinkKernel:
     ) -> None:
         self.interface = interface
         self.netns = netns
-        if netns is not None and not os.path.exists(host.netns_path(netns)):
+        if netns is not None and not os.path.exists(netns_path(netns)):
             raise KernelUnavailable(f"network namespace {netns} not found", "open")
         # the factories look the names up at call time, so tests can patch netlink.IPVS
         self._sockets = Sockets(netns, ipvs_factory=lambda **kw: IPVS(**kw),
@@ -138,7 +101,7 @@ class NetlinkKernel:
         self, keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        scan = procfs.read_table(keys, only, netns=self.netns)
+        scan = procfs.read_real_servers(keys, only, netns=self.netns)
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
@@ -190,13 +153,9 @@ class NetlinkKernel:
         self._conntrack.flush(key, rs)
 
     # --- more than IPVSKernel -------------------------------------------------------------
-    def read_table(self) -> list[VirtualServerStatus]:
-        """Every virtual server with its real servers (what `ipvsadm -Ln` shows)."""
-        return table.read_table(self)
-
     def dump(self) -> str:
         """The table in FakeKernel.dump()'s format, so lab tests can compare the two."""
-        return table.format_table(self.read_table())
+        return table.dump(self)
 
     def get_timeouts(self) -> IPVSTimeouts:
         return self._calls.get_timeouts()
@@ -261,9 +220,9 @@ def configure_host(
     kernel: NetlinkKernel | None = None,
     netns: str | None = None,
 ) -> dict[str, str]:
-    """Start-up host set-up: the IPVS sysctls (host.wanted_sysctls) and the IPVS timeouts
+    """Start-up host set-up: the IPVS sysctls (sysctl.wanted_sysctls) and the IPVS timeouts
     (0 leaves one as it is). Returns what changed, for the start-up log line."""
-    changed = host.apply_sysctls(netns=kernel.netns if kernel else netns)
+    changed = sysctl.apply_sysctls(netns=kernel.netns if kernel else netns)
     if tcp_timeout or tcpfin_timeout or udp_timeout:
         own = kernel is None
         k = kernel or NetlinkKernel(netns=netns, create_interface=False)
@@ -280,10 +239,12 @@ def configure_host(
     return changed
 
 
-def read_table(netns: str | None = None) -> list[VirtualServerStatus]:
-    """The whole IPVS table, for `ipvsctl status`; touches nothing (no interface)."""
+def read_host_statuses(netns: str | None = None) -> list[VirtualServerStatus]:
+    """This host's (or netns's) whole IPVS table, every virtual server with its real
+    servers, for `ipvsctl status`, through a kernel opened for it; touches nothing (no
+    interface)."""
     with NetlinkKernel(netns=netns, create_interface=False) as kernel:
-        return kernel.read_table()
+        return table.read_statuses(kernel)
 
 
 _: type[IPVSKernel] = NetlinkKernel  # NetlinkKernel satisfies the interface

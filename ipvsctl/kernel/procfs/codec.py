@@ -1,7 +1,7 @@
 """Pure codecs for IPVS's /proc files: `/proc/net/ip_vs` (every virtual and real server with
 its connection counts, one read) and `/proc/net/ip_vs_conn` (one line per connection).
 
-No I/O here: the readers in `kernel/procfs.py` stream the files' lines in. Formats, from
+No I/O here: the readers in `procfs/ipvs.py` stream the files' lines in. Formats, from
 the kernel's `ip_vs_ctl.c` ip_vs_info_seq_show and `ip_vs_conn.c` ip_vs_conn_seq_show:
 
     /proc/net/ip_vs (addresses and ports in upper-case hex, IPv6 as full %pI6 in brackets)

@@ -1,0 +1,23 @@
+"""IPVS and the dummy interface over netlink: the only package that imports pyroute2
+(.importlinter), one module per concern (as kube-proxy splits pkg/util/ipvs, its netlink
+address code and pkg/proxy/conntrack):
+
+- adapter: NetlinkKernel (the IPVSKernel port, composed of what follows), configure_host,
+  read_host_statuses
+- codec: the IPVS messages as pyroute2 builds and parses them (pure); wire: the same
+  messages, and the address add/del, packed by hand (byte-equal), and the dump answers
+  parsed by hand
+- errors: the one place where netlink errors become KernelErrors
+- sockets: pyroute2's sockets, one set per calling thread; raw: those sockets used raw for
+  wire's messages
+- ipvs_calls: the IPVS commands; interface: the dummy interface (`kube-ipvs0`) and the
+  index of addresses in use
+- conntrack: deleting conntrack entries of removed UDP/SCTP real servers; conntrack_sweep:
+  the stale-entry sweep's filtered dump and deletes
+- addresses: this node's addresses (the default --node-ip)
+- system_host: what `ipvsctl cleanup` removes (IPVS table, dummy interface)
+"""
+
+from ipvsctl.kernel.netlink.adapter import NetlinkKernel, configure_host, read_host_statuses
+
+__all__ = ["NetlinkKernel", "configure_host", "read_host_statuses"]
