@@ -37,6 +37,8 @@ def _copy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
     ("model/keys.py", "import typer", "only shell/ imports typer"),
+    ("httpd.py", "import kubernetes", "only kube/ imports the Kubernetes client"),
+    ("kernel/netns.py", "import prometheus_client", "only obs/ and shell/ import prometheus"),
     ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
     ("source/convert.py", "import ipvsctl.reconcile.engine", FLOORS),
     ("plan/desired.py", "import ipvsctl.source.convert", FLOORS),
