@@ -6,4 +6,5 @@ never tests/, bench/ or demo/, so those three import downward only:
 - labkit: network namespaces, nodes, pods and the daemon under test on the lab VM's kernel
 - harness, builders: an Engine on the in-memory kernel, and Kubernetes object builders
 - ipvsnl: a lean hand-packed IPVS netlink client (benchmarks' baseline and priming)
+- fakenetlink: the one netlink fake: the kernel's side of NetlinkKernel's sockets, modelled
 """

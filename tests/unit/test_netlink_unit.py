@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from devkit.fakenetlink import IPVSModel, model_sockets
 from ipvsctl.kernel import (
     KernelError,
     KernelExists,
@@ -20,7 +21,7 @@ from ipvsctl.kernel import (
     KernelUnavailable,
     netns,
 )
-from ipvsctl.kernel.netlink import NetlinkKernel, adapter
+from ipvsctl.kernel.netlink import NetlinkKernel
 from ipvsctl.kernel.netlink.codec import (
     IPVSTimeouts,
     decode_u32,
@@ -222,34 +223,17 @@ def test_conntrack_filter_is_vip_to_real_server() -> None:
 
 
 # --- constructor errors ---------------------------------------------------------------------
-class FakeIPVS:
-    """Stands in for pyroute2's IPVS class in the constructor's error paths only."""
-
-    prid = 1
-    error: int | None = None
-
-    def __init__(self, **_: Any) -> None:
-        if FakeIPVS.error == errno.ENOENT:
-            raise NetlinkError(errno.ENOENT)  # what IPVS() does without the module
-
-    def nlm_request(self, *_: Any, **__: Any) -> Any:
-        raise NetlinkError(FakeIPVS.error or errno.EINVAL)
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize(("code", "cls", "text"), [
-    (errno.ENOENT, KernelUnavailable, "modprobe ip_vs"),
-    (errno.EPERM, KernelPermissionDenied, "CAP_NET_ADMIN"),
-    (errno.EIO, KernelTransient, "open IPVS"),
+@pytest.mark.parametrize(("loaded", "code", "cls", "text"), [
+    (False, None, KernelUnavailable, "modprobe ip_vs"),  # no IPVS family: open says ENOENT
+    (True, errno.EPERM, KernelPermissionDenied, "CAP_NET_ADMIN"),
+    (True, errno.EIO, KernelTransient, "open IPVS"),
 ])
-def test_constructor_errors(monkeypatch: pytest.MonkeyPatch, code: int,
-                            cls: type[KernelError], text: str) -> None:
-    monkeypatch.setattr(adapter, "IPVS", FakeIPVS)
-    monkeypatch.setattr(FakeIPVS, "error", code)
+def test_constructor_errors(loaded: bool, code: int | None, cls: type[KernelError],
+                            text: str) -> None:
+    model = IPVSModel()
+    model.loaded, model.config_error = loaded, code
     with pytest.raises(cls, match=text):
-        NetlinkKernel(create_interface=False)
+        NetlinkKernel(create_interface=False, sockets=model_sockets(model))
 
 
 @pytest.mark.skipif(os.path.exists("/proc/net/ip_vs"), reason="this kernel has IPVS")

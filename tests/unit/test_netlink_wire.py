@@ -13,8 +13,19 @@ from typing import Any
 import pytest
 from pyroute2.ipvs import AsyncIPVS
 
+from devkit.fakenetlink import (
+    Answer,
+    IPVSModel,
+    ModelKernelSocket,
+    dest_message,
+    done,
+    error,
+    model_sockets,
+)
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.codec import dest_spec, service_key_spec, service_spec
+from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
+from ipvsctl.kernel.port import KernelExists, KernelNotFound
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 
 FAMILY, SEQ, PID = 0x1C, 0x01000007, 4242
@@ -113,68 +124,18 @@ def test_answers_are_split_and_errors_read() -> None:
 
 
 # --- the raw request path, against a modelled kernel ----------------------------------------
-class ModelKernelSocket:
-    """The kernel's side of an IPVS socket, modelled: each request is answered at once on a
-    socketpair (so select() works) by `answer(kind, cmd, seq) -> list of datagrams`."""
-
-    def __init__(self, answer: Any) -> None:
-        import socket
-
-        self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.ours.setblocking(False)  # as pyroute2's asyncio transport leaves it
-        self.answer = answer
-        self.sent: list[bytes] = []
-
-    def fileno(self) -> int:
-        return self.ours.fileno()
-
-    def send(self, data: bytes) -> int:
-        self.sent.append(data)
-        (_kind, flags, seq, msg) = wire.split(data)[0]
-        for datagram in self.answer(flags, msg[16], seq):
-            self.kernel.send(datagram)
-        return len(data)
-
-    def recv(self, size: int) -> bytes:
-        return self.ours.recv(size)
-
-
-def error(seq: int, code: int) -> bytes:
-    return wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, seq, 0) + \
-        (-code).to_bytes(4, "little", signed=True) + bytes(16)
-
-
-def dest_answer(seq: int, rs: RealServerKey, weight: int, active: int) -> bytes:
-    from pyroute2.netlink import NLM_F_MULTI
-    from pyroute2.netlink.generic import ipvs as genl_ipvs
-
-    msg = genl_ipvs.ipvsmsg()
-    msg["cmd"], msg["version"] = genl_ipvs.IPVS_CMD_NEW_DEST, 1
-    msg["attrs"] = [("IPVS_CMD_ATTR_DEST", {"attrs": [
-        ("IPVS_DEST_ATTR_ADDR_FAMILY", 2), ("IPVS_DEST_ATTR_ADDR", rs.address),
-        ("IPVS_DEST_ATTR_PORT", rs.port), ("IPVS_DEST_ATTR_WEIGHT", weight),
-        ("IPVS_DEST_ATTR_ACTIVE_CONNS", active), ("IPVS_DEST_ATTR_INACT_CONNS", 0)]})]
-    msg["header"].update(type=FAMILY, flags=NLM_F_MULTI, sequence_number=seq, pid=0)
-    msg.encode()
-    return bytes(msg.data)
-
-
-def calls_on(model: ModelKernelSocket) -> Any:
-    from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
-
-    ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=model), prid=FAMILY)
-    return IPVSCalls(types.SimpleNamespace(ipvs=lambda: ipvs))  # type: ignore[arg-type]
+def calls_on(answer: Answer) -> tuple[IPVSCalls, ModelKernelSocket]:
+    """IPVSCalls on a kernel that answers each request with `answer`, and its socket."""
+    sockets = model_sockets(answer=answer)
+    return IPVSCalls(sockets), sockets.ipvs().asyncore.socket
 
 
 def test_writes_go_out_as_packed_and_acks_and_errors_come_back_translated() -> None:
-    from ipvsctl.kernel.port import KernelExists, KernelNotFound
-
     key, rs, _ = DESTS[0]
     codes = {wire.NEW_DEST: 0, wire.SET_DEST: 17, wire.DEL_DEST: 2}
-    model = ModelKernelSocket(lambda flags, cmd, seq: [
-        error(seq + 1, 0),  # a stray answer (another sequence number) is skipped
-        error(seq, codes[cmd])])
-    calls = calls_on(model)
+    calls, model = calls_on(lambda req: [
+        error(req.seq + 1, 0),  # a stray answer (another sequence number) is skipped
+        error(req.seq, codes[req.cmd])])
     calls.add_dest(key, rs, 1)
     with pytest.raises(KernelExists, match=r"set_real_server_weight .*File exists"):
         calls.set_dest(key, rs, 0)
@@ -187,26 +148,49 @@ def test_writes_go_out_as_packed_and_acks_and_errors_come_back_translated() -> N
     assert len(set(seqs)) == 3 and all(s > 0xFFFF for s in seqs)  # never pyroute2's
 
 
-def test_a_dest_dump_is_read_to_its_end_and_decoded_as_pyroute2_does() -> None:
+def test_a_dest_dump_is_read_to_its_end_and_decoded() -> None:
     key = KEYS[0]
     a, b = RealServerKey("10.244.1.1", 8080), RealServerKey("10.244.1.2", 8080)
-    done = lambda seq: wire._HEADER.pack(20, wire.NLMSG_DONE, 2, seq, 0) + bytes(4)  # noqa: E731
-    model = ModelKernelSocket(lambda flags, cmd, seq: [
-        dest_answer(seq, b, 0, 3) + dest_answer(seq, a, 1, 0), done(seq)])
-    got = calls_on(model).list_real_servers(key)
+    calls, model = calls_on(lambda req: [
+        dest_message(b.address, b.port, 0, 3, 0, seq=req.seq)
+        + dest_message(a.address, a.port, 1, 0, 0, seq=req.seq), done(req.seq)])
+    got = calls.list_real_servers(key)
     assert [(r.key, r.weight, r.active_conns) for r in got] == [(a, 1, 0), (b, 0, 3)]
     assert model.sent[0][20:] == ours(wire.dump_dests(key))[20:]
 
 
 def test_an_empty_dest_dump_asks_whether_the_service_exists() -> None:
-    from ipvsctl.kernel.port import KernelNotFound
-
-    done = lambda seq: wire._HEADER.pack(20, wire.NLMSG_DONE, 2, seq, 0) + bytes(4)  # noqa: E731
-    model = ModelKernelSocket(lambda flags, cmd, seq: [
-        done(seq) if cmd == wire.GET_DEST else error(seq, 3)])  # ESRCH
+    calls, model = calls_on(lambda req: [
+        done(req.seq) if req.cmd == wire.GET_DEST else error(req.seq, 3)])  # ESRCH
     with pytest.raises(KernelNotFound, match="list_real_servers"):
-        calls_on(model).list_real_servers(KEYS[0])
+        calls.list_real_servers(KEYS[0])
     assert [d[16] for d in model.sent] == [wire.GET_DEST, wire.GET_SERVICE]
+
+
+def test_the_model_kernel_keeps_the_table_the_calls_make() -> None:
+    """The IPVS commands against devkit's model kernel, as the real one answers them."""
+    model = IPVSModel()
+    calls = IPVSCalls(model_sockets(model))
+    vs, v6 = VIRTUAL_SERVERS[7], VIRTUAL_SERVERS[-1]
+    calls.add_service(vs)
+    calls.add_service(v6)
+    with pytest.raises(KernelExists):
+        calls.add_service(vs)
+    with pytest.raises(KernelNotFound, match="modprobe ip_vs_nope"):
+        calls.add_service(VirtualServer(KEYS[0], "nope"))
+    rs = RealServerKey(ADDRESSES[4][1], 8080)
+    calls.add_dest(vs.key, rs, 1)
+    calls.set_dest(vs.key, rs, 0)
+    assert calls.list_virtual_servers() == sorted([vs, v6], key=lambda v: v.key)
+    assert [(r.key, r.weight) for r in calls.list_real_servers(vs.key)] == [(rs, 0)]
+    assert calls.list_real_servers(v6.key) == []  # empty, and there: the get finds it
+    calls.delete_dest(vs.key, rs)
+    calls.delete_service(vs.key)
+    with pytest.raises(KernelNotFound):
+        calls.list_real_servers(vs.key)
+    with pytest.raises(KernelNotFound):
+        calls.delete_service(vs.key)
+    assert list(model.table.services) == [v6.key]
 
 
 def pyroute2_addr_bytes(command: str, index: int, address: str) -> tuple[int, bytes]:

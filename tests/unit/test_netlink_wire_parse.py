@@ -2,82 +2,23 @@
 the same bytes gives codec.py's readers, over every shape the kernel sends: IPv4/IPv6, TCP/UDP/SCTP,
 fwmark services, persistence, scheduler flags and names, statistics, counts at their limits.
 The messages are built as the kernel's ip_vs_genl_fill_service / ip_vs_genl_fill_dest
-write them (net/netfilter/ipvs/ip_vs_ctl.c, 6.1); the lab runs the same parsers on 6.1."""
+write them (net/netfilter/ipvs/ip_vs_ctl.c, 6.1), by devkit's netlink model, which answers
+with them; the lab runs the same parsers on 6.1."""
 
 from __future__ import annotations
 
 import itertools
-import socket
 import struct
 
 import pytest
 from pyroute2.netlink.generic.ipvs import ipvsmsg
 
+from devkit.fakenetlink import dest_message, inet, message, nla, service_message, u16, u32
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.codec import real_server_from_message, virtual_server_from_message
 from ipvsctl.kernel.netlink.errors import errors
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.model import Protocol, ServiceKey
-
-NESTED = 0x8000
-PROTO = {"TCP": 6, "UDP": 17, "SCTP": 132}
-
-
-def nla(kind: int, payload: bytes) -> bytes:
-    n = 4 + len(payload)
-    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n & 3)
-
-
-def u16(v: int) -> bytes:
-    return struct.pack("=H", v)
-
-
-def u32(v: int) -> bytes:
-    return struct.pack("=I", v)
-
-
-def inet(address: str) -> tuple[int, bytes]:
-    """(af, the 16-byte union nf_inet_addr the kernel puts)."""
-    af = socket.AF_INET6 if ":" in address else socket.AF_INET
-    return af, socket.inet_pton(af, address).ljust(16, b"\0")
-
-
-def stats(width: str) -> bytes:
-    return b"".join(nla(i, struct.pack(width, 1000 + i)) for i in range(1, 11))
-
-
-def message(cmd: int, top: int, attrs: bytes, nested_flag: bool) -> bytes:
-    body = bytes((cmd, 1, 0, 0)) + nla(top | (NESTED if nested_flag else 0), attrs)
-    return struct.pack("=IHHII", 16 + len(body), 0x1C, 2, 7, 0) + body
-
-
-def service_message(address: str | None, port: int, proto: str | int, sched: str, flags: int,
-                    timeout: int, fwmark: int = 0, pe: str | None = None,
-                    nested_flag: bool = False) -> bytes:
-    af, raw = inet(address or "0.0.0.0")
-    a = nla(1, u16(af))
-    if fwmark:
-        a += nla(5, u32(fwmark))
-    else:
-        number = PROTO[proto] if isinstance(proto, str) else proto
-        a += nla(2, u16(number)) + nla(3, raw) + nla(4, struct.pack("!H", port))
-    a += nla(6, sched.encode() + b"\0")
-    if pe:
-        a += nla(11, pe.encode() + b"\0")
-    a += nla(7, struct.pack("=II", flags, 0xFFFFFFFF)) + nla(8, u32(timeout))
-    a += nla(9, u32(0xFFFFFFFF if af == socket.AF_INET else 128))
-    a += nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q"))
-    return message(1, 1, a, nested_flag)
-
-
-def dest_message(address: str, port: int, weight: int, active: int, inactive: int,
-                 nested_flag: bool = False) -> bytes:
-    af, raw = inet(address)
-    a = (nla(1, raw) + nla(11, u16(af)) + nla(2, struct.pack("!H", port)) + nla(3, u32(0))
-         + nla(4, u32(weight)) + nla(13, b"\0") + nla(14, u16(0)) + nla(15, u16(0))
-         + nla(5, u32(0)) + nla(6, u32(0)) + nla(7, u32(active)) + nla(8, u32(inactive))
-         + nla(9, u32(3)) + nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q")))
-    return message(5, 2, a, nested_flag)
 
 
 def pyroute2_decoded(data: bytes) -> ipvsmsg:

@@ -10,16 +10,9 @@ import logging
 import os
 from collections.abc import Collection, Mapping
 
-from pyroute2 import IPVS, IPRoute
-
 from ipvsctl.kernel import table
-from ipvsctl.kernel.netlink.codec import (
-    IPVSTimeouts,
-)
-from ipvsctl.kernel.netlink.conntrack import (
-    Conntrack,
-    ConntrackTuple,
-)
+from ipvsctl.kernel.netlink.codec import IPVSTimeouts
+from ipvsctl.kernel.netlink.conntrack import Conntrack, ConntrackTuple
 from ipvsctl.kernel.netlink.interface import DEFAULT_INTERFACE, AddressIndex, DummyInterface
 from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
 from ipvsctl.kernel.netlink.sockets import Sockets
@@ -50,7 +43,8 @@ class NetlinkKernel:
 
     The constructor checks that IPVS is there and usable: KernelUnavailable without IPVS
     (or without the named netns), KernelPermissionDenied without CAP_NET_ADMIN. With
-    create_interface (the daemon), the dummy interface is created if missing.
+    create_interface (the daemon), the dummy interface is created if missing. `sockets`
+    opens pyroute2's sockets (devkit's netlink model passes its own).
 
     Any thread may call it: each calling thread gets its own netlink sockets on first use,
     kept until close(). Call it from a few long-lived threads, not from one thread per
@@ -63,14 +57,13 @@ class NetlinkKernel:
         *,
         netns: str | None = None,
         create_interface: bool = True,
+        sockets: Sockets | None = None,
     ) -> None:
         self.interface = interface
         self.netns = netns
         if netns is not None and not os.path.exists(netns_path(netns)):
             raise KernelUnavailable(f"network namespace {netns} not found", "open")
-        # the factories look the names up at call time, so tests can patch netlink.IPVS
-        self._sockets = Sockets(netns, ipvs_factory=lambda **kw: IPVS(**kw),
-                                iproute_factory=lambda **kw: IPRoute(**kw))
+        self._sockets = sockets if sockets is not None else Sockets(netns)
         self._calls = IPVSCalls(self._sockets)
         self._link = DummyInterface(self._sockets, interface)
         self._index = AddressIndex()

@@ -1,8 +1,10 @@
 """IPVS generic netlink messages as pyroute2 builds and parses them (pure: no sockets).
 
-The specs here are what ipvsctl asks of IPVS, in pyroute2's request objects; `wire.py`
-packs the same messages by hand for the hot path and is kept byte-for-byte equal to these
-by a unit test. Parsing turns dump messages into model values.
+The specs here are what ipvsctl asks of IPVS, in pyroute2's request objects, and the
+readers what pyroute2's decoding of a dump gives: the reference that `wire.py`, which packs
+and parses the same messages by hand (the only path ipvsctl sends them on), is held to
+byte for byte by unit tests. The timeouts' SET_CONFIG message is built here and sent
+through pyroute2.
 
 pyroute2 traps handled here (NOTES §4, checked on a 6.1 kernel): "update" sends a DELETE,
 so only add/set/del/get/dump are used; IPVSDest defaults to direct routing, we send NAT;

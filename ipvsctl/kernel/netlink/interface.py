@@ -26,10 +26,6 @@ DEFAULT_INTERFACE = "kube-ipvs0"
 _T = TypeVar("_T")
 
 
-def prefixlen(address: str) -> int:
-    return 128 if ":" in address else 32
-
-
 class DummyInterface:
     """The VIP interface's addresses, through rtnetlink. Its index is looked up once and
     again if the interface was deleted under us (ENODEV)."""
@@ -91,8 +87,7 @@ class DummyInterface:
 
         def add(index: int) -> None:
             try:
-                if self._raw.send(ipr, wire.RTM_NEWADDR, wire.new_addr(index, address)) is None:
-                    ipr.addr("add", index=index, address=address, prefixlen=prefixlen(address))
+                self._raw.send(ipr, wire.RTM_NEWADDR, wire.new_addr(index, address))
             except NetlinkError as exc:
                 if exc.code != errno.EEXIST:
                     raise
@@ -105,8 +100,7 @@ class DummyInterface:
 
         def delete(index: int) -> None:
             try:
-                if self._raw.send(ipr, wire.RTM_DELADDR, wire.del_addr(index, address)) is None:
-                    ipr.addr("del", index=index, address=address, prefixlen=prefixlen(address))
+                self._raw.send(ipr, wire.RTM_DELADDR, wire.del_addr(index, address))
             except NetlinkError as exc:
                 if exc.code not in (errno.EADDRNOTAVAIL, errno.ENOENT):
                     raise

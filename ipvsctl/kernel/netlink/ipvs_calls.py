@@ -5,10 +5,10 @@ The service and dest commands and the dumps' requests are packed by wire.py (pyr
 bytes, ~60x cheaper to build) and sent on pyroute2's own socket for this thread, with its
 family id; answers are read until the ACK, error or end of dump, dump messages parsed by
 wire.py too (pyroute2's generic decoding was most of a dump's cost), and errors go through
-errors.py like every other netlink error. A socket without a raw side (a test's stand-in)
-gets the pyroute2 calls the codec's specs describe. Only add/set/del/get/dump are used
-(pyroute2's "update" sends a DELETE). A dest dump of a missing service is an empty list,
-not an error, so an empty one is followed by a get.
+errors.py like every other netlink error. Only add/set/del/get/dump are used (pyroute2's
+"update" sends a DELETE). A dest dump of a missing service is an empty list, not an error,
+so an empty one is followed by a get. The timeouts go through pyroute2's own request path
+(rare, and pyroute2 has no wrapper for them to bypass).
 """
 
 from __future__ import annotations
@@ -18,16 +18,7 @@ from typing import Any
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
 from ipvsctl.kernel.netlink import wire
-from ipvsctl.kernel.netlink.codec import (
-    IPVSTimeouts,
-    dest_spec,
-    real_server_from_message,
-    service_key_spec,
-    service_spec,
-    timeouts_from_message,
-    timeouts_message,
-    virtual_server_from_message,
-)
+from ipvsctl.kernel.netlink.codec import IPVSTimeouts, timeouts_from_message, timeouts_message
 from ipvsctl.kernel.netlink.errors import errors
 from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
@@ -44,66 +35,48 @@ class IPVSCalls:
     def _ipvs(self) -> Any:
         return self.sockets.ipvs()
 
-    def _send(self, request: wire.Request) -> list[bytes] | None:
-        """The answers, or None when there is no raw socket (the caller uses pyroute2)."""
+    def _send(self, request: wire.Request) -> list[bytes]:
         ipvs = self._ipvs()
         return self._raw.send(ipvs, ipvs.prid, request)
 
     # --- reads ------------------------------------------------------------------------
     def list_virtual_servers(self) -> list[VirtualServer]:
         with errors("list_virtual_servers"):
-            answers = self._send(wire.dump_services())
-            if answers is None:  # a stand-in without a raw socket: pyroute2's decoding
-                found = [virtual_server_from_message(m) for m in self._ipvs().service("dump")]
-            else:
-                found = [wire.parse_service(m) for m in answers]
+            found = [wire.parse_service(m) for m in self._send(wire.dump_services())]
         return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         with errors("list_real_servers", key):
-            answers = self._send(wire.dump_dests(key))
-            if answers is None:
-                messages = self._ipvs().dest("dump", service=service_key_spec(key))
-                found = [real_server_from_message(m) for m in messages]
-            else:
-                found = [wire.parse_dest(m, key) for m in answers]
+            found = [wire.parse_dest(m, key) for m in self._send(wire.dump_dests(key))]
             # the kernel answers an empty dump for a missing service too: a get says ESRCH
-            if not found and self._send(wire.get_service(key)) is None:
-                self._ipvs().service("get", service=service_key_spec(key))
+            if not found:
+                self._send(wire.get_service(key))
         return sorted(found, key=lambda r: r.key)
 
     # --- writes -----------------------------------------------------------------------
     def add_service(self, vs: VirtualServer) -> None:
         with errors("add_virtual_server", vs.key, scheduler=vs.scheduler):
-            if self._send(wire.new_service(vs)) is None:
-                self._ipvs().service("add", service=service_spec(vs))
+            self._send(wire.new_service(vs))
 
     def set_service(self, vs: VirtualServer) -> None:
         with errors("update_virtual_server", vs.key, scheduler=vs.scheduler):
-            if self._send(wire.set_service(vs)) is None:
-                self._ipvs().service("set", service=service_spec(vs))
+            self._send(wire.set_service(vs))
 
     def delete_service(self, key: ServiceKey) -> None:
         with errors("delete_virtual_server", key):
-            if self._send(wire.del_service(key)) is None:
-                self._ipvs().service("del", service=service_key_spec(key))
+            self._send(wire.del_service(key))
 
     def add_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         with errors("add_real_server", f"{key} -> {rs}"):
-            if self._send(wire.new_dest(key, rs, weight)) is None:
-                self._ipvs().dest("add", service=service_key_spec(key),
-                                  dest=dest_spec(rs, weight))
+            self._send(wire.new_dest(key, rs, weight))
 
     def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         with errors("set_real_server_weight", f"{key} -> {rs}"):
-            if self._send(wire.set_dest(key, rs, weight)) is None:
-                self._ipvs().dest("set", service=service_key_spec(key),
-                                  dest=dest_spec(rs, weight))
+            self._send(wire.set_dest(key, rs, weight))
 
     def delete_dest(self, key: ServiceKey, rs: RealServerKey) -> None:
         with errors("delete_real_server", f"{key} -> {rs}"):
-            if self._send(wire.del_dest(key, rs)) is None:
-                self._ipvs().dest("del", service=service_key_spec(key), dest=dest_spec(rs))
+            self._send(wire.del_dest(key, rs))
 
     # --- connection timeouts ----------------------------------------------------------
     def get_timeouts(self) -> IPVSTimeouts:

@@ -65,24 +65,20 @@ class RawSocket:
 
 
 class RawRequests:
-    """Requests on the calling thread's pyroute2 object (`owner`), raw: None when the object
-    has no socket to use raw (a test's stand-in; the caller then asks pyroute2)."""
+    """Requests on the calling thread's pyroute2 object (`owner`: its socket is
+    `owner.asyncore.socket`), raw."""
 
     def __init__(self) -> None:
         self._seq = itertools.count()
         self._local = threading.local()
 
-    def send(self, owner: Any, msg_type: int, request: wire.Request) -> list[bytes] | None:
-        raw = self._raw(owner)
-        if raw is None:
-            return None
+    def send(self, owner: Any, msg_type: int, request: wire.Request) -> list[bytes]:
         seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
-        return raw.request(msg_type, request, seq)
+        return self._raw(owner).request(msg_type, request, seq)
 
-    def _raw(self, owner: Any) -> RawSocket | None:
+    def _raw(self, owner: Any) -> RawSocket:
         cached = getattr(self._local, "raw", None)
         if cached is None or cached[0] is not owner:  # a new socket for this thread
-            asyncore = getattr(owner, "asyncore", None)
-            raw = RawSocket(asyncore.socket) if asyncore is not None else None
-            cached = self._local.raw = (owner, raw)
-        return cached[1]
+            cached = self._local.raw = (owner, RawSocket(owner.asyncore.socket))
+        raw: RawSocket = cached[1]
+        return raw

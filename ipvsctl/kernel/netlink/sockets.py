@@ -36,8 +36,8 @@ def get_config(ipvs: IPVS) -> Any:
 
 
 class Sockets:
-    """Per-thread pyroute2 sockets. The factories default to pyroute2's classes; tests pass
-    stand-ins."""
+    """Per-thread pyroute2 sockets. The factories default to pyroute2's classes; devkit's
+    netlink model (devkit/fakenetlink.py) passes its own."""
 
     def __init__(
         self,
