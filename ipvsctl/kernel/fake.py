@@ -37,6 +37,7 @@ from ipvsctl.model import (
     VirtualServerStatus,
 )
 from ipvsctl.model.conntrack import ConntrackEntry
+from ipvsctl.plan.conntrack import real_server_entries
 
 __all__ = ["KNOWN_SCHEDULERS", "FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
 
@@ -183,15 +184,20 @@ class FakeKernel:
         self.ops.append(del_rs_line(key, rs))
 
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
+        """As NetlinkKernel's: the real server's entries (plan/conntrack.py's rule) go."""
         self.conntrack_flushes.append((key, rs))
         self.ops.append(flush_conntrack_line(key, rs))
+        if self.conntrack is not None:
+            self.conntrack.difference_update(real_server_entries(self.conntrack, key, rs))
 
     # --- ConntrackTable -----------------------------------------------------------
-    def list_conntrack(self, protocol: Protocol, ipv6: bool) -> list[ConntrackEntry]:
+    def list_conntrack(self, protocol: Protocol, ipv6: bool,
+                       port: int | None = None) -> list[ConntrackEntry]:
         if self.conntrack is None:
             raise KernelUnavailable("no conntrack", "list_conntrack")
         self.conntrack_dumps.append((protocol, ipv6))
-        return sorted(e for e in self.conntrack if e.protocol == protocol and e.ipv6 == ipv6)
+        return sorted(e for e in self.conntrack if e.protocol == protocol and e.ipv6 == ipv6
+                      and (port is None or e.orig_dport == port))
 
     def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
         if self.conntrack is None:

@@ -108,11 +108,14 @@ class IPVSKernel(Protocol):
 
 class ConntrackTable(Protocol):
     """The conntrack table, for the stale-entry sweep (reconcile/conntrack_sweeper.py).
-    Separate from IPVSKernel: the netlink side lives in kernel/netlink/conntrack_sweep.py."""
+    Separate from IPVSKernel; on netlink (kernel/netlink/conntrack.py) the same adapter
+    makes NetlinkKernel.flush_conntrack."""
 
-    def list_conntrack(self, protocol: TransportProtocol, ipv6: bool) -> list[ConntrackEntry]:
-        """Every entry of one protocol and family: one dump, filtered by protocol in the
-        kernel. KernelUnavailable when the kernel has no conntrack to dump."""
+    def list_conntrack(self, protocol: TransportProtocol, ipv6: bool,
+                       port: int | None = None) -> list[ConntrackEntry]:
+        """Every entry of one protocol and family (with `port`, of that original
+        destination port): one dump, filtered in the kernel. KernelUnavailable when the
+        kernel has no conntrack to dump."""
         ...
 
     def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:

@@ -1,6 +1,7 @@
-"""A conntrack entry as the stale-entry sweep sees it: the fields kube-proxy's
-CleanStaleEntries reads (original destination, reply source) and the original tuple that
-names the entry when it is deleted."""
+"""A conntrack entry as ipvsctl sees it: the original tuple (which names the entry when it is
+deleted) and the reply's source, which says who answered: what kube-proxy's
+CleanStaleEntries reads (original destination, reply source address) and what a removed
+real server's flush matches (its address and port)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class ConntrackEntry:
     orig_dst: str  # the address the client sent to: a Service address for ours
     orig_dport: int
     reply_src: str  # who answers: the real server after IPVS NAT, the VIP itself before
+    reply_sport: int
 
     @property
     def ipv6(self) -> bool:

@@ -1,4 +1,12 @@
-"""Which conntrack entries are stale: kube-proxy's CleanStaleEntries for IPVS (pure).
+"""Which conntrack entries to delete (pure): those of a removed UDP/SCTP real server
+(`real_server_entries`), and the stale ones (`stale_entries`, kube-proxy's
+CleanStaleEntries for IPVS).
+
+A removed real server's entries are those sent to its virtual server (original
+destination: the virtual server's address and port) and answered by it (reply source: its
+address and port), as kube-proxy's filter for a removed endpoint: deleting them moves the
+clients to a live backend at their next datagram. The daemon deletes them with the real
+server (NetlinkKernel.flush_conntrack).
 
 A UDP (or SCTP) conntrack entry whose original destination is a Service frontend of this
 node (cluster IP, external or load-balancer IP, node address + NodePort: the virtual
@@ -21,7 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ipvsctl.model import DesiredService, DesiredVirtualServer, Protocol
+from ipvsctl.model import (
+    DesiredService,
+    DesiredVirtualServer,
+    Protocol,
+    RealServerKey,
+    ServiceKey,
+)
 from ipvsctl.model.conntrack import ConntrackEntry
 
 SWEPT_PROTOCOLS = (Protocol.UDP, Protocol.SCTP)
@@ -68,6 +82,15 @@ def sweep_table(services: Iterable[DesiredService],
             # two Services claiming one frontend: either's endpoints are fine
             frontends[frontend] = frontends.get(frontend, frozenset()) | serving
     return SweepTable(frontends)
+
+
+def real_server_entries(entries: Iterable[ConntrackEntry], key: ServiceKey,
+                        rs: RealServerKey) -> list[ConntrackEntry]:
+    """The entries of connections virtual server `key` sent to real server `rs`, sorted."""
+    return sorted(e for e in entries
+                  if e.protocol == key.protocol and e.orig_dst == key.address
+                  and e.orig_dport == key.port and e.reply_src == rs.address
+                  and e.reply_sport == rs.port)
 
 
 def stale_entries(entries: Iterable[ConntrackEntry], table: SweepTable) -> list[ConntrackEntry]:

@@ -363,7 +363,7 @@ def run(o: DaemonOptions) -> int:
         from ipvsctl.netfilter.nft import Nft
 
         nft = Nft(metrics=metrics)
-    from ipvsctl.kernel.netlink.conntrack_sweep import NetlinkConntrack
+    from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack
 
     daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
                     health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o),

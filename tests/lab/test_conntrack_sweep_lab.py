@@ -22,7 +22,7 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.labkit import NODE_GW4, Node, Pod, sh, wait_for
-from ipvsctl.kernel.netlink.conntrack_sweep import NetlinkConntrack
+from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer

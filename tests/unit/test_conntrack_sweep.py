@@ -1,6 +1,7 @@
-"""The stale-UDP-entry sweep: which entries (plan/conntrack.py, in the style of kube-proxy's
-cleanup_test.go), when (reconcile/conntrack_sweeper.py) and the netlink side's decoding and
-errors (kernel/netlink/conntrack_sweep.py)."""
+"""Conntrack: which entries go (plan/conntrack.py, in the style of kube-proxy's
+cleanup_test.go: a removed real server's, and the stale ones), when the stale ones are swept
+(reconcile/conntrack_sweeper.py), and the netlink adapter's decoding, filters and errors
+(kernel/netlink/conntrack.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.kernel.netlink.conntrack_sweep import NetlinkConntrack, entry_from_message
+from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
-from ipvsctl.model import NodeContext, Protocol
+from ipvsctl.model import NodeContext, Protocol, RealServerKey, ServiceKey
 from ipvsctl.model.conntrack import ConntrackEntry
-from ipvsctl.plan.conntrack import newly_served, stale_entries, sweep_table
+from ipvsctl.plan.conntrack import (
+    newly_served,
+    real_server_entries,
+    stale_entries,
+    sweep_table,
+)
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
@@ -47,8 +53,13 @@ def udp_slice(endpoints: list[dict], name: str = "dns", address_type: str = "IPv
 
 
 def entry(dst: str, reply_src: str, dport: int = 53, proto: Protocol = Protocol.UDP,
-          src: str = CLIENT, sport: int = 40000) -> ConntrackEntry:
-    return ConntrackEntry(proto, src, sport, dst, dport, reply_src)
+          src: str = CLIENT, sport: int = 40000, reply_sport: int | None = None,
+          ) -> ConntrackEntry:
+    """An entry sent to dst:dport, answered from reply_src: by an endpoint at its port
+    (5353), or by the address sent to at the port sent to."""
+    if reply_sport is None:
+        reply_sport = dport if reply_src == dst else 5353
+    return ConntrackEntry(proto, src, sport, dst, dport, reply_src, reply_sport)
 
 
 def desired(services: list[dict], slices: list[dict]) -> Harness:
@@ -279,6 +290,52 @@ def test_the_thread_stops() -> None:
     assert not t.is_alive()
 
 
+# --- a removed real server's entries -------------------------------------------------------
+def test_a_removed_real_servers_entries_are_sent_to_its_virtual_server_and_answered_by_it(
+) -> None:
+    key, rs = ServiceKey(Protocol.UDP, CLUSTER_IP6, 53), RealServerKey("fd00::1", 5353)
+    mine = entry(CLUSTER_IP6, "fd00::1", src="fd01::100")
+    others = [
+        entry(CLUSTER_IP6, "fd00::2", src="fd01::100"),  # another real server
+        entry(CLUSTER_IP6, "fd00::1", src="fd01::100", reply_sport=5354),  # another port
+        entry(CLUSTER_IP6, "fd00::1", src="fd01::100", proto=Protocol.TCP),
+        entry(CLUSTER_IP6, "fd00::1", src="fd01::100", dport=54),  # another virtual server
+        entry("fd96::11", "fd00::1", src="fd01::100"),
+        entry(CLUSTER_IP6, CLUSTER_IP6, src="fd01::100"),  # answered by the VIP: stale
+    ]
+    assert real_server_entries([*others, mine], key, rs) == [mine]
+
+
+def test_the_fake_kernels_flush_takes_the_real_servers_entries() -> None:
+    kernel = FakeKernel()
+    key, rs = ServiceKey(Protocol.UDP, CLUSTER_IP, 53), RealServerKey(EP1, 5353)
+    mine, other = entry(CLUSTER_IP, EP1), entry(CLUSTER_IP, EP2)
+    kernel.conntrack = {mine, other}
+    kernel.flush_conntrack(key, rs)
+    assert kernel.conntrack == {other} and kernel.take_ops() == [
+        f"flush-conntrack {key} -> {rs}"]
+
+
+def test_netlink_kernels_flush_deletes_the_real_servers_entries_through_the_table() -> None:
+    from devkit.fakenetlink import model_sockets
+    from ipvsctl.kernel.netlink import NetlinkKernel
+
+    table = FakeKernel()
+    key, rs = ServiceKey(Protocol.UDP, CLUSTER_IP, 53), RealServerKey(EP1, 5353)
+    mine = [entry(CLUSTER_IP, EP1, sport=p) for p in (40000, 40001)]
+    other = [entry(CLUSTER_IP, EP2), entry(CLUSTER_IP, EP1, dport=54)]
+    table.conntrack = {*mine, *other}
+    kernel = NetlinkKernel(create_interface=False, sockets=model_sockets(), conntrack=table)
+    assert kernel.conntrack_entries(key, rs) == mine
+    kernel.flush_conntrack(key, rs)
+    assert table.conntrack == set(other)
+    assert table.conntrack_dumps == [(Protocol.UDP, False)] * 2
+    table.conntrack = None  # no conntrack: the flush's error, for its metric and log line
+    with pytest.raises(KernelUnavailable) as err:
+        kernel.flush_conntrack(key, rs)
+    assert err.value.operation == "flush_conntrack" and str(rs) in str(err.value)
+
+
 # --- netlink side ---------------------------------------------------------------------------
 def _message(orig: NFCTAttrTuple, reply: NFCTAttrTuple) -> nfct_msg:
     m = nfct_msg.create_from(tuple_orig=orig, tuple_reply=reply)
@@ -296,7 +353,7 @@ def test_entry_from_message_udp_v4_and_sctp_v6() -> None:
     v6 = _message(NFCTAttrTuple(socket.AF_INET6, "fd01::100", "fd96::10", 132, 40000, 99),
                   NFCTAttrTuple(socket.AF_INET6, "fd00::1", "fd01::100", 132, 9999, 40000))
     assert entry_from_message(v6) == ConntrackEntry(Protocol.SCTP, "fd01::100", 40000,
-                                                    "fd96::10", 99, "fd00::1")
+                                                    "fd96::10", 99, "fd00::1", 9999)
     icmp = _message(NFCTAttrTuple(saddr=CLIENT, daddr=CLUSTER_IP, proto=1),
                     NFCTAttrTuple(saddr=CLUSTER_IP, daddr=CLIENT, proto=1))
     assert entry_from_message(icmp) is None
@@ -336,6 +393,32 @@ def test_netlink_dump_is_filtered_by_protocol_in_the_kernel() -> None:
     assert ct.list_conntrack(Protocol.UDP, False) == [entry(CLUSTER_IP, EP1)]
     (f,) = sock.dumps
     assert (f.proto, f.saddr, f.daddr, f.dport) == (17, None, None, None) and sock.closed
+    sock.dumps = []
+    assert ct.list_conntrack(Protocol.UDP, False, port=53) == [entry(CLUSTER_IP, EP1)]
+    (f,) = sock.dumps
+    assert (f.proto, f.saddr, f.daddr, f.dport) == (17, None, None, 53)  # and by port
+
+
+def test_a_kernel_without_the_filter_gets_a_whole_dump_filtered_here() -> None:
+    def udp(dport: int) -> object:
+        return _message(
+            NFCTAttrTuple(saddr=CLIENT, daddr=CLUSTER_IP, proto=17, sport=40000, dport=dport),
+            NFCTAttrTuple(saddr=EP1, daddr=CLIENT, proto=17, sport=5353, dport=40000))
+
+    tcp = _message(NFCTAttrTuple(saddr=CLIENT, daddr=CLUSTER_IP, proto=6, sport=40000,
+                                 dport=53),
+                   NFCTAttrTuple(saddr=EP1, daddr=CLIENT, proto=6, sport=5353, dport=40000))
+
+    class OldKernel(FakeSocket):
+        def dump(self, tuple_orig=None):
+            if tuple_orig is not None:
+                raise NetlinkError(errno.EINVAL)  # before 5.8: no CTA_FILTER
+            return super().dump()
+
+    sock = OldKernel([udp(53), udp(54), tcp])
+    ct = NetlinkConntrack(socket_factory=lambda family: sock)
+    assert ct.list_conntrack(Protocol.UDP, False, port=53) == [entry(CLUSTER_IP, EP1)]
+    assert len(ct.list_conntrack(Protocol.UDP, False)) == 2
 
 
 @pytest.mark.parametrize(("code", "error"), [

@@ -34,7 +34,6 @@ from ipvsctl.kernel.netlink.codec import (
     timeouts_message,
     virtual_server_from_message,
 )
-from ipvsctl.kernel.netlink.conntrack import ConntrackTuple, conntrack_matches, conntrack_tuple
 from ipvsctl.kernel.netlink.errors import (  # NetlinkError: pyroute2's, as the adapter sees it
     NetlinkError,
     errors,
@@ -156,8 +155,8 @@ def test_get_config_reply_as_pyroute2_decodes_it() -> None:
 
 # --- parsing dumps --------------------------------------------------------------------------
 class Stub:
-    """A netlink message for the read API the adapter uses: m.get((nla, field)) for IPVS
-    dumps, m.get_attr(name) for conntrack and config messages."""
+    """A netlink message for the read API the codec uses: m.get((nla, field)) for IPVS
+    dumps, m.get_attr(name) for config messages."""
 
     def __init__(self, fields: dict[tuple[str, str], Any] | None = None,
                  attrs: dict[str, Any] | None = None) -> None:
@@ -199,27 +198,6 @@ def test_real_server_from_dump() -> None:
               ("dest", "fwd_method"): 0})
     assert real_server_from_message(m) == RealServerStatus(
         RealServerKey("10.244.1.5", 8080), 0, 2, 7)
-
-
-def tuple_nla(proto: int, src: str, dst: str, sport: int, dport: int) -> Stub:
-    v = "V6" if ":" in src else "V4"
-    return Stub(attrs={
-        "CTA_TUPLE_IP": Stub(attrs={f"CTA_IP_{v}_SRC": src, f"CTA_IP_{v}_DST": dst}),
-        "CTA_TUPLE_PROTO": Stub(attrs={"CTA_PROTO_NUM": proto, "CTA_PROTO_SRC_PORT": sport,
-                                       "CTA_PROTO_DST_PORT": dport}),
-    })
-
-
-def test_conntrack_filter_is_vip_to_real_server() -> None:
-    key, rs = ServiceKey(Protocol.UDP, "fd96::10", 53), RealServerKey("fd00::1", 5353)
-    orig = conntrack_tuple(tuple_nla(17, "fd01::100", "fd96:0::10", 40000, 53))
-    reply = conntrack_tuple(tuple_nla(17, "fd00::1", "fd01::100", 5353, 40000))
-    assert orig == ConntrackTuple(17, "fd01::100", "fd96::10", 40000, 53)
-    assert orig and reply and conntrack_matches(orig, reply, key, rs)
-    assert not conntrack_matches(orig, reply, key, RealServerKey("fd00::2", 5353))
-    assert not conntrack_matches(orig, reply, ServiceKey(Protocol.TCP, "fd96::10", 53), rs)
-    assert not conntrack_matches(orig, reply, ServiceKey(Protocol.UDP, "fd96::10", 54), rs)
-    assert conntrack_tuple(None) is None
 
 
 # --- constructor errors ---------------------------------------------------------------------

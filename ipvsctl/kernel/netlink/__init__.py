@@ -12,8 +12,8 @@ address code and pkg/proxy/conntrack):
   wire's messages
 - ipvs_calls: the IPVS commands; interface: the dummy interface (`kube-ipvs0`) and the
   index of addresses in use
-- conntrack: deleting conntrack entries of removed UDP/SCTP real servers; conntrack_sweep:
-  the stale-entry sweep's filtered dump and deletes
+- conntrack: the conntrack table (filtered dumps, deletes by original tuple), for the
+  stale-entry sweep and for a removed UDP/SCTP real server's flush
 - addresses: this node's addresses (the default --node-ip)
 - system_host: what `ipvsctl cleanup` removes (IPVS table, dummy interface)
 """

@@ -12,12 +12,13 @@ from collections.abc import Collection, Mapping
 
 from ipvsctl.kernel import table
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts
-from ipvsctl.kernel.netlink.conntrack import Conntrack, ConntrackTuple
+from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack
 from ipvsctl.kernel.netlink.interface import DEFAULT_INTERFACE, AddressIndex, DummyInterface
 from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
 from ipvsctl.kernel.netlink.sockets import Sockets
 from ipvsctl.kernel.netns import netns_path
 from ipvsctl.kernel.port import (
+    ConntrackTable,
     IPVSKernel,
     KernelError,
     KernelExists,
@@ -34,6 +35,9 @@ from ipvsctl.model import (
     VirtualServer,
     VirtualServerStatus,
 )
+from ipvsctl.model.conntrack import ConntrackEntry
+from ipvsctl.obs.logging import fields
+from ipvsctl.plan.conntrack import real_server_entries
 
 log = logging.getLogger("ipvsctl.kernel")
 
@@ -44,7 +48,8 @@ class NetlinkKernel:
     The constructor checks that IPVS is there and usable: KernelUnavailable without IPVS
     (or without the named netns), KernelPermissionDenied without CAP_NET_ADMIN. With
     create_interface (the daemon), the dummy interface is created if missing. `sockets`
-    opens pyroute2's sockets (devkit's netlink model passes its own).
+    opens pyroute2's sockets (devkit's netlink model passes its own); `conntrack` is the
+    table flush_conntrack lists and deletes in (default: over netlink, in `netns`).
 
     Any thread may call it: each calling thread gets its own netlink sockets on first use,
     kept until close(). Call it from a few long-lived threads, not from one thread per
@@ -58,6 +63,7 @@ class NetlinkKernel:
         netns: str | None = None,
         create_interface: bool = True,
         sockets: Sockets | None = None,
+        conntrack: ConntrackTable | None = None,
     ) -> None:
         self.interface = interface
         self.netns = netns
@@ -67,7 +73,7 @@ class NetlinkKernel:
         self._calls = IPVSCalls(self._sockets)
         self._link = DummyInterface(self._sockets, interface)
         self._index = AddressIndex()
-        self._conntrack = Conntrack(self._sockets.kwargs())
+        self._conntrack = conntrack if conntrack is not None else NetlinkConntrack(netns)
         self._sockets.ipvs()  # fail now, with a clear message, rather than at the first sync
         if create_interface:
             self.ensure_interface()
@@ -142,8 +148,10 @@ class NetlinkKernel:
 
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         """Delete the conntrack entries sent to the virtual server and answered by this real
-        server. Nothing to do (and no error) when conntrack is not in use."""
-        self._conntrack.flush(key, rs)
+        server (plan/conntrack.py's rule), through the conntrack table's adapter. Nothing to
+        do (and no error) when conntrack is not in use."""
+        deleted = self._conntrack.delete_conntrack(self.conntrack_entries(key, rs))
+        log.debug("conntrack entries deleted", extra=fields(vs=key, rs=rs, deleted=deleted))
 
     # --- more than IPVSKernel -------------------------------------------------------------
     def dump(self) -> str:
@@ -197,11 +205,15 @@ class NetlinkKernel:
             log.debug("address rollback failed", exc_info=True)
 
     # conntrack
-    def conntrack_entries(
-        self, key: ServiceKey, rs: RealServerKey
-    ) -> list[tuple[ConntrackTuple, ConntrackTuple]]:
-        """(original, reply) of the conntrack entries flush_conntrack would delete."""
-        return self._conntrack.entries(key, rs)
+    def conntrack_entries(self, key: ServiceKey, rs: RealServerKey) -> list[ConntrackEntry]:
+        """The conntrack entries flush_conntrack deletes: one dump of the virtual server's
+        protocol, family and port. A failure is the flush's (its operation in the error and
+        the metric)."""
+        try:
+            entries = self._conntrack.list_conntrack(key.protocol, key.family == 6, key.port)
+        except KernelError as exc:
+            raise type(exc)(f"flush_conntrack {key} -> {rs}: {exc}", "flush_conntrack") from exc
+        return real_server_entries(entries, key, rs)
 
 
 # --- start-up and CLI helpers ---------------------------------------------------------------
