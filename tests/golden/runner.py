@@ -10,7 +10,9 @@ run left in the kernel, in kernel.txt's format), and numbered step folders (`1-s
 check), and what must come out of it:
 
 - desired.txt  `ipvsctl plan -o wide` of every object known so far (the pure planner);
-- ops.txt      the kernel operations the step made, sorted;
+- ops.txt      the kernel operations the step made, in the order they were applied (the
+               order is part of the behaviour: a new endpoint's real server is added
+               before an old one goes to weight 0);
 - kernel.txt   the IPVS table after it (virtual servers with scheduler, persistence and
                flags; real servers with weights; the dummy interface's addresses);
 - status.txt   `ipvsctl status -o wide` joined from the engine and that table, and the
@@ -367,7 +369,7 @@ class Run:
         doc = join_status(rows, None, engine_status(self.engine), None, "golden")
         return {
             "desired.txt": desired,
-            "ops.txt": "".join(f"{op}\n" for op in sorted(self.kernel.take_ops())),
+            "ops.txt": "".join(f"{op}\n" for op in self.kernel.take_ops()),
             "kernel.txt": kernel_text(rows, self.addresses()),
             "status.txt": render_status(doc, wide=True) + self._deletions(),
         }

@@ -104,3 +104,38 @@ def test_orphan_deleted_by_the_audit_counts_its_real_servers() -> None:
                 for p in compare(step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)]
     assert kernel.failed
     assert not problems, "\n".join(problems)
+
+
+# Regression: ops.txt was sorted, so a diff that took old real servers to weight 0 before
+# adding the new ones (a moment with no real server at weight 1 for new connections) passed
+# every case. The ops are now recorded and compared in the order they were applied.
+def test_the_apply_order_is_part_of_the_golden_files(monkeypatch) -> None:
+    from ipvsctl.plan.ops import DrainRealServer
+    from ipvsctl.reconcile import engine
+
+    diff_service = engine.diff_service
+
+    def drains_first(*args, **kwargs):
+        ops = diff_service(*args, **kwargs)
+        return ([op for op in ops if isinstance(op, DrainRealServer)]
+                + [op for op in ops if not isinstance(op, DrainRealServer)])
+
+    monkeypatch.setattr(engine, "diff_service", drains_first)
+    caught: dict[str, list[str]] = {}
+    for case in CASES:
+        fake = FakeKernel()
+        for step, result in Run(case, fake, lambda fake=fake: fake.bound).steps():
+            for name in OUTPUTS:
+                want = (step.folder / name).read_text()
+                if want != result.outputs[name]:
+                    # the same ops, another order: what a sorted comparison let through
+                    assert name == "ops.txt", f"{step.folder}/{name}"
+                    assert sorted(want.splitlines()) == sorted(
+                        result.outputs[name].splitlines())
+                    caught.setdefault(case.name, []).append(step.name)
+    assert caught == {
+        "external-traffic-policy-local": ["2-no-local-endpoint", "3-local-again"],
+        "kep-1669-terminating-fallback": ["2-one-ready"],
+        "restart-adoption": ["restart-adoption"],
+        "topology-hints": ["2-zone-changed"],
+    }
