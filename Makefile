@@ -20,6 +20,7 @@ venv: $(STAMP)
 lint: venv
 	$(BIN)/ruff check ipvsctl devkit tests bench demo
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit

@@ -118,11 +118,10 @@ def element_for(dvs: DesiredVirtualServer, health_port: int | None = None,
 def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
     """Sorted, without overlaps: overlapping intervals for one key are an nft error."""
     nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
-    out: list[str] = []
-    for version in (4, 6):
-        same = [n for n in nets if n.version == version]
-        out += [n.compressed for n in ipaddress.collapse_addresses(same)]  # type: ignore[arg-type]
-    return tuple(out)
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    return (*(n.compressed for n in ipaddress.collapse_addresses(v4)),
+            *(n.compressed for n in ipaddress.collapse_addresses(v6)))
 
 
 def service_elements(desired: DesiredService | None,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent
+from yaml.events import AliasEvent, Event
 from yaml.nodes import Node
 from yaml.resolver import Resolver
 
@@ -40,7 +40,10 @@ class _Limits(Composer):
         self._alias_nodes = 0
         self._sizes: dict[int, int] = {}  # id(anchored node) -> nodes under it
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    if TYPE_CHECKING:  # the Parser this is mixed with reads the events
+        def peek_event(self) -> Event: ...
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         event = self.peek_event()
         if isinstance(event, AliasEvent):
             node = Composer.compose_node(self, parent, index)
@@ -82,7 +85,7 @@ try:
 
     # _Limits (a Composer) first in the MRO: its Python compose_* methods take the place of
     # CParser's C ones and read CParser's events.
-    class CSafeLoader(_Limits, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+    class CSafeLoader(_Limits, CParser, SafeConstructor, Resolver):
         """libyaml's parser; the Python composer (with limits) in place of the C one."""
 
         def __init__(self, stream: str) -> None:

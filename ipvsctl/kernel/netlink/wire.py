@@ -116,7 +116,7 @@ def _service_attr(key: ServiceKey) -> bytes:
 # What follows the defaults in a dest attribute, in one pack per family (the initial sync
 # writes every real server): address, its family, port (network order, as bytes), forward
 # method, weight; each attribute 4-byte aligned as _nla pads it.
-_DEST_TAIL = {
+_DEST_TAIL: dict[int, struct.Struct] = {
     socket.AF_INET: struct.Struct("=HH4sHHH2xHH2s2xHHIHHI"),
     socket.AF_INET6: struct.Struct("=HH16sHHH2xHH2s2xHHIHHI"),
 }
