@@ -1,4 +1,6 @@
-"""Applying ops to the kernel: one small function per op, found by the op's type.
+"""Applying ops to the kernel: one small function per op, chosen by a `match` on the op's
+type that mypy checks is exhaustive (`assert_never`: a new kind of op fails the type check
+until it is applied).
 
 Each function makes the kernel call(s) and records the result in the applied state (and the
 drain queue), nothing else: deciding what to do was the planner's job. Every call is
@@ -14,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
 from ipvsctl.model import NO_DEADLINE, RealServerKey, ServiceKey, ServiceRef
@@ -70,7 +72,7 @@ class Applier:
         for op in ops:
             try:
                 self.state.mutations += 1
-                surprised |= _HANDLERS[type(op)](self, ref, op)
+                surprised |= _apply_op(self, ref, op)
             except KernelError as exc:
                 operation = exc.operation or type(op).__name__
                 self.metrics.netlink_errors.labels(operation).inc()
@@ -237,14 +239,26 @@ def _forget_drain(a: Applier, ref: ServiceRef | None, op: ForgetDrain) -> bool:
     return False
 
 
-_HANDLERS: dict[type[Any], Callable[[Applier, ServiceRef | None, Any], bool]] = {
-    AddVirtualServer: _add_vs,
-    UpdateVirtualServer: _update_vs,
-    DeleteVirtualServer: _delete_vs,
-    AddRealServer: _add_rs,
-    RestoreRealServer: _restore_rs,
-    DrainRealServer: _drain_rs,
-    RetimeDrain: _retime_drain,
-    DeleteRealServer: _delete_rs,
-    ForgetDrain: _forget_drain,
-}
+def _apply_op(a: Applier, ref: ServiceRef | None, op: Op) -> bool:
+    """The op's function: True when the kernel surprised it. The commonest ops first."""
+    match op:
+        case AddRealServer():
+            return _add_rs(a, ref, op)
+        case AddVirtualServer():
+            return _add_vs(a, ref, op)
+        case DrainRealServer():
+            return _drain_rs(a, ref, op)
+        case RetimeDrain():
+            return _retime_drain(a, ref, op)
+        case RestoreRealServer():
+            return _restore_rs(a, ref, op)
+        case DeleteRealServer():
+            return _delete_rs(a, ref, op)
+        case UpdateVirtualServer():
+            return _update_vs(a, ref, op)
+        case DeleteVirtualServer():
+            return _delete_vs(a, ref, op)
+        case ForgetDrain():
+            return _forget_drain(a, ref, op)
+        case _:
+            assert_never(op)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
 from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
@@ -61,11 +61,14 @@ __all__ = ["InvalidObject", "ServiceInfo", "ServicePortInfo", "SliceInfo",
            "SlicePortInfo"]
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True, slots=True)
-class Parsed:
+class Parsed(Generic[T]):
     """A parsed object and the non-fatal problems found in it (ignored annotations, ...)."""
 
-    value: Any
+    value: T
     warnings: tuple[str, ...] = ()
 
 
@@ -156,7 +159,7 @@ def _dedupe(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Parsed:
+def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Parsed[ServiceInfo]:
     namespace, name, meta = _meta(obj)
     spec = _mapping(obj.get("spec"), "spec")
     status = _mapping(obj.get("status"), "status")
@@ -387,7 +390,7 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
                         node_name if isinstance(node_name, str) else None, pod, hints)
 
 
-def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed:
+def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     namespace, name, meta = _meta(obj)
     labels = _mapping(meta.get("labels"), "metadata.labels")
     service_name = optional_str(labels.get(SERVICE_NAME_LABEL),

@@ -33,7 +33,7 @@ class NodeInfo:
         return self.present and not self.deleting and not self.to_be_deleted
 
 
-def parse_node(obj: Mapping[str, Any]) -> Parsed:
+def parse_node(obj: Mapping[str, Any]) -> Parsed[NodeInfo]:
     if not isinstance(obj, Mapping):
         raise InvalidObject("not an object")
     meta = obj.get("metadata")
