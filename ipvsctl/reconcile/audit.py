@@ -76,6 +76,9 @@ class Auditor:
         self.metrics = metrics
         self.owned = owned
         self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
+        # Applied virtual servers compared with a kernel dump, ever: the walk's work, which
+        # belongs off the loop's lock (the cost tests read it around each part of a step).
+        self.compared = 0
 
     def changed(self) -> tuple[int, int]:
         """Moves whenever what was applied (or the queue) may have changed."""
@@ -135,6 +138,7 @@ class Auditor:
         changed: list[tuple[ServiceRef, ServiceKey, VirtualServer]] = []
         try:
             for ref, states in self.state.by_service.items():
+                self.compared += len(states)
                 for key, applied in states.items():
                     vs = in_kernel.get(key)
                     if vs is None:

@@ -22,7 +22,13 @@ from ipvsctl.model.objects import (
 )
 from ipvsctl.source.duration import parse_duration
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
-from ipvsctl.source.validate import InvalidObject, affinity_timeout, cidr, optional_str
+from ipvsctl.source.validate import (
+    GENERAL_CHECKS,
+    InvalidObject,
+    affinity_timeout,
+    cidr,
+    optional_str,
+)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
@@ -116,6 +122,7 @@ def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    GENERAL_CHECKS.calls += 1
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -124,6 +131,7 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _list(value: Any, where: str) -> list[Any]:
+    GENERAL_CHECKS.calls += 1
     if value is None:
         return []
     if not isinstance(value, list):
@@ -132,6 +140,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 
 def _ip(value: Any, where: str) -> str:
+    GENERAL_CHECKS.calls += 1
     if not isinstance(value, str):
         raise InvalidObject(f"{where}: {value!r} is not an IP address")
     try:
