@@ -67,23 +67,48 @@ def test_promtool_checks_the_rules():
 
 
 def test_promtool_unit_tests_pass_and_cover_every_alert():
+    """Every alert is tested firing and staying silent (a near miss, or a healthy node)."""
     r = run_promtool("test", "rules", str(RULE_TESTS))
     assert r.returncode == 0, r.stdout + r.stderr
     tests = yaml.safe_load(RULE_TESTS.read_text())
-    tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"]}
-    assert tested == {a["alert"] for a in alerts()}
+    evals = [t for case in tests["tests"] for t in case["alert_rule_test"]]
+    fired = {t["alertname"] for t in evals if t["exp_alerts"]}
+    silent = {t["alertname"] for t in evals if not t["exp_alerts"]}
+    names = {a["alert"] for a in alerts()}
+    assert fired == names, f"never seen firing: {sorted(names - fired)}"
+    assert silent == names, f"never seen silent: {sorted(names - silent)}"
 
 
-def test_promtool_unit_tests_can_fail(tmp_path):
+# what to change in the rule file, and an alert whose tests must then fail
+MUTATIONS = {
+    "queue-threshold": ("> 50", "> 40", "IpvsctlDrainQueueHigh"),
+    "watch-threshold": ("> 0.1", "> 100", "IpvsctlWatchRestarts"),
+    # absent(up) alone misses targets that are there but down
+    "absent-without-up": ('absent(up{job="ipvsctl"} == 1)', 'absent(up{job="ipvsctl"})',
+                          "IpvsctlDown"),
+    "target-never-down": ('(up{job="ipvsctl"}) == 0', '(up{job="ipvsctl"}) < 0',
+                          "IpvsctlTargetDown"),
+    "conflict-threshold": ("(ipvsctl_virtual_server_conflict_losers) > 0",
+                           "(ipvsctl_virtual_server_conflict_losers) > 5",
+                           "IpvsctlVirtualServerConflict"),
+    # an aggregation that drops `node`: the alert loses the label the tests expect
+    "node-dropped": ("max by (instance, node) (ipvsctl_virtual_server_conflict_losers)",
+                     "max by (instance) (ipvsctl_virtual_server_conflict_losers)",
+                     "IpvsctlVirtualServerConflict"),
+}
+
+
+@pytest.mark.parametrize(("old", "new", "alert"), MUTATIONS.values(), ids=MUTATIONS.keys())
+def test_promtool_unit_tests_can_fail(tmp_path, old, new, alert):
     """A rule changed under the tests makes them fail (they are not vacuous)."""
-    broken = RULES.read_text().replace("> 50", "> 40").replace("> 0.1", "> 100")
-    (tmp_path / RULES.name).write_text(broken)
+    text = RULES.read_text()
+    assert old in text
+    (tmp_path / RULES.name).write_text(text.replace(old, new))
     shutil.copy(RULE_TESTS, tmp_path)
     r = subprocess.run([promtool(), "test", "rules", RULE_TESTS.name], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     assert r.returncode != 0
-    assert "IpvsctlDrainQueueHigh" in r.stdout + r.stderr
-    assert "IpvsctlWatchRestarts" in r.stdout + r.stderr
+    assert f"alertname: {alert}," in r.stdout + r.stderr
 
 
 def test_prometheusrule_carries_the_rule_file():
@@ -92,17 +117,122 @@ def test_prometheusrule_carries_the_rule_file():
         "prometheusrule.yaml's spec must equal ipvsctl.rules.yaml: copy the groups over")
 
 
-def test_alerts_are_documented_and_use_real_metrics():
+def operations_section() -> str:
     ops = (REPO / "docs/operations.md").read_text()
-    section = ops[ops.index("## Dashboard and alerts"):]
-    documented = set(re.findall(r"`(Ipvsctl\w+)`", section))
+    start = ops.index("## Dashboard and alerts")
+    end = ops.find("\n## ", start + 1)
+    return ops[start:end if end > 0 else None]
+
+
+def test_alerts_are_documented_and_use_real_metrics():
+    documented = set(re.findall(r"`(Ipvsctl\w+)`", operations_section()))
     assert documented == {a["alert"] for a in alerts()}
-    exported = exported_metrics()
+    exported = exported_metrics() | {"up"}  # `up`: Prometheus's own, per scrape target
     for a in alerts():
-        used = metrics_in(a["expr"])
+        used = metrics_in(a["expr"]) | set(re.findall(r"\b(up)\{", a["expr"]))
         assert used and used <= exported, (a["alert"], sorted(used - exported))
         assert a["labels"]["severity"] in ("info", "warning", "critical")
-        assert "{{ $labels.instance }}" in a["annotations"]["summary"]
+        assert a["annotations"]["summary"] and a["annotations"]["description"], a["alert"]
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (code blocks aside)."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    anchors: set[str] = set()
+    for title in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in anchors:
+            n += 1
+            unique = f"{slug}-{n}"
+        anchors.add(unique)
+    return anchors
+
+
+def test_every_runbook_url_is_a_section_of_operations_md():
+    """runbook_url: docs/operations.md#<anchor>, a heading there that is the alert's own."""
+    ops = (REPO / "docs/operations.md").read_text()
+    anchors = github_anchors(ops)
+    for a in alerts():
+        url = a["annotations"].get("runbook_url", "")
+        path, _, anchor = url.partition("#")
+        assert path == "docs/operations.md", (a["alert"], url)
+        assert anchor in anchors, f"{a['alert']}: no heading for #{anchor} in operations.md"
+        assert anchor == a["alert"].lower(), (a["alert"], anchor)
+        body = re.search(rf"^### {a['alert']}\n(.*?)(?=^##)", ops, re.S | re.M)
+        assert body and len(body.group(1).split()) >= 30, f"{a['alert']}: runbook too short"
+
+
+def test_the_anchor_check_knows_github_slugs():
+    assert github_anchors("# Dashboard and alerts\n## `ipvsctl cleanup`\n### IpvsctlDown\n"
+                          "```\n# not a heading\n```\n### IpvsctlDown\n") == {
+        "dashboard-and-alerts", "ipvsctl-cleanup", "ipvsctldown", "ipvsctldown-1"}
+
+
+# A PromQL aggregation operator (not the *_over_time functions) and its grouping clause.
+AGGREGATION = re.compile(
+    r"\b(?:sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile)"
+    r"\b(?!_)\s*(by|without)?\s*(\([^()]*\))?")
+MATCHING = re.compile(r"\b(on|ignoring)\s*\(([^()]*)\)")
+KEPT = {"instance", "node"}
+
+
+def drops_node(expr: str) -> list[str]:
+    """The aggregations and vector matchings in `expr` that lose `instance` or `node`: `by`
+    and `on` must name both, `without` and `ignoring` neither."""
+    bad = []
+    for m in AGGREGATION.finditer(expr):
+        names = set(re.findall(r"\w+", m[2] or ""))
+        if not ((m[1] == "by" and names >= KEPT) or (m[1] == "without" and not KEPT & names)):
+            bad.append(m[0])
+    for m in MATCHING.finditer(expr):
+        names = set(re.findall(r"\w+", m[2]))
+        if not ((m[1] == "on" and names >= KEPT) or (m[1] == "ignoring" and not KEPT & names)):
+            bad.append(m[0])
+    return bad
+
+
+def test_every_aggregation_keeps_instance_and_node():
+    """The monitors add `node`: an aggregation that drops it loses the node an alert is
+    about."""
+    for a in alerts():
+        assert not drops_node(a["expr"]), (a["alert"], drops_node(a["expr"]))
+    aggregating = [a for a in alerts() if AGGREGATION.search(a["expr"])]
+    assert len(aggregating) >= len(alerts()) - 1  # all but IpvsctlDown
+
+
+def test_the_aggregation_check_catches_a_dropped_node():
+    for expr, ok in (("sum by (instance, node) (rate(x[5m]))", True),
+                     ("sum by (instance) (rate(x[5m]))", False),
+                     ("max(x)", False), ("min_over_time(x[5m]) > 1", True),
+                     ("sum without (pod) (x)", True), ("sum without (node) (x)", False),
+                     ("a and on (instance, node) b", True), ("a and on (instance) b", False)):
+        assert (not drops_node(expr)) == ok, expr
+
+
+def monitor_jobs() -> dict[str, str]:
+    """The `job` each shipped monitor gives its targets, as the Prometheus operator names
+    it: its jobLabel's value on the pod (PodMonitor) or the Service (ServiceMonitor), else
+    `namespace/name` (PodMonitor) or the Service's name (ServiceMonitor)."""
+    jobs = {}
+    pm = one(render(overlay_with("podmonitor")), "PodMonitor")
+    pod_labels = one(render(DAEMONSET_DIR), "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    label = pm["spec"].get("jobLabel")
+    jobs["PodMonitor"] = (pod_labels[label] if label in pod_labels
+                          else f"{pm['metadata']['namespace']}/{pm['metadata']['name']}")
+    docs = render(overlay_with("servicemonitor"))
+    sm = one(docs, "ServiceMonitor")
+    svc = one(docs, "Service", "ipvsctl-metrics")
+    label = sm["spec"].get("jobLabel")
+    svc_labels = svc["metadata"]["labels"]
+    jobs["ServiceMonitor"] = svc_labels[label] if label in svc_labels else svc["metadata"]["name"]
+    return jobs
+
+
+def test_rules_ask_for_the_job_both_monitors_give():
+    asked = {j for a in alerts() for j in re.findall(r'\bjob="([^"]+)"', a["expr"])}
+    assert asked == {"ipvsctl"}
+    assert monitor_jobs() == {"PodMonitor": "ipvsctl", "ServiceMonitor": "ipvsctl"}
 
 
 def test_dashboard_queries_real_metrics_and_covers_the_topics():
