@@ -205,3 +205,38 @@ def test_readme_plan_example_is_what_plan_prints():
                        text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout == block.group(2)
+
+
+def seconds_flags() -> list[str]:
+    """`ipvsctl run`'s flags documented as taking SECONDS."""
+    return re.findall(r"^\| `(--[a-z-]+) SECONDS`", sections()["run"], re.M)
+
+
+def seconds_examples() -> list[str]:
+    """The values the reference says a SECONDS flag takes: the code spans of the clause (up
+    to a ";" or a sentence's end) that says so."""
+    text = REFERENCE.read_text()
+    section = text[text.index("## Durations and exit codes"):]
+    clause = re.search(r"Every SECONDS flag[^;]*?(?:;|\.\s)", section, re.S)
+    assert clause, "the reference does not say what a SECONDS flag takes"
+    return re.findall(r"`(\d[^`]*)`", clause.group(0))
+
+
+def run_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ipvsctl", "run", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+
+
+def test_seconds_flags_take_what_the_reference_says():
+    """Each example the reference gives for SECONDS flags, on every SECONDS flag of `run`, is
+    accepted (the run stops at a bad --scheduler, checked after them), and Go durations are
+    among the examples, since the flags take them."""
+    flags, examples = seconds_flags(), seconds_examples()
+    assert len(flags) >= 5 and "--drain-timeout" in flags
+    assert [e for e in examples if re.search(r"\d(ms|s|m|h)\b", e)], examples
+    for value in examples:
+        r = run_exit(*(a for f in flags for a in (f, value)), "--scheduler", "no-such")
+        assert r.returncode == 2 and "--scheduler" in r.stderr, (value, r.stderr)
+        assert not [f for f in flags if f in r.stderr], (value, r.stderr)
+    r = run_exit("--drain-timeout", "2 minutes", "--scheduler", "no-such")
+    assert r.returncode == 2 and "--drain-timeout" in r.stderr, r.stderr
