@@ -240,3 +240,33 @@ def test_seconds_flags_take_what_the_reference_says():
         assert not [f for f in flags if f in r.stderr], (value, r.stderr)
     r = run_exit("--drain-timeout", "2 minutes", "--scheduler", "no-such")
     assert r.returncode == 2 and "--drain-timeout" in r.stderr, r.stderr
+
+
+SECTION_REF = re.compile(r'\b([A-Za-z][\w-]*\.md),? "([^"\n]{3,80})"')
+
+
+def section_refs() -> list[tuple[str, str, str]]:
+    """(file that cites, Markdown file, section title): each Markdown file's name followed by
+    a quoted section title, in the repository's docs, manifests, code and tests (CONTRACT.md,
+    outside the repository, aside)."""
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "bench").glob("*.md"),
+             *(p for d in ("daemonset", "ipvsctl", "tests", "devkit", "bench")
+               for p in (REPO / d).rglob("*") if p.suffix in (".py", ".yaml", ".md", ".sh"))]
+    return [(str(f.relative_to(REPO)), name, title) for f in sorted(set(files))
+            for name, title in SECTION_REF.findall(f.read_text(errors="replace"))
+            if name != "CONTRACT.md"]
+
+
+def test_quoted_sections_exist():
+    """A quoted section of a Markdown file is one of its headings, or how one starts (the
+    alert rules once sent readers to an "Alerts" section that had another title)."""
+    refs = section_refs()
+    assert len(refs) >= 8
+    for cited_in, name, title in refs:
+        doc = REPO / name if name == "README.md" else REPO / "docs" / name
+        assert doc.exists(), f"{cited_in}: no {name}"
+        headings = [h.replace("`", "") for h in
+                    re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", doc.read_text(),
+                                                   flags=re.S), re.M)]
+        assert any(h.startswith(title) for h in headings), (
+            f'{cited_in}: {name} has no section "{title}"')
