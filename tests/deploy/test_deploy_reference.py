@@ -270,3 +270,38 @@ def test_quoted_sections_exist():
                                                    flags=re.S), re.M)]
         assert any(h.startswith(title) for h in headings), (
             f'{cited_in}: {name} has no section "{title}"')
+
+
+# What the project's own development leaves in text, and a user cannot follow: its issue
+# numbers, branch names, who shared the machine, its internal contract file.
+INTERNAL = re.compile(
+    r"\bissues? \d+|(?<![\w/.-])#\d+\b|\bbranch(es)?\b(?!-)|\bengineers?\b"
+    r"|\bshared \d[- ]cores?|machine (was |is )?shared|\bloaded machine|CONTRACT\.md", re.I)
+
+
+@pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: p.name)
+def test_user_docs_cite_nothing_internal(doc):
+    """Method notes of that kind live in bench/notes.md; the docs keep results and method."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    found = [m.group(0) for m in INTERNAL.finditer(text)]
+    assert not found, f"{doc.name}: {found}"
+
+
+def test_the_internal_check_catches_what_it_should():
+    caught = ["until issue 23", "issue 14, item 3", "branch `perf`", "seven other engineers",
+              "shared 2 cores", "a shared 2-core VM", "the machine was shared",
+              "the loaded machine", "(CONTRACT.md)", "see #12"]
+    fine = ["kubernetes/kubernetes#56374", "shared by concurrent callers", "`#ipvsctldown`",
+            "a branch-free loop", "no mark bit is shared with the CNI"]
+    assert all(INTERNAL.search(t) for t in caught), [t for t in caught if not INTERNAL.search(t)]
+    assert not [t for t in fine if INTERNAL.search(t)]
+
+
+def test_benchmarks_md_is_what_bench_report_renders():
+    """docs/benchmarks.md is generated from bench/ (summary, results, extra, method): edit
+    those, then `python -m bench.report --no-copy`."""
+    from bench import report
+
+    rendered = report.render(report.load(REPO / "out" / "nonexistent", copy=False))
+    assert (REPO / "docs" / "benchmarks.md").read_text() == rendered
+    assert "bench/notes.md" in rendered and "## How these numbers were taken" in rendered
