@@ -173,15 +173,22 @@ retry 3 "$PIP" download --quiet --disable-pip-version-check --retries 5 --no-dep
 	--requirement "$new/requirements.txt"
 # (setuptools' warnings go to a log, shown only if the build fails; build isolation
 # downloads setuptools, hence the retries)
+# The wheel is built from a fresh copy of the sources: setuptools' build/ folder in the
+# checkout keeps every module it ever copied, so a module deleted since the last build
+# (kube/pods.py once) would ship and fail to import.
+src=$new/src
+mkdir -p "$src"
+cp pyproject.toml README.md LICENSE "$src/"
+tar --exclude=__pycache__ --exclude='*.pyc' -cf - ipvsctl | tar -C "$src" -xf -
 wheel_ipvsctl() {
 	"$PIP" wheel --quiet --disable-pip-version-check --retries 5 --no-deps \
-		--wheel-dir "$wheels" . >"$new/wheel.log" 2>&1 || {
+		--wheel-dir "$wheels" "$src" >"$new/wheel.log" 2>&1 || {
 		cat "$new/wheel.log" >&2
 		return 1
 	}
 }
 retry 3 wheel_ipvsctl
-rm -f "$new/wheel.log"
+rm -rf "$new/wheel.log" "$src"
 # kubernetes' asyncio client (kubernetes.aio, 68 MB) and what only it needs are never
 # imported by ipvsctl (the smoke test imports every ipvsctl module): left out of the image.
 unused='^(aiohttp|aiohttp_retry|aiohappyeyeballs|aiosignal|attrs|frozenlist|multidict|propcache|yarl)-'

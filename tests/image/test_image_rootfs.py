@@ -63,6 +63,16 @@ def test_plan_in_the_image_equals_plan_here():
     assert json.loads(r.stdout)["virtual_servers"]
 
 
+def test_the_image_holds_exactly_the_modules_of_this_tree():
+    """No module deleted from the tree ships (setuptools' build/ cache once shipped one)."""
+    (site,) = ROOTFS.glob("usr/local/lib/python3*/dist-packages/ipvsctl")
+
+    def modules(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*.py")}
+
+    assert modules(site) == modules(REPO / "ipvsctl")
+
+
 def test_every_ipvsctl_module_imports():
     """Whatever the image leaves out (kubernetes.aio, aiohttp, ...) no ipvsctl module needs."""
     code = ("import pkgutil, importlib, ipvsctl\n"
