@@ -49,7 +49,7 @@ from bench.common import log, summary
 from bench.harness import NODE, BenchDaemon, Watcher
 from bench.kernels import Netns, fake_kernel, netlink_kernel, raw_kernel
 from ipvsctl.model import VirtualServer
-from ipvsctl.reconcile import loop as loop_module
+from ipvsctl.reconcile.paced import Pace
 from ipvsctl.source.events import ObjectKind, Replace, Upsert
 
 
@@ -376,13 +376,13 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     log(f"{n} services: daemon idle p50 {phases['idle']['p50']} p99 {phases['idle']['p99']} ms")
 
     # audit: every step a new round (a dump of every virtual server + 20 dest dumps)
-    orig_snapshot, orig_read, orig_apply = (eng.audit_snapshot, eng.read_audit,
-                                            eng.apply_audit_reading)
+    auditor = eng.audit
+    orig_snapshot, orig_read, orig_apply = auditor.snapshot, auditor.read, auditor.apply
     audit_reads: list[float] = []
     locked: list[float] = []  # audit work done holding the loop's lock (snapshot, apply)
 
     def full_round() -> Any:
-        eng.auditor._cursor = []  # force a round start (the split engine's auditor)
+        auditor._cursor = []  # force a round start
         t0 = time.monotonic()
         try:
             return orig_snapshot()
@@ -403,13 +403,14 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
         finally:
             audit_reads.append(time.monotonic() - t0)
 
-    eng.audit_snapshot = full_round  # type: ignore[method-assign]
-    eng.read_audit = timed_read  # type: ignore[method-assign]
-    eng.apply_audit_reading = timed_apply  # type: ignore[method-assign]
+    auditor.snapshot = full_round  # type: ignore[method-assign]
+    auditor.read = timed_read  # type: ignore[method-assign]
+    auditor.apply = timed_apply  # type: ignore[method-assign]
     # Back to back for the phase, not paced to ~10% of the time: the changes below always
     # meet an audit's reads (the reader first finishes the pause it is in).
-    orig_due = loop_module.audit_due
-    loop_module.audit_due = lambda started, ended, interval: ended  # type: ignore[assignment]
+    runner = bd.loop.audit_runner
+    orig_pace = runner.pace
+    runner.pace = Pace(every=0.0)
     try:
         deadline = time.monotonic() + 600
         while not audit_reads and time.monotonic() < deadline:
@@ -419,8 +420,8 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
             lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
             reads_during = len(audit_reads) - reads_before
     finally:
-        loop_module.audit_due = orig_due  # type: ignore[assignment]
-        eng.audit_snapshot, eng.read_audit, eng.apply_audit_reading = (  # type: ignore
+        runner.pace = orig_pace
+        auditor.snapshot, auditor.read, auditor.apply = (  # type: ignore[method-assign]
             orig_snapshot, orig_read, orig_apply)
     phases["audit"] = summary(lat) | {"audit_reads": summary(audit_reads),
                                       "audit_reads_during_changes": reads_during,
@@ -455,10 +456,10 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
 
     with Sampler(every=SAMPLE_EVERY) as s:
         lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_free)
-    phases["draining"] = summary(lat) | {"draining": len(eng.queue),
+    phases["draining"] = summary(lat) | {"draining": len(eng.drains.queue),
                                          "over_idle_p99": _ratio(summary(lat), phases["idle"]),
                                          "profile": s.report()}
-    log(f"{n} services: daemon with {len(eng.queue)} draining p50 "
+    log(f"{n} services: daemon with {len(eng.drains.queue)} draining p50 "
         f"{phases['draining']['p50']} p99 {phases['draining']['p99']} ms")
 
     # drain reaction: release some held real servers one by one
@@ -516,7 +517,7 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     phases["idle_cpu"] = {"seconds": round(dt, 1),
                           "cpu_pct_of_one_core": round(100 * cpu / dt, 2),
                           "loop_steps_per_s": round((bd.steps - s0) / dt, 2),
-                          "draining": len(eng.queue), "profile": s.report()}
+                          "draining": len(eng.drains.queue), "profile": s.report()}
     log(f"{n} services: idle CPU {phases['idle_cpu']}")
     out["daemon"] = phases
 

@@ -8,7 +8,10 @@ from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import DrainEntry, NodeContext, Protocol, RealServerKey, ServiceKey
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.clock import ManualClock
+from ipvsctl.reconcile.drain_check import DrainCheckResult
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.paced import run_once
+from ipvsctl.reconcile.view import EngineView
 from ipvsctl.source.events import Delete, ObjectKind, Replace, Upsert
 
 NODE = NodeContext("node-a", ("192.0.2.10",), "rr")
@@ -32,6 +35,7 @@ class Harness:
             self.kernel, EngineConfig(node, drain_timeout), clock=self.clock,
             metrics=self.metrics, restored_queue=restored or [],
         )
+        self.view = EngineView(self.engine)
 
     @property
     def fake(self) -> FakeKernel:
@@ -58,9 +62,16 @@ class Harness:
         if sync:
             self.engine.sync()
 
-    def check(self, advance: float = 0.0) -> None:
+    def check(self, advance: float = 0.0) -> DrainCheckResult | None:
+        """One whole drain check in this thread (the daemon's runs on its own); None before
+        the first sync or with nothing draining."""
         self.clock.advance(advance)
-        self.engine.check_drains()
+        return run_once(self.engine.drain_check)
+
+    def audit(self) -> int:
+        """One audit step in this thread: the differences it found (and put right)."""
+        findings = run_once(self.engine.audit)
+        return findings.found if findings is not None else 0
 
     def ops(self) -> list[str]:
         return self.fake.take_ops()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from ipvsctl.model.drain import NO_DEADLINE, DrainEntry
+from ipvsctl.model.drain import DrainEntry
 from ipvsctl.model.keys import RealServerKey, ServiceKey, service_order
 
 
@@ -39,7 +39,7 @@ class DrainQueue:
 
     def entries(self) -> list[DrainEntry]:
         """Every entry, in no particular order: a copy without the sort of `__iter__` (the
-        state file and the earliest deadline need no order)."""
+        state file needs no order)."""
         return [e for d in self._by_vs.values() for e in d.values()]
 
     def __contains__(self, key: tuple[ServiceKey, RealServerKey]) -> bool:
@@ -103,8 +103,3 @@ class DrainQueue:
         self._by_vs[entry.vs] = {**old, entry.rs: entry}
         self.version += 1
         return True
-
-    def next_deadline(self) -> float | None:
-        """The earliest finite deadline (None: none has one), O(queue)."""
-        return min((e.deadline for d in self._by_vs.values() for e in d.values()
-                    if e.deadline != NO_DEADLINE), default=None)

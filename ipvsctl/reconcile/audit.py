@@ -2,8 +2,9 @@
 applied (another tool, an operator with ipvsadm, a kernel that lost an entry).
 
 Spread over steps (`batch` virtual servers each) so a large table never causes a burst. A
-step is three parts, the reads off the loop's lock: `snapshot` (under the lock: what to
-read), `read` (kernel reads only), `apply` (under the lock). A reading taken while anything
+step is a background read (`paced.py`), the reads off the loop's lock: `snapshot` (under
+the lock: what to read), `read` (kernel reads only), `apply` (under the lock). A reading
+taken while anything
 was applied is dropped whole (it could show a change in flight as drift); the same step is
 read again next time. Repairs are made by marking the Service dirty (its next sync diffs
 against the corrected applied state), and by deleting owned virtual servers nobody wants.
@@ -68,13 +69,18 @@ class Findings:
 class Auditor:
     def __init__(self, kernel: IPVSKernel, state: AppliedState, drains: Terminations,
                  applier: Applier, metrics: Metrics,
-                 owned: Callable[[ServiceKey], bool]) -> None:
+                 owned: Callable[[ServiceKey], bool], *, batch: int,
+                 ready: Callable[[], bool],
+                 on_repair: Callable[[set[ServiceRef]], None]) -> None:
         self.kernel = kernel
         self.state = state
         self.drains = drains
         self.applier = applier
         self.metrics = metrics
         self.owned = owned
+        self.batch = batch  # virtual servers whose real servers a step reads
+        self.ready = ready  # the first sync is done: there is an applied state to audit
+        self.on_repair = on_repair  # differences found: these Services to sync again
         self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
         # Applied virtual servers compared with a kernel dump, ever: the walk's work, which
         # belongs off the loop's lock (the cost tests read it around each part of a step).
@@ -84,7 +90,10 @@ class Auditor:
         """Moves whenever what was applied (or the queue) may have changed."""
         return (self.state.mutations, self.drains.queue.version)
 
-    def snapshot(self, batch: int) -> AuditPlan:
+    def snapshot(self) -> AuditPlan | None:
+        if not self.ready():
+            return None
+        batch = self.batch
         if not self._cursor:  # a new round: the virtual servers, then the first batch
             # No order is needed, only every key once per round: no sort under the loop's
             # lock (sorting 10,000 keys twice per round was 70 ms holding it).
@@ -128,6 +137,7 @@ class Auditor:
                 self._real_servers(key, observed, out)
         if out.found:
             self.state.mutations += 1
+            self.on_repair(out.dirty)
         return out
 
     def _compare(self, in_kernel: dict[ServiceKey, VirtualServer]) -> VirtualServerDrift | None:

@@ -1,11 +1,11 @@
 """The drain check's kernel reads, done without the loop's lock.
 
-A check is three steps: a snapshot of the queue (under the lock, O(queue)), the reads
-(here, no lock: one read of /proc/net/ip_vs for every draining real server's counts, and
-at most one streamed pass over /proc/net/ip_vs_conn for the TCP ones whose connections are
-all inactive), then the engine applies the reading under the lock, only to entries that are
-still the very ones snapshotted (`Engine.apply_drain_reading`): a count read before an
-endpoint came back never deletes it.
+A check is three steps (`drain_check.py`): a snapshot of the queue (under the lock, one
+shallow copy), the reads (here, no lock: one read of /proc/net/ip_vs for every draining
+real server's counts, and at most one streamed pass over /proc/net/ip_vs_conn for the TCP
+ones whose connections are all inactive), then the check applies the reading under the lock,
+only to entries that are still the very ones snapshotted (`DrainCheck.apply`): a count read
+before an endpoint came back never deletes it.
 
 The connection table walks every connection of the node: its pass is paced so that it takes
 at most ~10% of the time (an interval of at least 9x its last duration), so a node with
@@ -60,7 +60,7 @@ class DrainReading:
 
 
 class DrainReader:
-    """Reads for drain checks. Used by one thread at a time (the loop's or the reader's)."""
+    """Reads for drain checks. Used by one thread at a time (the drain check's runner)."""
 
     def __init__(self, kernel: IPVSKernel, metrics: Metrics, clock: Clock) -> None:
         self.kernel = kernel

@@ -6,13 +6,17 @@ A thin facade over parts split by the state each owns, bottom to top (imports go
     termination  Terminations: the drain queue and what drain checks last read of it
     apply        Applier: one function per op, kernel call + applied-state update
     adopt        start-up adoption (the kernel's table becomes the applied state)
-    audit        Auditor: the drift audit
+    drain_check  DrainCheck: the drain check, a background read (`paced.py`)
+    audit        Auditor: the drift audit, a background read too
     contention   Contention: claims on contested virtual servers (rule: plan/conflicts.py)
     intake       Intake: the object store and what each event makes dirty
 
-The engine owns only the sync itself: which Services are dirty, building each one's
-desired state, diffing it against what was applied for it alone and applying the ops.
-Single-threaded by design (the loop owns it; the HTTP thread reads under the loop's lock).
+The engine's own surface is `handle` (an event), `sync` and `set_node_ips`; the drain
+check and the audit are run by the loop's paced runners, and everything else reads the
+engine through a read-only `EngineView` (view.py). It owns only the sync itself: which
+Services are dirty, building each one's desired state, diffing it against what was applied
+for it alone and applying the ops. Single-threaded by design (the loop owns it; the HTTP
+thread reads under the loop's lock).
 
 Nothing is pruned and nothing touches the kernel before the first full list of Services and
 EndpointSlices has arrived (`ready`): a restart must never program a half-known cluster.
@@ -26,35 +30,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import IPVSKernel
-from ipvsctl.model import (
-    AppliedVirtualServer,
-    DesiredService,
-    DrainEntry,
-    DrainQueue,
-    NodeContext,
-    ServiceKey,
-    ServiceRef,
-)
+from ipvsctl.model import DesiredService, DrainEntry, NodeContext, ServiceKey, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.plan.conflicts import Claims
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier
-from ipvsctl.reconcile.audit import Auditor, AuditPlan, AuditReading
+from ipvsctl.reconcile.audit import Auditor
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.contention import Contention
-from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
+from ipvsctl.reconcile.drain_check import DrainCheck
+from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.intake import Intake
-from ipvsctl.reconcile.termination import DrainVerdict, Terminations
+from ipvsctl.reconcile.termination import Terminations
 from ipvsctl.source.events import SourceEvent
-from ipvsctl.source.store import ObjectStore
 
 log = logging.getLogger("ipvsctl.engine")
 
-__all__ = ["AuditPlan", "AuditReading", "Engine", "EngineConfig", "SyncResult"]
+__all__ = ["Engine", "EngineConfig", "SyncResult"]
 
 ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
 
@@ -108,6 +103,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.owned = owned
         self.dirty: set[ServiceRef] = set()
+        # The audit found Services to sync again (outside any event): the loop syncs now.
+        self.repaired = False
         self.started = False
         self._restored = list(restored_queue)
         # Called after a Service's changes reached the kernel: (ref, old, new). Netfilter
@@ -126,41 +123,14 @@ class Engine:
         self.applier = Applier(kernel, self.state, self.drains, self.metrics, self.clock,
                                node_ips=lambda: self.config.node.node_ips,
                                on_released=self._released)
-        self.auditor = Auditor(kernel, self.state, self.drains, self.applier, self.metrics,
-                               owned=lambda key: self.owned(key))
-        self.drain_reader = DrainReader(kernel, self.metrics, self.clock)
+        # The two background reads (`paced.py`), run by the loop's paced runners.
+        self.audit = Auditor(kernel, self.state, self.drains, self.applier, self.metrics,
+                             owned=lambda key: self.owned(key), batch=config.audit_batch,
+                             ready=lambda: self.started, on_repair=self._repaired)
+        self.drain_check = DrainCheck(self.drains, DrainReader(kernel, self.metrics, self.clock),
+                                      self.applier, self.state, self.clock,
+                                      ready=lambda: self.started)
         self._metrics_gauges()
-
-    # --- the parts' state under its long-standing names --------------------------------
-    @property
-    def store(self) -> ObjectStore:
-        return self.intake.store
-
-    @property
-    def queue(self) -> DrainQueue:
-        return self.drains.queue
-
-    @property
-    def applied(self) -> dict[ServiceRef, dict[ServiceKey, AppliedVirtualServer]]:
-        return self.state.by_service
-
-    @property
-    def desired(self) -> dict[ServiceRef, DesiredService]:
-        return self.state.desired
-
-    @property
-    def vs_owner(self) -> dict[ServiceKey, ServiceRef]:
-        return self.state.owner
-
-    @property
-    def claims(self) -> Claims:
-        return self.contention.claims
-
-    @property
-    def node_ips_known(self) -> frozenset[str]:
-        """The current node IPs and those removed while running: NodePort virtual servers on
-        either are ipvsctl's (ownership for adoption and the audit)."""
-        return self.intake.node_ips_known
 
     # --- events -------------------------------------------------------------------------
     @property
@@ -194,12 +164,17 @@ class Engine:
     def _released(self, key: ServiceKey) -> None:
         self.dirty |= self.contention.released(key)
 
+    def _repaired(self, refs: set[ServiceRef]) -> None:
+        self.dirty |= refs
+        self.repaired = True
+
     # --- sync ---------------------------------------------------------------------------
     def sync(self) -> SyncResult:
         """Bring the kernel in line for every changed Service (all of them, the first
         time). Failed Services stay dirty; the caller retries with backoff."""
         if not self.ready:
             return SyncResult()
+        self.repaired = False
         if not self.started:
             return self._initial_sync()
         result = SyncResult()
@@ -231,9 +206,9 @@ class Engine:
 
     def _build(self, ref: ServiceRef) -> DesiredService | None:
         """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
-        svc = self.store.services.get(ref)
+        svc = self.intake.store.services.get(ref)
         desired = None if svc is None else build_desired_service(
-            svc, self.store.slices_of(ref), self.config.node)
+            svc, self.intake.store.slices_of(ref), self.config.node)
         # Services that won or lost a key by this change: rebuilt in this or the next pass
         self.dirty |= self.contention.claim(ref, desired, svc.created if svc else None)
         return desired
@@ -280,7 +255,7 @@ class Engine:
         Wanted real servers found at weight 0 go back to 1 (kubernetes#92019)."""
         t0 = self.clock.monotonic()
         # every claim first, so that who wins does not depend on the order of building
-        claimed = {ref: self._build(ref) for ref in sorted(self.store.services)}
+        claimed = {ref: self._build(ref) for ref in sorted(self.intake.store.services)}
         built: dict[ServiceRef, DesiredService | None] = {}
         for ref, desired in claimed.items():
             if desired is not None:
@@ -300,7 +275,7 @@ class Engine:
         for orphan in orphans:
             if self.applier.delete_orphan(orphan.key, orphan.real_servers):
                 result.ops += 1
-        todo, self.dirty = self.dirty | set(self.store.services), set()
+        todo, self.dirty = self.dirty | set(self.intake.store.services), set()
         for ref in sorted(todo):
             self._sync_service(ref, result, built)
         self._rounds(result, 2)  # what the first pass made dirty (a kernel surprise)
@@ -310,67 +285,10 @@ class Engine:
         self.started = True
         self._finish_sync(result, t0)
         log.info("initial sync done", extra=fields(
-            services=len(self.store.services), virtual_servers=self.state.n_vs,
+            services=len(self.intake.store.services), virtual_servers=self.state.n_vs,
             real_servers=self.state.n_rs, draining=len(self.drains), ops=result.ops,
             failed=len(result.failed), seconds=round(self.clock.monotonic() - t0, 3)))
         return result
-
-    # --- draining -----------------------------------------------------------------------
-    def check_drains(self) -> SyncResult:
-        """One whole drain check in the caller's thread (tests, and the loop without a
-        reader thread): snapshot, read and judge, apply."""
-        return self.apply_drain_reading(self.read_drains(self.drain_snapshot()))
-
-    def drain_snapshot(self) -> DrainSnapshot:
-        """Under the loop's lock: the queue as it is now, O(queue)."""
-        return self.drains.snapshot()
-
-    def read_drains(self, snapshot: DrainSnapshot) -> DrainVerdict:
-        """Without the lock: kernel reads, then the drain rule on what was read; no engine
-        state touched."""
-        reading = self.drain_reader.read(snapshot)
-        return self.drains.judge(reading, self.clock.wall())
-
-    def apply_drain_reading(self, verdict: DrainVerdict) -> SyncResult:
-        """Under the lock: delete the real servers whose connections are gone or closed, or
-        whose deadline passed, as judged off the lock, if their entries are still the ones
-        judged (`Terminations.accept`). O(the deletions), not O(queue)."""
-        result = SyncResult()
-        for key, ops in self.drains.accept(verdict):
-            ref = self.state.owner.get(key)
-            outcome = self.applier.apply(ref, ops)
-            result.ops += outcome.ops
-            if outcome.failed and ref is not None:
-                result.failed.add(ref)
-        return result
-
-    def next_deadline(self) -> float | None:
-        """The earliest deadline in the queue (wall clock), for the loop's timer."""
-        return self.drains.next_deadline()
-
-    # --- drift audit --------------------------------------------------------------------
-    def audit_step(self) -> int:
-        """Re-read a slice of the kernel and put right what differs from what was applied
-        (`audit.py`). Returns the number of differences found. (The daemon does the same in
-        three steps, its reads off the loop's lock: audit_snapshot, read_audit,
-        apply_audit_reading.)"""
-        return self.apply_audit_reading(self.read_audit(self.audit_snapshot()))
-
-    def audit_snapshot(self) -> AuditPlan | None:
-        """Under the lock: what the next audit step reads."""
-        return self.auditor.snapshot(self.config.audit_batch) if self.started else None
-
-    def read_audit(self, plan: AuditPlan | None) -> AuditReading | None:
-        """Without the lock: kernel reads only."""
-        return None if plan is None else self.auditor.read(plan)
-
-    def apply_audit_reading(self, reading: AuditReading | None) -> int:
-        """Under the lock: the differences found, their Services marked dirty."""
-        if reading is None:
-            return 0
-        findings = self.auditor.apply(reading)
-        self.dirty |= findings.dirty
-        return findings.found
 
     # --- metrics ------------------------------------------------------------------------
     def _metrics_gauges(self) -> None:

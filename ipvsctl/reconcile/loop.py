@@ -1,9 +1,14 @@
 """The daemon's main loop: when to sync, separate from what a sync does (the engine).
 
-One thread owns the engine. It wakes on a source event, a retry timer, the drain-check
-interval, the audit interval or the node address check. Events that arrive together are
-applied as one batch and synced once (bursts coalesce). A failed sync is retried with
-capped exponential backoff. The HTTP thread reads status under `lock`.
+One thread owns the engine. It wakes on a source event, a retry timer, a drain state write
+that is due or the node address check. Events that arrive together are applied as one
+batch and synced once (bursts coalesce). A failed sync is retried with capped exponential
+backoff; Services the audit repaired are synced at the next turn. The HTTP thread reads
+status under `lock`.
+
+The drain check and the audit read the kernel on threads of their own, each run by a
+`PacedRunner` (`paced.py`) that takes `lock` only for their snapshot and their apply
+(`drain_runner`, `audit_runner`: the daemon starts them; tests step them).
 
 Node addresses (without --node-ip) are re-read every `node_ips_interval`, as kube-proxy
 re-reads them every sync: NodePort virtual servers follow an address added or removed.
@@ -21,8 +26,9 @@ from dataclasses import dataclass
 from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import DrainEntry
 from ipvsctl.obs.logging import fields
-from ipvsctl.reconcile.clock import Clock, SystemClock, paced
+from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.engine import Engine
+from ipvsctl.reconcile.paced import Pace, PacedRunner
 from ipvsctl.source.events import SourceEvent
 
 log = logging.getLogger("ipvsctl.loop")
@@ -42,11 +48,6 @@ class LoopConfig:
 
 STARTUP_GC_GRACE = 300.0  # seconds the GC may stay off waiting for the first sync
 AUDIT_DUTY = 9.0  # an audit step waits at least this many times its own duration
-
-
-def audit_due(started: float, ended: float, interval: float) -> float:
-    """When the next audit step may start: one per interval, at most ~10% of the time."""
-    return paced(started, ended, duty=AUDIT_DUTY, every=interval)
 
 
 class Loop:
@@ -70,20 +71,29 @@ class Loop:
         self.heartbeat = self.clock.monotonic()
         self._retry_at: float | None = None
         self._retry_delay = self.config.retry_min
-        self._next_drain = 0.0
-        self._next_audit = self.clock.monotonic() + self.config.audit_interval
-        self._saved_version = engine.queue.version
-        self._saved_added = engine.queue.added
+        self.queue = engine.drains.queue  # what the drain state file holds
+        self._saved_version = self.queue.version
+        self._saved_added = self.queue.added
         self._persist_failing = False  # a failing disk is retried per interval, not per step
         self._next_persist = 0.0
         # The start-up addresses are fresh: the first re-read is one interval after the
         # first step.
         self._next_node_ips: float | None = None
         self._node_ips_failing = False
-        # With a drain reader thread (the daemon's), drain checks leave step() entirely.
-        self.drain_thread = False
-        self._audit_found = False
         self._gc_paused_until: float | None = None  # pause_gc_until_started
+        # Drain checks never queue behind the audit (a round start's full dump took ~40 s
+        # under emulation at 10,000 Services): each on its own thread. A drain check runs
+        # from start to start every interval (a check that read for 0.8 s is followed by the
+        # next 0.2 s later: a drain is seen within interval + one read); the audit waits at
+        # least AUDIT_DUTY x its read's duration, so an idle node stays idle however slow its
+        # reads are, and survives its own failure (a safety net must not end the daemon).
+        self.drain_runner = PacedRunner(
+            "drain", engine.drain_check, self.lock,
+            Pace(every=self.config.drain_check_interval), clock=self.clock)
+        self.audit_runner = PacedRunner(
+            "audit-reader", engine.audit, self.lock,
+            Pace(every=self.config.audit_interval, duty=AUDIT_DUTY,
+                 first=self.config.audit_interval), clock=self.clock, survive=True)
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -112,9 +122,7 @@ class Loop:
         wake = [now + self.config.idle_wakeup]
         if self._retry_at is not None:
             wake.append(self._retry_at)
-        if len(self.engine.queue) and not self.drain_thread:
-            wake.append(self._next_drain)
-        if self.engine.queue.version != self._saved_version:
+        if self.queue.version != self._saved_version:
             wake.append(self._next_persist)
         if self.read_node_ips is not None and self._next_node_ips is not None:
             wake.append(self._next_node_ips)
@@ -145,78 +153,13 @@ class Loop:
             e = self.engine
             moved = node_ips is not None and e.set_node_ips(node_ips)
             starting = not e.started and (self._retry_at is None or self._retry_due(now))
-            if e.ready and (starting or (e.dirty and (got_events or moved
-                                                      or self._retry_due(now)))):
+            if e.ready and (starting or e.repaired or (e.dirty and (
+                    got_events or moved or self._retry_due(now)))):
                 self._sync(now)
-            if (not self.drain_thread and e.started and len(e.queue)
-                    and now >= self._next_drain):
-                e.check_drains()
-                self._next_drain = now + self.config.drain_check_interval
-            if self._audit_found or (not self.drain_thread and e.started
-                                     and now >= self._next_audit):
-                if self._audit_found or e.audit_step():
-                    self._sync(now)
-                self._audit_found = False
-                self._next_audit = now + self.config.audit_interval
             snapshot = self._persist_snapshot()
             self.heartbeat = self.clock.monotonic()
         if snapshot is not None:  # the fsyncs outside the lock: /status never waits on disk
             self._persist(*snapshot)
-
-    def run_drain_reader(self, stop: threading.Event) -> None:
-        """Drain checks in a thread of their own (set `drain_thread` before starting this,
-        and run `run_audit_reader` in another): one /proc/net/ip_vs read and a paced pass
-        over ip_vs_conn, without the lock, so events never wait behind them; the lock is held
-        for a snapshot and for applying the result, both small. Drain checks never queue
-        behind the audit: a round start's full dump took ~40 s under emulation at 10,000
-        Services, and drains must be seen within their interval (+ 0.5 s)."""
-        next_drain = self.clock.monotonic()
-        while not stop.is_set():
-            started = self.clock.monotonic()
-            if started >= next_drain:
-                self.drain_step()
-                # start to start: a check that read for 0.8 s is followed by the next one
-                # 0.2 s later, not 1 s later (a drain is seen within interval + one read)
-                next_drain = started + self.config.drain_check_interval
-            stop.wait(max(0.0, next_drain - self.clock.monotonic()))
-
-    def run_audit_reader(self, stop: threading.Event) -> None:
-        """Audit steps, paced by their cost: a step that took t seconds waits at least
-        AUDIT_DUTY x t before the next (the audit reads at most ~10% of the time, so an idle
-        node stays idle however slow its reads are), and at least `audit_interval`."""
-        next_audit = self.clock.monotonic() + self.config.audit_interval
-        while not stop.wait(max(0.0, next_audit - self.clock.monotonic())):
-            took = 0.0
-            try:
-                took = self.audit_off_lock()
-            except Exception:  # the audit is a safety net: its failure must not end drains
-                log.exception("audit step failed")
-            now = self.clock.monotonic()
-            next_audit = audit_due(now - took, now, self.config.audit_interval)
-
-    def audit_off_lock(self) -> float:
-        """One audit step; returns how long its kernel reads took (the pacing's measure:
-        not the time spent waiting for the lock, say behind a 5 s initial sync)."""
-        e = self.engine
-        with self.lock:
-            plan = e.audit_snapshot()
-        t0 = self.clock.monotonic()
-        reading = e.read_audit(plan)
-        took = self.clock.monotonic() - t0
-        with self.lock:
-            if e.apply_audit_reading(reading):
-                self._audit_found = True  # the loop syncs the repaired Services next step
-        return took
-
-    def drain_step(self) -> None:
-        e = self.engine
-        with self.lock:
-            if not e.started or not len(e.queue):
-                return
-            snapshot = e.drain_snapshot()
-        reading = e.read_drains(snapshot)
-        with self.lock:
-            e.apply_drain_reading(reading)
 
     def _read_node_ips(self) -> list[str] | None:
         """The node's addresses when a re-read is due, else None. A failed read keeps the
@@ -289,7 +232,7 @@ class Loop:
         whole-queue JSON write with two fsyncs per event halved the loop's throughput.
         O(1): the entries are copied only when the writer reads the view (bench hot spot:
         a sorted copy per step was 63% of the loop's time with 1,000 draining)."""
-        q = self.engine.queue
+        q = self.queue
         if self.save_queue is None or q.version == self._saved_version:
             return None
         now = self.clock.monotonic()
@@ -323,7 +266,7 @@ class QueueView(Sequence[DrainEntry]):
     def _get(self) -> list[DrainEntry]:
         if self._entries is None:
             with self._loop.lock:
-                self._entries = self._loop.engine.queue.entries()
+                self._entries = self._loop.queue.entries()
         return self._entries
 
     def __len__(self) -> int:

@@ -90,11 +90,6 @@ class Terminations:
         seen = self._seen_now(vs, rs)
         return seen.conns if seen else None
 
-    def next_deadline(self) -> float | None:
-        """The earliest deadline in the queue (wall clock), for the loop's timer; drains
-        that their pod's lifetime bounds have none."""
-        return self.queue.next_deadline()
-
     def snapshot(self) -> DrainSnapshot:
         """The queue as it is now, unsorted (the reader sorts, off the lock): one shallow
         copy of its map (`DrainQueue.snapshot`)."""

@@ -33,6 +33,8 @@ from ipvsctl.plan.ownership import is_owned
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
+from ipvsctl.reconcile.paced import PacedRunner
+from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, text
 from ipvsctl.shell.proxy_health import ProxyHealthServer
@@ -114,6 +116,7 @@ class Daemon:
             owned=self.owned,
             restored_queue=self.state.load(),
         )
+        self.view = EngineView(self.engine)
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
@@ -125,8 +128,8 @@ class Daemon:
         if self.nft is not None:
             self.netfilter = NetfilterSync(
                 self.nft, SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
-                batch_lock=self.loop.lock, ready=lambda: self.engine.started,
-                metrics=self.metrics, node_ips=lambda: self.engine.config.node.node_ips)
+                batch_lock=self.loop.lock, ready=lambda: self.view.started,
+                metrics=self.metrics, node_ips=lambda: self.view.node.node_ips)
             self.engine.service_listeners.append(self.netfilter.on_service)
         if self.health is not None:
             self.health.metrics = self.metrics
@@ -134,12 +137,16 @@ class Daemon:
             self.health.http.trusted = lambda peer: self.is_local_peer(peer)
             self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
+        # The background reads of the kernel, each on its own thread (reconcile/paced.py).
+        self.readers: list[PacedRunner] = [self.loop.drain_runner, self.loop.audit_runner]
         self.sweeper: ConntrackSweeper | None = None
         if self.conntrack is not None:
-            self.sweeper = ConntrackSweeper(self.engine, self.conntrack, self.loop.lock,
+            self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock,
                                             self.metrics)
             self.engine.service_listeners.append(self.sweeper.on_service)
-        self.status_doc = StatusDocument(self.engine, self.loop.lock, on_render=lambda s: (
+            self.readers.append(PacedRunner("conntrack", self.sweeper, self.loop.lock,
+                                            self.sweeper.pace(), wake=self.sweeper.wake))
+        self.status_doc = StatusDocument(self.view, self.loop.lock, on_render=lambda s: (
             self.metrics.status_renders.inc(), self.metrics.status_render_seconds.set(s)))
         try:
             self.http = HTTPServer(o.listen, {
@@ -155,18 +162,17 @@ class Daemon:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
         self.threads: list[threading.Thread] = []
         self.metrics.node_object_known.set_function(
-            lambda: 1 if self.engine.store.node is not None and self.engine.store.node.present
-            else 0)
+            lambda: 1 if (node := self.view.node_object) is not None and node.present else 0)
         self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self._proxy_state,
                                                self.metrics, trusted=self.is_local_peer)
                              if o.healthz_bind_address else None)
 
     def _proxy_state(self) -> ProxyState:
         """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
-        node = self.engine.store.node
+        node = self.view.node_object
         return ProxyState(
             now=time.time(), monotonic=time.monotonic(), heartbeat=self.loop.heartbeat,
-            pending_since=self.engine.pending_since, last_updated=self.engine.last_updated,
+            pending_since=self.view.pending_since, last_updated=self.view.last_updated,
             # A Node never seen (not readable) counts eligible: a missing RBAC rule must not
             # take every node out of the cloud load balancers.
             node_eligible=node.eligible if node is not None else True,
@@ -174,12 +180,12 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
-            return engine_status(self.engine)
+            return engine_status(self.view)
 
     def is_local_peer(self, peer: str) -> bool:
         """A client on this node: loopback or one of the node's addresses (/status names
         Services, pods and their addresses: not for every pod on the network)."""
-        return is_loopback(peer) or peer in self.engine.node_ips_known
+        return is_loopback(peer) or peer in self.view.node_ips_known
 
     def _quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         from ipvsctl.model import normalize_ip
@@ -189,7 +195,7 @@ class Daemon:
         except ValueError:
             return as_json(400, {"error": "query parameter ip must be an IP address"})
         with self.loop.lock:
-            return as_json(200, quiesced_json(self.engine, ip))
+            return as_json(200, quiesced_json(self.view, ip))
 
     def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         age = time.monotonic() - self.loop.heartbeat
@@ -201,7 +207,7 @@ class Daemon:
         return text(200, "ok\n")
 
     def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        if self.engine.started and all(t.is_alive() for t in self.threads):
+        if self.view.started and all(t.is_alive() for t in self.threads):
             return text(200, "ready\n")
         return text(503, "waiting for the first full list to reach the kernel\n")
 
@@ -232,16 +238,14 @@ class Daemon:
             threading.Thread(target=self._guard(self.source.run),
                              args=(self.events.put, self.stop), name="source", daemon=True),
         ]
-        self.loop.drain_thread = True  # drain checks read the kernel off the loop's lock
-        # Drain checks and the audit read the kernel off the loop's lock, each on its own
-        # thread: a drain check never waits behind a full dump.
-        for name, reader in (("drain", self.loop.run_drain_reader),
-                             ("audit-reader", self.loop.run_audit_reader)):
+        # Drain checks, the audit and the conntrack sweep read the kernel off the loop's
+        # lock, each on its own thread: a drain check never waits behind a full dump.
+        for runner in self.readers:
             self.threads.append(threading.Thread(
-                target=self._guard(reader), args=(self.stop,), name=name, daemon=True))
+                target=self._guard(runner.run), args=(self.stop,), name=runner.name,
+                daemon=True))
         for name, part in (("netfilter", self.netfilter), ("health", self.health),
-                           ("proxy-health", self.proxy_health), ("state-writer", self.writer),
-                           ("conntrack", self.sweeper)):
+                           ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
             if part is not None:
                 self.threads.append(threading.Thread(
                     target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
@@ -267,8 +271,8 @@ class Daemon:
         self.stop.set()
         if self.netfilter is not None:
             self.netfilter.wake.set()
-        if self.sweeper is not None:
-            self.sweeper.wake.set()
+        for runner in self.readers:
+            runner.wake.set()
         for t in self.threads:
             t.join(timeout=10)
         if self.health is not None:
@@ -277,12 +281,12 @@ class Daemon:
             self.proxy_health.close()
         self.http.stop()
         try:
-            self.state.save(list(self.engine.queue))
+            self.state.save(self.view.drain_queue())
         except OSError as exc:
             log.error("drain state write failed", extra=fields(error=exc))
         log.info("stopped; IPVS table left in place", extra=fields(
             virtual_servers=self.metrics.value("ipvsctl_virtual_servers"),
-            draining=len(self.engine.queue)))
+            draining=len(self.engine.drains)))
 
 
 def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None = None,
@@ -355,7 +359,7 @@ def run(o: DaemonOptions) -> int:
         # The engine's addresses, current and removed while running: a NodePort virtual
         # server on an address just removed is still ours to delete. owned() is only asked
         # during syncs, once `daemon` exists.
-        return daemon.engine.node_ips_known if daemon else o.node.node_ips
+        return daemon.view.node_ips_known if daemon else o.node.node_ips
 
     kernel, owned = open_kernel(o, node_ips)
     nft = None

@@ -28,19 +28,19 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ipvsctl.reconcile.engine import Engine
+from ipvsctl.reconcile.view import EngineView
 from ipvsctl.shell.status_json import drain_json, service_status
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class StatusDocument:
-    def __init__(self, engine: Engine, lock: AbstractContextManager[Any], *,
+    def __init__(self, view: EngineView, lock: AbstractContextManager[Any], *,
                  batch: int = 20, pause: float = 0.0003, min_age: float = 1.0,
                  age_factor: float = 4.0, min_gap: float = 1.0,
                  on_render: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.engine = engine
+        self.view = view
         self.lock = lock
         self.batch = batch
         self.pause = pause
@@ -109,7 +109,7 @@ class StatusDocument:
 
     # --- rendering --------------------------------------------------------------------------
     def render(self) -> list[bytes]:
-        e = self.engine
+        view = self.view
         z = zlib.compressobj(1)
         out: list[bytes] = []
 
@@ -118,22 +118,23 @@ class StatusDocument:
                 out.append(piece)
 
         with self.lock:
-            now = e.clock.wall()
-            refs = list(e.applied)
-            head = {"node": e.config.node.node_name, "ready": e.started}
+            now = view.wall()
+            refs = view.services()
+            head = {"node": view.node.node_name, "ready": view.started}
         refs.sort()
         put(_ENCODE(head)[:-1] + ',"virtual_servers":[')
         first = True
         for i in range(0, len(refs), self.batch):
             with self.lock:
-                vss = [vs for ref in refs[i:i + self.batch] for vs in service_status(e, ref, now)]
+                vss = [vs for ref in refs[i:i + self.batch]
+                       for vs in service_status(view, ref, now)]
             if vss:
                 put(("" if first else ",") + ",".join(map(_ENCODE, vss)))
                 first = False
             out.append(z.flush(zlib.Z_SYNC_FLUSH))  # a piece per batch: bounded inflation
             time.sleep(self.pause)  # let the loop thread take the GIL between batches
         with self.lock:
-            queue = list(e.queue)  # frozen entries
+            queue = view.drain_queue()  # frozen entries
         put('],"drain_queue":[')
         for i in range(0, len(queue), self.batch * 10):
             part = queue[i:i + self.batch * 10]

@@ -1,6 +1,6 @@
 """The engine's state as JSON values: `/status` (and `ipvsctl status --json`'s daemon
-part) and `/v1/quiesced`. Reads the engine's applied state and drain queue; the caller
-holds the loop's lock."""
+part) and `/v1/quiesced`. Reads the engine through its read-only view; the caller holds the
+loop's lock."""
 
 from __future__ import annotations
 
@@ -8,42 +8,41 @@ from collections.abc import Mapping
 from typing import Any
 
 from ipvsctl.model import ConnCounts, DrainEntry, ServiceRef
-from ipvsctl.reconcile.engine import Engine
+from ipvsctl.reconcile.view import EngineView
 
 
-def engine_status(engine: Engine) -> dict[str, Any]:
+def engine_status(view: EngineView) -> dict[str, Any]:
     """The whole document at once (tests, `Daemon.status`); /status streams the same
     document a few Services at a time (status_http.py)."""
-    now = engine.clock.wall()
+    now = view.wall()
     out: list[dict[str, Any]] = []
-    for ref in sorted(engine.state.by_service):
-        out += service_status(engine, ref, now)
+    for ref in sorted(view.services()):
+        out += service_status(view, ref, now)
     return {
-        "node": engine.config.node.node_name,
-        "ready": engine.started,
+        "node": view.node.node_name,
+        "ready": view.started,
         "virtual_servers": out,
-        "drain_queue": [drain_json(e, now) for e in engine.drains.queue],
+        "drain_queue": [drain_json(e, now) for e in view.drain_queue()],
     }
 
 
-def service_status(engine: Engine, ref: ServiceRef, now: float) -> list[dict[str, Any]]:
+def service_status(view: EngineView, ref: ServiceRef, now: float) -> list[dict[str, Any]]:
     """One Service's virtual servers (none if it has none applied)."""
     out: list[dict[str, Any]] = []
-    applied = engine.state.by_service.get(ref)
+    applied = view.applied(ref)
     if not applied:
         return out
-    drains = engine.drains
-    desired = engine.state.desired.get(ref)
+    desired = view.desired(ref)
     endpoints: Mapping[str, Any] = desired.endpoints if desired else {}
     for key, state in sorted(applied.items()):
         dvs = desired.virtual_servers.get(key) if desired else None
         rss = []
         for rs, weight in sorted(state.weights.items()):
             meta = endpoints.get(rs.address)
-            entry = drains.queue.get(key, rs)
+            entry = view.draining(key, rs)
             # A removed endpoint's pod is only remembered by its drain entry.
             pod = (meta.pod if meta else None) or (entry.pod if entry else None)
-            counts = drains.counts(key, rs) if entry else None
+            counts = view.drain_counts(key, rs) if entry else None
             rss.append({
                 "address": rs.address, "port": rs.port, "weight": weight,
                 "pod": str(pod) if pod else None,
@@ -52,7 +51,7 @@ def service_status(engine: Engine, ref: ServiceRef, now: float) -> list[dict[str
                 # Read by the drain check; only draining ones are read at all.
                 "active_conns": counts[0] if counts else None,
                 "inactive_conns": counts[1] if counts else None,
-                "drain": (drain_json(entry, now, counts, drains.conns(key, rs))
+                "drain": (drain_json(entry, now, counts, view.drain_conns(key, rs))
                           if entry else None),
             })
         out.append({
@@ -82,13 +81,14 @@ def drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
     return d
 
 
-def quiesced_json(engine: Engine, address: str) -> dict[str, Any]:
+def quiesced_json(view: EngineView, address: str) -> dict[str, Any]:
     """`/v1/quiesced?ip=`: whether this node still sends new connections to `address`, and
     since when not (a pod's shutdown barrier asks every node)."""
-    now = engine.clock.wall()
-    q = engine.state.quiesced(address)
+    now = view.wall()
+    q = view.quiesced(address)
+    started = view.started
     return {
-        "ip": address, "node": engine.config.node.node_name, "ready": engine.started,
-        "quiesced": engine.started and q.live == 0, "real_servers_with_weight": q.live,
+        "ip": address, "node": view.node.node_name, "ready": started,
+        "quiesced": started and q.live == 0, "real_servers_with_weight": q.live,
         "since": q.since, "for_seconds": round(now - q.since, 3) if q.since else None,
     }

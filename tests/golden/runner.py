@@ -18,8 +18,9 @@ check), and what must come out of it:
 - status.txt   `ipvsctl status -o wide` joined from the engine and that table, and the
                real servers deleted so far by reason.
 
-The Engine is driven only through its public methods (handle, sync, set_node_ips,
-check_drains, audit_step, status), so the cases hold whatever its inside becomes. The same
+The Engine is driven only through its public surface (handle, sync, set_node_ips; the drain
+check and the audit as background reads, one pass each; the status through its read-only
+view), so the cases hold whatever its inside becomes. The same
 case runs on the in-memory kernel, on it behind FaultyKernel (10% of the mutating calls
 fail; re-synced until clean, as the daemon's loop retries), and in the lab on the real
 kernel (tests/lab/test_golden_lab.py).
@@ -56,6 +57,8 @@ from ipvsctl.plan.ops import DeletionReason
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.paced import run_once
+from ipvsctl.reconcile.view import EngineView
 from ipvsctl.shell.render import plan_text
 from ipvsctl.shell.status import join_status, render_status
 from ipvsctl.shell.status_json import engine_status
@@ -350,12 +353,14 @@ class Run:
     def audit_round(self) -> int:
         """Audit steps enough for a whole round (audit_batch virtual servers a step)."""
         steps = len(self.kernel.list_virtual_servers()) // self.config.audit_batch + 2
-        return sum(self.engine.audit_step() for _ in range(steps))
+        return sum(f.found for _ in range(steps)
+                   if (f := run_once(self.engine.audit)) is not None)
 
     def check_drains(self) -> None:
         rounds = MAX_ROUNDS if self.faulty else 1
         for _ in range(rounds):
-            if not self.engine.check_drains().failed:
+            result = run_once(self.engine.drain_check)
+            if result is None or not result.failed:
                 self.sync()
                 return
         raise AssertionError(f"drain check not clean after {rounds} tries")
@@ -366,7 +371,7 @@ class Run:
             f"{p.kind.value} {p.name} {'skipped' if p.fatal else 'warning'}: {p.reason}\n"
             for p in problems)
         rows = table(self.kernel)
-        doc = join_status(rows, None, engine_status(self.engine), None, "golden")
+        doc = join_status(rows, None, engine_status(EngineView(self.engine)), None, "golden")
         return {
             "desired.txt": desired,
             "ops.txt": "".join(f"{op}\n" for op in self.kernel.take_ops()),

@@ -34,6 +34,7 @@ from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import Protocol, ServiceKey
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.paced import run_once
 
 pytestmark = pytest.mark.lab
 
@@ -168,7 +169,7 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     assert e["deadline_source"] == "pod" and e["time_left"] is None
     for _ in range(3):  # drain checks on the real kernel's counts, in this thread
         with d.loop.lock:
-            d.engine.check_drains()
+            run_once(d.engine.drain_check)
     assert weights(node)[str(KEY)][f"{again.ip}:8080"] == 0  # still there, draining
     assert held.echo("still served by the second web-0")
     metrics = daemon_get(node, d, "/metrics")[1]

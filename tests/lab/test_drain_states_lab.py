@@ -149,7 +149,7 @@ def test_half_closed_by_the_client_is_kept_while_the_server_still_sends(
         h.check()
         assert in_kernel(node, a)
         assert conn.readline() == "tick"  # data still flows to the client
-    status = next(r for r in engine_status(h.engine)["virtual_servers"][0]["real_servers"]
+    status = next(r for r in engine_status(h.view)["virtual_servers"][0]["real_servers"]
                   if r["address"] == a.ip)
     assert status["drain"]["connections"]["closing"] >= 1
     servers[0].hold.clear()  # the stream ends: the server closes too
@@ -201,7 +201,7 @@ def test_2000_time_wait_entries_elsewhere_are_not_parsed(node: Node, client: Pod
     wait_for(lambda: states(node, a) == ["TIME_WAIT"], what="a's connection in TIME_WAIT")
     h.check()
     assert not in_kernel(node, a) and h.deletions("drained") == 2
-    scan = h.engine.drain_reader.last_scan
+    scan = h.engine.drain_check.reader.last_scan
     assert isinstance(scan, ConnScan)
     # every line was read once; only a's own line got past the cheap DestIP:DPrt check
     assert scan.lines > 2000 and scan.slow == 0 and scan.bad == 0

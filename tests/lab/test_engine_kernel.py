@@ -102,13 +102,13 @@ def test_draining_real_server_keeps_its_connection_and_is_deleted_when_it_closes
     assert held.echo("still served")
     h.check(advance=5)  # a drain check while the connection is open: nothing to delete
     assert h.ops() == [] and counts(node, KEY, rs(gone))[:2] == (0, 1)
-    assert h.engine.queue.get(KEY, rs(gone)) is not None
+    assert h.engine.drains.queue.get(KEY, rs(gone)) is not None
 
     held.abort()
     drained_when(h, node, KEY, rs(gone))
     assert h.ops() == [f"del-rs {KEY} -> {rs(gone)}"]
     assert h.deletions("drained") == 1 and h.deletions("deadline") == 0
-    assert len(h.engine.queue) == 0
+    assert len(h.engine.drains.queue) == 0
     assert weights(node, KEY) == {str(rs(p)): 1 for p in rest}
 
 
@@ -177,7 +177,7 @@ def test_returning_endpoint_gets_weight_1_in_place_and_keeps_its_connection(
     h.upsert(endpoint_slice("web", eps(*pods)))
     # in place: one weight change, never delete and re-add (that would reset connections)
     assert h.ops() == [f"set-rs {KEY} -> {rs(back)} weight 1"]
-    assert len(h.engine.queue) == 0
+    assert len(h.engine.drains.queue) == 0
     assert counts(node, KEY, rs(back))[:2] == (1, 1)  # the connection is still counted
     assert node.ipvsadm()[str(KEY)].real_servers[str(rs(back))].active >= 1
     assert held.echo("survived the return")
@@ -217,7 +217,7 @@ def test_udp_real_server_is_deleted_at_once_and_its_conntrack_entries_go(
                        f"flush-conntrack {key} -> {gone.ip}:5353"]
     assert weights(node, key) == {f"{other.ip}:5353": 1}  # at once, no drain
     assert entries() == []
-    assert len(h.engine.queue) == 0 and h.deletions("udp") == 1
+    assert len(h.engine.drains.queue) == 0 and h.deletions("udp") == 1
     # the same flow now reaches the live pod (a datagram may be lost while IPVS expires
     # the entry to the deleted real server: expire_nodest_conn)
     wait_for(lambda: client.udp(VIP, 53, sock) == other.name, what="flow moved")
@@ -284,7 +284,7 @@ def test_drift_audit_repairs_hand_changes_and_leaves_a_draining_real_server_alon
     held, draining = held_connection(node, client, pods)
     changed, deleted = [p for p in pods if p is not draining]
     h.upsert(endpoint_slice("web", eps(changed, deleted)))
-    entry = h.engine.queue.get(KEY, rs(draining))
+    entry = h.engine.drains.queue.get(KEY, rs(draining))
     assert entry is not None
     h.ops()
 
@@ -293,7 +293,7 @@ def test_drift_audit_repairs_hand_changes_and_leaves_a_draining_real_server_alon
     node.run("ipvsadm", "-e", "-t", vs, "-r", f"{changed.ip}:8080", "-m", "-w", "5")
     node.run("ipvsadm", "-d", "-t", vs, "-r", f"{deleted.ip}:8080")
     node.run("ipvsadm", "-a", "-t", vs, "-r", "10.244.1.99:8080", "-m", "-w", "1")
-    assert h.engine.audit_step() == 4  # scheduler, a weight, a missing and a stray one
+    assert h.audit() == 4  # scheduler, a weight, a missing and a stray one
     h.engine.sync()
     assert h.ops() == [
         f"set-vs {KEY} rr",
@@ -308,10 +308,10 @@ def test_drift_audit_repairs_hand_changes_and_leaves_a_draining_real_server_alon
     assert weights(node, KEY) == {str(rs(changed)): 1, str(rs(deleted)): 1,
                                   str(rs(draining)): 0}
     # the draining real server: not one operation, still queued, connection still served
-    assert h.engine.queue.get(KEY, rs(draining)) == entry
+    assert h.engine.drains.queue.get(KEY, rs(draining)) == entry
     assert seen.real_servers[str(rs(draining))].active >= 1
     assert held.echo("untouched by the audit")
-    assert h.engine.audit_step() == 0  # and the next round finds nothing
+    assert h.audit() == 0  # and the next round finds nothing
     held.close()
 
 
@@ -465,5 +465,5 @@ def test_the_engine_and_the_kernel_agree_after_a_burst_of_1000_random_changes(
           f"{table.count(chr(10))} lines in the table")
     assert table.count("  -> ") > 20 and table.count("/UDP") > 0 and "[fd" in table
     assert node.kernel.bound_addresses() == sorted(fake.fake.bound)
-    assert engine_status(real.engine) == engine_status(fake.engine)
-    assert real.engine.audit_step() == 0  # what the engine applied is what the kernel has
+    assert engine_status(real.view) == engine_status(fake.view)
+    assert real.audit() == 0  # what the engine applied is what the kernel has

@@ -64,7 +64,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Node, Any, A
                                cluster_cidrs=("10.244.0.0/16",)) as d:
             wait_for(lambda: d.engine.started, timeout=120, what="first sync")
             wait_for(lambda: "198.51.100.30:80/TCP" in {
-                str(k) for k in d.engine.vs_owner}, timeout=120, what="LB virtual server")
+                str(k) for k in d.engine.state.owner}, timeout=120, what="LB virtual server")
             yield node, d, client, HostClient(node)
     finally:
         if outside is not None:
@@ -89,7 +89,7 @@ def test_health_check_still_says_no_local_endpoint(lab) -> None:
     from ipvsctl.healthcheck.state import local_ready_endpoints
     from ipvsctl.model import ServiceRef
 
-    assert local_ready_endpoints(d.engine.desired[ServiceRef("default", "lb")], "node-a") == 0
+    assert local_ready_endpoints(d.engine.state.desired[ServiceRef("default", "lb")], "node-a") == 0
 
 
 def test_proxy_mode_ingress_and_other_proxies_services_get_no_virtual_server(lab) -> None:

@@ -21,7 +21,7 @@ def started(**kw):
 
 def audit_all(h):
     for _ in range(5):
-        h.engine.audit_step()
+        h.audit()
         h.engine.sync()
 
 
@@ -57,15 +57,15 @@ def test_audit_leaves_draining_real_servers_alone():
     h.upsert(endpoint_slice("web", [endpoint(B)]))
     h.ops()
     audit_all(h)
-    assert h.ops() == [] and len(h.engine.queue) == 1
+    assert h.ops() == [] and len(h.engine.drains.queue) == 1
 
 
 def test_audit_spreads_work_over_steps():
     h = Harness()
-    h.engine.config = h.engine.config.__class__(h.engine.config.node, audit_batch=10)
+    h.engine.audit.batch = 10
     h.start([service(f"s{i}", cluster_ip=f"10.96.0.{i + 1}") for i in range(50)], [])
     h.fake.dumps = 0
-    h.engine.audit_step()
+    h.audit()
     assert h.fake.dumps == 10
 
 
@@ -74,7 +74,7 @@ def test_status_shows_service_pod_and_drain():
     h.fake.set_connections(vs(), rs(A), active=2)
     h.upsert(endpoint_slice("web", [endpoint(B, pod="web-2")]))
     h.clock.advance(4)
-    st = engine_status(h.engine)
+    st = engine_status(h.view)
     (v,) = st["virtual_servers"]
     assert (v["service"], v["port_name"], v["kind"]) == ("default/web", "http", "ClusterIP")
     ra = next(r for r in v["real_servers"] if r["address"] == A)
@@ -82,7 +82,7 @@ def test_status_shows_service_pod_and_drain():
     assert ra["drain"]["age"] == 4 and ra["drain"]["time_left"] == 26
     assert ra["active_conns"] is None  # not read yet
     h.check(0)
-    st = engine_status(h.engine)
+    st = engine_status(h.view)
     ra = next(r for r in st["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert (ra["active_conns"], ra["inactive_conns"]) == (2, 0)
 
@@ -109,17 +109,17 @@ def test_quiesced_reports_when_a_pod_ip_stops_getting_new_connections():
     h.start([service("web"), svc2],
             [endpoint_slice("web", [endpoint(A), endpoint(B)]),
              endpoint_slice("api", [endpoint(A)])])
-    assert quiesced_json(h.engine, A)["quiesced"] is False
-    assert quiesced_json(h.engine, A)["real_servers_with_weight"] == 2
+    assert quiesced_json(h.view, A)["quiesced"] is False
+    assert quiesced_json(h.view, A)["real_servers_with_weight"] == 2
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))
-    assert quiesced_json(h.engine, A)["quiesced"] is False  # still live behind "api"
+    assert quiesced_json(h.view, A)["quiesced"] is False  # still live behind "api"
     h.clock.advance(2)
     h.upsert(endpoint_slice("api", []))
-    q = quiesced_json(h.engine, A)
+    q = quiesced_json(h.view, A)
     assert q["quiesced"] is True and q["since"] == h.clock.wall()
     h.clock.advance(3)
-    assert quiesced_json(h.engine, A)["for_seconds"] == 3
-    assert quiesced_json(h.engine, "10.1.1.1") == {
+    assert quiesced_json(h.view, A)["for_seconds"] == 3
+    assert quiesced_json(h.view, "10.1.1.1") == {
         "ip": "10.1.1.1", "node": "node-a", "ready": True, "quiesced": True,
         "real_servers_with_weight": 0, "since": None, "for_seconds": None}

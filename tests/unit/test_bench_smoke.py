@@ -60,7 +60,6 @@ def test_bench_daemon_is_built_like_the_daemon_and_does_not_spin():
     assert bd.loop.config == LoopConfig(drain_check_interval=1.0)
     try:
         bd.start(timeout=60)
-        assert bd.loop.drain_thread
         assert {t.name for t in bd.daemon.threads} >= {"loop", "drain", "state-writer"}
         # a real server drains and stays queued (held: it reads one active connection)
         key, rs = vs_key(services[0]), rs_key(slices[0], 0)
@@ -71,10 +70,10 @@ def test_bench_daemon_is_built_like_the_daemon_and_does_not_spin():
                                             "terminating": False}
         bd.source.send([(sl, None)])
         assert w.wait([(key, rs, 0)], 60)
-        assert len(bd.engine.queue) == 1
+        assert len(bd.engine.drains.queue) == 1
         steps = bd.steps
         threading.Event().wait(1.5)  # a window to count the loop's steps in
         assert bd.steps - steps < 30
-        assert len(bd.engine.queue) == 1
+        assert len(bd.engine.drains.queue) == 1
     finally:
         bd.shutdown()

@@ -121,7 +121,7 @@ def test_a_tenant_external_ip_never_takes_the_cluster_dns_in_any_arrival_order(o
         for name in order:
             h.upsert(objects[name])
     assert real_servers(h) == {rs("10.244.0.53", 53)}
-    assert h.engine.vs_owner[K] == ref("kube-dns", "kube-system")
+    assert h.engine.state.owner[K] == ref("kube-dns", "kube-system")
     assert real_servers_of(h, vs("10.96.7.7", 53, "UDP")) == {rs("10.244.6.66", 53)}
     assert h.metrics.value("ipvsctl_virtual_server_conflict_losers") == 1
     assert h.metrics.value("ipvsctl_virtual_server_conflicts_total") == 1  # logged once
@@ -148,11 +148,11 @@ def test_when_the_winner_goes_the_loser_takes_over_and_gives_back_when_it_return
     h.start([kube_dns(), evil()], slices())
     h.delete(kube_dns())
     assert real_servers_of(h, K) == {rs("10.244.6.66", 53)}  # in the same sync
-    assert h.engine.vs_owner[K] == ref("evil", "aaa-tenant")
+    assert h.engine.state.owner[K] == ref("evil", "aaa-tenant")
     assert h.metrics.value("ipvsctl_virtual_server_conflict_losers") == 0
     h.upsert(kube_dns())  # the cluster IP comes back: it wins again, in one sync
     assert real_servers_of(h, K) == {rs("10.244.0.53", 53)}
-    assert h.engine.vs_owner[K] == ref("kube-dns", "kube-system")
+    assert h.engine.state.owner[K] == ref("kube-dns", "kube-system")
     assert h.metrics.value("ipvsctl_virtual_server_conflicts_total") == 2
 
 

@@ -29,7 +29,8 @@ from ipvsctl.plan.conntrack import (
     stale_entries,
     sweep_table,
 )
-from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig
+from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig, SweepResult
+from ipvsctl.reconcile.paced import PacedRunner
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.manifests import ManifestSource
 
@@ -127,14 +128,14 @@ CASES = [
 def test_stale_entries(objects: tuple[list[dict], list[dict]], e: ConntrackEntry,
                        stale: bool) -> None:
     h = desired(*objects)
-    table = sweep_table(h.engine.desired.values())
+    table = sweep_table(h.engine.state.desired.values())
     assert stale_entries([e], table) == ([e] if stale else [])
 
 
 def test_dumps_only_what_has_a_swept_frontend() -> None:
     h = desired(*SERVED)
-    assert sweep_table(h.engine.desired.values()).dumps() == [(Protocol.UDP, False)]
-    assert sweep_table(desired([udp_service()], [udp_slice([])]).engine.desired.values()
+    assert sweep_table(h.engine.state.desired.values()).dumps() == [(Protocol.UDP, False)]
+    assert sweep_table(desired([udp_service()], [udp_slice([])]).engine.state.desired.values()
                        ).dumps() == []
 
 
@@ -142,13 +143,13 @@ def test_many_entries_one_pass_sorted() -> None:
     h = desired(*SERVED)
     entries = [entry(CLUSTER_IP, EP1, sport=p) for p in range(1000, 1100)]
     stale = [entry(CLUSTER_IP, CLUSTER_IP, sport=p) for p in (2002, 2001)]
-    assert stale_entries(entries + stale, sweep_table(h.engine.desired.values())) == sorted(
+    assert stale_entries(entries + stale, sweep_table(h.engine.state.desired.values())) == sorted(
         stale)
 
 
 # --- when -----------------------------------------------------------------------------------
 def _desired_of(objects: tuple[list[dict], list[dict]]):
-    return next(iter(desired(*objects).engine.desired.values()))
+    return next(iter(desired(*objects).engine.state.desired.values()))
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
@@ -171,10 +172,19 @@ class Sweep:
         self.h = Harness()
         self.fake = self.h.fake
         self.lock = threading.Lock()
-        self.sweeper = ConntrackSweeper(self.h.engine, self.fake, self.lock, self.h.metrics,
+        self.sweeper = ConntrackSweeper(self.h.view, self.fake, self.lock, self.h.metrics,
                                         clock=self.h.clock, config=SweepConfig(interval=60))
+        self.runner = PacedRunner("conntrack", self.sweeper, self.lock, self.sweeper.pace(),
+                                  clock=self.h.clock, wake=self.sweeper.wake)
         self.h.engine.service_listeners.append(self.sweeper.on_service)
         self.services, self.slices = services, slices
+
+    def step(self) -> SweepResult | None:
+        """One pass of the runner: the sweep's result, None when none was due (or it
+        failed)."""
+        before = self.sweeper.last
+        ran = self.runner.step()
+        return self.sweeper.last if ran and self.sweeper.last is not before else None
 
     def start(self) -> None:
         self.h.start(self.services, self.slices)
@@ -187,23 +197,22 @@ def test_sweeps_after_the_first_sync_then_only_when_due() -> None:
     s = Sweep(*SERVED)
     stale, live = entry(CLUSTER_IP, CLUSTER_IP), entry(CLUSTER_IP, EP1, sport=40001)
     s.fake.conntrack = {stale, live}
-    assert s.sweeper.step() is None  # not before the first sync
+    assert s.step() is None  # not before the first sync
     assert s.fake.conntrack_dumps == []
-    assert s.sweeper._timeout() == 1.0  # the thread polls for it, never spins
+    assert s.runner.timeout() == 1.0  # the thread polls for it, never spins
     s.start()
-    assert s.sweeper._timeout() == 0.0
-    result = s.sweeper.step()
+    result = s.step()
     assert result is not None and (result.reason, result.examined, result.deleted) == (
         "start-up", 2, 1)
     assert s.fake.conntrack == {live}
     assert s.deleted() == 1
-    assert s.sweeper.step() is None  # nothing asked, the periodic sweep not due
-    assert s.sweeper._timeout() == 1.0
+    assert s.step() is None  # nothing asked, the periodic sweep not due
+    assert s.runner.timeout() == 1.0
     s.h.clock.advance(59.5)
-    assert s.sweeper._timeout() == 0.5
+    assert s.step() is None
     s.h.clock.advance(0.5)
     s.fake.conntrack.add(stale)
-    result = s.sweeper.step()
+    result = s.step()
     assert result is not None and (result.reason, result.deleted) == ("periodic", 1)
     assert s.fake.conntrack_dumps == [(Protocol.UDP, False)] * 2
     assert s.h.metrics.value("ipvsctl_conntrack_sweeps_total", {"result": "ok"}) == 2
@@ -212,7 +221,7 @@ def test_sweeps_after_the_first_sync_then_only_when_due() -> None:
 def test_a_service_getting_its_first_endpoint_asks_for_a_sweep() -> None:
     s = Sweep([udp_service()], [udp_slice([])])
     s.start()
-    s.sweeper.step()  # start-up: no frontend with endpoints, no dump at all
+    s.step()  # start-up: no frontend with endpoints, no dump at all
     assert s.fake.conntrack_dumps == []
     stale = entry(CLUSTER_IP, CLUSTER_IP)  # a client sent while there was no endpoint
     s.fake.conntrack = {stale}
@@ -220,42 +229,42 @@ def test_a_service_getting_its_first_endpoint_asks_for_a_sweep() -> None:
     s.sweeper.wake.clear()
     s.h.upsert(udp_slice([endpoint(EP1)]))
     assert s.sweeper.wake.is_set()
-    result = s.sweeper.step()
+    result = s.step()
     assert result is not None and (result.reason, result.deleted) == ("endpoints", 1)
     assert s.fake.conntrack == set()
     # another endpoint for an already served Service: no sweep
     s.h.clock.advance(5)
     s.h.upsert(udp_slice([endpoint(EP1), endpoint(EP2)]))
-    assert s.sweeper.step() is None
+    assert s.step() is None
 
 
 def test_requests_coalesce_and_respect_the_minimum_interval() -> None:
     s = Sweep([udp_service()], [udp_slice([])])
     s.start()
-    assert s.sweeper.step() is not None  # start-up
+    assert s.step() is not None  # start-up
     s.h.upsert(udp_slice([endpoint(EP1)]))
     s.h.upsert(udp_slice([]))
     s.h.upsert(udp_slice([endpoint(EP2)]))
-    assert s.sweeper.step() is None  # asked twice, within min_interval of the last sweep
+    assert s.step() is None  # asked twice, within min_interval of the last sweep
     s.h.clock.advance(1)
-    result = s.sweeper.step()
+    result = s.step()
     assert result is not None and result.reason == "endpoints"  # one sweep for both
-    assert s.sweeper.step() is None
+    assert s.step() is None
 
 
 def test_node_address_change_asks_for_a_sweep() -> None:
     s = Sweep(*SERVED)
     s.h.engine.service_listeners.clear()  # the address poll alone (new NodePorts also ask)
     s.start()
-    s.sweeper.step()
+    s.step()
     s.h.clock.advance(5)
-    assert s.sweeper.step() is None
+    assert s.step() is None
     new_ip = "192.0.2.20"
     s.h.engine.set_node_ips([new_ip])
     s.h.engine.sync()
     stale = entry(new_ip, new_ip, dport=30053)  # sent before its NodePort existed
     s.fake.conntrack = {stale}
-    result = s.sweeper.step()
+    result = s.step()
     assert result is not None and (result.reason, result.deleted) == ("node addresses", 1)
 
 
@@ -264,9 +273,9 @@ def test_conntrack_unavailable_is_one_line_and_a_metric(caplog) -> None:
     s.start()
     s.fake.conntrack = None
     with caplog.at_level(logging.WARNING, "ipvsctl.conntrack"):
-        assert s.sweeper.step() is None
+        assert s.step() is None
         s.h.clock.advance(60)
-        assert s.sweeper.step() is None  # retried at the periodic interval, no new line
+        assert s.step() is None  # retried at the periodic interval, no new line
     assert [r.getMessage() for r in caplog.records if r.name == "ipvsctl.conntrack"] == [
         "conntrack sweep failed; stale UDP entries are not removed"]
     assert s.h.metrics.value("ipvsctl_netlink_errors_total",
@@ -274,15 +283,15 @@ def test_conntrack_unavailable_is_one_line_and_a_metric(caplog) -> None:
     assert s.h.metrics.value("ipvsctl_conntrack_sweeps_total", {"result": "error"}) == 2
     s.fake.conntrack = {entry(CLUSTER_IP, CLUSTER_IP)}
     s.h.clock.advance(30)
-    assert s.sweeper.step() is None  # failures do not make it sweep more often
+    assert s.step() is None  # failures do not make it sweep more often
     s.h.clock.advance(30)
-    assert s.sweeper.step().deleted == 1
+    assert s.step().deleted == 1
 
 
 def test_the_thread_stops() -> None:
     s = Sweep(*SERVED)
     stop = threading.Event()
-    t = threading.Thread(target=s.sweeper.run, args=(stop,))
+    t = threading.Thread(target=s.runner.run, args=(stop,))
     t.start()
     stop.set()
     s.sweeper.wake.set()

@@ -108,8 +108,8 @@ def drained_then_stopped(tmp_path: Path, folder: Path, kernel: FakeKernel,
     with d.loop.lock:
         kernel.set_connections(vs(), rs(A), active=1)
     write(folder, "web.yaml", service("web"), endpoint_slice("web", [endpoint(B)]))
-    wait_for(lambda: len(d.engine.queue) == 1)
-    (entry,) = list(d.engine.queue)
+    wait_for(lambda: len(d.engine.drains.queue) == 1)
+    (entry,) = list(d.engine.drains.queue)
     d.shutdown()
     return entry
 
@@ -125,7 +125,7 @@ def test_restart_mid_drain_keeps_weight_0_and_the_deadline(tmp_path, folder):
     try:
         d2.start()
         wait_for(lambda: d2.engine.started)
-        assert list(d2.engine.queue) == [entry]
+        assert list(d2.engine.drains.queue) == [entry]
         assert kernel.weight(vs(), rs(A)) == 0
         assert not [op for op in kernel.take_ops() if "10.244.1.5" in op]
     finally:
@@ -140,7 +140,7 @@ def test_corrupt_state_file_is_set_aside_and_the_queue_rebuilt(tmp_path, folder)
     try:
         d2.start()
         wait_for(lambda: d2.engine.started)
-        (e,) = list(d2.engine.queue)
+        (e,) = list(d2.engine.drains.queue)
         assert (e.rs, e.reason.value) == (rs(A), "adopted")
         assert list((tmp_path / "state").glob(f"{FILE_NAME}.corrupt-*"))
         assert d2.metrics.value("ipvsctl_state_load_errors_total") == 1
@@ -189,7 +189,7 @@ def test_the_daemon_takes_its_loop_configuration(tmp_path):
     try:
         assert d.loop.config is cfg
         assert d.loop._retry_delay == 0.125
-        assert d.loop._next_audit - d.loop.heartbeat == pytest.approx(7.0, abs=0.5)
+        assert d.loop.audit_runner.not_before - d.loop.heartbeat == pytest.approx(7.0, abs=0.5)
     finally:
         d.http.stop()
     d = Daemon(opts, FakeKernel(), source)  # without: the defaults, the options' interval

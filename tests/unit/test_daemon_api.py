@@ -18,6 +18,7 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import DeadlineSource, NodeContext, PodRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
+from ipvsctl.reconcile.paced import run_once
 from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from tests.unit.test_daemon import get, wait_for
 
@@ -62,10 +63,10 @@ def test_terminating_endpoint_drains_until_its_pod_goes_with_no_pod_read(api, tm
         api.add(pod("web-1", deletion_timestamp=_stamp(time.time() - 300), uid="u-web-1"))
         api.update(endpoint_slice("web", [terminating(A, pod="web-1", uid="u-web-1"),
                                           endpoint(B, pod="web-2")]))
-        wait_for(lambda: d.engine.queue.get(vs(), rs(A)) is not None)
+        wait_for(lambda: d.engine.drains.queue.get(vs(), rs(A)) is not None)
         with d.loop.lock:
-            d.engine.check_drains()
-            entry = d.engine.queue.get(vs(), rs(A))
+            run_once(d.engine.drain_check)
+            entry = d.engine.drains.queue.get(vs(), rs(A))
         assert entry is not None and not entry.has_deadline
         assert entry.deadline_source is DeadlineSource.POD
         assert kernel.weight(vs(), rs(A)) == 0 and kernel.weight(vs(), rs(B)) == 1
@@ -108,8 +109,8 @@ def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_pa
         wait_for(lambda: kernel.weight(vs(), rs(C)) != 1)  # drained (0) or cut (None)
         with d.loop.lock:
             for _ in range(3):
-                d.engine.check_drains()
-            entry = d.engine.queue.get(vs(), rs(C))
+                run_once(d.engine.drain_check)
+            entry = d.engine.drains.queue.get(vs(), rs(C))
         assert kernel.weight(vs(), rs(C)) == 0  # still there, draining
         assert entry is not None and entry.pod == PodRef("default", "web-0", "uid-2")
         assert not entry.has_deadline

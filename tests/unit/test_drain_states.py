@@ -103,7 +103,7 @@ def test_unreadable_connection_table_falls_back_to_counts_with_one_log_line(capl
 
 def test_the_connection_table_pass_is_paced_by_its_own_cost():
     h = draining_a(2, ["TIME_WAIT", "FIN_WAIT"])
-    reader = h.engine.drain_reader
+    reader = h.engine.drain_check.reader
     real = h.fake.read_connections
 
     def slow(pairs):
@@ -123,37 +123,37 @@ def test_the_connection_table_pass_is_paced_by_its_own_cost():
 
 def test_a_reading_from_before_the_endpoint_came_back_never_deletes_it():
     h = draining_a(0, [])  # idle: the next reading says "delete"
-    reading = h.engine.read_drains(h.engine.drain_snapshot())
+    reading = h.engine.drain_check.read(h.engine.drain_check.snapshot())
     assert [str(op) for _, judged in reading.ops for _, op in judged] == [
         "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 reason drained"]
     h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))  # A is back (weight 1)
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
-    h.engine.apply_drain_reading(reading)
+    h.engine.drain_check.apply(reading)
     assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 1 and h.deletions("drained") == 0
 
 
 def test_a_reading_from_before_a_new_drain_of_the_same_real_server_is_not_applied_to_it():
     h = draining_a(0, [])
-    reading = h.engine.read_drains(h.engine.drain_snapshot())
+    reading = h.engine.drain_check.read(h.engine.drain_check.snapshot())
     h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))
     h.fake.set_connections(vs(), rs(A), active=1, inactive=0)  # a new connection to A
     h.upsert(slice_of(endpoint(B)))  # and it leaves again: a new drain entry
     h.ops()
-    h.engine.apply_drain_reading(reading)
-    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.queue) == 1
+    h.engine.drain_check.apply(reading)
+    assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.drains.queue) == 1
 
 
 def test_status_shows_connections_by_state_for_draining_real_servers():
     h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
     h.check(1)
-    rss = engine_status(h.engine)["virtual_servers"][0]["real_servers"]
+    rss = engine_status(h.view)["virtual_servers"][0]["real_servers"]
     a = next(r for r in rss if r["address"] == A)
     assert a["drain"]["connections"] == ConnCounts(closing=1, closed=2).to_json()
     assert next(r for r in rss if r["address"] == B)["drain"] is None
     # not read (ActiveConn > 0): established is ActiveConn, the rest unknown
     h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
     h.check(1)
-    a = next(r for r in engine_status(h.engine)["virtual_servers"][0]["real_servers"]
+    a = next(r for r in engine_status(h.view)["virtual_servers"][0]["real_servers"]
              if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 2, "closing": None, "closed": None}
 
@@ -179,12 +179,11 @@ def test_events_are_applied_while_a_drain_read_is_in_progress():
     h = Harness(kernel=kernel, drain_timeout=600)
     events: queue.Queue = queue.Queue()
     loop = Loop(h.engine, events, LoopConfig(), clock=h.clock)
-    loop.drain_thread = True
     h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
     h.upsert(slice_of(endpoint(B)))  # A drains, idle: the reading will say "delete"
     h.ops()
     kernel.block = True
-    reader = threading.Thread(target=loop.drain_step)
+    reader = threading.Thread(target=loop.drain_runner.step)
     reader.start()
     try:
         assert kernel.reading.wait(10)
@@ -205,7 +204,7 @@ def test_ipvsctl_status_shows_the_connection_states():
     h.check(1)
     table = [VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
              for v in h.fake.list_virtual_servers()]
-    doc = join_status(table, None, engine_status(h.engine), None, "http://x")
+    doc = join_status(table, None, engine_status(h.view), None, "http://x")
     a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
     assert "connections 0 established/1 closing/2 closed" in render_status(doc)
@@ -272,15 +271,15 @@ def test_an_audit_reading_taken_before_a_change_was_applied_is_dropped():
     h = Harness()
     h.start([service("web")], [slice_of(endpoint(A), endpoint(B))])
     e = h.engine
-    reading = e.read_audit(e.audit_snapshot())  # sees A and B only
+    reading = e.audit.read(e.audit.snapshot())  # sees A and B only
     h.upsert(slice_of(endpoint(A), endpoint(B), endpoint("10.244.1.7")))  # C is added
     h.ops()
-    assert e.apply_audit_reading(reading) == 0  # stale: C's absence is no drift
+    assert e.audit.apply(reading).found == 0  # stale: C's absence is no drift
     assert h.metrics.value("ipvsctl_drift_repairs_total", {"kind": "real_server_changed"}) == 0
     e.sync()
     assert h.ops() == [] and h.fake.weight(vs(), rs("10.244.1.7")) == 1
     # read again now, it is current: still nothing to repair, and the round moves on
-    assert e.apply_audit_reading(e.read_audit(e.audit_snapshot())) == 0
+    assert h.audit() == 0
 
 
 def test_the_audit_off_the_lock_still_finds_hand_made_changes():
@@ -289,7 +288,7 @@ def test_the_audit_off_the_lock_still_finds_hand_made_changes():
     e = h.engine
     h.fake.set_real_server_weight(vs(), rs(A), 7)
     h.fake.take_ops()
-    found = e.apply_audit_reading(e.read_audit(e.audit_snapshot()))
+    found = h.audit()
     assert found == 1
     e.sync()
     assert h.fake.weight(vs(), rs(A)) == 1

@@ -51,7 +51,7 @@ def test_removed_endpoint_goes_to_weight_0_then_is_deleted_when_idle():
     h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
     h.upsert(slice_of(endpoint(B)))
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0"]
-    entry = h.engine.queue.get(vs(), rs(A))
+    entry = h.engine.drains.queue.get(vs(), rs(A))
     assert entry.reason is DrainReason.REMOVED and entry.deadline_source is DeadlineSource.DEFAULT
     assert entry.pod == PodRef("default", "pod-5")  # known from before it was removed
     h.check(1)
@@ -59,7 +59,7 @@ def test_removed_endpoint_goes_to_weight_0_then_is_deleted_when_idle():
     h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
     h.check(1)
     assert h.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"]
-    assert len(h.engine.queue) == 0 and h.deletions("drained") == 1
+    assert len(h.engine.drains.queue) == 0 and h.deletions("drained") == 1
 
 
 def test_inactive_connections_also_hold_a_real_server():
@@ -67,7 +67,7 @@ def test_inactive_connections_also_hold_a_real_server():
     h.fake.set_connections(vs(), rs(A), active=0, inactive=3)  # TIME_WAIT etc.
     h.upsert(slice_of(endpoint(B)))
     h.check(1)
-    assert h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.queue) == 1
+    assert h.fake.weight(vs(), rs(A)) == 0 and len(h.engine.drains.queue) == 1
 
 
 def test_deadline_deletes_a_real_server_with_open_connections():
@@ -95,7 +95,7 @@ def test_annotation_deadline_wins():
     h = started(A, B, svc=svc, drain_timeout=30)
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5")))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert (e.deadline - e.since, e.deadline_source) == (5, DeadlineSource.ANNOTATION)
     h.check(5)
     assert h.deletions("deadline") == 1
@@ -106,10 +106,9 @@ def test_terminating_endpoint_still_listed_has_no_deadline_of_its_own():
     h = started(A, B, drain_timeout=30)
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.reason is DrainReason.TERMINATING and e.deadline_source is DeadlineSource.POD
     assert not e.has_deadline and e.pod == PodRef("default", "pod-5", "u5")
-    assert h.engine.next_deadline() is None  # the loop sets no timer for it
     h.check(10_000)
     assert h.fake.weight(vs(), rs(A)) == 0 and h.deletions("deadline") == 0
     h.fake.set_connections(vs(), rs(A), active=0)
@@ -124,10 +123,9 @@ def test_terminating_endpoint_gone_from_every_slice_is_pod_gone_after_a_grace():
     h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
     h.check(100)
     h.upsert(slice_of(endpoint(B)))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.deadline_source is DeadlineSource.POD_GONE and e.reason is DrainReason.TERMINATING
     assert e.deadline == h.clock.wall() + POD_GONE_GRACE
-    assert h.engine.next_deadline() == e.deadline
     h.check(POD_GONE_GRACE - 1)
     assert h.fake.weight(vs(), rs(A)) == 0
     h.check(1)
@@ -140,7 +138,7 @@ def test_endpoint_removed_without_terminating_keeps_the_flag_deadline():
     h = started(A, B, drain_timeout=30)
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(slice_of(endpoint(B)))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert (e.reason, e.deadline_source, e.deadline - e.since) == (
         DrainReason.REMOVED, DeadlineSource.DEFAULT, 30)
 
@@ -160,7 +158,7 @@ def test_slice_repack_delete_then_add_cuts_nothing():
     h.fake.set_connections(vs(), rs(A), active=3)
     h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
     _repacked(h, "delete", "add")
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.deadline_source is DeadlineSource.POD and not e.has_deadline
     h.check(POD_GONE_GRACE * 10)
     assert h.fake.weight(vs(), rs(A)) == 0
@@ -172,7 +170,7 @@ def test_slice_repack_add_then_delete_cuts_nothing():
     h.fake.set_connections(vs(), rs(A), active=3)
     h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
     _repacked(h, "add", "delete")
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.deadline_source is DeadlineSource.POD and not e.has_deadline
     h.check(POD_GONE_GRACE * 10)
     assert h.fake.weight(vs(), rs(A)) == 0
@@ -187,22 +185,22 @@ def test_statefulset_pod_of_the_same_name_is_another_endpoint():
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(slice_of(terminating(A, pod="web-0", uid="uid-1"), endpoint(B)))
     h.upsert(slice_of(endpoint(A, pod="web-0", uid="uid-2", ready=False), endpoint(B)))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.pod == PodRef("default", "web-0", "uid-1")
     assert e.deadline_source is DeadlineSource.POD_GONE
     # The same pod listed again (the same uid) is the same endpoint: no deadline again.
     h.upsert(slice_of(terminating(A, pod="web-0", uid="uid-1"), endpoint(B)))
-    assert h.engine.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.POD
+    assert h.engine.drains.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.POD
 
 
 def test_not_ready_endpoint_that_turns_terminating_loses_its_flag_deadline():
     h = started(A, B, drain_timeout=30)
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(slice_of(endpoint(A, pod="pod-5", ready=False), endpoint(B)))
-    assert h.engine.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.DEFAULT
+    assert h.engine.drains.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.DEFAULT
     h.check(10)
     h.upsert(slice_of(terminating(A, pod="pod-5"), endpoint(B)))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert (e.reason, e.deadline_source) == (DrainReason.TERMINATING, DeadlineSource.POD)
     h.check(60)
     assert h.fake.weight(vs(), rs(A)) == 0
@@ -216,7 +214,7 @@ def test_returning_endpoint_gets_weight_1_in_place_never_delete_and_add():
     h.ops()
     h.upsert(slice_of(endpoint(A), endpoint(B)))
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
-    assert len(h.engine.queue) == 0
+    assert len(h.engine.drains.queue) == 0
     assert h.fake.services[vs()].dests[rs(A)].active == 3  # its connections survived
 
 
@@ -242,7 +240,7 @@ def test_udp_real_server_deleted_at_once_with_conntrack():
     h.upsert(endpoint_slice("dns", [endpoint(B)], ports=ports))
     assert h.ops() == ["del-rs 10.96.0.10:53/UDP -> 10.244.1.5:5353",
                        "flush-conntrack 10.96.0.10:53/UDP -> 10.244.1.5:5353"]
-    assert len(h.engine.queue) == 0 and h.deletions("udp") == 1
+    assert len(h.engine.drains.queue) == 0 and h.deletions("udp") == 1
 
 
 def test_sctp_is_deleted_at_once_too():
@@ -262,7 +260,7 @@ def test_deleted_service_removes_its_virtual_server_at_once():
     h.ops()
     h.delete(SVC)
     assert h.ops() == ["del-vs 10.96.0.10:80/TCP"]
-    assert len(h.engine.queue) == 0 and h.fake.dump() == ""
+    assert len(h.engine.drains.queue) == 0 and h.fake.dump() == ""
     assert h.deletions("service_deleted") == 2
     assert h.metrics.value("ipvsctl_virtual_servers") == 0
 
@@ -279,14 +277,14 @@ def test_port_removed_from_service_removes_its_virtual_server():
 def test_all_terminating_keeps_serving_then_drains_when_replacements_are_ready():
     h = started(A, B)
     h.upsert(slice_of(terminating(A), terminating(B)))
-    assert h.ops() == [] and len(h.engine.queue) == 0  # KEP-1669: still serving
+    assert h.ops() == [] and len(h.engine.drains.queue) == 0  # KEP-1669: still serving
     h.upsert(slice_of(terminating(A), terminating(B), endpoint(C)))
     assert h.ops() == [
         "add-rs 10.96.0.10:80/TCP -> 10.244.1.7:8080 weight 1",
         "set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
         "set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0",
     ]
-    assert {e.reason for e in h.engine.queue} == {DrainReason.TERMINATING}
+    assert {e.reason for e in h.engine.drains.queue} == {DrainReason.TERMINATING}
 
 
 def test_one_table_read_per_check_for_every_draining_real_server():
@@ -306,7 +304,7 @@ def test_queue_entry_forgotten_when_real_server_vanishes():
     h.fake.delete_real_server(vs(), rs(A))  # someone else deleted it
     h.ops()
     h.check(1)
-    assert len(h.engine.queue) == 0 and h.ops() == []
+    assert len(h.engine.drains.queue) == 0 and h.ops() == []
 
 
 def test_relist_of_unchanged_objects_causes_no_work():
@@ -344,7 +342,7 @@ def test_restart_adopts_unwanted_weight_0_real_server_without_touching_it():
     h = Harness(kernel=k)
     h.start([SVC], [slice_of(endpoint(A))])
     assert h.ops() == []  # neither deleted abruptly nor set back to 1
-    e = h.engine.queue.get(vs(), rs(B))
+    e = h.engine.drains.queue.get(vs(), rs(B))
     assert e.reason is DrainReason.ADOPTED and e.deadline == h.clock.wall() + 30
     h.fake.set_connections(vs(), rs(B), 0)
     h.check(1)
@@ -358,7 +356,7 @@ def test_restart_keeps_the_persisted_deadline():
                        h0.clock.wall() + 7, DeadlineSource.DEFAULT)
     h = Harness(kernel=k, restored=[saved], drain_timeout=300)
     h.start([SVC], [slice_of(endpoint(A))])
-    assert h.engine.queue.get(vs(), rs(B)) == saved
+    assert h.engine.drains.queue.get(vs(), rs(B)) == saved
     h.check(7)
     assert h.deletions("deadline") == 1
 
@@ -371,7 +369,7 @@ def test_restart_judges_a_drain_its_pod_bounded_from_the_slices():
                        NO_DEADLINE, DeadlineSource.POD, PodRef("default", "pod-6", "u6"))
     h = Harness(kernel=k, restored=[saved], drain_timeout=300)
     h.start([SVC], [slice_of(endpoint(A))])
-    assert h.engine.queue.get(vs(), rs(B)).deadline_source is DeadlineSource.POD_GONE
+    assert h.engine.drains.queue.get(vs(), rs(B)).deadline_source is DeadlineSource.POD_GONE
     h.check(POD_GONE_GRACE)
     assert h.deletions("pod_gone") == 1
 

@@ -70,7 +70,7 @@ def test_a_sync_meeting_an_unknown_kernel_entry_finishes_it_and_fails_nothing():
     # Taken over in place: the stranger's real server drains like any removed endpoint.
     dests = h.fake.services[vs()].dests
     assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1, "10.9.9.9": 0}
-    assert (vs(), rs("10.9.9.9")) in h.engine.queue
+    assert (vs(), rs("10.9.9.9")) in h.engine.drains.queue
 
 
 class LateKernel(FakeKernel):

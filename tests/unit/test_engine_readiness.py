@@ -37,4 +37,4 @@ def test_engine_is_started_only_once_the_first_sync_is_in_the_kernel() -> None:
             [endpoint_slice("web", [endpoint("10.244.1.5")])])
     assert kernel.started_when_adding == [False, False]
     assert h.engine.started
-    assert quiesced_json(h.engine, "10.244.1.5")["ready"]
+    assert quiesced_json(h.view, "10.244.1.5")["ready"]

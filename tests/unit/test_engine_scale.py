@@ -69,7 +69,7 @@ def test_random_changes_with_kernel_failures_converge_to_the_same_table():
             h.upsert(obj)
             h.check(0)  # nothing has connections: drained ones go at once
     for _ in range(50):  # the loop would retry with backoff; here, until done
-        if not faulty.engine.dirty and not len(faulty.engine.queue):
+        if not faulty.engine.dirty and not len(faulty.engine.drains.queue):
             break
         faulty.engine.sync()
         faulty.check(0)

@@ -130,8 +130,9 @@ def test_a_new_drain_is_written_at_once_other_changes_at_most_every_persist_inte
         if rs.address in ("10.0.0.5", "10.0.0.4"):
             h.fake.set_connections(key, rs, 0)
     h.clock.advance(1.0)
+    assert loop.drain_runner.step()  # the drain check (its own thread in the daemon)
     loop.step()
-    assert len(h.engine.queue) == 2 and saved == [1, 2, 3, 4]
+    assert len(h.engine.drains.queue) == 2 and saved == [1, 2, 3, 4]
     assert loop._timeout() <= 1.0
     h.clock.advance(1.0)
     loop.step()
@@ -222,8 +223,9 @@ def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
     loop.step()
     assert "sync incomplete, retrying" not in caplog.text
     assert loop._retry_delay == loop.config.retry_min
-    # The same sync took the entry over and put it right (the stale real server, without
-    # connections, deleted at once).
+    # The same sync took the entry over and put it right (the stale real server drained),
+    # and the next drain check deleted it (no connections).
+    assert loop.drain_runner.step()
     assert not h.engine.dirty
     dests = h.fake.services[vs()].dests
     assert {k.address: d.weight for k, d in dests.items()} == {"10.0.0.1": 1}

@@ -77,7 +77,7 @@ def test_an_address_change_resyncs_only_node_port_services():
     assert h.fake.weight(vs("10.96.0.11"), rs(C)) == 1
     assert h.fake.weight(vs("198.51.100.9"), rs(B)) == 1
     assert h.engine.config.node.node_ips == (NEW,)
-    assert h.engine.node_ips_known == {OLD, NEW}  # a leftover on OLD is still ours
+    assert h.engine.intake.node_ips_known == {OLD, NEW}  # a leftover on OLD is still ours
 
 
 def test_an_added_address_adds_and_keeps_the_old_one():
@@ -142,12 +142,12 @@ def test_the_audit_deletes_a_leftover_on_a_removed_address():
     virtual server on an address removed while running is still recognised as ours."""
     h = started()
     e = h.engine
-    e.owned = lambda key: key.port in NODE_PORT_RANGE and key.address in e.node_ips_known
+    e.owned = lambda key: key.port in NODE_PORT_RANGE and key.address in e.intake.node_ips_known
     e.set_node_ips([NEW])
     e.sync()
     h.fake.add_virtual_server(VirtualServer(vs(OLD, 31000), "rr"), False)  # not ipvsctl's doing
     h.ops()
-    e.audit_step()
+    h.audit()
     assert vs(OLD, 31000) not in h.fake.services
 
 

@@ -81,12 +81,12 @@ def test_other_nodes_are_ignored_and_deletion_clears_the_zone() -> None:
     h.engine.handle(Replace(NODE_KIND, [node("zone-b", name="node-b"), node("zone-a")], 0.0))
     h.start(*two_services())
     assert h.engine.config.node.zone == "zone-a"
-    assert h.engine.store.node is not None and h.engine.store.node.eligible
+    assert h.engine.intake.store.node is not None and h.engine.intake.store.node.eligible
     h.engine.handle(Delete(NODE_KIND, "default", "node-b", 1.0))
-    assert h.engine.store.node.present
+    assert h.engine.intake.store.node.present
     h.engine.handle(Delete(NODE_KIND, "default", "node-a", 1.0))
     assert h.engine.config.node.zone is None
-    assert not h.engine.store.node.present and not h.engine.store.node.eligible
+    assert not h.engine.intake.store.node.present and not h.engine.intake.store.node.eligible
     h.engine.sync()  # without a zone: every endpoint
     assert h.fake.weight(vs(), rs("10.244.2.1")) == 1
     assert h.fake.weight(vs(), rs("10.244.1.1")) == 1
@@ -95,22 +95,22 @@ def test_other_nodes_are_ignored_and_deletion_clears_the_zone() -> None:
 def test_eligibility_follows_deletion_and_the_autoscaler_taint() -> None:
     h = Harness()
     h.upsert(node(), sync=False)
-    assert h.engine.store.node.eligible
+    assert h.engine.intake.store.node.eligible
     h.upsert(node(taint="ToBeDeletedByClusterAutoscaler"), sync=False)
-    assert not h.engine.store.node.eligible and h.engine.store.node.to_be_deleted
+    assert not h.engine.intake.store.node.eligible and h.engine.intake.store.node.to_be_deleted
     h.upsert(node(taint="node.kubernetes.io/unschedulable"), sync=False)
-    assert h.engine.store.node.eligible
+    assert h.engine.intake.store.node.eligible
     h.upsert(node(deleting=True), sync=False)
-    assert not h.engine.store.node.eligible and h.engine.store.node.deleting
+    assert not h.engine.intake.store.node.eligible and h.engine.intake.store.node.deleting
 
 
 def test_relist_without_our_node_means_it_was_deleted() -> None:
     h = Harness()
     h.engine.handle(Replace(NODE_KIND, [], 0.0))
-    assert h.engine.store.node is None  # never seen: unknown, not deleted
+    assert h.engine.intake.store.node is None  # never seen: unknown, not deleted
     h.engine.handle(Replace(NODE_KIND, [node()], 0.0))
     h.engine.handle(Replace(NODE_KIND, [], 0.0))
-    assert h.engine.store.node is not None and not h.engine.store.node.present
+    assert h.engine.intake.store.node is not None and not h.engine.intake.store.node.present
 
 
 def test_first_sync_waits_for_the_node_when_the_source_sends_one() -> None:
@@ -138,8 +138,8 @@ def test_a_bad_node_is_reported_and_ignored() -> None:
     bad["spec"] = {"taints": "ToBeDeletedByClusterAutoscaler"}
     h.engine.handle(Upsert(NODE_KIND, bad, 0.0))
     assert h.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Node"}) == 2
-    assert h.engine.store.node is not None and h.engine.store.node.zone is None
-    assert h.engine.store.node.eligible
+    assert h.engine.intake.store.node is not None and h.engine.intake.store.node.zone is None
+    assert h.engine.intake.store.node.eligible
 
 
 def test_pending_since_and_last_updated_follow_syncs() -> None:

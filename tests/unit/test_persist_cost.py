@@ -42,7 +42,7 @@ class _Counting:
 
 def _loop(h: Harness, save) -> Loop:
     for i in range(1000):
-        h.engine.queue.add(_entry(i))
+        h.engine.drains.queue.add(_entry(i))
     return Loop(h.engine, queue.Queue(), LoopConfig(persist_interval=2.0), clock=h.clock,
                 save_queue=save)
 
@@ -54,7 +54,7 @@ def test_steps_that_change_the_queue_copy_nothing_until_the_writer_reads(monkeyp
     counting = _Counting(monkeypatch)
     loop.step()  # the restored queue is on disk already: nothing to write
     for i in range(200):  # 200 steps, each ending a drain: one hand-over (the first), no copy
-        h.engine.queue.remove(_entry(i).vs, _entry(i).rs)
+        h.engine.drains.queue.remove(_entry(i).vs, _entry(i).rs)
         loop.step()
     assert counting.copies == 0
     assert len(submitted) == 1
@@ -74,7 +74,7 @@ def test_a_new_drain_is_submitted_at_once_without_a_copy(monkeypatch):
     loop.step()
     counting = _Counting(monkeypatch)
     for i in range(1000, 1100):  # every step adds a drain: each is handed over at once
-        h.engine.queue.add(_entry(i))
+        h.engine.drains.queue.add(_entry(i))
         loop.step()
     assert len(submitted) == 100 and counting.copies == 0
 
@@ -97,7 +97,7 @@ def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatc
     try:
         loop.step()  # the first write starts and waits on the gate
         for i in range(1000, 1050):  # new drains while the disk is slow: views replace
-            h.engine.queue.add(_entry(i))
+            h.engine.drains.queue.add(_entry(i))
             loop.step()
         gate.set()
         assert writer.wait_idle(30)
@@ -105,7 +105,7 @@ def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatc
         stop.set()
         t.join(30)
     assert counting.copies == len(written) <= 3
-    assert {e.key for e in written[-1]} == {e.key for e in h.engine.queue.entries()}
+    assert {e.key for e in written[-1]} == {e.key for e in h.engine.drains.queue.entries()}
 
 
 def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document(tmp_path,

@@ -11,7 +11,8 @@ from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import ServiceKey
-from ipvsctl.reconcile.loop import AUDIT_DUTY, Loop, LoopConfig, audit_due
+from ipvsctl.reconcile.loop import AUDIT_DUTY, Loop, LoopConfig
+from ipvsctl.reconcile.paced import Pace, PacedRunner
 
 A, B = "10.244.1.5", "10.244.1.6"
 
@@ -21,21 +22,22 @@ def test_an_audit_round_sorts_no_keys_and_reads_each_once():
     loop's lock (two sorts of every key per round held it 70 ms at 10,000): the round hands
     out the keys in the applied state's own order, here not the keys' order."""
     h = Harness()
-    h.engine.config = h.engine.config.__class__(h.engine.config.node, audit_batch=40)
+    h.engine.audit.batch = 40
     # named in the reverse order of their addresses: the state holds them in sync order
     h.start([service(f"s{i:03}", cluster_ip=f"10.96.{(399 - i) // 200}.{(399 - i) % 200 + 1}")
              for i in range(400)], [])
-    in_state = list(h.engine.vs_owner)
+    in_state = list(h.engine.state.owner)
     assert in_state != sorted(in_state)
     h.fake.dumps = 0
     planned: list[ServiceKey] = []
     read: list[ServiceKey] = []
     for _ in range(10):  # one round: 400 keys, 40 a step
-        plan = h.engine.audit_snapshot()
+        plan = h.engine.audit.snapshot()
+        assert plan is not None
         planned += plan.keys
-        reading = h.engine.read_audit(plan)
+        reading = h.engine.audit.read(plan)
         read += reading.real_servers
-        assert not h.engine.apply_audit_reading(reading)
+        assert not h.engine.audit.apply(reading).found
     assert planned == in_state  # unsorted: the state's order
     assert sorted(read) == sorted(in_state) and len(read) == len(set(read)) == 400
     assert h.fake.dumps == 400  # the fake's count of real server reads
@@ -56,7 +58,7 @@ def test_a_drain_check_judges_off_the_lock_and_applies_only_its_deletions(monkey
     for i, key in enumerate(keys):
         h.fake.set_connections(key, rs(A), active=1)
         h.upsert(endpoint_slice(f"s{i}", [endpoint(B)]))
-    assert len(h.engine.queue) == n
+    assert len(h.engine.drains.queue) == n
     h.fake.set_connections(keys[7], rs(A), active=0)
     judged = 0
     rule = termination.check_drains
@@ -67,14 +69,15 @@ def test_a_drain_check_judges_off_the_lock_and_applies_only_its_deletions(monkey
         return rule(*args, **kwargs)
 
     monkeypatch.setattr(termination, "check_drains", counting_rule)
-    verdict = h.engine.read_drains(h.engine.drain_snapshot())  # off the lock
+    check = h.engine.drain_check
+    verdict = check.read(check.snapshot())  # off the lock
     assert judged == n
     h.ops()
     judged = 0
-    h.engine.apply_drain_reading(verdict)  # under the lock
+    check.apply(verdict)  # under the lock
     assert judged == 0
     assert h.ops() == [f"del-rs {keys[7]} -> {rs(A)}"] and h.deletions("drained") == 1
-    assert len(h.engine.queue) == n - 1
+    assert len(h.engine.drains.queue) == n - 1
     assert h.engine.drains.counts(keys[8], rs(A)) == (1, 0)  # what was read is shown
 
 
@@ -105,15 +108,15 @@ def test_a_drain_check_is_not_held_up_by_the_audits_full_dump():
     h = Harness(kernel=kernel, drain_timeout=600)
     loop = Loop(h.engine, queue.Queue(), LoopConfig(drain_check_interval=0.05,
                                                     audit_interval=0.05), clock=h.clock)
-    loop.drain_thread = True
     h.start([service("web")], [endpoint_slice("web", [endpoint(A), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))  # A drains, held by its connection
-    assert len(h.engine.queue) == 1
+    assert len(h.engine.drains.queue) == 1
     kernel.block = True
     stop = threading.Event()
-    reader = threading.Thread(target=loop.run_drain_reader, args=(stop,))
-    auditor = threading.Thread(target=loop.run_audit_reader, args=(stop,))
+    reader = threading.Thread(target=loop.drain_runner.run, args=(stop,))
+    auditor = threading.Thread(target=loop.audit_runner.run, args=(stop,))
+    h.clock.advance(0.05)  # the first audit step is due
     auditor.start()
     reader.start()
     try:
@@ -126,14 +129,42 @@ def test_a_drain_check_is_not_held_up_by_the_audits_full_dump():
     finally:
         kernel.release.set()
         stop.set()
+        loop.drain_runner.wake.set()
+        loop.audit_runner.wake.set()
         reader.join(30)
         auditor.join(30)
     assert not reader.is_alive() and not auditor.is_alive()
 
 
+class TimedRead:
+    """A background read whose kernel part takes `took` seconds of the clock."""
+
+    def __init__(self, clock, took: float) -> None:
+        self.clock, self.took, self.applied = clock, took, 0
+
+    def snapshot(self) -> str:
+        return "plan"
+
+    def read(self, plan: str) -> str:
+        self.clock.advance(self.took)
+        return plan
+
+    def apply(self, reading: str) -> None:
+        self.applied += 1
+
+
 def test_the_audit_reads_at_most_a_tenth_of_the_time():
-    assert audit_due(10.0, 10.01, 1.0) == 11.0  # cheap steps: one per interval
-    assert audit_due(10.0, 14.0, 1.0) == 14.0 + 4.0 * AUDIT_DUTY  # a 4 s dump: 36 s pause
+    from ipvsctl.reconcile.clock import ManualClock
+
+    clock = ManualClock()
+    pace = Pace(every=1.0, duty=AUDIT_DUTY)
+    cheap = PacedRunner("audit", TimedRead(clock, 0.01), threading.Lock(), pace, clock=clock)
+    assert cheap.step() and round(cheap.timeout(), 6) == 0.99  # cheap steps: one per interval
+    assert not cheap.step()  # not due again yet
+    slow = PacedRunner("audit", TimedRead(clock, 4.0), threading.Lock(), pace, clock=clock)
+    start = clock.monotonic()
+    assert slow.step() and slow.not_before == start + 4.0 + 4.0 * AUDIT_DUTY  # 36 s pause
+    assert slow.task.applied == 1
     assert AUDIT_DUTY >= 9.0
 
 
@@ -155,15 +186,14 @@ def test_the_audit_pacing_counts_its_reads_not_its_wait_for_the_lock():
     kernel.clock = h.clock
     h.start([service("web")], [endpoint_slice("web", [endpoint(A)])])
     loop = Loop(h.engine, queue.Queue(), LoopConfig(), clock=h.clock)
-    took: list[float] = []
+    h.clock.advance(loop.config.audit_interval)  # the first step is due
     with loop.lock:
-        step = threading.Thread(target=lambda: took.append(loop.audit_off_lock()))
+        step = threading.Thread(target=loop.audit_runner.step)
         step.start()
         h.clock.advance(30.0)  # a long sync holds the lock meanwhile
     step.join(30)
-    assert took == [2.0]  # the round start's dump only
-    now = h.clock.monotonic()
-    assert audit_due(now - took[0], now, 1.0) == now + 2.0 * AUDIT_DUTY
+    # paced by the round start's 2 s dump only, not the 30 s wait
+    assert loop.audit_runner.not_before == h.clock.monotonic() + 2.0 * AUDIT_DUTY
 
 
 def test_drain_checks_are_paced_start_to_start():
@@ -175,28 +205,13 @@ def test_drain_checks_are_paced_start_to_start():
             h.clock.advance(0.8)
             return super().read_real_servers(keys, only)
 
-    class Stop:
-        """Records each wait; stops after the first wait that follows a check."""
-
-        def __init__(self) -> None:
-            self.waits: list[float] = []
-
-        def is_set(self) -> bool:
-            return bool(self.waits)
-
-        def wait(self, timeout: float) -> bool:
-            self.waits.append(round(timeout, 6))
-            return True
-
     h = Harness(kernel=SlowTable(), drain_timeout=600)
     loop = Loop(h.engine, queue.Queue(), LoopConfig(drain_check_interval=1.0), clock=h.clock)
-    loop.drain_thread = True
     h.start([service("web")], [endpoint_slice("web", [endpoint(A), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))
-    stop = Stop()
-    loop.run_drain_reader(stop)  # type: ignore[arg-type]
-    assert stop.waits == [0.2]
+    assert loop.drain_runner.step()
+    assert round(loop.drain_runner.timeout(), 6) == 0.2
 
 
 def test_one_pacing_rule_for_every_background_read():
@@ -218,14 +233,14 @@ def test_a_round_start_compares_the_virtual_servers_off_the_lock():
              for i in range(300)], [])
     changed = ServiceKey(vs().protocol, "10.96.0.7", 80)
     h.fake.update_virtual_server(VirtualServer(changed, "wlc"))  # an operator's ipvsadm -E
-    auditor = h.engine.auditor
-    plan = h.engine.audit_snapshot()
+    auditor = h.engine.audit
+    plan = auditor.snapshot()
     assert plan is not None and plan.full
     before = auditor.compared
-    reading = h.engine.read_audit(plan)  # off the lock
+    reading = auditor.read(plan)  # off the lock
     assert auditor.compared - before == 300  # every applied virtual server, in the read
     before = auditor.compared
-    assert h.engine.apply_audit_reading(reading) == 1  # under the lock
+    assert auditor.apply(reading).found == 1  # under the lock
     assert auditor.compared == before  # none compared: only the difference applied
     assert h.engine.state.get(None, changed).vs.scheduler == "wlc"  # seen as it is now
     h.engine.sync()
@@ -235,11 +250,13 @@ def test_a_round_start_compares_the_virtual_servers_off_the_lock():
 def test_a_round_start_read_while_the_state_changed_is_read_again():
     h = Harness()
     h.start([service(f"s{i}", cluster_ip=f"10.96.0.{i + 1}") for i in range(5)], [])
-    plan = h.engine.audit_snapshot()
-    reading = h.engine.read_audit(plan)
+    plan = h.engine.audit.snapshot()
+    assert plan is not None
+    reading = h.engine.audit.read(plan)
     h.upsert(service("s9", cluster_ip="10.96.0.99"))  # the loop applies a change meanwhile
-    assert h.engine.apply_audit_reading(reading) == 0
-    assert h.engine.audit_snapshot().full  # the round starts again
+    assert h.engine.audit.apply(reading).found == 0
+    again = h.engine.audit.snapshot()
+    assert again is not None and again.full  # the round starts again
 
 
 def test_a_drain_snapshot_is_one_shallow_copy_and_later_changes_leave_it_alone():

@@ -57,7 +57,7 @@ def test_drain_timeout_annotation(value, deadline, source, warned):
     h.start([svc], [endpoint_slice("web", [endpoint(A, pod="pod-5"), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B), terminating(A, pod="pod-5")]))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert e.deadline_source is source
     assert e.deadline - e.since == pytest.approx(deadline, abs=1)
     invalid = h.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"})
@@ -70,7 +70,7 @@ def test_invalid_drain_timeout_annotation_without_pod_falls_to_the_flag():
     h.start([svc], [endpoint_slice("web", [endpoint(A), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))
-    e = h.engine.queue.get(vs(), rs(A))
+    e = h.engine.drains.queue.get(vs(), rs(A))
     assert (e.deadline - e.since, e.deadline_source) == (30, DeadlineSource.DEFAULT)
 
 
@@ -119,7 +119,7 @@ def test_service_relabelled_to_another_proxy_is_removed_like_a_deleted_one():
     h.ops()
     h.upsert(labelled(service("web"), **{PROXY: "cilium"}))
     assert h.ops() == ["del-vs 10.96.0.10:80/TCP"]
-    assert h.engine.store.services == {}
+    assert h.engine.intake.store.services == {}
     h.upsert(service("web"))  # label removed again: ours again
     assert "add-vs 10.96.0.10:80/TCP rr" in h.ops()[0]
 

@@ -12,6 +12,7 @@ from bench.cluster import cluster
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.view import EngineView
 from ipvsctl.shell.http import as_json
 from ipvsctl.shell.status_http import StatusDocument
 from ipvsctl.shell.status_json import engine_status
@@ -31,7 +32,7 @@ class CountingLock:
         self.lock.release()
 
 
-def engine(n: int, e: int) -> Engine:
+def engine(n: int, e: int) -> EngineView:
     kernel = FakeKernel()
     kernel.ops = __import__("collections").deque(maxlen=0)
     eng = Engine(kernel, EngineConfig(NodeContext("node-a"), drain_timeout=3600.0))
@@ -40,7 +41,7 @@ def engine(n: int, e: int) -> Engine:
     eng.handle(Replace(ObjectKind.SERVICE, services, now))
     eng.handle(Replace(ObjectKind.ENDPOINT_SLICE, slices, now))
     assert not eng.sync().failed
-    return eng
+    return EngineView(eng)
 
 
 def body(doc: StatusDocument) -> Any:
