@@ -25,6 +25,9 @@ class DrainQueue:
         self.version = 0  # bumped on every change: tells the state file it must be written
         self.added = 0  # bumped on every add: a new drain is written at once, not coalesced
         self._count = 0
+        # Whole-queue copies made (a sorted iteration or `entries()`): what a loop step must
+        # not do per change (the cost tests read it).
+        self.copies = 0
         for e in entries or ():
             self.add(e)
 
@@ -32,6 +35,7 @@ class DrainQueue:
         return self._count
 
     def __iter__(self) -> Iterator[DrainEntry]:
+        self.copies += 1
         for vs in sorted(self._by_vs, key=service_order):
             d = self._by_vs[vs]
             for rs in sorted(d, key=_rs_order):
@@ -40,6 +44,7 @@ class DrainQueue:
     def entries(self) -> list[DrainEntry]:
         """Every entry, in no particular order: a copy without the sort of `__iter__` (the
         state file needs no order)."""
+        self.copies += 1
         return [e for d in self._by_vs.values() for e in d.values()]
 
     def __contains__(self, key: tuple[ServiceKey, RealServerKey]) -> bool:

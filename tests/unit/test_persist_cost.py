@@ -22,22 +22,15 @@ def _entry(i: int) -> DrainEntry:
 
 
 class _Counting:
-    """Counts whole-queue copies (the sorted iteration and the unsorted copy)."""
+    """Whole-queue copies (the sorted iteration and the unsorted copy) since it was made:
+    the queue's own counter."""
 
-    def __init__(self, monkeypatch) -> None:
-        self.copies = 0
-        it, entries = DrainQueue.__iter__, DrainQueue.entries
+    def __init__(self, q: DrainQueue) -> None:
+        self.q, self.start = q, q.copies
 
-        def counted_iter(q):
-            self.copies += 1
-            return it(q)
-
-        def counted_entries(q):
-            self.copies += 1
-            return entries(q)
-
-        monkeypatch.setattr(DrainQueue, "__iter__", counted_iter)
-        monkeypatch.setattr(DrainQueue, "entries", counted_entries)
+    @property
+    def copies(self) -> int:
+        return self.q.copies - self.start
 
 
 def _loop(h: Harness, save) -> Loop:
@@ -47,11 +40,11 @@ def _loop(h: Harness, save) -> Loop:
                 save_queue=save)
 
 
-def test_steps_that_change_the_queue_copy_nothing_until_the_writer_reads(monkeypatch):
+def test_steps_that_change_the_queue_copy_nothing_until_the_writer_reads():
     h = Harness()
     submitted: list = []
     loop = _loop(h, submitted.append)  # like StateWriter.submit: keeps the view, reads later
-    counting = _Counting(monkeypatch)
+    counting = _Counting(h.engine.drains.queue)
     loop.step()  # the restored queue is on disk already: nothing to write
     for i in range(200):  # 200 steps, each ending a drain: one hand-over (the first), no copy
         h.engine.drains.queue.remove(_entry(i).vs, _entry(i).rs)
@@ -67,19 +60,19 @@ def test_steps_that_change_the_queue_copy_nothing_until_the_writer_reads(monkeyp
     assert counting.copies == 1  # a view is copied once
 
 
-def test_a_new_drain_is_submitted_at_once_without_a_copy(monkeypatch):
+def test_a_new_drain_is_submitted_at_once_without_a_copy():
     h = Harness()
     submitted: list = []
     loop = _loop(h, submitted.append)
     loop.step()
-    counting = _Counting(monkeypatch)
+    counting = _Counting(h.engine.drains.queue)
     for i in range(1000, 1100):  # every step adds a drain: each is handed over at once
         h.engine.drains.queue.add(_entry(i))
         loop.step()
     assert len(submitted) == 100 and counting.copies == 0
 
 
-def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatch):
+def test_the_writer_copies_once_per_write_and_writes_the_newest_queue():
     h = Harness()
     written: list[list[DrainEntry]] = []
     gate = threading.Event()
@@ -90,7 +83,7 @@ def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatc
 
     writer = StateWriter(save)
     loop = _loop(h, writer.submit)
-    counting = _Counting(monkeypatch)
+    counting = _Counting(h.engine.drains.queue)
     stop = threading.Event()
     t = threading.Thread(target=writer.run, args=(stop,))
     t.start()
@@ -108,8 +101,7 @@ def test_the_writer_copies_once_per_write_and_writes_the_newest_queue(monkeypatc
     assert {e.key for e in written[-1]} == {e.key for e in h.engine.drains.queue.entries()}
 
 
-def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document(tmp_path,
-                                                                                 monkeypatch):
+def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document(tmp_path):
     """No json.dumps of the whole queue (one C call holding the GIL for all of it); the
     file is the same document as before, byte for byte, and loads back."""
     import json
@@ -117,21 +109,11 @@ def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document
     from ipvsctl.persist.drain_state import FORMAT_VERSION, DrainStateFile
 
     entries = [_entry(i) for i in range(300)]
-    longest = 0
-    encode = json.JSONEncoder.encode
-
-    def counting(self, o):
-        nonlocal longest
-        out = encode(self, o)
-        longest = max(longest, len(out))
-        return out
-
-    monkeypatch.setattr(json.JSONEncoder, "encode", counting)
     f = DrainStateFile(tmp_path)
     f.save(entries)
-    monkeypatch.undo()
     text = (tmp_path / "drain-queue.json").read_text()
-    assert longest < 1000  # one entry at a time, never the queue
+    assert 0 < f.longest_encoded < 1000  # one entry at a time, never the queue
+    assert len(text) > 300 * f.longest_encoded // 2
     assert text == json.dumps({"version": FORMAT_VERSION,
                                "entries": [e.to_json() for e in entries]},
                               separators=(",", ":"))
