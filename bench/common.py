@@ -51,7 +51,7 @@ def summary(values: Sequence[float], scale: float = 1000.0) -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     """The machine and kernel the numbers came from."""
-    from ipvsctl.shell.daemon import SWITCH_INTERVAL
+    from ipvsctl.daemon.wiring import SWITCH_INTERVAL
 
     cpu = ""
     try:
@@ -79,7 +79,7 @@ def machine() -> dict[str, Any]:
         "kvm": os.environ.get("IPVSCTL_VM_KVM") == "1",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": _commit(),
-        # the daemon's own (shell/daemon.py) unless BENCH_SWITCH_INTERVAL overrides it
+        # the daemon's own (daemon/wiring.py) unless BENCH_SWITCH_INTERVAL overrides it
         "switch_interval": float(os.environ.get("BENCH_SWITCH_INTERVAL") or SWITCH_INTERVAL),
     }
 

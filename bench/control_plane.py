@@ -27,6 +27,7 @@ from typing import Any
 
 from devkit.fakeapi import FakeAPIServer, objects
 from devkit.harness import rs, vs
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.client import KubeSource
@@ -34,7 +35,6 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
 
 FAST = KubeSettings(backoff_initial=0.02, backoff_max=0.1, healthy_watch_seconds=0.05,
                     probe_interval=0.05, recovery_spread=0.02, join_timeout=2.0)

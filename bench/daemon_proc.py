@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--netns", default=None)
     args = p.parse_args(argv)
     t0 = time.monotonic()
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
-    from ipvsctl.shell.daemon import Daemon, DaemonOptions
 
     if args.netns:
         from ipvsctl.kernel.netlink import NetlinkKernel

@@ -129,7 +129,7 @@ def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
 
 
 SAMPLE_EVERY = 0.02 if os.environ.get("IPVSCTL_LAB") == "1" else 0.005  # VM: ~15x slower
-BOILERPLATE = ("threading.py:", "shell/daemon.py:run", "bench/harness.py:counted",
+BOILERPLATE = ("threading.py:", "daemon/wiring.py:run", "bench/harness.py:counted",
                "reconcile/loop.py:run")
 
 

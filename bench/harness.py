@@ -1,4 +1,4 @@
-"""The daemon as the benchmarks run it: ipvsctl's own `Daemon` (ipvsctl/shell/daemon.py) with
+"""The daemon as the benchmarks run it: ipvsctl's own `Daemon` (ipvsctl/daemon/wiring.py) with
 the loop, the drain/audit reader thread, the state writer thread and the HTTP server it
 builds in `ipvsctl run`, fed by a producer thread that stamps each event as it takes it -
 as the API watch stamps a line when it arrives, before anything waits for the loop's lock.
@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.model import NodeContext, RealServerKey, RealServerStatus, ServiceKey
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent, Upsert
 
 NODE = NodeContext("bench-node", (), "rr")

@@ -117,10 +117,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from demo.cluster import NODE_NAME, Cluster, DemoClock
     from devkit.fakeapi.server import FakeAPIServer
     from devkit.labkit import Node, wait_for
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
-    from ipvsctl.shell.daemon import Daemon, DaemonOptions
 
     drain = mode in ("drain", "halfclose")
     half_mode = mode == "halfclose"
@@ -490,8 +490,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("demo: no IPVS in this kernel (modprobe ip_vs failed): run `make demo`")
     t = time.monotonic()
     say("importing ipvsctl, pyroute2 and the kubernetes client (slow under emulation)")
-    import ipvsctl.kube.client
-    import ipvsctl.shell.daemon  # noqa: F401
     say(f"imported in {time.monotonic() - t:.1f}s")
     docs = [run_mode(m.strip(), args) for m in args.modes.split(",") if m.strip()]
     (out / "rollout.json").write_text(json.dumps(

@@ -498,16 +498,16 @@ def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
                  drain_timeout: float = 600.0, drain_check_interval: float = 0.1,
                  node_name: str = "node-a", node_ips: tuple[str, ...] = ("192.0.2.10",),
                  metrics: Any = None, conntrack: Any = None) -> Any:
-    """A started `Daemon` (ipvsctl.shell.daemon) programming `node.kernel` (or `kernel`)
+    """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
     pods reach it at 169.254.1.1, tests with `daemon_get(node, daemon, path)`. The loop and
     source threads run in the test process's own netns (a fake API server on its 127.0.0.1
     is reachable). `conntrack`: the table the stale-entry sweep works on (None: no sweep).
     The caller shuts it down (the `make_daemon` fixture does)."""
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig
-    from ipvsctl.shell.daemon import Daemon, DaemonOptions
 
     opts = DaemonOptions(
         node=NodeContext(node_name, node_ips), state_dir=state_dir, listen="0.0.0.0:0",

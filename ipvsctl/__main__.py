@@ -1,3 +1,3 @@
-from ipvsctl.shell.cli import main
+from ipvsctl.cli.app import main
 
 main()

@@ -204,7 +204,7 @@ cat >"$rootfs/usr/local/bin/ipvsctl" <<'EOF'
 #!/usr/bin/python3
 import sys
 
-from ipvsctl.shell.cli import main
+from ipvsctl.cli.app import main
 
 sys.exit(main())
 EOF

@@ -13,7 +13,6 @@ Requests are answered whatever their path, as kube-proxy does: load balancers pr
 
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import threading
@@ -21,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ipvsctl.healthcheck.state import HealthState
-from ipvsctl.httpd import BoundedServer, Limits, Request, Response
+from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
@@ -32,28 +31,9 @@ log = logging.getLogger("ipvsctl.healthcheck")
 HEALTH_HTTP_LIMITS = Limits(max_connections=64, workers=2)
 
 
-def listen_socket(port: int) -> socket.socket:
-    """A non-blocking listening TCP socket on every address of the node: dual-stack `::`
-    where IPv6 exists, else 0.0.0.0 (kube-proxy listens on all addresses too)."""
-    try:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    except OSError as exc:
-        if exc.errno not in (errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
-            raise
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        host = "0.0.0.0"
-    else:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        host = "::"
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        s.listen(128)
-        s.setblocking(False)
-    except OSError:
-        s.close()
-        raise
-    return s
+def listen_any(port: int) -> socket.socket:
+    """A listening socket on every address of the node (kube-proxy listens on all too)."""
+    return listen_socket(None, port)
 
 
 class HealthServer:
@@ -62,7 +42,7 @@ class HealthServer:
         node_name: str,
         *,
         metrics: Metrics | None = None,
-        listen: Callable[[int], socket.socket] = listen_socket,
+        listen: Callable[[int], socket.socket] = listen_any,
         proxy_healthy: Callable[[], bool] = lambda: True,
         retry_interval: float = 5.0,
     ) -> None:

@@ -1,1 +1,1 @@
-"""Metrics and logging: the only place besides shell/ that imports prometheus_client."""
+"""Metrics and logging: the only place besides daemon/ that imports prometheus_client."""

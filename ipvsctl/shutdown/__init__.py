@@ -9,7 +9,8 @@ connections fall to a minimum, never longer than a timeout. Layers, top to botto
   runner    drives a barrier with probes, an injected clock and sleep; one shared barrier
             for any number of concurrent callers
 
-The HTTP server and the command live in `ipvsctl.shell.shutdown_manager`.
+The sidecar is wired in `ipvsctl.daemon.shutdown_manager`, its command in
+`ipvsctl.cli.shutdown_manager`.
 """
 
 DEFAULT_DAEMON_SERVICE = "ipvsctl-metrics.ipvsctl-system.svc.cluster.local"

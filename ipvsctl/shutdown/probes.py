@@ -99,7 +99,7 @@ def normalize_daemon_url(url: str) -> str:
 
 
 def parse_quiesced(body: bytes | str, ip: str) -> DaemonReport:
-    """A daemon's /v1/quiesced answer for `ip` (shell/status_json.py's quiesced_json)."""
+    """A daemon's /v1/quiesced answer for `ip` (daemon/status_json.py's quiesced_json)."""
     try:
         doc = json.loads(body)
     except ValueError:

@@ -114,7 +114,7 @@ def cli_commands() -> set[str]:
     """The subcommands the real `ipvsctl` program has."""
     import typer.main
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     return set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
 
@@ -123,7 +123,7 @@ def cli_run_options() -> tuple[set[str], set[str]]:
     """(flags, env vars) that the real `ipvsctl run` accepts (both forms of on/off flags)."""
     import typer.main
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
     flags: set[str] = set()

@@ -105,7 +105,7 @@ def cli() -> dict[str, tuple[set[str], set[str]]]:
     """(flags, env vars) by command ("" for `ipvsctl` itself), --help included."""
     import typer.main
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     root = typer.main.get_command(app)
     out = {}

@@ -20,7 +20,7 @@ REFERENCE = REPO / "docs" / "reference.md"
 def cli_root():
     import typer.main
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     return typer.main.get_command(app)
 

@@ -40,8 +40,12 @@ from typing import Any
 
 import yaml
 
+from ipvsctl.cli.render import plan_text
+from ipvsctl.cli.status import join_status, render_status
+from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.port import IPVSKernel
 from ipvsctl.kernel.table import read_statuses
+from ipvsctl.manifests import load_file
 from ipvsctl.model import (
     NodeContext,
     Protocol,
@@ -59,11 +63,7 @@ from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.paced import run_once
 from ipvsctl.reconcile.view import EngineView
-from ipvsctl.shell.render import plan_text
-from ipvsctl.shell.status import join_status, render_status
-from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, Upsert
-from ipvsctl.source.manifests import load_file
 
 ROOT = Path(__file__).parent
 ENGINE_CASES = ROOT / "engine"

@@ -119,10 +119,10 @@ def write_manifests(folder: Path, name: str, *objs: dict[str, Any]) -> None:
 
 def health_socket_factory(netns: str):
     """Listening sockets for healthCheckNodePorts, opened inside the node's namespace."""
-    from ipvsctl.healthcheck.server import listen_socket
+    from ipvsctl.healthcheck.server import listen_any
 
     def make(port: int) -> socket.socket:
-        return run_in_netns(netns, lambda: listen_socket(port))
+        return run_in_netns(netns, lambda: listen_any(port))
 
     return make
 
@@ -133,11 +133,11 @@ def run_daemon(node: Node, manifests: Path, state_dir: Path, *,
                cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
                masquerade_all: bool = False) -> Iterator[Any]:
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.healthcheck.server import HealthServer
+    from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext
     from ipvsctl.netfilter.nft import Nft
-    from ipvsctl.shell.daemon import Daemon, DaemonOptions
-    from ipvsctl.source.manifests import ManifestSource
 
     opts = DaemonOptions(
         node=NodeContext("node-a", node_ips), manifests=str(manifests),

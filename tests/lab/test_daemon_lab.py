@@ -1,6 +1,6 @@
 """The daemon end to end on a real kernel.
 
-(a) In-process: `Daemon` (ipvsctl.shell.daemon) with a `KubeSource` against the in-process
+(a) In-process: `Daemon` (ipvsctl.daemon.wiring) with a `KubeSource` against the in-process
     FakeAPIServer (real wire protocol, the real `kubernetes` client), programming the node's
     netns; its HTTP server listens in that netns. The same scenarios as
     tests/unit/test_daemon_api.py, with real connections and the kernel as the witness.
@@ -383,7 +383,7 @@ def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
     # the text form, in-process (one Python start less) but in the node's netns too
     from typer.testing import CliRunner
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     result = run_in_netns(node.name, lambda: CliRunner().invoke(
         app, ["status", "--endpoint", url]))

@@ -24,10 +24,10 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness
 from devkit.labkit import Node, Pod, RecordingKernel, wait_for
+from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
-from ipvsctl.shell.status_json import engine_status
 
 pytestmark = pytest.mark.lab
 

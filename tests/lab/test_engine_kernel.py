@@ -19,9 +19,9 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness
 from devkit.labkit import Node, Pod, RecordingKernel, wait_for
+from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext, Protocol, RealServerKey, ServiceKey
-from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import Delete, ObjectKind, Upsert
 
 pytestmark = pytest.mark.lab

@@ -15,12 +15,12 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, Pod, wait_for
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.kernel.netlink.addresses import node_addresses
 from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from ipvsctl.source.manifests import ManifestSource
 
 pytestmark = pytest.mark.lab
 

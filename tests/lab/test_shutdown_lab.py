@@ -24,11 +24,11 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.labkit import Node, Pod, daemon_url_from_pods, http_get, http_json, wait_for
+from ipvsctl.cli.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import Protocol, ServiceKey
-from ipvsctl.shell.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.shutdown.barrier import BarrierConfig
-from ipvsctl.source.manifests import ManifestSource
 
 pytestmark = pytest.mark.lab
 

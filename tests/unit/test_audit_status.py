@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
+from ipvsctl.cli.status import join_status, render_status
+from ipvsctl.daemon.status_json import engine_status, quiesced_json
 from ipvsctl.model import RealServerStatus, VirtualServer, VirtualServerStatus
-from ipvsctl.shell.status import join_status, render_status
-from ipvsctl.shell.status_json import engine_status, quiesced_json
 
 A, B = "10.244.1.5", "10.244.1.6"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from ipvsctl.cli import cleanup as cleanup_mod
+from ipvsctl.cli.app import app
+from ipvsctl.cli.cleanup import CleanupError, cleanup_node
 from ipvsctl.model import Protocol, ServiceKey
 from ipvsctl.plan.ownership import owned_virtual_servers
-from ipvsctl.shell import cleanup as cleanup_mod
-from ipvsctl.shell.cleanup import CleanupError, cleanup_node
-from ipvsctl.shell.cli import app
 
 
 def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
@@ -156,8 +156,8 @@ def test_command_refuses_while_a_daemon_answers(monkeypatch):
 def test_the_system_hosts_kernel_errors_are_cleanup_errors():
     # The IPVS/interface half lives in kernel/netlink/system_host.py and speaks KernelError; the
     # cleanup reports each as one line.
+    from ipvsctl.cli.cleanup import SystemHost
     from ipvsctl.kernel import KernelError
-    from ipvsctl.shell.cleanup import SystemHost
 
     host = SystemHost("kube-ipvs0")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
+import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
-import ipvsctl.shell.daemon
-from ipvsctl.shell.cli import app
+from ipvsctl.cli.app import app
 
 # This node: eth0 has 192.0.2.10; the VIP interface holds ClusterIPs from an earlier run.
 ADDRESSES = {"eth0": ["192.0.2.10"], "kube-ipvs0": ["10.96.0.1"], "ipvs-vips": ["10.96.0.2"]}
@@ -20,7 +20,7 @@ def fake_node_addresses(exclude_interfaces: tuple[str, ...] = ("kube-ipvs0",)) -
 def started_with(monkeypatch, tmp_path, *args: str):
     seen = []
     monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses", fake_node_addresses)
-    monkeypatch.setattr(ipvsctl.shell.daemon, "run", lambda opts: seen.append(opts) or 0)
+    monkeypatch.setattr(ipvsctl.daemon.wiring, "run", lambda opts: seen.append(opts) or 0)
     r = CliRunner().invoke(app, ["run", "--manifests", str(tmp_path),
                                  "--state-dir", str(tmp_path / "state"), *args])
     assert r.exit_code == 0, r.output

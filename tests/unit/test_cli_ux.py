@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 import ipvsctl
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import rs, vs
+from ipvsctl.cli import status as status_mod
+from ipvsctl.cli.app import app
+from ipvsctl.cli.status import endpoint_is_local, join_status, render_status
 from ipvsctl.model import RealServerStatus, VirtualServer, VirtualServerStatus
-from ipvsctl.shell import status as status_mod
-from ipvsctl.shell.cli import app
-from ipvsctl.shell.status import endpoint_is_local, join_status, render_status
 
 REPO = Path(__file__).resolve().parents[2]
 V6_NODE = "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"  # the longest compressed form there is
@@ -177,7 +177,7 @@ def test_shell_completion_completes_commands_and_output_formats():
         env = {"PATH": "/usr/bin:/bin", "_IPVSCTL_COMPLETE": "complete_bash",
                "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1
                                                       + words.endswith(" "))}
-        r = subprocess.run([sys.executable, "-c", "from ipvsctl.shell.cli import main; "
+        r = subprocess.run([sys.executable, "-c", "from ipvsctl.cli.app import main; "
                             "import sys; sys.argv[0] = 'ipvsctl'; main()"],
                            capture_output=True, text=True, timeout=60, env=env)
         return r.stdout.split()

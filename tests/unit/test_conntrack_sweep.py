@@ -18,9 +18,11 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext, Protocol, RealServerKey, ServiceKey
 from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.plan.conntrack import (
@@ -31,8 +33,6 @@ from ipvsctl.plan.conntrack import (
 )
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig, SweepResult
 from ipvsctl.reconcile.paced import PacedRunner
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from ipvsctl.source.manifests import ManifestSource
 
 CLUSTER_IP, CLUSTER_IP6 = "10.96.0.10", "fd96::10"
 EXTERNAL_IP, LB_IP, NODE_IP = "203.0.113.5", "198.51.100.7", "192.0.2.10"

@@ -14,12 +14,12 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import rs, vs
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions, StartupError
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DrainEntry, NodeContext
 from ipvsctl.persist.drain_state import FILE_NAME
 from ipvsctl.reconcile.loop import LoopConfig
-from ipvsctl.shell.daemon import Daemon, DaemonOptions, StartupError
-from ipvsctl.source.manifests import ManifestSource
 
 A, B = "10.244.1.5", "10.244.1.6"
 

@@ -12,6 +12,7 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.harness import rs, vs
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
@@ -19,7 +20,6 @@ from ipvsctl.model import DeadlineSource, NodeContext, PodRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.reconcile.paced import run_once
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
 from tests.unit.test_daemon import get, wait_for
 
 A, B = "10.244.1.5", "10.244.1.6"

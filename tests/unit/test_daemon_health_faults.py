@@ -75,7 +75,7 @@ def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
     """Issue 16.3: ten shapes killed the loop or source thread in --manifests mode."""
     from devkit.builders import endpoint, endpoint_slice, service
     from devkit.harness import rs, vs
-    from ipvsctl.source.manifests import ManifestSource
+    from ipvsctl.manifests import ManifestSource
     from tests.unit.test_daemon import write
     from tests.unit.test_hostile_manifests import HOSTILE
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
+from ipvsctl.cli.render import plan_json
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
-from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")

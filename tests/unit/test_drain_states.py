@@ -12,13 +12,13 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
+from ipvsctl.cli.status import join_status, render_status
+from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelUnavailable
 from ipvsctl.model import ConnCounts, VirtualServer, VirtualServerStatus
 from ipvsctl.reconcile.drain_reader import DrainReader, DrainSnapshot
 from ipvsctl.reconcile.loop import Loop, LoopConfig
-from ipvsctl.shell.status import join_status, render_status
-from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import ObjectKind, Upsert
 
 A, B = "10.244.1.5", "10.244.1.6"

@@ -7,9 +7,9 @@ from typing import Any
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness
+from ipvsctl.daemon.status_json import quiesced_json
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import VirtualServer
-from ipvsctl.shell.status_json import quiesced_json
 
 
 # --- /readyz said ready before the first sync had reached the kernel -------------------------

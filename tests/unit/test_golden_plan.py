@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ipvsctl.shell.cli import app
+from ipvsctl.cli.app import app
 from tests.golden.runner import PLAN_CASES, case_names, compare, updating
 
 CASES = case_names(PLAN_CASES)

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devkit.builders import endpoint, endpoint_slice, service
+from ipvsctl.manifests import ManifestError, load_file, load_paths
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_endpoint_slice, parse_service
 from ipvsctl.source.events import ObjectKind, Replace
-from ipvsctl.source.manifests import ManifestError, load_file, load_paths
 from ipvsctl.source.node import parse_node
 from ipvsctl.source.store import ObjectStore
 from ipvsctl.source.validate import InvalidObject

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipvsctl.httpd import Limits
-from ipvsctl.shell.http import HTTPServer, text
+from ipvsctl.httpd import HTTPServer, Limits, text
 
 
 def _get(port: int, path: str = "/ok", timeout: float = 5.0) -> tuple[int, bytes]:
@@ -262,3 +261,32 @@ def test_the_cap_makes_room_from_the_heaviest_peer_only() -> None:
             s.close()
     finally:
         srv.stop()
+
+
+# --- the pure part: a request head framed from a connection's bytes --------------------------
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", None),  # not complete yet
+    (b"GET /v1/quiesced?ip=10.0.0.1 HTTP/1.1\r\nHost: x\r\n\r\n",
+     ("GET", "/v1/quiesced", {"ip": ["10.0.0.1"]}, {"host": "x"})),
+    (b"HEAD / HTTP/1.0\r\n\r\n", ("HEAD", "/", {}, {})),
+    (b"POST / HTTP/1.1\r\n\r\n", ("method", 405)),
+    (b"GET /\r\n\r\n", ("bad_request", 400)),
+    (b"GET / HTTP/1.1\r\n bad: header\r\n\r\n", ("bad_request", 400)),
+    (b"GET /" + b"a" * 100 + b" HTTP/1.1\r\n\r\n", ("too_large", 414)),
+    (b"GET /" + b"a" * 100, ("too_large", 414)),  # no line end yet, already too long
+    (b"GET / HTTP/1.1\r\nX: " + b"a" * 300 + b"\r\n\r\n", ("too_large", 431)),
+], ids=["incomplete", "query", "head", "post", "no-version", "header-space", "long-line",
+        "long-partial-line", "long-head"])
+def test_frame_request(data: bytes, expected: object) -> None:
+    from ipvsctl.httpd.request import Refusal, Request, frame_request
+
+    got = frame_request(data, "192.0.2.1", None, 5.0, max_request_line=64, max_head=256)
+    if expected is None:
+        assert got is None
+    elif isinstance(got, Request):
+        assert (got.method, got.path, got.query, got.headers) == expected
+        assert (got.peer, got.accepted) == ("192.0.2.1", 5.0)
+    else:
+        assert isinstance(got, Refusal)
+        reason, code = expected  # type: ignore[misc]
+        assert got.reason == reason and got.reply.startswith(f"HTTP/1.1 {code} ".encode())

@@ -36,17 +36,21 @@ def _copy(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
-    ("model/keys.py", "import typer", "only shell/ imports typer"),
-    ("httpd.py", "import kubernetes", "only kube/ imports the Kubernetes client"),
-    ("kernel/netns.py", "import prometheus_client", "only obs/ and shell/ import prometheus"),
+    ("model/keys.py", "import typer", "only cli/ imports typer"),
+    ("daemon/wiring.py", "import typer", "only cli/ imports typer"),
+    ("httpd/server.py", "import kubernetes", "only kube/ imports the Kubernetes client"),
+    ("kernel/netns.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
+    ("cli/app.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
     ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
     ("source/convert.py", "import ipvsctl.reconcile.engine", FLOORS),
+    ("source/convert.py", "import ipvsctl.manifests.files", FLOORS),
     ("plan/desired.py", "import ipvsctl.source.convert", FLOORS),
     # the adapters: nothing above them, and none knows another
     ("kernel/table.py", "import ipvsctl.reconcile.engine", FLOORS),
-    ("netfilter/nft.py", "import ipvsctl.shell.daemon", FLOORS),
+    ("netfilter/nft.py", "import ipvsctl.daemon.wiring", FLOORS),
     ("kube/backoff.py", "import ipvsctl.kernel.port", FLOORS),
-    ("httpd.py", "import ipvsctl.healthcheck.state", FLOORS),
+    ("httpd/request.py", "import ipvsctl.healthcheck.state", FLOORS),
+    ("daemon/api.py", "import ipvsctl.cli.output", FLOORS),
     ("kernel/table.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
     ("kernel/procfs/ipvs.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
     ("kernel/fake.py", "import ipvsctl.kernel.netlink.wire", "know nothing of netlink"),

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from devkit.builders import endpoint, endpoint_slice, pod, service
+from ipvsctl.manifests import ManifestError, ManifestSource, load_paths
 from ipvsctl.source.events import Delete, ObjectKind, Upsert
-from ipvsctl.source.manifests import ManifestError, ManifestSource, load_paths
 
 
 def test_multi_document_yaml_lists_and_json(tmp_path):

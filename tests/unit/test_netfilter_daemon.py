@@ -10,14 +10,14 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from devkit.builders import endpoint, endpoint_slice, service
+from ipvsctl.cli.app import app
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
 from ipvsctl.netfilter.nft import NftUnavailable
 from ipvsctl.reconcile.loop import LoopConfig
-from ipvsctl.shell.cli import app
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from ipvsctl.source.manifests import ManifestSource
 from tests.unit.test_daemon import wait_for, write
 from tests.unit.test_healthcheck_server import Ports, get
 from tests.unit.test_netfilter_sync import FakeNft

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipvsctl.shell.http import HTTPServer, as_json
-from ipvsctl.shell.status import fetch_daemon_status
+from ipvsctl.cli.status import fetch_daemon_status
+from ipvsctl.httpd import HTTPServer, as_json
 from ipvsctl.shutdown.probes import fetch_quiesced
 
 

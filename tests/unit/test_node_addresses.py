@@ -15,12 +15,12 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
+from ipvsctl.daemon.wiring import NODE_PORT_RANGE, Daemon, DaemonOptions, node_ips_reader
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, VirtualServer
 from ipvsctl.reconcile.loop import Loop, LoopConfig
-from ipvsctl.shell.daemon import NODE_PORT_RANGE, Daemon, DaemonOptions, node_ips_reader
 from ipvsctl.source.events import ObjectKind, Replace
-from ipvsctl.source.manifests import ManifestSource
 from tests.unit.test_daemon import wait_for, write
 
 OLD, NEW = "192.0.2.10", "192.0.2.11"  # OLD is the harness's node IP

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions
 from ipvsctl.healthcheck.proxy import ZERO_TIME, ProxyState, answer, go_time
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.loop import LoopConfig
-from ipvsctl.shell.daemon import Daemon, DaemonOptions
-from ipvsctl.source.manifests import ManifestSource
 from tests.unit.test_daemon import get, wait_for, write
 
 NOW = 1_700_000_000.0
@@ -192,7 +192,7 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
     ("::", "[::]:10256"), ("[::]:10256", "[::]:10256"), ("127.0.0.1:0", "127.0.0.1:0"),
 ])
 def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
-    from ipvsctl.shell.cli import _healthz_address
+    from ipvsctl.cli.app import _healthz_address
 
     assert _healthz_address(value) == want
 
@@ -201,7 +201,7 @@ def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
 def test_bad_bind_address_is_exit_2(value: str) -> None:
     import typer
 
-    from ipvsctl.shell.cli import _healthz_address
+    from ipvsctl.cli.app import _healthz_address
 
     with pytest.raises(typer.Exit) as exc:
         _healthz_address(value)

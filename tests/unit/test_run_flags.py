@@ -7,10 +7,10 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
+import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
 import ipvsctl.obs.logging
-import ipvsctl.shell.daemon
-from ipvsctl.shell.cli import app
+from ipvsctl.cli.app import app
 from ipvsctl.source.duration import MAX_SECONDS, parse_duration
 
 
@@ -20,7 +20,7 @@ def invoke(monkeypatch, tmp_path, *args: str):
     levels = []
     monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses",
                         lambda exclude_interfaces=(): ["192.0.2.10"])
-    monkeypatch.setattr(ipvsctl.shell.daemon, "run", lambda opts: seen.append(opts) or 0)
+    monkeypatch.setattr(ipvsctl.daemon.wiring, "run", lambda opts: seen.append(opts) or 0)
     monkeypatch.setattr(ipvsctl.obs.logging, "setup",
                         lambda fmt="text", level=logging.INFO: levels.append(level))
     r = CliRunner().invoke(app, ["run", "--manifests", str(tmp_path),
@@ -124,7 +124,7 @@ def test_help_names_seconds_flags_sensibly():
     ("--timeout", "1m"), ("--check-interval", "250ms"), ("--check-delay", "1.5"),
 ])
 def test_shutdown_manager_flags_take_durations_and_reject_garbage(flag, value):
-    from ipvsctl.shell import shutdown_manager as sm
+    from ipvsctl.cli import shutdown_manager as sm
 
     assert sm.parse_duration(value) > 0
     r = CliRunner().invoke(app, ["shutdown-manager", "--pod-ip", "10.0.0.1", flag, "soon"])
@@ -140,8 +140,8 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
 
-    options = ipvsctl.shell.daemon.DaemonOptions(
+    options = ipvsctl.daemon.wiring.DaemonOptions(
         node=NodeContext("node-a", service_proxy_name=proxy_name),
         apiserver="http://127.0.0.1:9")
-    source = ipvsctl.shell.daemon.open_source(options, Metrics())
+    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)

@@ -10,9 +10,9 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness, rs, vs
+from ipvsctl.cli.render import plan_json
 from ipvsctl.model import DeadlineSource, NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
-from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 
 NODE = NodeContext("node-a", ("192.0.2.10",), "rr")
@@ -142,7 +142,7 @@ def test_relist_drops_a_service_that_is_no_longer_ours():
 def test_bad_service_proxy_name_is_exit_2(bad, tmp_path):
     from typer.testing import CliRunner
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     for cmd in (["plan", "-f", str(tmp_path)], ["run", "--manifests", str(tmp_path)]):
         r = CliRunner().invoke(app, [*cmd, "--service-proxy-name", bad])
@@ -156,7 +156,7 @@ def test_plan_cli_takes_service_proxy_name(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     docs = [labelled(service("mine"), **{PROXY: "ipvsctl"}),
             service("theirs", cluster_ip="10.96.0.11"),
@@ -179,8 +179,8 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
     import threading
 
     from devkit.fakeapi import FakeAPIServer
+    from ipvsctl.daemon.wiring import DaemonOptions, open_source
     from ipvsctl.obs.metrics import Metrics
-    from ipvsctl.shell.daemon import DaemonOptions, open_source
     from ipvsctl.source.convert import service_label_selector
 
     api = FakeAPIServer().start()
@@ -251,8 +251,8 @@ def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
 def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     """A NodePort virtual server outside the default range is the daemon's (adopted and
     removed when nothing wants it) once --service-node-port-range says so."""
+    from ipvsctl.daemon.wiring import DaemonOptions, open_kernel
     from ipvsctl.kernel import netlink
-    from ipvsctl.shell.daemon import DaemonOptions, open_kernel
 
     class Kernel:
         def __init__(self, interface: str) -> None:
@@ -276,7 +276,7 @@ def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
 def test_bad_node_port_range_is_exit_2(bad, tmp_path):
     from typer.testing import CliRunner
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     for cmd in (["run", "--manifests", str(tmp_path)],
                 ["cleanup", "--node-ip", "192.0.2.10", "--dry-run"]):
@@ -286,7 +286,7 @@ def test_bad_node_port_range_is_exit_2(bad, tmp_path):
 
 
 def test_cleanup_removes_node_ports_of_a_custom_range(tmp_path):
-    from ipvsctl.shell.cleanup import cleanup_node
+    from ipvsctl.cli.cleanup import cleanup_node
     from tests.unit.test_cleanup import FakeHost
 
     host = FakeHost()
@@ -417,7 +417,7 @@ def test_plan_prints_the_kube_router_warning(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from ipvsctl.shell.cli import app
+    from ipvsctl.cli.app import app
 
     (tmp_path / "svc.yaml").write_text(yaml.safe_dump(
         service("web", annotations={"kube-router.io/service.dsr": "tunnel"})))

@@ -21,13 +21,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ipvsctl.shell.http import HTTPServer, as_json
-from ipvsctl.shell.shutdown_manager import (
+from ipvsctl.cli.shutdown_manager import (
     ManagerOptions,
     ShutdownManager,
     parse_duration,
     register,
 )
+from ipvsctl.httpd import HTTPServer, as_json
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 POD = "10.244.1.5"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipvsctl.shell.http import HTTPServer, as_json, text
+from ipvsctl.httpd import HTTPServer, as_json, text
 from ipvsctl.shutdown.barrier import DaemonReport, Failure
 from ipvsctl.shutdown.probes import (
     TCP_ESTABLISHED,

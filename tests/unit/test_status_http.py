@@ -9,13 +9,13 @@ import tracemalloc
 from typing import Any
 
 from bench.cluster import cluster
+from ipvsctl.daemon.status_http import StatusDocument
+from ipvsctl.daemon.status_json import engine_status
+from ipvsctl.httpd import as_json
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.view import EngineView
-from ipvsctl.shell.http import as_json
-from ipvsctl.shell.status_http import StatusDocument
-from ipvsctl.shell.status_json import engine_status
 from ipvsctl.source.events import ObjectKind, Replace
 
 

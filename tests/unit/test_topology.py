@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
+from ipvsctl.cli.render import plan_json
 from ipvsctl.model import NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
-from ipvsctl.shell.render import plan_json
 from ipvsctl.source.events import ObjectKind
 from ipvsctl.source.hints import parse_hints
 

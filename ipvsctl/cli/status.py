@@ -10,9 +10,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from ipvsctl.cli.output import columns, hostport
 from ipvsctl.httpd import direct_opener
 from ipvsctl.model import VirtualServerStatus
-from ipvsctl.shell.output import columns, hostport
 
 
 def fetch_daemon_status(endpoint: str, timeout: float = 3.0) -> tuple[dict | None, str | None]:

@@ -12,14 +12,16 @@ import logging
 import queue
 import sys
 import threading
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsctl.healthcheck.proxy import ProxyState
+from ipvsctl.daemon.api import DaemonAPI
+from ipvsctl.daemon.signals import serve_until_signal
+from ipvsctl.daemon.status_json import engine_status
+from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.healthcheck.server import HealthServer
-from ipvsctl.httpd import Limits
+from ipvsctl.httpd import HTTPServer, Limits
 from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError
 from ipvsctl.model import NodeContext, ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
@@ -36,11 +38,6 @@ from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.paced import PacedRunner
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
-from ipvsctl.shell.http import HTTPServer, as_json, is_loopback, metrics_body, text
-from ipvsctl.shell.proxy_health import ProxyHealthServer
-from ipvsctl.shell.signals import serve_until_signal
-from ipvsctl.shell.status_http import StatusDocument
-from ipvsctl.shell.status_json import engine_status, quiesced_json
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 
 SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
@@ -134,8 +131,8 @@ class Daemon:
         if self.health is not None:
             self.health.metrics = self.metrics
             # The node's own peers are never refused on a healthCheckNodePort either.
-            self.health.http.trusted = lambda peer: self.is_local_peer(peer)
-            self.health.proxy_healthy = lambda: self._healthz({})[0] == 200
+            self.health.http.trusted = lambda peer: self.api.is_local_peer(peer)
+            self.health.proxy_healthy = lambda: self.api.healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
         # The background reads of the kernel, each on its own thread (reconcile/paced.py).
         self.readers: list[PacedRunner] = [self.loop.drain_runner, self.loop.audit_runner]
@@ -146,70 +143,32 @@ class Daemon:
             self.engine.service_listeners.append(self.sweeper.on_service)
             self.readers.append(PacedRunner("conntrack", self.sweeper, self.loop.lock,
                                             self.sweeper.pace(), wake=self.sweeper.wake))
-        self.status_doc = StatusDocument(self.view, self.loop.lock, on_render=lambda s: (
-            self.metrics.status_renders.inc(), self.metrics.status_render_seconds.set(s)))
+        self.threads: list[threading.Thread] = []
+        self.api = DaemonAPI(
+            self.view, self.loop.lock, self.metrics, heartbeat=lambda: self.loop.heartbeat,
+            threads=lambda: self.threads,
+            source_dead_threads=lambda: getattr(self.source, "dead_threads", list)(),
+            stale_after=o.stale_after)
         try:
-            self.http = HTTPServer(o.listen, {
-                "/metrics": metrics_body(self.metrics.render),
-                "/healthz": self._healthz,
-                "/readyz": self._readyz,
-                "/status": self.status_doc.handler,
-                "/v1/quiesced": self._quiesced,
-            }, limits=DAEMON_HTTP_LIMITS, name="daemon", local_only={"/status"},
-                is_local=self.is_local_peer,
-                on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc())
+            self.http = HTTPServer(o.listen, self.api.routes(), limits=DAEMON_HTTP_LIMITS,
+                                   name="daemon", local_only=DaemonAPI.LOCAL_ONLY,
+                                   is_local=self.api.is_local_peer,
+                                   on_refused=lambda r: self.metrics.http_refused.labels(
+                                       "daemon", r).inc())
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
-        self.threads: list[threading.Thread] = []
         self.metrics.node_object_known.set_function(
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0)
-        self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self._proxy_state,
-                                               self.metrics, trusted=self.is_local_peer)
+        self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self.api.proxy_state,
+                                               self.metrics, trusted=self.api.is_local_peer)
                              if o.healthz_bind_address else None)
-
-    def _proxy_state(self) -> ProxyState:
-        """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
-        node = self.view.node_object
-        return ProxyState(
-            now=time.time(), monotonic=time.monotonic(), heartbeat=self.loop.heartbeat,
-            pending_since=self.view.pending_since, last_updated=self.view.last_updated,
-            # A Node never seen (not readable) counts eligible: a missing RBAC rule must not
-            # take every node out of the cloud load balancers.
-            node_eligible=node.eligible if node is not None else True,
-            timeout=self.options.stale_after)
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
             return engine_status(self.view)
 
     def is_local_peer(self, peer: str) -> bool:
-        """A client on this node: loopback or one of the node's addresses (/status names
-        Services, pods and their addresses: not for every pod on the network)."""
-        return is_loopback(peer) or peer in self.view.node_ips_known
-
-    def _quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        from ipvsctl.model import normalize_ip
-
-        try:
-            ip = normalize_ip((q.get("ip") or [""])[0])
-        except ValueError:
-            return as_json(400, {"error": "query parameter ip must be an IP address"})
-        with self.loop.lock:
-            return as_json(200, quiesced_json(self.view, ip))
-
-    def _healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        age = time.monotonic() - self.loop.heartbeat
-        dead = [t.name for t in self.threads if not t.is_alive()]
-        # A source's own threads (the API reflectors) die unseen behind its run() thread.
-        dead += getattr(self.source, "dead_threads", list)()
-        if dead or age > self.options.stale_after:
-            return text(503, f"unhealthy: stopped={dead} loop_idle={age:.1f}s\n")
-        return text(200, "ok\n")
-
-    def _readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        if self.view.started and all(t.is_alive() for t in self.threads):
-            return text(200, "ready\n")
-        return text(503, "waiting for the first full list to reach the kernel\n")
+        return self.api.is_local_peer(peer)
 
     def start(self) -> None:
         # The readers parse kernel answers in Python while the loop waits to apply an event:
@@ -326,7 +285,7 @@ def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
 
 def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
     if o.manifests:
-        from ipvsctl.source.manifests import ManifestSource
+        from ipvsctl.manifests import ManifestSource
 
         try:
             return ManifestSource(o.manifests, on_file_error=lambda: metrics.invalid_objects.labels(

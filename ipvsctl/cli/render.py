@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipvsctl.cli.output import columns, hostport
 from ipvsctl.model import DesiredService, DesiredVirtualServer, ServiceKey
 from ipvsctl.model.ipvs import sched_flag_names
-from ipvsctl.shell.output import columns, hostport
 
 
 def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[str, Any]:

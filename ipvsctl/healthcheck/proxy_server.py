@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 
 from ipvsctl.healthcheck.proxy import ProxyState, answer
+from ipvsctl.httpd import Handler, HTTPServer, is_loopback_peer
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.shell.http import Handler, HTTPServer, is_loopback
 
 log = logging.getLogger("ipvsctl.proxy_health")
 
@@ -27,7 +27,7 @@ PATHS = ("/healthz", "/livez")
 class ProxyHealthServer:
     def __init__(self, address: str, state: Callable[[], ProxyState], metrics: Metrics,
                  *, retry_interval: float = 5.0,
-                 trusted: Callable[[str], bool] = is_loopback) -> None:
+                 trusted: Callable[[str], bool] = is_loopback_peer) -> None:
         self.address = address
         self.trusted = trusted  # the node's own peers: never refused (the kubelet)
         self.state = state

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from ipvsctl.daemon.status_json import drain_json, service_status
 from ipvsctl.reconcile.view import EngineView
-from ipvsctl.shell.status_json import drain_json, service_status
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 

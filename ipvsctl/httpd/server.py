@@ -39,25 +39,29 @@ import socket
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
+from dataclasses import dataclass
 
+from ipvsctl.httpd.request import (
+    Handle,
+    Park,
+    Refusal,
+    Request,
+    Response,
+    Waiter,
+    frame_request,
+    head,
+    is_loopback_peer,
+    peer_address,
+    plain,
+)
 from ipvsctl.obs.logging import fields
 
 log = logging.getLogger("ipvsctl.http")
 
 REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request", "method", "forbidden")
 LIMIT_LOG_INTERVAL = 60.0  # "connection limit reached" at most this often per server
-
-_REASON_PHRASES = {
-    200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 408: "Request Timeout", 414: "URI Too Long",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,103 +83,6 @@ class Limits:
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.workers < 1 or self.max_per_peer < 1:
             raise ValueError("max_connections, max_per_peer and workers must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    """Lower-cased names; a repeated header keeps its last value."""
-    peer: str
-    """The client's address (IPv4-mapped IPv6 addresses as plain IPv4)."""
-    tag: object = None
-    """What the listener was registered with (the health server: its port)."""
-    accepted: float = 0.0
-    """time.monotonic() of the accept."""
-
-
-Body = bytes | Iterable[bytes]
-"""bytes (sent with Content-Length) or chunks (sent chunked, streamed)."""
-
-
-@dataclass(slots=True)
-class Response:
-    code: int
-    content_type: str
-    body: Body
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-class Waiter(Protocol):
-    """A parked request's answer, when it has one (`Park`)."""
-
-    @property
-    def deadline(self) -> float:
-        """time.monotonic() by which `poll` must be called again (it answers by then)."""
-        ...
-
-    def poll(self, now: float) -> Response | None:
-        """The answer once there is one; None: keep waiting. Called from the selector
-        thread: must not block."""
-        ...
-
-    def cancel(self) -> None:
-        """The client went away (or the server stops) before the answer."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Park:
-    """A handler's "answer later": the connection waits in the selector, not in a thread.
-    Whoever makes the answer ready calls `BoundedServer.wake()` (polls run at least every
-    second and at the waiter's deadline anyway)."""
-
-    waiter: Waiter
-
-
-Handle = Callable[[Request], "Response | Park"]
-
-
-def is_loopback_peer(peer: str) -> bool:
-    return peer.startswith("127.") or peer == "::1"
-
-
-def head(code: int, headers: dict[str, str]) -> bytes:
-    lines = [f"HTTP/1.1 {code} {_REASON_PHRASES.get(code, 'Error')}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def plain(code: int, message: str) -> bytes:
-    """A whole small response, for refusals written from the selector thread."""
-    body = message.encode()
-    return head(code, {"Content-Type": "text/plain; charset=utf-8",
-                       "Content-Length": str(len(body)), "Connection": "close"}) + body
-
-
-def parse_head(data: bytes) -> tuple[str, str, dict[str, str]]:
-    """(method, target, headers) of a request head (without the blank line); ValueError
-    if it is not one."""
-    text = data.decode("latin-1")
-    line, _, rest = text.partition("\r\n")
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
-        raise ValueError("bad request line")
-    headers: dict[str, str] = {}
-    for h in rest.split("\r\n") if rest else ():
-        name, sep, value = h.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ValueError("bad header line")
-        headers[name.lower()] = value.strip()
-    return parts[0], parts[1], headers
-
-
-def peer_address(addr: object) -> str:
-    host = addr[0] if isinstance(addr, tuple) and addr else ""
-    host = str(host).split("%", 1)[0]
-    return host[7:] if host.startswith("::ffff:") and "." in host else host
 
 
 class _Conn:
@@ -405,32 +312,15 @@ class BoundedServer:
             conn.sock.close()
             return
         conn.buf += chunk
-        end = conn.buf.find(b"\r\n\r\n")
-        line_end = conn.buf.find(b"\r\n")
-        if (line_end < 0 and len(conn.buf) > self.limits.max_request_line) or (
-                line_end > self.limits.max_request_line):
-            self._forget(conn)
-            self._refuse(conn.sock, "too_large", plain(414, "request line too long\n"))
-            return
-        if (end < 0 and len(conn.buf) > self.limits.max_head) or end > self.limits.max_head:
-            self._forget(conn)
-            self._refuse(conn.sock, "too_large", plain(431, "request head too large\n"))
-            return
-        if end < 0:
-            return
+        req = frame_request(conn.buf, conn.peer, conn.tag, conn.accepted,
+                            max_request_line=self.limits.max_request_line,
+                            max_head=self.limits.max_head)
+        if req is None:
+            return  # the head is not complete yet
         self._forget(conn)
-        try:
-            method, target, headers = parse_head(conn.buf[:end])
-        except ValueError:
-            self._refuse(conn.sock, "bad_request", plain(400, "bad request\n"))
+        if isinstance(req, Refusal):
+            self._refuse(conn.sock, req.reason, req.reply)
             return
-        if method not in ("GET", "HEAD"):
-            self._refuse(conn.sock, "method", plain(405, "only GET and HEAD\n").replace(
-                b"Connection: close", b"Allow: GET, HEAD\r\nConnection: close"))
-            return
-        url = urlsplit(target)
-        req = Request(method, url.path, parse_qs(url.query), headers, conn.peer, conn.tag,
-                      conn.accepted)
         with self._lock:  # being answered: counted (for its peer too) until closed
             self._busy += 1
             self._per_peer[conn.peer] += 1
@@ -652,26 +542,3 @@ class BoundedServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._wake_r.close()
         self._wake_w.close()
-
-
-def direct_opener() -> Any:
-    """A urllib opener that never goes through a proxy: ipvsctl's own requests (to the
-    node's daemon, to other nodes' daemons) are direct, whatever http_proxy/HTTPS_PROXY a
-    pod inherited (through a proxy they would time out or reach the wrong daemon)."""
-    import urllib.request
-
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def listen_socket(host: str, port: int, backlog: int = 128) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 when host has a colon)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock

@@ -1,21 +1,19 @@
-"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status, /v1/quiesced.
-
-Routes on top of ipvsctl.httpd's bounded server (capped connections, idle and slow clients
-cut, bounded request heads, GET and HEAD only). A route returns (code, content type, body);
-the body is bytes or an iterable of byte chunks (streamed, chunked encoding).
+"""A route table on the bounded server (`server.py`: capped connections, idle and slow
+clients cut, bounded request heads, GET and HEAD only), for the daemon's API and kube-proxy's
+health port. A route returns (code, content type, body); the body is bytes or an iterable
+of byte chunks (streamed, chunked encoding).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-from ipvsctl.httpd import BoundedServer, Limits, Park, Request, Response, listen_socket
+from ipvsctl.httpd.request import Park, Request, Response, is_loopback_peer
+from ipvsctl.httpd.server import BoundedServer, Limits
+from ipvsctl.httpd.sockets import listen_socket
 
 # A route: (code, content type, body), or Park (answered later, holding no thread).
 Handler = Callable[[dict[str, list[str]]], tuple[int, str, bytes | Iterable[bytes]] | Park]
@@ -29,17 +27,6 @@ def as_json(code: int, doc: Any) -> tuple[int, str, bytes]:
     return code, "application/json", (json.dumps(doc, indent=1) + "\n").encode()
 
 
-def metrics_body(render: Callable[[], bytes]) -> Handler:
-    return lambda q: (200, CONTENT_TYPE_LATEST, render())
-
-
-def is_loopback(peer: str) -> bool:
-    try:
-        return ipaddress.ip_address(peer).is_loopback
-    except ValueError:
-        return False
-
-
 class HTTPServer:
     """`HTTPServer(listen, routes)` binds at once (a taken port raises OSError here) and
     serves from `start()` on its own thread until `stop()`.
@@ -51,7 +38,7 @@ class HTTPServer:
                  limits: Limits | None = None, name: str = "http",
                  on_refused: Callable[[str], None] | None = None,
                  local_only: Collection[str] = (),
-                 is_local: Callable[[str], bool] = is_loopback) -> None:
+                 is_local: Callable[[str], bool] = is_loopback_peer) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
         self.routes = dict(routes)
@@ -65,6 +52,7 @@ class HTTPServer:
 
     def _handle(self, req: Request) -> Response | Park:
         handler = self.routes.get(req.path)
+        body: bytes | Iterable[bytes]
         if handler is None:
             code, ctype, body = text(404, "not found\n")
         elif req.path in self.local_only and not self.is_local(req.peer):

@@ -12,10 +12,10 @@ from typing import Annotated
 
 import typer
 
+from ipvsctl.cli.cleanup import register as register_cleanup
+from ipvsctl.cli.output import Output, choose, dump
+from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.model import NodeContext, normalize_ip
-from ipvsctl.shell.cleanup import register as register_cleanup
-from ipvsctl.shell.output import Output, choose, dump
-from ipvsctl.shell.shutdown_manager import register as register_shutdown_manager
 
 app = typer.Typer(
     # --install-completion / --show-completion for bash, zsh, fish (docs/reference.md)
@@ -140,9 +140,9 @@ def plan(
     as_json: AsJson = False,
 ) -> None:
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
+    from ipvsctl.cli.render import plan_json, plan_text
+    from ipvsctl.manifests import ManifestError, load_paths
     from ipvsctl.reconcile.cluster import plan_objects
-    from ipvsctl.shell.render import plan_json, plan_text
-    from ipvsctl.source.manifests import ManifestError, load_paths
 
     fmt = _output(output, as_json)
     node = _node(node_name, node_ip, scheduler, service_proxy_name=service_proxy_name)
@@ -215,9 +215,9 @@ def run(
         "/livez) for cloud load balancers; empty: none.")] = "0.0.0.0:10256",
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
+    from ipvsctl.daemon.wiring import DaemonOptions, StartupError
+    from ipvsctl.daemon.wiring import run as run_daemon
     from ipvsctl.obs import logging as obs_logging
-    from ipvsctl.shell.daemon import DaemonOptions, StartupError
-    from ipvsctl.shell.daemon import run as run_daemon
 
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
@@ -291,7 +291,7 @@ def status(
     as_json: AsJson = False,
 ) -> None:
     """The node's IPVS table with its Kubernetes meaning, and the drain queue."""
-    from ipvsctl.shell.status import (
+    from ipvsctl.cli.status import (
         endpoint_is_local,
         fetch_daemon_status,
         join_status,

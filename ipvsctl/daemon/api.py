@@ -1,0 +1,94 @@
+"""The node daemon's HTTP API on --listen: /metrics, /healthz, /readyz, /status (this node's
+clients only) and /v1/quiesced, and the inputs of kube-proxy's health answer on
+--healthz-bind-address (healthcheck/proxy.py). Read from the engine's view; the loop's lock
+is taken only where the engine's state is walked."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ipvsctl.daemon.status_http import StatusDocument
+from ipvsctl.daemon.status_json import quiesced_json
+from ipvsctl.healthcheck.proxy import ProxyState
+from ipvsctl.httpd import Handler, as_json, is_loopback_peer, text
+from ipvsctl.model import normalize_ip
+from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.view import EngineView
+
+
+def metrics_body(render: Callable[[], bytes]) -> Handler:
+    return lambda q: (200, CONTENT_TYPE_LATEST, render())
+
+
+class DaemonAPI:
+    def __init__(self, view: EngineView, lock: AbstractContextManager[Any], metrics: Metrics,
+                 *, heartbeat: Callable[[], float],
+                 threads: Callable[[], Sequence[threading.Thread]],
+                 source_dead_threads: Callable[[], list[str]], stale_after: float) -> None:
+        self.view = view
+        self.lock = lock
+        self.metrics = metrics
+        self.heartbeat = heartbeat  # monotonic: the loop's last turn
+        self.threads = threads  # the daemon's threads: one that ended fails /healthz
+        # A source's own threads (the API reflectors) die unseen behind its run() thread.
+        self.source_dead_threads = source_dead_threads
+        self.stale_after = stale_after  # /healthz fails when the loop has not turned since
+        self.status_doc = StatusDocument(view, lock, on_render=self._rendered)
+
+    def _rendered(self, seconds: float) -> None:
+        self.metrics.status_renders.inc()
+        self.metrics.status_render_seconds.set(seconds)
+
+    def routes(self) -> dict[str, Handler]:
+        return {
+            "/metrics": metrics_body(self.metrics.render),
+            "/healthz": self.healthz,
+            "/readyz": self.readyz,
+            "/status": self.status_doc.handler,
+            "/v1/quiesced": self.quiesced,
+        }
+
+    LOCAL_ONLY = frozenset({"/status"})  # names Services, pods and their addresses
+
+    def is_local_peer(self, peer: str) -> bool:
+        """A client on this node: loopback or one of the node's addresses (/status names
+        Services, pods and their addresses: not for every pod on the network)."""
+        return is_loopback_peer(peer) or peer in self.view.node_ips_known
+
+    def healthz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        age = time.monotonic() - self.heartbeat()
+        dead = [t.name for t in self.threads() if not t.is_alive()]
+        dead += self.source_dead_threads()
+        if dead or age > self.stale_after:
+            return text(503, f"unhealthy: stopped={dead} loop_idle={age:.1f}s\n")
+        return text(200, "ok\n")
+
+    def readyz(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        if self.view.started and all(t.is_alive() for t in self.threads()):
+            return text(200, "ready\n")
+        return text(503, "waiting for the first full list to reach the kernel\n")
+
+    def quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        try:
+            ip = normalize_ip((q.get("ip") or [""])[0])
+        except ValueError:
+            return as_json(400, {"error": "query parameter ip must be an IP address"})
+        with self.lock:
+            return as_json(200, quiesced_json(self.view, ip))
+
+    def proxy_state(self) -> ProxyState:
+        """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
+        node = self.view.node_object
+        return ProxyState(
+            now=time.time(), monotonic=time.monotonic(), heartbeat=self.heartbeat(),
+            pending_since=self.view.pending_since, last_updated=self.view.last_updated,
+            # A Node never seen (not readable) counts eligible: a missing RBAC rule must not
+            # take every node out of the cloud load balancers.
+            node_eligible=node.eligible if node is not None else True,
+            timeout=self.stale_after)

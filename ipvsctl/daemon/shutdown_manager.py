@@ -1,0 +1,176 @@
+"""The shutdown-manager sidecar's wiring: its HTTP server (/shutdown, /healthz, /status),
+the shared barrier and its probes, and the run until SIGTERM (`ipvsctl shutdown-manager`,
+cli/shutdown_manager.py, parses the flags).
+
+GET /shutdown blocks until every node's ipvsctl daemon says the pod's IPs are quiesced (no
+real server with weight > 0 left for them), then until the pod's established connections on
+the watched ports are at most --min-open-connections, never longer than --timeout; then it
+answers 200 with a JSON account of what happened, and the kubelet goes on to SIGTERM.
+Concurrent calls share one barrier, but each gets an answer made after it came: an early or
+stray call never leaves a result that makes the real preStop return at once. A waiting call
+holds no thread (the HTTP server parks it: `ipvsctl.httpd.Park`), and the server's bounds are
+per peer, so no number of other connections or calls makes the preStop's be refused,
+evicted or answered early. See docs/shutdown-manager.md.
+
+The barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes. The HTTP server
+and the probes are imported where they are used, so that registering the command costs the
+rest of the CLI nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ipvsctl.daemon.signals import serve_until_signal
+from ipvsctl.obs.logging import fields
+from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
+from ipvsctl.shutdown.barrier import BarrierConfig
+
+if TYPE_CHECKING:
+    from ipvsctl.httpd import Park, Response
+    from ipvsctl.shutdown.probes import Resolver
+    from ipvsctl.shutdown.runner import Clock, Sleep, Ticket
+
+log = logging.getLogger("ipvsctl.shutdown")
+
+DEFAULT_LISTEN = "0.0.0.0:9797"
+DEFAULT_TIMEOUT = 25.0  # below the default terminationGracePeriodSeconds (30) by 5 s
+REPLY_GRACE = 5.0  # on SIGTERM, longest wait for /shutdown replies still being written
+
+
+class StartupError(Exception):
+    """A fatal start-up problem; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerOptions:
+    pod_ips: tuple[str, ...]
+    listen: str = DEFAULT_LISTEN
+    daemons: tuple[str, ...] = ()
+    """Explicit daemon base URLs; empty: look them up in DNS (daemon_service)."""
+    daemon_service: str = DEFAULT_DAEMON_SERVICE
+    daemon_port: int = DEFAULT_DAEMON_PORT
+    ports: tuple[int, ...] = ()
+    """Watched local ports; empty: every listening port but the manager's own."""
+    proc_net: str = "/proc/net"
+    node_ips: tuple[str, ...] = ()
+    """The node's addresses (the kubelet's probes and preStop come from there): trusted
+    like loopback, never refused or evicted by the server's bounds."""
+    barrier: BarrierConfig = field(default_factory=lambda: BarrierConfig(timeout=DEFAULT_TIMEOUT))
+
+
+class ShutdownManager:
+    """The running sidecar, so tests can run it in-process (clock, sleep and the DNS resolver
+    injectable; daemons and /proc/net come from the options)."""
+
+    def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
+                 sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
+        from ipvsctl.httpd import HTTPServer, Limits, as_json, is_loopback_peer, text
+        from ipvsctl.shutdown.probes import (
+            ConnectionCounter,
+            DnsDaemons,
+            ShutdownProbes,
+            StaticDaemons,
+            resolve_addresses,
+        )
+        from ipvsctl.shutdown.runner import SharedBarrier
+
+        # A waiting /shutdown holds a socket, not a thread (parked); per peer at most 16
+        # connections, so one address's flood or strays only ever close its own.
+        limits = Limits(max_connections=1024, max_per_peer=16, workers=4)
+        self.options = options
+        trusted = frozenset(options.node_ips)
+        try:
+            self.http = HTTPServer(options.listen, {
+                "/shutdown": self._shutdown,
+                "/healthz": lambda q: text(200, "ok\n"),
+                "/status": lambda q: as_json(200, self.barrier.status()),
+            }, limits=limits, name="shutdown-manager",
+                is_local=lambda peer: is_loopback_peer(peer) or peer in trusted)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"--listen {options.listen}: {exc}") from None
+        daemons = (StaticDaemons(options.daemons) if options.daemons
+                   else DnsDaemons(options.daemon_service, options.daemon_port,
+                                   resolve or resolve_addresses))
+        self.daemons: StaticDaemons | DnsDaemons = daemons
+        self.counter = ConnectionCounter(options.proc_net, options.ports,
+                                         exclude=(self.http.port,))
+        probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
+        self.barrier = SharedBarrier(options.barrier, options.pod_ips, probes, clock, sleep)
+        self.barrier.listeners.append(self.http.server.wake)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    def _shutdown(self, q: dict[str, list[str]]) -> Park:
+        from ipvsctl.httpd import Park
+
+        return Park(_ShutdownCall(self.barrier.call()))
+
+    def start(self) -> None:
+        self.http.start()
+        o = self.options
+        log.info("shutdown-manager started", extra=fields(
+            listen=f"{o.listen} (port {self.http.port})", pod_ips=",".join(o.pod_ips),
+            daemons=str(self.daemons),
+            ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
+            timeout=o.barrier.timeout, check_interval=o.barrier.check_interval,
+            check_delay=o.barrier.check_delay,
+            min_open_connections=o.barrier.min_open_connections,
+            wait_connections=o.barrier.wait_connections))
+
+    def finish(self) -> None:
+        """On SIGTERM: a barrier that has started is seen to its end (never past its
+        deadline) and its replies written; then the server stops."""
+        if self.barrier.started:
+            self.barrier.settle()
+            self.http.server.wake()
+            self.http.server.wait_answered(REPLY_GRACE)
+        self.stop()
+
+    def stop(self) -> None:
+        self.http.stop()
+
+
+class _ShutdownCall:
+    """A parked GET /shutdown (`ipvsctl.httpd.Waiter`): its barrier ticket, polled by the
+    HTTP server's selector thread; always 200 with the result, never another answer."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+
+    @property
+    def deadline(self) -> float:
+        """When the caller's own deadline comes, on the server's clock."""
+        t = self.ticket
+        return time.monotonic() + max(0.0, t.deadline - t.shared.clock())
+
+    def poll(self, now: float) -> Response | None:
+        from ipvsctl.httpd import Response
+
+        result = self.ticket.poll(self.ticket.shared.clock())
+        if result is None:
+            return None
+        return Response(200, "application/json",
+                        (json.dumps(result.to_json(), indent=1) + "\n").encode())
+
+    def cancel(self) -> None:
+        self.ticket.cancel()
+
+
+def run(options: ManagerOptions) -> int:
+    manager = ShutdownManager(options)
+    serve_until_signal(manager.start)
+    log.info("signal received, stopping", extra=fields(
+        barrier="done" if manager.barrier.done else
+        "running" if manager.barrier.started else "not started"))
+    manager.finish()
+    return 0
+
+
+# --- flags --------------------------------------------------------------------------------

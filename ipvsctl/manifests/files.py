@@ -1,0 +1,119 @@
+"""Manifest files read into raw objects: `ipvsctl plan -f` and, per file, the folder
+`ipvsctl run --manifests DIR` follows (source.py).
+
+Files are `*.yaml`, `*.yml`, `*.json`; multi-document YAML and `kind: List` (or any
+`*List`) are unpacked, through safeyaml's bounded parsers.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ipvsctl.manifests.safeyaml import MAX_BYTES, load_all_yaml, load_json
+from ipvsctl.source.events import (
+    ObjectKind,
+    RawObject,
+)
+
+log = logging.getLogger("ipvsctl.manifests")
+
+SUFFIXES = (".yaml", ".yml", ".json")
+_KINDS = {k.value: k for k in ObjectKind}
+STDIN = Path("-")  # `plan -f -`: YAML or JSON (a YAML subset) from standard input
+
+
+class ManifestError(Exception):
+    """A file that is not YAML/JSON; the message names the file and the parser's words."""
+
+
+ObjectId = tuple[ObjectKind, str, str]  # kind, namespace, name
+
+
+@dataclass(frozen=True, slots=True)
+class FileObjects:
+    objects: dict[ObjectId, RawObject]
+    ignored: int  # documents of other kinds
+
+
+def _documents(path: Path) -> Iterator[Any]:
+    try:
+        if path == STDIN:
+            text = sys.stdin.read(MAX_BYTES + 1)
+            if len(text) > MAX_BYTES:
+                raise ManifestError(f"standard input: larger than {MAX_BYTES} bytes")
+        else:
+            if path.stat().st_size > MAX_BYTES:
+                raise ManifestError(f"{path}: larger than {MAX_BYTES} bytes")
+            text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read: {exc}") from None
+    try:
+        if path.suffix == ".json":
+            yield load_json(text)
+        else:
+            yield from load_all_yaml(text)
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        msg = " ".join(str(exc).split())
+        name, fmt = ("standard input", "YAML") if path == STDIN else (path, path.suffix[1:].upper())
+        raise ManifestError(f"{name}: not valid {fmt}: {msg}") from None
+
+
+def _unpack(path: Path, doc: Any) -> Iterator[Any]:
+    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
+        items = doc.get("items") or []
+        if not isinstance(items, list):
+            raise ManifestError(f"{path}: {doc.get('kind')}: items is not a list")
+        for item in items:
+            yield from _unpack(path, item)
+    elif doc is not None:
+        yield doc
+
+
+def load_file(path: Path) -> FileObjects:
+    """The Services, EndpointSlices and Nodes of one file. ManifestError if
+    unparseable."""
+    objects: dict[ObjectId, RawObject] = {}
+    ignored = 0
+    for doc in _documents(path):
+        for obj in _unpack(path, doc):
+            raw_kind = obj.get("kind") if isinstance(obj, dict) else None
+            kind = _KINDS.get(raw_kind) if isinstance(raw_kind, str) else None
+            if kind is None:
+                ignored += 1
+                continue
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            ns = meta.get("namespace") or "default"
+            # Objects without a usable name still go through, to be reported as invalid.
+            objects[(kind, str(ns), str(meta.get("name") or f"<unnamed #{len(objects)}>"))] = obj
+    return FileObjects(objects, ignored)
+
+
+def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named, and manifest files inside folders named (recursively), sorted."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES))
+        elif p.exists() or p == STDIN:
+            out.append(p)
+        else:
+            raise ManifestError(f"{p}: no such file or folder")
+    return out
+
+
+def load_paths(paths: Iterable[str | Path]) -> dict[ObjectKind, list[RawObject]]:
+    """Every object in the paths, by kind (later files win on a duplicate name)."""
+    merged: dict[ObjectId, RawObject] = {}
+    for f in manifest_files(paths):
+        merged.update(load_file(f).objects)
+    by_kind: dict[ObjectKind, list[RawObject]] = {k: [] for k in ObjectKind}
+    for (kind, _, _), obj in merged.items():
+        by_kind[kind].append(obj)
+    return by_kind
