@@ -30,17 +30,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ipvsctl.kernel.fake import KNOWN_SCHEDULERS, FakeKernel
+from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.errors import NetlinkError
 from ipvsctl.kernel.netlink.sockets import Sockets
-from ipvsctl.model import RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import Protocol, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 
 IPVS_FAMILY = 0x1C  # the generic netlink family id the model's IPVS socket reports
 IFINDEX = 7  # the dummy interface's index in the model
 NLM_F_MULTI = 0x2
 NESTED = 0x8000
-PROTOCOL_NUMBERS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 
 # --- packing, as the kernel does ------------------------------------------------------------
@@ -83,7 +83,7 @@ def service_message(address: str | None, port: int, proto: str | int, sched: str
     if fwmark:
         a += nla(5, u32(fwmark))
     else:
-        number = PROTOCOL_NUMBERS[proto] if isinstance(proto, str) else proto
+        number = Protocol(proto).number if isinstance(proto, str) else proto
         a += nla(2, u16(number)) + nla(3, raw) + nla(4, struct.pack("!H", port))
     a += nla(6, sched.encode() + b"\0")
     if pe:
@@ -291,7 +291,7 @@ class IPVSModel:
             assert vs is not None
             if svc is not None:
                 return [error(req.seq, errno.EEXIST)]
-            if vs.scheduler not in KNOWN_SCHEDULERS:
+            if vs.scheduler not in IPVS_SCHEDULERS:
                 return [error(req.seq, errno.ENOENT)]
             t.add_virtual_server(vs, bind_address=False)
             return [ack(req.seq)]
@@ -302,7 +302,7 @@ class IPVSModel:
         if req.cmd == wire.SET_SERVICE:
             vs = wire.parse_service(req.data)
             assert vs is not None
-            if vs.scheduler not in KNOWN_SCHEDULERS:
+            if vs.scheduler not in IPVS_SCHEDULERS:
                 return [error(req.seq, errno.ENOENT)]
             t.update_virtual_server(vs)
         elif req.cmd == wire.DEL_SERVICE:

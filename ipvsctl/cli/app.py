@@ -99,7 +99,7 @@ def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
 
 def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
           interface: str = "kube-ipvs0", service_proxy_name: str | None = None) -> NodeContext:
-    from ipvsctl.source.convert import IPVS_SCHEDULERS
+    from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 
     if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
         raise _fail(f"--service-proxy-name {service_proxy_name!r}: not a label value (up "

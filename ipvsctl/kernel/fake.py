@@ -37,14 +37,11 @@ from ipvsctl.model import (
     VirtualServerStatus,
 )
 from ipvsctl.model.conntrack import ConntrackEntry
+from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 from ipvsctl.plan.conntrack import real_server_entries
 
-__all__ = ["KNOWN_SCHEDULERS", "FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
+__all__ = ["FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
 
-KNOWN_SCHEDULERS = frozenset(
-    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
-     "twos"}
-)
 
 
 @dataclass
@@ -143,7 +140,7 @@ class FakeKernel:
         return scan_connections([header, *self.conn_lines], pairs)
 
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
-        if vs.scheduler not in KNOWN_SCHEDULERS:
+        if vs.scheduler not in IPVS_SCHEDULERS:
             raise KernelNotFound(f"unknown scheduler {vs.scheduler}", "add_virtual_server")
         if vs.key in self.services:
             raise KernelExists(f"{vs.key} exists", "add_virtual_server")
@@ -153,7 +150,7 @@ class FakeKernel:
         self.ops.append(add_vs_line(vs))
 
     def update_virtual_server(self, vs: VirtualServer) -> None:
-        if vs.scheduler not in KNOWN_SCHEDULERS:
+        if vs.scheduler not in IPVS_SCHEDULERS:
             raise KernelNotFound(f"unknown scheduler {vs.scheduler}", "update_virtual_server")
         self._service(vs.key, "update_virtual_server").vs = vs
         self.ops.append(set_vs_line(vs))

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-RawObject = dict[str, Any]
+from ipvsctl.source.events import RawObject
 
 # Annotations and labels that can matter to a service proxy; the rest (kubectl's
 # last-applied-configuration, cloud load-balancer settings, ...) is dropped.

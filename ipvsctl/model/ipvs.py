@@ -10,6 +10,11 @@ from ipvsctl.model.keys import RealServerKey, ServiceKey
 # sh-fallback/mh-fallback, sh-port/mh-port, flag-3 unused by today's schedulers).
 SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3 = 0x08, 0x10, 0x20
 SCHED_FLAGS_MASK = SCHED_FLAG_1 | SCHED_FLAG_2 | SCHED_FLAG_3
+# The kernel's IPVS schedulers (ip_vs_*.c), by the names ipvsadm and the netlink API take.
+IPVS_SCHEDULERS = frozenset(
+    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
+     "twos"}
+)
 
 
 def sched_flag_names(flags: int) -> list[str]:

@@ -19,6 +19,20 @@ class Protocol(StrEnum):
         """UDP and SCTP real servers are deleted at once instead of drained (as kube-proxy)."""
         return self is not Protocol.TCP
 
+    @property
+    def number(self) -> int:
+        """The IP protocol number (IPPROTO_*), as netlink carries it."""
+        return PROTOCOL_NUMBERS[self]
+
+    @staticmethod
+    def from_number(number: int) -> Protocol | None:
+        """The protocol of an IP protocol number; None: not one a Service uses."""
+        return _BY_NUMBER.get(number)
+
+
+PROTOCOL_NUMBERS: dict[Protocol, int] = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
+_BY_NUMBER = {n: p for p, n in PROTOCOL_NUMBERS.items()}
+
 
 def normalize_ip(text: str) -> str:
     """The compressed form of an IPv4/IPv6 address; ValueError if it is not one.

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
-from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
+from ipvsctl.model.ipvs import IPVS_SCHEDULERS, SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.model.objects import (
     ServiceInfo,
     ServicePortInfo,
@@ -55,10 +55,6 @@ SCHED_FLAG_NAMES = {
 }
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
 SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"})
-IPVS_SCHEDULERS = frozenset(
-    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
-     "twos"}
-)
 
 
 # InvalidObject is defined in validate, imported from here by the store; the parsed types

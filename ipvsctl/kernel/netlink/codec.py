@@ -26,14 +26,6 @@ from pyroute2.netlink.generic import ipvs as genl_ipvs
 from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
-IPPROTO_SCTP = 132
-PROTOCOL_NUMBERS: dict[Protocol, int] = {
-    Protocol.TCP: socket.IPPROTO_TCP,
-    Protocol.UDP: socket.IPPROTO_UDP,
-    Protocol.SCTP: IPPROTO_SCTP,
-}
-_PROTOCOLS_BY_NUMBER = {n: p for p, n in PROTOCOL_NUMBERS.items()}
-
 FWD_MASQ = 0  # IP_VS_CONN_F_MASQ: NAT. pyroute2's IPVSDest default is 3 (direct routing)
 SVC_F_PERSISTENT = 0x1  # IP_VS_SVC_F_PERSISTENT
 # The kernel reads IPVS_SVC_ATTR_NETMASK as a host-order u32; for IPv6 it is a prefix length
@@ -53,7 +45,7 @@ def service_key_spec(key: ServiceKey) -> IPVSService:
     v6 = key.family == 6
     return IPVSService(
         af=family_of(key.address),
-        protocol=PROTOCOL_NUMBERS[key.protocol],
+        protocol=key.protocol.number,
         addr=key.address,
         port=key.port,
         netmask=NETMASK_V6 if v6 else NETMASK_V4,
@@ -82,7 +74,7 @@ def virtual_server_from_message(m: Any) -> VirtualServer | None:
     """A VirtualServer from a service dump message; None for what ipvsctl never programs
     (fwmark services, other protocols)."""
     addr, port = m.get(("service", "addr")), m.get(("service", "port"))
-    protocol = _PROTOCOLS_BY_NUMBER.get(m.get(("service", "protocol")) or 0)
+    protocol = Protocol.from_number(m.get(("service", "protocol")) or 0)
     if addr is None or port is None or protocol is None:
         return None
     flags = (m.get(("service", "flags")) or {}).get("flags", 0)

@@ -29,7 +29,6 @@ from typing import Any
 from pyroute2 import NetlinkError
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, NFCTSocket
 
-from ipvsctl.kernel.netlink.codec import PROTOCOL_NUMBERS
 from ipvsctl.kernel.netlink.errors import error_code, translate_error
 from ipvsctl.kernel.port import ConntrackTable, KernelError, KernelUnavailable
 from ipvsctl.model import Protocol, normalize_ip
@@ -37,7 +36,6 @@ from ipvsctl.model.conntrack import ConntrackEntry
 
 log = logging.getLogger("ipvsctl.kernel")
 
-_BY_NUMBER = {n: p for p, n in PROTOCOL_NUMBERS.items()}
 # No ctnetlink (nf_conntrack_netlink not loaded, no netfilter netlink at all).
 _UNAVAILABLE = (errno.ENOENT, errno.EOPNOTSUPP, errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT)
 _FAILURES = (NetlinkError, OSError, RuntimeError)
@@ -81,7 +79,7 @@ def entry_from_message(m: Any) -> ConntrackEntry | None:
     o_proto = _attrs(_value(orig, "CTA_TUPLE_PROTO"))
     r_ip = _attrs(_value(reply, "CTA_TUPLE_IP"))
     r_proto = _attrs(_value(reply, "CTA_TUPLE_PROTO"))
-    protocol = _BY_NUMBER.get(int(_value(o_proto, "CTA_PROTO_NUM") or 0))
+    protocol = Protocol.from_number(int(_value(o_proto, "CTA_PROTO_NUM") or 0))
     src = _value(o_ip, "CTA_IP_V4_SRC", "CTA_IP_V6_SRC")
     dst = _value(o_ip, "CTA_IP_V4_DST", "CTA_IP_V6_DST")
     reply_src = _value(r_ip, "CTA_IP_V4_SRC", "CTA_IP_V6_SRC")
@@ -136,7 +134,7 @@ class NetlinkConntrack:
 
     def list_conntrack(self, protocol: Protocol, ipv6: bool,
                        port: int | None = None) -> list[ConntrackEntry]:
-        family, number = _family(ipv6), PROTOCOL_NUMBERS[protocol]
+        family, number = _family(ipv6), protocol.number
         with self._socket(family, "list_conntrack") as ct:
             try:
                 try:
@@ -163,7 +161,7 @@ class NetlinkConntrack:
                 for e in batch:
                     target = NFCTAttrTuple(
                         family=family, saddr=e.orig_src, daddr=e.orig_dst,
-                        proto=PROTOCOL_NUMBERS[e.protocol], sport=e.orig_sport,
+                        proto=e.protocol.number, sport=e.orig_sport,
                         dport=e.orig_dport)
                     try:
                         ct.entry("del", tuple_orig=target)

@@ -22,8 +22,8 @@ import ipaddress
 import socket
 import struct
 
-from ipvsctl.kernel.netlink.codec import FWD_MASQ, PROTOCOL_NUMBERS, SVC_F_PERSISTENT
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.kernel.netlink.codec import FWD_MASQ, SVC_F_PERSISTENT
+from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
 # netlink header flags, as pyroute2's NetlinkRequest sets them per request kind
@@ -86,7 +86,7 @@ def _identity(key: ServiceKey) -> bytes:
     """af, protocol, addr, port: what dest commands name their service by."""
     af = _family(key.address)
     return (_nla(SVC_AF, _U16.pack(af))
-            + _nla(SVC_PROTOCOL, _U16.pack(PROTOCOL_NUMBERS[key.protocol]))
+            + _nla(SVC_PROTOCOL, _U16.pack(key.protocol.number))
             + _nla(SVC_ADDR, socket.inet_pton(af, key.address))
             + _nla(SVC_PORT, _BE16.pack(key.port)))
 
@@ -230,7 +230,6 @@ def error_code(msg: bytes) -> int:
 _NLA = struct.Struct("=HH")
 _NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 _GENL_ATTRS = 16 + 4  # nlmsghdr, genlmsghdr
-_PROTOCOLS = {n: p for p, n in PROTOCOL_NUMBERS.items()}
 
 
 def _attrs(data: bytes, start: int = 0, end: int | None = None) -> dict[int, bytes]:
@@ -274,7 +273,7 @@ def parse_service(msg: bytes) -> VirtualServer | None:
     """A service dump message (whole, header included) as a VirtualServer; None for what
     ipvsctl never programs (fwmark services, other protocols)."""
     a = _nested(msg, ATTR_SERVICE)
-    protocol = _PROTOCOLS.get(_u16(a.get(SVC_PROTOCOL)) or 0)
+    protocol = Protocol.from_number(_u16(a.get(SVC_PROTOCOL)) or 0)
     raw_port = a.get(SVC_PORT)
     addr = _address(_u16(a.get(SVC_AF)), a.get(SVC_ADDR, b""))
     if addr is None or raw_port is None or len(raw_port) < 2 or protocol is None:
