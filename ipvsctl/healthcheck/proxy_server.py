@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ipvsctl.healthcheck.proxy import ProxyState, answer
 from ipvsctl.httpd import Handler, HTTPServer, is_loopback_peer
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 
 log = logging.getLogger("ipvsctl.proxy_health")
@@ -36,7 +36,7 @@ class ProxyHealthServer:
         self.http: HTTPServer | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._reported = False
+        self._failing = FailureStreaks(log)  # never ended: one line while it lives
 
     def _route(self, path: str) -> Handler:
         def handle(query: dict[str, list[str]]) -> tuple[int, str, bytes]:
@@ -64,11 +64,9 @@ class ProxyHealthServer:
         return True
 
     def _failed(self, exc: Exception) -> bool:
-        if not self._reported:  # one line per failing streak
-            self._reported = True
-            log.error("health server port not opened (kube-proxy still running?), retrying",
-                      extra=fields(address=self.address, error=exc,
-                                   retry_in=self.retry_interval))
+        self._failing.failed(
+            logging.ERROR, "health server port not opened (kube-proxy still running?), retrying",
+            address=self.address, error=exc, retry_in=self.retry_interval)
         return False
 
     def run(self, stop: threading.Event) -> None:

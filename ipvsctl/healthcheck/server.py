@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ipvsctl.healthcheck.state import HealthState
 from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
 from ipvsctl.model import DesiredService, ServiceRef
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 
 log = logging.getLogger("ipvsctl.healthcheck")
@@ -53,7 +53,7 @@ class HealthServer:
         self.retry_interval = retry_interval
         self._lock = threading.Lock()
         self._sockets: dict[int, socket.socket] = {}  # open ports
-        self._failed: set[int] = set()  # wanted but not open
+        self._failed = FailureStreaks(log)  # ports wanted but not open
         self._closed = False
         self._next_retry = 0.0
         self.http = BoundedServer(self._answer, name="health", limits=HEALTH_HTTP_LIMITS,
@@ -88,16 +88,11 @@ class HealthServer:
         except OSError as exc:
             if self.metrics is not None:
                 self.metrics.health_check_errors.inc()
-            with self._lock:
-                first = port not in self._failed
-                self._failed.add(port)
-            if first:
-                log.error("health check port not opened, retrying", extra=fields(
-                    port=port, error=exc))
+            self._failed.failed(logging.ERROR, "health check port not opened, retrying",
+                                key=port, port=port, error=exc)
             return
+        recovered = self._failed.recovered(None, key=port)
         with self._lock:
-            recovered = port in self._failed
-            self._failed.discard(port)
             if port not in self.state.by_port or self._closed:  # unwanted meanwhile
                 sock.close()
                 return
@@ -108,8 +103,8 @@ class HealthServer:
         self._gauge()
 
     def _close(self, port: int) -> None:
+        self._failed.recovered(None, key=port)  # no longer wanted: no longer failing
         with self._lock:
-            self._failed.discard(port)
             sock = self._sockets.pop(port, None)
         if sock is not None:
             self.http.remove_listener(sock)
@@ -131,7 +126,8 @@ class HealthServer:
             return
         self._next_retry = now + self.retry_interval
         with self._lock:
-            failed = sorted(p for p in self._failed if p in self.state.by_port)
+            failed = sorted(p for p in self._failed.running()
+                            if isinstance(p, int) and p in self.state.by_port)
         for port in failed:
             self._open(port)
 

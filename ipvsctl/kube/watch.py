@@ -37,8 +37,9 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ipvsctl.kube.backoff import Backoff
-from ipvsctl.kube.logs import describe, log
+from ipvsctl.kube.logs import LOGGER, describe, log
 from ipvsctl.kube.settings import KubeSettings
+from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
 
 ListFunc = Callable[..., Any]  # a generated `list_*_for_all_namespaces` method
@@ -260,7 +261,7 @@ class Reflector:
         self._delivered = False  # the current watch delivered an object or a bookmark
         self._opened = False
         self._rv_unavailable = False  # the last relist at our resourceVersion failed
-        self._suspect = False  # the last list was refused by `check` (one log line a streak)
+        self._suspect = FailureStreaks(LOGGER)  # lists refused by `check`
         self._watch_list = settings.watch_list  # cleared for good when the server lacks it
         self.lists = 0  # completed lists (each emitted one Replace)
 
@@ -342,14 +343,10 @@ class Reflector:
         problem = self._check(objects) if self._check is not None else None
         if problem is not None:
             del objects
-            if not self._suspect:
-                self._suspect = True
-                log(logging.WARNING, "list refused, table kept", resource=self.resource,
-                    problem=problem)
+            self._suspect.failed(logging.WARNING, "list refused, table kept",
+                                 resource=self.resource, problem=problem)
             raise SuspectList(problem)
-        if self._suspect:
-            self._suspect = False
-            log(logging.INFO, "list accepted again", resource=self.resource)
+        self._suspect.recovered("list accepted again", resource=self.resource)
         self.resource_version = rv
         self.lists += 1
         self._emit(Replace(self.kind, objects, self._clock()))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.obs.metrics import Metrics
 
 log = logging.getLogger("ipvsctl.nft")
@@ -87,7 +87,7 @@ class Nft:
         self.metrics = metrics
         self.timeout = timeout
         self.runs = 0
-        self._failing: set[str] = set()
+        self._failing = FailureStreaks(log)  # per operation
         self._lock = threading.Lock()
 
     def _argv(self, *args: str) -> list[str]:
@@ -120,21 +120,14 @@ class Nft:
             raise self._failed(err)
         if self.metrics is not None:
             self.metrics.nft_seconds.observe(time.monotonic() - t0)
-        with self._lock:
-            recovered = operation in self._failing
-            self._failing.discard(operation)
-        if recovered:
-            log.info("nft working again", extra=fields(operation=operation))
+        self._failing.recovered("nft working again", key=operation, operation=operation)
         return r.stdout
 
     def _failed(self, err: NftError) -> NftError:
         if self.metrics is not None:
             self.metrics.nft_errors.labels(err.operation).inc()
-        with self._lock:
-            first = err.operation not in self._failing
-            self._failing.add(err.operation)
-        if first:
-            log.error("nft failed", extra=fields(operation=err.operation, error=err))
+        self._failing.failed(logging.ERROR, "nft failed", key=err.operation,
+                             operation=err.operation, error=err)
         return err
 
     # --- what ipvsctl asks of nft -----------------------------------------------------------

@@ -10,13 +10,56 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from collections.abc import Hashable
 from typing import Any
 
 
 def fields(**kw: Any) -> dict[str, Any]:
     """The `extra=` argument carrying structured fields."""
     return {"fields": kw}
+
+
+class FailureStreaks:
+    """One log line per failure streak, as Cilium's reflectorHealth: `failed` logs the first
+    failure of a run (every failure is still counted, by the caller's metric) and `recovered`
+    ends the run, logging once that it did. One streak per key (an nft operation, a Service,
+    a port); key None for the only one. Thread-safe."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._lock = threading.Lock()
+        self._failing: dict[Hashable, None] = {}  # insertion-ordered
+
+    def failing(self, key: Hashable = None) -> bool:
+        with self._lock:
+            return key in self._failing
+
+    def running(self) -> list[Hashable]:
+        """The keys whose streak is running, oldest first."""
+        with self._lock:
+            return list(self._failing)
+
+    def failed(self, level: int, message: str, /, *, key: Hashable = None,
+               **kw: Any) -> bool:
+        """A failure: logged when it starts a streak (then True)."""
+        with self._lock:
+            first = key not in self._failing
+            self._failing[key] = None
+        if first:
+            self._log.log(level, message, extra=fields(**kw), stacklevel=2)
+        return first
+
+    def recovered(self, message: str | None, /, *, key: Hashable = None, **kw: Any) -> bool:
+        """A success: ends the streak, if one was running (then True, and `message` is
+        logged at info; None: ended silently)."""
+        with self._lock:
+            was = key in self._failing
+            self._failing.pop(key, None)
+        if was and message is not None:
+            self._log.info(message, extra=fields(**kw), stacklevel=2)
+        return was
 
 
 def _value(v: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any, assert_never
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
 from ipvsctl.model import NO_DEADLINE, RealServerKey, ServiceKey, ServiceRef
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.desired import binds_address
 from ipvsctl.plan.ops import (
@@ -62,7 +62,7 @@ class Applier:
     node_ips: Callable[[], Collection[str]]  # now: they change while running
     # A virtual server was deleted: a Service waiting for its key may have it now.
     on_released: Callable[[ServiceKey], None] = lambda key: None
-    _failing: set[ServiceRef] = field(default_factory=set)
+    _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
     def apply(self, ref: ServiceRef | None, ops: list[Op]) -> Applied:
@@ -77,10 +77,9 @@ class Applier:
                 operation = exc.operation or type(op).__name__
                 self.metrics.netlink_errors.labels(operation).inc()
                 self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
-                if ref is not None and ref not in self._failing:  # one line per streak
-                    self._failing.add(ref)
-                    log.error("kernel operation failed", extra=fields(
-                        service=ref, op=op, operation=operation, error=exc))
+                if ref is not None:
+                    self._failing.failed(logging.ERROR, "kernel operation failed", key=ref,
+                                         service=ref, op=op, operation=operation, error=exc)
                 return Applied(done, True, surprised)
             done += 1
             ok = self._ok.get(type(op))
@@ -88,9 +87,8 @@ class Applier:
                 ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(type(op).__name__, "ok")
             ok.inc()
             log.debug("applied", extra=fields(service=ref, op=op))
-        if ref is not None and ref in self._failing:
-            self._failing.discard(ref)
-            log.info("kernel operations recovered", extra=fields(service=ref))
+        if ref is not None:
+            self._failing.recovered("kernel operations recovered", key=ref, service=ref)
         return Applied(done, False, surprised)
 
     def delete_orphan(self, key: ServiceKey, real_servers: int) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 from ipvsctl.kernel.port import ConntrackTable, KernelError
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.model.conntrack import ConntrackEntry
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.conntrack import newly_served, stale_entries, sweep_table
 from ipvsctl.reconcile.clock import Clock, SystemClock
@@ -84,7 +84,7 @@ class ConntrackSweeper:
         self._requested: str | None = "start-up"  # why the next sweep is due (None: not)
         self._next_periodic: float | None = None
         self._node_ips: tuple[str, ...] | None = None
-        self._failing = False
+        self._failing = FailureStreaks(log)
         self.last: SweepResult | None = None
 
     def pace(self) -> Pace:
@@ -157,14 +157,11 @@ class ConntrackSweeper:
         if outcome.deleted:
             self.metrics.conntrack_stale_deleted.inc(outcome.deleted)
         self.last = outcome
-        if self._failing:
-            self._failing = False
-            log.info("conntrack sweep works again")
+        self._failing.recovered("conntrack sweep works again")
         return outcome
 
     def _failed(self, exc: KernelError) -> None:
         self.metrics.netlink_errors.labels(exc.operation or "conntrack_sweep").inc()
-        if not self._failing:  # one line per failing streak
-            self._failing = True
-            log.warning("conntrack sweep failed; stale UDP entries are not removed",
-                        extra=fields(error=exc, retry_in=self.config.interval))
+        self._failing.failed(logging.WARNING,
+                             "conntrack sweep failed; stale UDP entries are not removed",
+                             error=exc, retry_in=self.config.interval)

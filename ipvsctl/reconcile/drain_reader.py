@@ -27,7 +27,7 @@ from ipvsctl.model import (
     ServiceKey,
 )
 from ipvsctl.model.keys import service_order
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.drain import wants_conn_states
 from ipvsctl.reconcile.clock import Clock, paced
@@ -71,8 +71,10 @@ class DrainReader:
         self._table_cost: float | None = None
         self._dump_cost: float | None = None
         self._dump_checks = 0
-        self._table_failing = False
-        self._conns_failing = False
+        # The table read is not tried again for a while after a failure (dumps instead): its
+        # streak is logged once for good.
+        self._table_failing = FailureStreaks(log)
+        self._conns_failing = FailureStreaks(log)
         self.last_scan: object | None = None  # the last ConnScan (its work counters, for tests)
 
     def read(self, snapshot: DrainSnapshot) -> DrainReading:
@@ -108,10 +110,9 @@ class DrainReader:
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
                 self._table_cost = float("inf")  # dumps from now on
-                if not self._table_failing:
-                    self._table_failing = True
-                    log.warning("ipvs table file unreadable, reading per virtual server",
-                                extra=fields(error=exc))
+                self._table_failing.failed(
+                    logging.WARNING, "ipvs table file unreadable, reading per virtual server",
+                    error=exc)
             else:
                 self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
                 return observed
@@ -156,18 +157,15 @@ class DrainReader:
             result = "unavailable" if isinstance(exc, KernelUnavailable) else "error"
             self.metrics.conn_table_reads.labels(result).inc()
             self._next_conn_scan = self.clock.monotonic() + 10.0
-            if not self._conns_failing:
-                self._conns_failing = True
-                log.warning("ipvs connection table unreadable, draining by counts only",
-                            extra=fields(error=exc))
+            self._conns_failing.failed(
+                logging.WARNING, "ipvs connection table unreadable, draining by counts only",
+                error=exc)
             return {}
         self._next_conn_scan = paced(now, self.clock.monotonic(), duty=DUTY)
         self.last_scan = scan
         self.metrics.conn_table_reads.labels("ok").inc()
         self.metrics.conn_table_lines.inc(scan.lines)
-        if self._conns_failing:
-            self._conns_failing = False
-            log.info("ipvs connection table readable again")
+        self._conns_failing.recovered("ipvs connection table readable again")
         if not scan.trustworthy:
             log.debug("connection table lines unreadable", extra=fields(
                 lines=scan.unattributed))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import DrainEntry
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.engine import Engine
 from ipvsctl.reconcile.paced import Pace, PacedRunner
@@ -79,7 +79,7 @@ class Loop:
         # The start-up addresses are fresh: the first re-read is one interval after the
         # first step.
         self._next_node_ips: float | None = None
-        self._node_ips_failing = False
+        self._node_ips_failing = FailureStreaks(log)
         self._gc_paused_until: float | None = None  # pause_gc_until_started
         # Drain checks never queue behind the audit (a round start's full dump took ~40 s
         # under emulation at 10,000 Services): each on its own thread. A drain check runs
@@ -178,14 +178,10 @@ class Loop:
             ips = self.read_node_ips()
         except Exception as exc:  # whatever the reason, the current addresses stay
             self.engine.metrics.node_address_errors.inc()
-            if not self._node_ips_failing:  # one line per failing streak
-                self._node_ips_failing = True
-                log.error("node addresses unreadable, keeping the current ones",
-                          extra=fields(error=exc))
+            self._node_ips_failing.failed(
+                logging.ERROR, "node addresses unreadable, keeping the current ones", error=exc)
             return None
-        if self._node_ips_failing:
-            self._node_ips_failing = False
-            log.info("node addresses readable again")
+        self._node_ips_failing.recovered("node addresses readable again")
         return ips
 
     def _retry_due(self, now: float) -> bool:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from ipvsctl.model import DrainEntry
-from ipvsctl.obs.logging import fields
+from ipvsctl.obs.logging import FailureStreaks
 
 log = logging.getLogger("ipvsctl.loop")
 
@@ -30,7 +30,7 @@ class StateWriter:
         self._cond = threading.Condition()
         self._pending: Sequence[DrainEntry] | None = None
         self._writing = False
-        self._failing = False
+        self._failing = FailureStreaks(log)
 
     def submit(self, entries: Sequence[DrainEntry]) -> None:
         """The newest queue to write; returns at once (the loop's `save_queue`)."""
@@ -61,18 +61,14 @@ class StateWriter:
         except OSError as exc:
             if self.on_error is not None:
                 self.on_error()
-            if not self._failing:  # one line per failing streak
-                log.error("drain state write failed", extra=fields(error=exc))
-            self._failing = True
+            self._failing.failed(logging.ERROR, "drain state write failed", error=exc)
             with self._cond:  # retried later unless a newer queue arrives first
                 if self._pending is None:
                     self._pending = entries
                 if not stop.is_set():
                     self._cond.wait(self.retry_interval)
             return False
-        if self._failing:
-            self._failing = False
-            log.info("drain state writable again")
+        self._failing.recovered("drain state writable again")
         return True
 
     def wait_idle(self, timeout: float) -> bool:
