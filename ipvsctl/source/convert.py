@@ -23,11 +23,17 @@ from ipvsctl.model.objects import (
 from ipvsctl.source.duration import parse_duration
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
 from ipvsctl.source.validate import (
-    GENERAL_CHECKS,
     InvalidObject,
     affinity_timeout,
     cidr,
+    condition,
+    ip,
+    items,
+    mapping,
+    object_meta,
     optional_str,
+    port,
+    protocol,
 )
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -105,137 +111,134 @@ def is_proxied(obj: Mapping[str, Any], proxy_name: str | None) -> bool:
     return bool(proxy_name) and labels[SERVICE_PROXY_NAME_LABEL] == proxy_name
 
 
-def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
-    if not isinstance(obj, Mapping):
-        raise InvalidObject("not an object")
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        raise InvalidObject("metadata.name is missing")
-    namespace = meta.get("namespace") or "default"
-    if not isinstance(namespace, str):
-        raise InvalidObject("metadata.namespace is not a string")
-    return namespace, meta["name"], meta
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    GENERAL_CHECKS.calls += 1
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidObject(f"{where} is not an object")
-    return value
-
-
-def _list(value: Any, where: str) -> list[Any]:
-    GENERAL_CHECKS.calls += 1
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidObject(f"{where} is not a list")
-    return value
-
-
-def _ip(value: Any, where: str) -> str:
-    GENERAL_CHECKS.calls += 1
-    if not isinstance(value, str):
-        raise InvalidObject(f"{where}: {value!r} is not an IP address")
-    try:
-        return normalize_ip(value)
-    except ValueError:
-        raise InvalidObject(f"{where}: {value!r} is not an IP address") from None
-
-
-def _port(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InvalidObject(f"{where}: {value!r} is not a port number")
-    return value
-
-
-def _protocol(value: Any, where: str) -> Protocol:
-    if value is None:
-        return Protocol.TCP
-    try:
-        return Protocol(value)
-    except ValueError:
-        raise InvalidObject(f"{where}: unknown protocol {value!r}") from None
-
-
 def _dedupe(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
 def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Parsed[ServiceInfo]:
-    namespace, name, meta = _meta(obj)
-    spec = _mapping(obj.get("spec"), "spec")
-    status = _mapping(obj.get("status"), "status")
-    annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+    """A Service, field group by field group; the field checks are validate.py's."""
+    namespace, name, meta = object_meta(obj)
+    spec = mapping(obj.get("spec"), "spec")
+    status = mapping(obj.get("status"), "status")
+    annotations = mapping(meta.get("annotations"), "metadata.annotations")
     warnings: list[str] = []
 
     svc_type = optional_str(spec.get("type"), "spec.type") or "ClusterIP"
     if svc_type not in SERVICE_TYPES:
         raise InvalidObject(f"spec.type: unknown type {svc_type!r}")
+    # In this order: the first problem found is the one reported, and warnings keep it.
+    cluster_ips, families = _cluster_ips(spec)
+    external_ips = _dedupe(
+        [ip(a, "spec.externalIPs") for a in items(spec.get("externalIPs"), "spec.externalIPs")])
+    lb_ips = _load_balancer_ips(status, warnings) if svc_type == "LoadBalancer" else ()
+    ports = _service_ports(spec)
+    affinity = _affinity(spec)
+    scheduler, sched_flags = _scheduling(annotations, default_scheduler, warnings)
+    _kube_router_ignored(annotations, warnings)
+    drain_timeout = _drain_timeout(annotations, warnings)
+    source_ranges = _source_ranges(spec, svc_type, warnings)
+    topology_hints, warning = parse_traffic_distribution(spec.get("trafficDistribution"))
+    if warning:
+        warnings.append(warning)
+    hc = spec.get("healthCheckNodePort")
+    hc_port = port(hc, "spec.healthCheckNodePort") if hc else None
 
-    raw_ips = _list(spec.get("clusterIPs"), "spec.clusterIPs") or (
+    info = ServiceInfo(
+        ref=ServiceRef(namespace, name),
+        type=svc_type,
+        cluster_ips=cluster_ips,
+        families=frozenset(families or {4, 6}),
+        external_ips=external_ips,
+        load_balancer_ips=lb_ips,
+        ports=ports,
+        affinity_timeout=affinity,
+        internal_local=spec.get("internalTrafficPolicy") == "Local",
+        external_local=spec.get("externalTrafficPolicy") == "Local",
+        scheduler=scheduler,
+        sched_flags=sched_flags,
+        drain_timeout=drain_timeout,
+        health_check_node_port=hc_port,
+        source_ranges=source_ranges,
+        topology_hints=topology_hints,
+        created=_created(meta, warnings),
+    )
+    return Parsed(info, tuple(warnings))
+
+
+def _cluster_ips(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], set[int]]:
+    """spec.clusterIPs (or clusterIP; none when headless) and the Service's families
+    (theirs, else spec.ipFamilies)."""
+    raw_ips = items(spec.get("clusterIPs"), "spec.clusterIPs") or (
         [spec["clusterIP"]] if spec.get("clusterIP") else []
     )
-    headless = any(ip == "None" for ip in raw_ips)
+    headless = any(a == "None" for a in raw_ips)
     cluster_ips = () if headless else _dedupe(
-        [_ip(ip, "spec.clusterIPs") for ip in raw_ips if ip != ""]
+        [ip(a, "spec.clusterIPs") for a in raw_ips if a != ""]
     )
-    families = {family_of(ip) for ip in cluster_ips}
+    families = {family_of(a) for a in cluster_ips}
     if not families:
-        for fam in _list(spec.get("ipFamilies"), "spec.ipFamilies"):
+        for fam in items(spec.get("ipFamilies"), "spec.ipFamilies"):
             if fam in ("IPv4", "IPv6"):
                 families.add(4 if fam == "IPv4" else 6)
+    return cluster_ips, families
 
-    external_ips = _dedupe(
-        [_ip(ip, "spec.externalIPs") for ip in _list(spec.get("externalIPs"), "spec.externalIPs")]
-    )
-    lb_ips: list[str] = []
-    if svc_type == "LoadBalancer":
-        lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
-        for ing in _list(lb.get("ingress"), "status.loadBalancer.ingress"):
-            ing = _mapping(ing, "status.loadBalancer.ingress[]")
-            if not ing.get("ip"):  # hostname-only ingresses have no VIP to program
-                continue
-            ip = _ip(ing["ip"], "status.loadBalancer.ingress[].ip")
-            ip_mode = ing.get("ipMode")
-            if ip_mode == "Proxy":
-                # KEP-1860: the load balancer proxies (PROXY protocol, TLS); in-cluster
-                # traffic must reach it, not be captured here.
-                continue
-            if ip_mode not in (None, "VIP"):
-                warnings.append(f"status.loadBalancer.ingress[].ipMode: unknown mode "
-                                f"{ip_mode!r} for {ip}, taken as VIP")
-            lb_ips.append(ip)
 
+def _load_balancer_ips(status: Mapping[str, Any], warnings: list[str]) -> tuple[str, ...]:
+    """status.loadBalancer.ingress[].ip of a LoadBalancer Service, but `ipMode: Proxy`."""
+    out: list[str] = []
+    lb = mapping(status.get("loadBalancer"), "status.loadBalancer")
+    for ing in items(lb.get("ingress"), "status.loadBalancer.ingress"):
+        ing = mapping(ing, "status.loadBalancer.ingress[]")
+        if not ing.get("ip"):  # hostname-only ingresses have no VIP to program
+            continue
+        address = ip(ing["ip"], "status.loadBalancer.ingress[].ip")
+        ip_mode = ing.get("ipMode")
+        if ip_mode == "Proxy":
+            # KEP-1860: the load balancer proxies (PROXY protocol, TLS); in-cluster
+            # traffic must reach it, not be captured here.
+            continue
+        if ip_mode not in (None, "VIP"):
+            warnings.append(f"status.loadBalancer.ingress[].ipMode: unknown mode "
+                            f"{ip_mode!r} for {address}, taken as VIP")
+        out.append(address)
+    return _dedupe(out)
+
+
+def _service_ports(spec: Mapping[str, Any]) -> tuple[ServicePortInfo, ...]:
     ports = []
     seen_names: set[tuple[str, Protocol, int]] = set()
-    for i, p in enumerate(_list(spec.get("ports"), "spec.ports")):
-        p = _mapping(p, f"spec.ports[{i}]")
+    for i, p in enumerate(items(spec.get("ports"), "spec.ports")):
+        p = mapping(p, f"spec.ports[{i}]")
         port_name = p.get("name") or ""
         if not isinstance(port_name, str):
             raise InvalidObject(f"spec.ports[{i}].name is not a string")
-        proto = _protocol(p.get("protocol"), f"spec.ports[{i}].protocol")
-        port = _port(p.get("port"), f"spec.ports[{i}].port")
+        proto = protocol(p.get("protocol"), f"spec.ports[{i}].protocol")
+        number = port(p.get("port"), f"spec.ports[{i}].port")
         node_port = p.get("nodePort")
-        node_port = _port(node_port, f"spec.ports[{i}].nodePort") if node_port else None
-        if (port_name, proto, port) in seen_names:
+        node_port = port(node_port, f"spec.ports[{i}].nodePort") if node_port else None
+        if (port_name, proto, number) in seen_names:
             continue
-        seen_names.add((port_name, proto, port))
-        ports.append(ServicePortInfo(port_name, proto, port, node_port))
+        seen_names.add((port_name, proto, number))
+        ports.append(ServicePortInfo(port_name, proto, number, node_port))
+    return tuple(ports)
 
-    affinity = 0
-    if spec.get("sessionAffinity") == "ClientIP":
-        cfg = _mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
-        client_ip = _mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
-        timeout = client_ip.get("timeoutSeconds")
-        if timeout is None:
-            affinity = DEFAULT_AFFINITY_TIMEOUT
-        else:
-            affinity = affinity_timeout(
-                timeout, "spec.sessionAffinityConfig.clientIP.timeoutSeconds")
 
+def _affinity(spec: Mapping[str, Any]) -> int:
+    """ClientIP session affinity's timeout (0: none)."""
+    if spec.get("sessionAffinity") != "ClientIP":
+        return 0
+    cfg = mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client_ip = mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    timeout = client_ip.get("timeoutSeconds")
+    if timeout is None:
+        return DEFAULT_AFFINITY_TIMEOUT
+    return affinity_timeout(timeout, "spec.sessionAffinityConfig.clientIP.timeoutSeconds")
+
+
+def _scheduling(annotations: Mapping[str, Any], default_scheduler: str,
+                warnings: list[str]) -> tuple[str | None, int | None]:
+    """The scheduler and its flags from the annotations (ipvsctl's first, then
+    kube-router's); None: the default."""
     scheduler = None
     for key in SCHEDULER_ANNOTATIONS:
         value = annotations.get(key)
@@ -264,7 +267,10 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
             for n in names:
                 sched_flags |= SCHED_FLAG_NAMES[n]
         break
+    return scheduler, sched_flags
 
+
+def _kube_router_ignored(annotations: Mapping[str, Any], warnings: list[str]) -> None:
     ignored = [
         f"{key} ({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
         for key in sorted(k for k in annotations if isinstance(k, str))
@@ -273,73 +279,45 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     if ignored:  # one line per Service, however many
         warnings.append(f"kube-router annotations ignored: {', '.join(ignored)}")
 
-    drain_timeout = None
+
+def _drain_timeout(annotations: Mapping[str, Any], warnings: list[str]) -> float | None:
     raw_timeout = annotations.get(DRAIN_TIMEOUT_ANNOTATION)
-    if raw_timeout is not None:
+    if raw_timeout is None:
+        return None
+    try:
+        return parse_duration(raw_timeout)
+    except ValueError as exc:
+        # The next rules of the deadline order apply (CONTRACT.md "Draining").
+        warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
+        return None
+
+
+def _source_ranges(spec: Mapping[str, Any], svc_type: str,
+                   warnings: list[str]) -> tuple[str, ...] | None:
+    raw_ranges = items(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+    if svc_type != "LoadBalancer" or not raw_ranges:
+        return None
+    valid = []
+    for text in raw_ranges:
         try:
-            drain_timeout = parse_duration(raw_timeout)
-        except ValueError as exc:
-            # The next rules of the deadline order apply (CONTRACT.md "Draining").
-            warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
-
-    source_ranges = None
-    raw_ranges = _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
-    if svc_type == "LoadBalancer" and raw_ranges:
-        valid = []
-        for text in raw_ranges:
-            try:
-                valid.append(cidr(str(text)))
-            except ValueError:
-                warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
-        source_ranges = _dedupe(valid)
-
-    topology_hints, warning = parse_traffic_distribution(spec.get("trafficDistribution"))
-    if warning:
-        warnings.append(warning)
-
-    hc = spec.get("healthCheckNodePort")
-    hc_port = _port(hc, "spec.healthCheckNodePort") if hc else None
-
-    created = None
-    raw_created = meta.get("creationTimestamp")
-    if raw_created:
-        try:
-            created = parse_timestamp(str(raw_created))
+            valid.append(cidr(str(text)))
         except ValueError:
-            warnings.append(f"metadata.creationTimestamp: {raw_created!r} is not a time, ignored")
+            warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
+    return _dedupe(valid)
 
-    info = ServiceInfo(
-        ref=ServiceRef(namespace, name),
-        type=svc_type,
-        cluster_ips=cluster_ips,
-        families=frozenset(families or {4, 6}),
-        external_ips=external_ips,
-        load_balancer_ips=_dedupe(lb_ips),
-        ports=tuple(ports),
-        affinity_timeout=affinity,
-        internal_local=spec.get("internalTrafficPolicy") == "Local",
-        external_local=spec.get("externalTrafficPolicy") == "Local",
-        scheduler=scheduler,
-        sched_flags=sched_flags,
-        drain_timeout=drain_timeout,
-        health_check_node_port=hc_port,
-        source_ranges=source_ranges,
-        topology_hints=topology_hints,
-        created=created,
-    )
-    return Parsed(info, tuple(warnings))
+
+def _created(meta: Mapping[str, Any], warnings: list[str]) -> float | None:
+    raw_created = meta.get("creationTimestamp")
+    if not raw_created:
+        return None
+    try:
+        return parse_timestamp(str(raw_created))
+    except ValueError:
+        warnings.append(f"metadata.creationTimestamp: {raw_created!r} is not a time, ignored")
+        return None
 
 
 _ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6, "FQDN": None}
-
-
-def _condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = conditions.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InvalidObject(f"endpoints[].conditions.{name}: {value!r} is not a boolean")
-    return value
 
 
 def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
@@ -348,10 +326,10 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
     (dicts, strings) take a fast path and the error's location text is built only for an
     error: ~40% of one change's CPU was this loop (bench hot spot 4)."""
     if type(ep) is not dict:
-        ep = _mapping(ep, f"endpoints[{i}]")
+        ep = mapping(ep, f"endpoints[{i}]")
     addresses = ep.get("addresses")
     if type(addresses) is not list:
-        addresses = _list(addresses, f"endpoints[{i}].addresses")
+        addresses = items(addresses, f"endpoints[{i}].addresses")
     if not addresses:
         raise InvalidObject(f"endpoints[{i}].addresses is empty")
     # As kube-proxy: the first address is the endpoint; the others are the same pod.
@@ -361,17 +339,17 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
     except ValueError:
         address = None
     if address is None:
-        address = _ip(first, f"endpoints[{i}].addresses[0]")
+        address = ip(first, f"endpoints[{i}].addresses[0]")
     if family_of(address) != family:
         raise InvalidObject(
             f"endpoints[{i}].addresses[0]: {address} is not an {address_type} address")
     conditions = ep.get("conditions")
     if type(conditions) is not dict:
-        conditions = _mapping(conditions, f"endpoints[{i}].conditions")
-    ready = _condition(conditions, "ready", True)  # checked in this order: the same error
+        conditions = mapping(conditions, f"endpoints[{i}].conditions")
+    ready = condition(conditions, "ready", True)  # checked in this order: the same error
     target = ep.get("targetRef")
     if type(target) is not dict:
-        target = _mapping(target, f"endpoints[{i}].targetRef")
+        target = mapping(target, f"endpoints[{i}].targetRef")
     pod = None
     if target.get("kind") == "Pod" and target.get("name"):
         ns, pod_name = target.get("namespace"), target["name"]
@@ -390,14 +368,14 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
         hints, warning = parse_hints(raw_hints, f"endpoints[{i}].hints")
         if warning:
             warnings.append(warning)
-    return EndpointInfo(address, ready, _condition(conditions, "serving", True),
-                        _condition(conditions, "terminating", False),
+    return EndpointInfo(address, ready, condition(conditions, "serving", True),
+                        condition(conditions, "terminating", False),
                         node_name if isinstance(node_name, str) else None, pod, hints)
 
 
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
-    namespace, name, meta = _meta(obj)
-    labels = _mapping(meta.get("labels"), "metadata.labels")
+    namespace, name, meta = object_meta(obj)
+    labels = mapping(meta.get("labels"), "metadata.labels")
     service_name = optional_str(labels.get(SERVICE_NAME_LABEL),
                                 f"metadata.labels.{SERVICE_NAME_LABEL}") or None
     address_type = optional_str(obj.get("addressType"), "addressType")
@@ -408,8 +386,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
         return Parsed(SliceInfo(namespace, name, service_name, None))
 
     ports = []
-    for i, p in enumerate(_list(obj.get("ports"), "ports")):
-        p = _mapping(p, f"ports[{i}]")
+    for i, p in enumerate(items(obj.get("ports"), "ports")):
+        p = mapping(p, f"ports[{i}]")
         if p.get("port") is None:  # "all ports": kube-proxy ignores these too
             continue
         port_name = p.get("name") or ""
@@ -418,14 +396,14 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
         ports.append(
             SlicePortInfo(
                 port_name,
-                _protocol(p.get("protocol"), f"ports[{i}].protocol"),
-                _port(p.get("port"), f"ports[{i}].port"),
+                protocol(p.get("protocol"), f"ports[{i}].protocol"),
+                port(p.get("port"), f"ports[{i}].port"),
             )
         )
 
     warnings: list[str] = []
     endpoints = [_endpoint(ep, i, family, address_type, namespace, warnings)
-                 for i, ep in enumerate(_list(obj.get("endpoints"), "endpoints"))]
+                 for i, ep in enumerate(items(obj.get("endpoints"), "endpoints"))]
     has_hints = any(ep.hints is not None for ep in endpoints)
     return Parsed(SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints),
                             has_hints), tuple(warnings))

@@ -1,13 +1,16 @@
-"""Field checks shared by the converters: every value from a manifest or the API may have
-any JSON/YAML shape, and one that escapes here reaches a set, a dict key or a netlink struct
-far from the object that carried it (an unhashable name kills the loop; a timeout above
-2^32-1 raises struct.error inside the kernel adapter)."""
+"""Every field check of the converters (convert.py): every value from a manifest or
+the API may have any JSON/YAML shape, and one that escapes here reaches a set, a dict key or
+a netlink struct far from the object that carried it (an unhashable name kills the loop; a
+timeout above 2^32-1 raises struct.error inside the kernel adapter)."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ipvsctl.model import Protocol, normalize_ip
 
 # Kubernetes' own limit (ValidateClientIPAffinityConfig); IPVS takes a u32.
 MAX_AFFINITY_TIMEOUT = 86400
@@ -19,11 +22,11 @@ class InvalidObject(ValueError):
 
 @dataclass(slots=True)
 class CheckCount:
-    """Calls of the general field checks (optional_str here; the converters' object, list
-    and address checks), whose callers build the error's location text before knowing
-    whether there is an error. The hot loops (a slice's endpoints: ~40% of one change's CPU
-    once, issue 14) check the common shapes inline and call none; the cost tests read this
-    to see it. Counted without a lock: a measure, not an account."""
+    """Calls of the general field checks (optional_str, mapping, items, ip), whose callers
+    build the error's location text before knowing whether there is an error. The hot loops
+    (a slice's endpoints: ~40% of one change's CPU once, issue 14) check the common shapes
+    inline and call none; the cost tests read this to see it. Counted without a lock: a
+    measure, not an account."""
 
     calls: int = 0
 
@@ -59,3 +62,74 @@ def cidr(text: str) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def object_meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    """(namespace, name, metadata) of an object; its namespace "default" when absent."""
+    if not isinstance(obj, Mapping):
+        raise InvalidObject("not an object")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise InvalidObject("metadata.name is missing")
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise InvalidObject("metadata.namespace is not a string")
+    return namespace, meta["name"], meta
+
+
+def mapping(value: Any, where: str) -> Mapping[str, Any]:
+    """An object (None: an empty one)."""
+    GENERAL_CHECKS.calls += 1
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidObject(f"{where} is not an object")
+    return value
+
+
+def items(value: Any, where: str) -> list[Any]:
+    """A list (None: an empty one)."""
+    GENERAL_CHECKS.calls += 1
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidObject(f"{where} is not a list")
+    return value
+
+
+def ip(value: Any, where: str) -> str:
+    """An IP address, in its normal form."""
+    GENERAL_CHECKS.calls += 1
+    if not isinstance(value, str):
+        raise InvalidObject(f"{where}: {value!r} is not an IP address")
+    try:
+        return normalize_ip(value)
+    except ValueError:
+        raise InvalidObject(f"{where}: {value!r} is not an IP address") from None
+
+
+def port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidObject(f"{where}: {value!r} is not a port number")
+    return value
+
+
+def protocol(value: Any, where: str) -> Protocol:
+    """A port's protocol (None: TCP, as the API server defaults it)."""
+    if value is None:
+        return Protocol.TCP
+    try:
+        return Protocol(value)
+    except ValueError:
+        raise InvalidObject(f"{where}: unknown protocol {value!r}") from None
+
+
+def condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
+    """An endpoint condition: absent is `default` (ready, serving: true; terminating:
+    false), as kube-proxy reads them."""
+    value = conditions.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidObject(f"endpoints[].conditions.{name}: {value!r} is not a boolean")
+    return value
