@@ -17,7 +17,9 @@ client-go does), not from etcd: see `_list` for what that means for time going b
 
 The resourceVersion is taken from every event, bookmarks included, so a re-watch after a
 quiet period does not replay or expire. Raw JSON is read (`_preload_content=False`) and
-trimmed at once: deserialising into the generated models is slow and heavy at this scale.
+trimmed at once (decode.py): deserialising into the generated models is slow and heavy at
+this scale. What to do after a watch ends (wait how, relist or not) is `retry.py`'s pure
+rule; this module does the requests and the waiting.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ipvsctl.kube.backoff import Backoff
+from ipvsctl.kube.decode import decode_list, iter_lines
 from ipvsctl.kube.logs import LOGGER, describe, log
+from ipvsctl.kube.retry import CLOSED, ERROR, EXPIRED, SUSPECT, TIMEOUT, Wait, decide_retry
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
@@ -45,12 +49,6 @@ from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, Source
 ListFunc = Callable[..., Any]  # a generated `list_*_for_all_namespaces` method
 WatchRestartCallback = Callable[[str, str], None]  # (resource, reason)
 
-# Reasons for a watch restart (the `reason` label of ipvsctl_watch_restarts_total).
-CLOSED = "closed"  # the stream ended cleanly (server timeout): re-watch, no relist
-EXPIRED = "expired"  # 410 Gone: relist
-TIMEOUT = "timeout"  # no data within the read timeout (half-open connection): relist
-ERROR = "error"  # connection refused/reset, HTTP error, bad data: relist
-SUSPECT = "suspect"  # a list that cannot be the whole truth (see ListCheck): kept out, retried
 
 # A list that must not be applied: returns a short reason, or None when the list is fine.
 ListCheck = Callable[[list[RawObject]], str | None]
@@ -138,92 +136,6 @@ def _shutdown(resp: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-_DECODER = json.JSONDecoder()
-_WS = " \t\n\r"
-
-
-def decode_list(
-    body: bytes, trim: Callable[[Mapping[str, Any]], RawObject]
-) -> tuple[list[RawObject], dict[str, Any]]:
-    """Decode a list response item by item, trimming each at once: a list answered in one
-    piece (resourceVersion=0 from the watch cache of a server older than 1.34 ignores
-    `limit`) never exists as one full object tree, only as its text and the trimmed items.
-    Returns (trimmed items, metadata). ValueError on anything but a JSON object."""
-    text = body.decode()
-    del body
-    n = len(text)
-
-    def skip(i: int) -> int:
-        while i < n and text[i] in _WS:
-            i += 1
-        return i
-
-    i = skip(0)
-    if i >= n or text[i] != "{":
-        raise ValueError("list response is not a JSON object")
-    items: list[RawObject] = []
-    meta: dict[str, Any] = {}
-    i = skip(i + 1)
-    if i < n and text[i] == "}":
-        return items, meta
-    while True:
-        key, i = _DECODER.raw_decode(text, i)
-        i = skip(i)
-        if i >= n or text[i] != ":":
-            raise ValueError("bad JSON object")
-        i = skip(i + 1)
-        if key == "items" and i < n and text[i] == "[":
-            i = skip(i + 1)
-            if i < n and text[i] == "]":
-                i += 1
-            else:
-                while True:
-                    item, i = _DECODER.raw_decode(text, i)
-                    if isinstance(item, dict):
-                        items.append(trim(item))
-                    del item
-                    i = skip(i)
-                    if i < n and text[i] == ",":
-                        i = skip(i + 1)
-                        continue
-                    if i < n and text[i] == "]":
-                        i += 1
-                        break
-                    raise ValueError("bad JSON array")
-        else:
-            value, i = _DECODER.raw_decode(text, i)
-            if key == "items" and value is not None:
-                raise ValueError("list response items is not a list")
-            if key == "metadata" and isinstance(value, dict):
-                meta = value
-        i = skip(i)
-        if i < n and text[i] == ",":
-            i = skip(i + 1)
-            continue
-        if i < n and text[i] == "}":
-            return items, meta
-        raise ValueError("bad JSON object")
-
-
-def iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Split a watch stream into its non-empty lines (one JSON event each)."""
-    rest = b""
-    for chunk in chunks:
-        if not chunk:
-            continue
-        if rest:
-            chunk = rest + chunk
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            line = chunk[start:end]
-            start = end + 1
-            if line.strip():
-                yield line
-        rest = chunk[start:]
-    if rest.strip():
-        yield rest
-
-
 class Reflector:
     """Keeps one resource (all namespaces) flowing into `emit` until `halt` is set."""
 
@@ -301,30 +213,18 @@ class Reflector:
                 return
             progress = self._opened and (
                 self._delivered or self._clock() - started >= s.healthy_watch_seconds)
+            retry = decide_retry(
+                reason, progress=progress, expired_streak=expired_streak,
+                backed_off=backoff.failures > 0,
+                transient=error is not None and _transient(error),
+                have_version=bool(self.resource_version))
             if progress:
-                # Only a watch that worked resets the backoff: a server that lists fine
-                # but breaks every watch must not make us relist 10,000 Services in a loop,
-                # and an ERROR event is no sign of a working watch.
                 backoff.reset()
-                expired_streak = 0
                 shortcut_used = False
-            if reason == EXPIRED:
-                expired_streak += 1
-                if expired_streak > 1:
-                    delay = backoff.next()
-                elif backoff.failures:
-                    # The watch resumed after an outage is too old: every node of the
-                    # cluster is in the same place, so the relists are spread out.
-                    delay = self._herd_spread()
-                else:
-                    delay = 0.0
-            elif reason == CLOSED and progress:
-                delay = 0.0
-            else:
-                delay = backoff.next()
-            if reason in (EXPIRED, SUSPECT) or (reason in (ERROR, TIMEOUT) and not (
-                    error is not None and _transient(error) and self.resource_version)):
-                need_list = True
+            expired_streak = retry.expired_streak
+            delay = (0.0 if retry.wait is Wait.NOW else
+                     self._herd_spread() if retry.wait is Wait.HERD else backoff.next())
+            need_list = need_list or retry.relist
             self._restarted(reason, delay, need_list, error)
             if delay <= 0:
                 continue

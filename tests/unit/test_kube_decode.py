@@ -8,8 +8,8 @@ import json
 import pytest
 
 from devkit.fakeapi import objects
+from ipvsctl.kube.decode import decode_list
 from ipvsctl.kube.trim import trim_endpoint_slice
-from ipvsctl.kube.watch import decode_list
 
 
 def ident(obj):

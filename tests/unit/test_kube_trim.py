@@ -7,8 +7,8 @@ import random
 import pytest
 
 from ipvsctl.kube.backoff import Backoff
+from ipvsctl.kube.decode import iter_lines
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_service
-from ipvsctl.kube.watch import iter_lines
 
 MANAGED = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
 
