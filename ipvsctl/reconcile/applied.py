@@ -34,7 +34,7 @@ QUIESCED_MEMORY = 3600.0  # seconds an IP's "weight 0 since" is remembered
 
 @dataclass(frozen=True, slots=True)
 class Quiesced:
-    """One pod IP as this node sends it traffic (rendered by the shell as /v1/quiesced)."""
+    """One pod IP as this node sends it traffic (rendered by the daemon as /v1/quiesced)."""
 
     address: str
     live: int  # real servers with weight > 0
