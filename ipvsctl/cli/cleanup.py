@@ -18,10 +18,11 @@ to remove), 1 when a step failed (each failure one line), 2 for bad flags.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 import typer
 
@@ -29,6 +30,9 @@ from ipvsctl.model import ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE, parse_port_range
 from ipvsctl.persist.drain_state import FILE_NAME as STATE_FILE
 from ipvsctl.plan.ownership import owned_virtual_servers
+
+if TYPE_CHECKING:
+    from ipvsctl.netfilter.nft import Nft
 
 
 class CleanupError(Exception):
@@ -88,7 +92,7 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
         keys = []
     deleted = 0
     for key in keys:
-        if step(lambda key=key: host.delete_virtual_server(key)):
+        if step(functools.partial(host.delete_virtual_server, key)):
             deleted += 1
             r.lines.append(f"{verb} virtual server {key.protocol.value} "
                            f"{str(key).rsplit('/', 1)[0]}")
@@ -113,7 +117,7 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
         files = [p for p in (sorted(state_dir.glob(f"{STATE_FILE}*"))
                              + sorted(state_dir.glob(f".{STATE_FILE}*"))) if p.is_file()]
         for path in files:
-            if step(lambda path=path: _remove(path)):
+            if step(functools.partial(_remove, path)):
                 r.lines.append(f"{'would remove' if dry_run else 'removed'} {path}")
         if files:
             r.summary.append("drain queue state")
@@ -167,7 +171,7 @@ class SystemHost:
         with _as_cleanup_error():
             self._host.delete_interface()
 
-    def _nft(self):  # type: ignore[no-untyped-def]
+    def _nft(self) -> Nft:
         from ipvsctl.netfilter.nft import Nft
 
         return Nft()

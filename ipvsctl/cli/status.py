@@ -15,7 +15,8 @@ from ipvsctl.httpd import direct_opener
 from ipvsctl.model import VirtualServerStatus
 
 
-def fetch_daemon_status(endpoint: str, timeout: float = 3.0) -> tuple[dict | None, str | None]:
+def fetch_daemon_status(endpoint: str, timeout: float = 3.0,
+                        ) -> tuple[dict[str, Any] | None, str | None]:
     url = endpoint.rstrip("/") + "/status"
     try:
         with direct_opener().open(url, timeout=timeout) as resp:

@@ -107,12 +107,12 @@ class ManifestSource:
         return any(oid in objs for objs in self._files.values())
 
     def run(self, sink: EventSink, stop: threading.Event) -> None:
-        for event in self.initial():
-            sink(event)
+        for replace in self.initial():
+            sink(replace)
         while not stop.wait(self.interval):
             try:
-                for event in self.poll():
-                    sink(event)
+                for change in self.poll():
+                    sink(change)
             except OSError as exc:
                 log.error("manifest folder unreadable", extra=fields(
                     folder=self.folder, error=exc))

@@ -22,6 +22,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import DrainEntry
@@ -148,7 +149,8 @@ class Loop:
             # The store holds what it needs now: free the raw objects before the sync builds
             # the desired state (a first list of 100,000 endpoints is ~60 MB of dicts).
             batch.clear()
-            event = None
+            if got_events:
+                del event  # the last one's too
             now = self.clock.monotonic()
             e = self.engine
             moved = node_ips is not None and e.set_node_ips(node_ips)
@@ -268,7 +270,13 @@ class QueueView(Sequence[DrainEntry]):
     def __len__(self) -> int:
         return len(self._get())
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    @overload
+    def __getitem__(self, i: int) -> DrainEntry: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[DrainEntry]: ...
+
+    def __getitem__(self, i: int | slice) -> DrainEntry | list[DrainEntry]:
         return self._get()[i]
 
     def __iter__(self) -> Iterator[DrainEntry]:

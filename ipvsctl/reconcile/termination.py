@@ -110,9 +110,9 @@ class Terminations:
                 continue
             observed = reading.observed[key]
             for status in observed or ():
-                entry = snapped.get(status.key)
-                if entry is not None:
-                    seen[key, status.key] = Seen(entry, status.active_conns,
+                queued = snapped.get(status.key)
+                if queued is not None:
+                    seen[key, status.key] = Seen(queued, status.active_conns,
                                                  status.inactive_conns,
                                                  reading.conns.get((key, status.key)))
             conns = {rs: c for rs in snapped

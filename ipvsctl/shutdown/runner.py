@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Concatenate, ParamSpec, Protocol
 
 from ipvsctl.obs.logging import fields
 from ipvsctl.shutdown.barrier import (
@@ -33,6 +33,8 @@ from ipvsctl.shutdown.barrier import (
     Query,
     Wait,
 )
+
+P = ParamSpec("P")
 
 log = logging.getLogger("ipvsctl.shutdown")
 
@@ -67,7 +69,7 @@ class Runner:
         return self.drive(self.start())
 
     def start(self) -> Action:
-        return self._call(lambda b: b.start(self.clock()))
+        return self._call(Barrier.start)
 
     def drive(self, action: Action) -> BarrierResult:
         while not isinstance(action, Finish):
@@ -75,27 +77,27 @@ class Runner:
                 delay = action.until - self.clock()
                 if delay > 0:
                     self.sleep(delay)
-                action = self._call(lambda b: b.on_timer(self.clock()))
+                action = self._call(Barrier.on_timer)
             elif isinstance(action, Discover):
                 found = self.probes.discover()
-                action = self._call(lambda b, f=found: b.on_daemons(self.clock(), f))
+                action = self._call(Barrier.on_daemons, found)
             elif isinstance(action, Query):
                 answers = self.probes.query(action.daemons, action.timeout)
-                action = self._call(lambda b, a=answers, g=action.generation: b.on_answers(
-                    self.clock(), a, g))
+                action = self._call(Barrier.on_answers, answers, action.generation)
             elif isinstance(action, CountConnections):
                 count = self.probes.count_connections()
-                action = self._call(lambda b, c=count, g=action.generation: b.on_connections(
-                    self.clock(), c, g))
+                action = self._call(Barrier.on_connections, count, action.generation)
             else:  # pragma: no cover - the Action union is closed
                 raise TypeError(f"unknown action {action!r}")
         return action.result
 
     # Notes are logged under the lock: whoever sees the barrier finished (a caller that
     # expires it from another thread) must find its log lines already written.
-    def _call(self, fn: Callable[[Barrier], Action]) -> Action:
+    def _call(self, method: Callable[Concatenate[Barrier, float, P], Action],
+              *args: P.args, **kwargs: P.kwargs) -> Action:
+        """A barrier method with the time now, under the lock (the clock read there too)."""
         with self.lock:
-            action = fn(self.barrier)
+            action = method(self.barrier, self.clock(), *args, **kwargs)
             emit(self.barrier.take_notes())
         return action
 

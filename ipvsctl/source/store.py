@@ -87,19 +87,19 @@ class ObjectStore:
                     # as if deleted.
                     namespace, name = _name_of(obj)
                     return self._delete(kind, namespace, name) if name else change
-                parsed = parse_service(obj, self.default_scheduler)
-                self._warn(change, kind, obj, parsed.warnings)
-                self._put_service(parsed.value, change)
+                service = parse_service(obj, self.default_scheduler)
+                self._warn(change, kind, obj, service.warnings)
+                self._put_service(service.value, change)
             elif kind is ObjectKind.ENDPOINT_SLICE:
-                parsed = parse_endpoint_slice(obj)
-                self._warn(change, kind, obj, parsed.warnings)
-                self._put_slice(parsed.value, change)
+                endpoint_slice = parse_endpoint_slice(obj)
+                self._warn(change, kind, obj, endpoint_slice.warnings)
+                self._put_slice(endpoint_slice.value, change)
             elif kind is ObjectKind.NODE:
                 meta = obj.get("metadata") if isinstance(obj, Mapping) else None
                 if isinstance(meta, Mapping) and meta.get("name") == self.node_name:
-                    parsed = parse_node(obj)
-                    self._warn(change, kind, obj, parsed.warnings)
-                    self._set_node(parsed.value, change)
+                    node = parse_node(obj)
+                    self._warn(change, kind, obj, node.warnings)
+                    self._set_node(node.value, change)
         except InvalidObject as exc:
             # The last good version (if any) stays in force: skipping a bad update must
             # not take traffic away from a working Service.

@@ -223,7 +223,8 @@ def split(data: bytes) -> list[tuple[int, int, int, bytes]]:
 
 def error_code(msg: bytes) -> int:
     """The (positive) errno of an NLMSG_ERROR message; 0 is an ACK."""
-    return -_ERROR.unpack_from(msg, 16)[0]
+    code: int = _ERROR.unpack_from(msg, 16)[0]
+    return -code
 
 
 # --- dump answers ---------------------------------------------------------------------------
