@@ -383,11 +383,15 @@ def test_unknown_ip_mode_is_counted():
 
 # --- kube-router annotations with no ipvsctl meaning ----------------------------------
 
+LOCAL_IGNORED = ("kube-router.io/service.local"
+                 " (use internalTrafficPolicy/externalTrafficPolicy: Local)")
+
+
 @pytest.mark.parametrize(("annotations", "named"), [
     ({"kube-router.io/service.dsr": "tunnel"},
      ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)"]),
     ({"kube-router.io/service.local": "true"},
-     ["kube-router.io/service.local (use internalTrafficPolicy/externalTrafficPolicy: Local)"]),
+     [LOCAL_IGNORED]),
     ({"kube-router.io/service.hairpin": ""},
      ["kube-router.io/service.hairpin (hairpin is always on)"]),
     ({"kube-router.io/service.hairpin.externalips": ""},
@@ -398,7 +402,7 @@ def test_unknown_ip_mode_is_counted():
       "kube-router.io/service.hairpin": ""},
      ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)",
       "kube-router.io/service.hairpin (hairpin is always on)",
-      "kube-router.io/service.local (use internalTrafficPolicy/externalTrafficPolicy: Local)"]),
+      LOCAL_IGNORED]),
     ({"kube-router.io/service.scheduler": "lc"}, []),  # honoured: no warning
     ({"kube-router.io/other": "x", "ipvsctl.io/scheduler": "rr"}, []),
 ])
