@@ -42,8 +42,9 @@ from ipvsctl.source.events import SourceEvent
 from ipvsctl.source.store import ObjectStore
 
 
-def _wanted(store: ObjectStore, node: NodeContext, rng: random.Random
-            ) -> tuple[dict[ServiceKey, DesiredVirtualServer], list[ServiceKey]]:
+def _wanted(
+    store: ObjectStore, node: NodeContext, rng: random.Random
+) -> tuple[dict[ServiceKey, DesiredVirtualServer], list[ServiceKey]]:
     """Both baselines' first half: every Service planned from scratch, in Go's map order."""
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
     for ref, svc in store.services.items():
@@ -51,6 +52,7 @@ def _wanted(store: ObjectStore, node: NodeContext, rng: random.Random
     order = list(wanted)
     rng.shuffle(order)  # Go map iteration order
     return wanted, order
+
 
 @dataclass
 class ResyncStats:

@@ -88,11 +88,27 @@ def _commit() -> str:
     """The commit measured (+ "-dirty" with uncommitted changes to the code, not to the
     notes): results name their code."""
     try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
-                                ":(glob)ipvsctl/**/*.py", ":(glob)bench/**/*.py"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "status",
+                "--porcelain",
+                "--",
+                ":(glob)ipvsctl/**/*.py",
+                ":(glob)bench/**/*.py",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
     return head + ("-dirty" if dirty else "")

@@ -36,8 +36,14 @@ from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.loop import LoopConfig
 
-FAST = KubeSettings(backoff_initial=0.02, backoff_max=0.1, healthy_watch_seconds=0.05,
-                    probe_interval=0.05, recovery_spread=0.02, join_timeout=2.0)
+FAST = KubeSettings(
+    backoff_initial=0.02,
+    backoff_max=0.1,
+    healthy_watch_seconds=0.05,
+    probe_interval=0.05,
+    recovery_spread=0.02,
+    join_timeout=2.0,
+)
 
 # Sizes of the modelled cluster.
 SERVICES = 10_000
@@ -77,8 +83,11 @@ def _snap(api: FakeAPIServer) -> Snapshot:
     for r in api.requests:
         key = f"{r.verb} {r.resource or r.path}"
         req[key] = req.get(key, 0) + 1
-    by = {f"{v} {k}": api.bytes_sent(v, k) for v in ("list", "watch", "get")
-          for k in ("Service", "EndpointSlice", "Pod")}
+    by = {
+        f"{v} {k}": api.bytes_sent(v, k)
+        for v in ("list", "watch", "get")
+        for k in ("Service", "EndpointSlice", "Pod")
+    }
     by["get /readyz"] = sum(n for (v, r), n in api._bytes.items() if r == "/readyz")
     return Snapshot(req, {k: v for k, v in by.items() if v})
 
@@ -86,37 +95,63 @@ def _snap(api: FakeAPIServer) -> Snapshot:
 def _delta(a: Snapshot, b: Snapshot) -> dict[str, Any]:
     req = {k: b.requests.get(k, 0) - a.requests.get(k, 0) for k in b.requests}
     by = {k: b.bytes.get(k, 0) - a.bytes.get(k, 0) for k in b.bytes}
-    return {"requests": {k: v for k, v in req.items() if v},
-            "bytes": {k: v for k, v in by.items() if v}}
+    return {
+        "requests": {k: v for k, v in req.items() if v},
+        "bytes": {k: v for k, v in by.items() if v},
+    }
 
 
 def _object_bytes(obj: dict) -> int:
     return len(json.dumps(obj, separators=(",", ":")))
 
 
-def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 20,
-            steady_updates: int = 20) -> dict[str, Any]:
+def measure(
+    services: int = 50, endpoints_per_service: int = 10, rollout: int = 20, steady_updates: int = 20
+) -> dict[str, Any]:
     """Per-daemon requests and bytes by phase (see the module docstring)."""
-    out: dict[str, Any] = {"size": {"services": services, "endpoints_per_service":
-                                    endpoints_per_service, "rollout": rollout}}
+    out: dict[str, Any] = {
+        "size": {
+            "services": services,
+            "endpoints_per_service": endpoints_per_service,
+            "rollout": rollout,
+        }
+    }
     with FakeAPIServer() as api, tempfile.TemporaryDirectory() as state:
         api.add_many(objects.cluster(services, endpoints_per_service))
         roll_ips = [f"10.250.0.{i}" for i in range(rollout)]
         api.add(objects.service("roll", cluster_ip="10.96.255.1"))
-        api.add(objects.endpoint_slice("roll-1", "roll", [
-            objects.endpoint(ip, pod=f"old-{i}") for i, ip in enumerate(roll_ips)]))
+        api.add(
+            objects.endpoint_slice(
+                "roll-1",
+                "roll",
+                [objects.endpoint(ip, pod=f"old-{i}") for i, ip in enumerate(roll_ips)],
+            )
+        )
         for i, ip in enumerate(roll_ips):
             api.add(objects.pod(f"old-{i}", ip=ip))
         kernel = FakeKernel()
         metrics = Metrics()
         source = KubeSource.from_config(
-            apiserver=api.url, settings=FAST, environ={},
-            on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc())
-        opts = DaemonOptions(node=NodeContext("node-a"), apiserver=api.url, state_dir=state,
-                             listen="127.0.0.1:0", drain_timeout=300,
-                             drain_check_interval=0.05)
-        d = Daemon(opts, kernel, source, metrics=metrics,
-                   loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
+            apiserver=api.url,
+            settings=FAST,
+            environ={},
+            on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc(),
+        )
+        opts = DaemonOptions(
+            node=NodeContext("node-a"),
+            apiserver=api.url,
+            state_dir=state,
+            listen="127.0.0.1:0",
+            drain_timeout=300,
+            drain_check_interval=0.05,
+        )
+        d = Daemon(
+            opts,
+            kernel,
+            source,
+            metrics=metrics,
+            loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05),
+        )
         s0 = _snap(api)
         d.start()
         try:
@@ -136,9 +171,9 @@ def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 
             _wait(lambda: metrics.value(e2k) >= before + steady_updates)
             s2 = _snap(api)
             out["steady"] = _delta(s1, s2) | {"events": steady_updates}
-            out["bytes_per_slice_event"] = (s2.bytes.get("watch EndpointSlice", 0)
-                                            - s1.bytes.get("watch EndpointSlice", 0)) / max(
-                1, steady_updates)
+            out["bytes_per_slice_event"] = (
+                s2.bytes.get("watch EndpointSlice", 0) - s1.bytes.get("watch EndpointSlice", 0)
+            ) / max(1, steady_updates)
 
             # Rollout: every old pod terminates (deletionTimestamp, endpoint terminating),
             # a new one takes its place, then the old endpoint goes. The Pods are there to
@@ -148,8 +183,9 @@ def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 
             roll_vs = vs("10.96.255.1", 80)
             for i, ip in enumerate(roll_ips):
                 api.update(objects.pod(f"old-{i}", ip=ip, deletion_timestamp=stamp))
-                eps[i] = objects.endpoint(ip, pod=f"old-{i}", ready=False, serving=True,
-                                          terminating=True)
+                eps[i] = objects.endpoint(
+                    ip, pod=f"old-{i}", ready=False, serving=True, terminating=True
+                )
                 eps.append(objects.endpoint(f"10.251.0.{i}", pod=f"new-{i}"))
                 api.update(objects.endpoint_slice("roll-1", "roll", eps))
             _wait(lambda: all(kernel.weight(roll_vs, rs(ip)) in (0, None) for ip in roll_ips))
@@ -157,17 +193,25 @@ def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 
             api.update(objects.endpoint_slice("roll-1", "roll", eps))
             for i in range(rollout):
                 api.delete("Pod", "default", f"old-{i}")
-            _wait(lambda: all(kernel.weight(roll_vs, rs(f"10.251.0.{i}")) == 1
-                              for i in range(rollout))
-                  and all(kernel.weight(roll_vs, rs(ip)) in (0, None) for ip in roll_ips))
+            _wait(
+                lambda: (
+                    all(kernel.weight(roll_vs, rs(f"10.251.0.{i}")) == 1 for i in range(rollout))
+                    and all(kernel.weight(roll_vs, rs(ip)) in (0, None) for ip in roll_ips)
+                )
+            )
             s3 = _snap(api)
-            out["rollout"] = _delta(s2, s3) | {"pods": rollout,
-                                               "slice_events": 2 * rollout + 1}
+            out["rollout"] = _delta(s2, s3) | {"pods": rollout, "slice_events": 2 * rollout + 1}
 
             # Outage longer than the watch history: resumed watches get 410, one relist each.
             api.down()
-            _wait(lambda: metrics.value("ipvsctl_watch_restarts_total",
-                                        {"resource": "services", "reason": "error"}) >= 1)
+            _wait(
+                lambda: (
+                    metrics.value(
+                        "ipvsctl_watch_restarts_total", {"resource": "services", "reason": "error"}
+                    )
+                    >= 1
+                )
+            )
             api.add(objects.service("after-outage", cluster_ip="10.96.255.2"))
             api.compact()
             s4 = _snap(api)
@@ -178,17 +222,18 @@ def measure(services: int = 50, endpoints_per_service: int = 10, rollout: int = 
         finally:
             d.shutdown()
         out["object_bytes"] = {
-            "service": _object_bytes(objects.service("svc-1234", "ns-1",
-                                                     cluster_ip="10.96.4.210")),
-            "endpointslice": _object_bytes(next(o for o in objects.cluster(1, 10)
-                                                if o["kind"] == "EndpointSlice")),
+            "service": _object_bytes(objects.service("svc-1234", "ns-1", cluster_ip="10.96.4.210")),
+            "endpointslice": _object_bytes(
+                next(o for o in objects.cluster(1, 10) if o["kind"] == "EndpointSlice")
+            ),
             "pod": _object_bytes(objects.pod("web-7c9f8d-abcde", ip="10.128.3.4")),
         }
     return out
 
 
-def outage_requests(settings: KubeSettings | None = None,
-                    seconds: float = OUTAGE_SECONDS) -> dict[str, float]:
+def outage_requests(
+    settings: KubeSettings | None = None, seconds: float = OUTAGE_SECONDS
+) -> dict[str, float]:
     """Requests one daemon sends during an outage of `seconds` (no answer at all), with the
     real defaults: each reflector retries its watch on the backoff schedule (mean jitter), and
     one shared /readyz probe runs every probe_interval (mean) once a pause is long."""
@@ -212,18 +257,30 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
     list_bytes = SERVICES * ob["service"] + slices * ob["endpointslice"]
     # A watch event carries the whole slice, plus the measured framing.
     slice_event = ob["endpointslice"] + max(
-        0.0, m["bytes_per_slice_event"] - m["object_bytes"]["endpointslice"])
+        0.0, m["bytes_per_slice_event"] - m["object_bytes"]["endpointslice"]
+    )
     out_req = outage_requests()
     rows: dict[str, dict[str, float]] = {}
 
-    def row(name: str, req: float, byt: float, pod_req: float = 0.0,
-            kp_req: float = 0.0, kp_bytes: float = 0.0,
-            kr_req: float = 0.0, kr_bytes: float = 0.0,
-            events: float = 0.0, kr_events: float = 0.0) -> None:
+    def row(
+        name: str,
+        req: float,
+        byt: float,
+        pod_req: float = 0.0,
+        kp_req: float = 0.0,
+        kp_bytes: float = 0.0,
+        kr_req: float = 0.0,
+        kr_bytes: float = 0.0,
+        events: float = 0.0,
+        kr_events: float = 0.0,
+    ) -> None:
         rows[name] = {
-            "cluster_events": events * nodes, "kube_router_cluster_events": kr_events * nodes,
-            "daemon_requests": req, "daemon_bytes": byt,
-            "cluster_requests": req * nodes, "cluster_bytes": byt * nodes,
+            "cluster_events": events * nodes,
+            "kube_router_cluster_events": kr_events * nodes,
+            "daemon_requests": req,
+            "daemon_bytes": byt,
+            "cluster_requests": req * nodes,
+            "cluster_bytes": byt * nodes,
             "pod_gets_cluster": pod_req * nodes,
             "kube_proxy_cluster_requests": kp_req * nodes,
             "kube_proxy_cluster_bytes": kp_bytes * nodes,
@@ -234,45 +291,72 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
     # Steady state, per hour: each watch re-opens every ~450 s (300-600 s); events flow.
     rewatch = 2 * 3600 / 450
     steady_events = STEADY_SLICE_UPDATES_PER_SECOND * 3600
-    row("steady state (per hour)", rewatch, steady_events * slice_event,
-        kp_req=rewatch, kp_bytes=steady_events * slice_event,
-        kr_req=rewatch * 1.5, kr_bytes=steady_events * slice_event,
-        events=steady_events, kr_events=steady_events)
+    row(
+        "steady state (per hour)",
+        rewatch,
+        steady_events * slice_event,
+        kp_req=rewatch,
+        kp_bytes=steady_events * slice_event,
+        kr_req=rewatch * 1.5,
+        kr_bytes=steady_events * slice_event,
+        events=steady_events,
+        kr_events=steady_events,
+    )
     # 1,000-pod rollout: slice events only. Pod GETs per terminating pod as measured (0
     # since issue 23: the daemon reads no Pod; kube-router watches every pod).
     rolled = 1000
     startup = m["startup"]["requests"]
     start_requests = sum(startup.values())
     gets_per_pod = m["rollout"]["requests"].get("get pods", 0) / m["rollout"]["pods"]
-    row("1,000-pod rollout", rolled * gets_per_pod,
+    row(
+        "1,000-pod rollout",
+        rolled * gets_per_pod,
         rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event + rolled * gets_per_pod * ob["pod"],
         pod_req=rolled * gets_per_pod,
         kp_bytes=rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
-        kr_bytes=rolled * (SLICE_EVENTS_PER_ROLLED_POD * slice_event
-                           + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
+        kr_bytes=rolled
+        * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
         events=rolled * SLICE_EVENTS_PER_ROLLED_POD,
-        kr_events=rolled * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD))
+        kr_events=rolled * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD),
+    )
     drained = PODS_PER_NODE
-    row("node drain (30 pods)", drained * gets_per_pod,
+    row(
+        "node drain (30 pods)",
+        drained * gets_per_pod,
         drained * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + gets_per_pod * ob["pod"]),
         pod_req=drained * gets_per_pod,
         kp_bytes=drained * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
-        kr_bytes=drained * (SLICE_EVENTS_PER_ROLLED_POD * slice_event
-                            + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
+        kr_bytes=drained
+        * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
         events=drained * SLICE_EVENTS_PER_ROLLED_POD,
-        kr_events=drained * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD))
+        kr_events=drained * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD),
+    )
     # 10-minute outage and recovery: refused watch retries and probes during, then one
     # relist of each resource (from the watch cache) and two watches.
-    recovery = sum(m["outage_recovery"]["requests"].get(k, 0) for k in (
-        "list services", "list endpointslices", "watch services", "watch endpointslices"))
+    recovery = sum(
+        m["outage_recovery"]["requests"].get(k, 0)
+        for k in ("list services", "list endpointslices", "watch services", "watch endpointslices")
+    )
     during = 2 * out_req["watch_attempts_per_resource"] + out_req["probes"]
-    row("10-min API outage + recovery", during + recovery, list_bytes,
-        kp_req=2 * out_req["watch_attempts_per_resource"] + 4, kp_bytes=list_bytes,
+    row(
+        "10-min API outage + recovery",
+        during + recovery,
+        list_bytes,
+        kp_req=2 * out_req["watch_attempts_per_resource"] + 4,
+        kp_bytes=list_bytes,
         kr_req=3 * out_req["watch_attempts_per_resource"] + 6,
-        kr_bytes=list_bytes + PODS * ob["pod"])
+        kr_bytes=list_bytes + PODS * ob["pod"],
+    )
     # DaemonSet rollout: every daemon restarts once: two lists (cache) and two watches.
-    row("DaemonSet rollout", start_requests, list_bytes,
-        kp_req=4, kp_bytes=list_bytes, kr_req=6, kr_bytes=list_bytes + PODS * ob["pod"])
+    row(
+        "DaemonSet rollout",
+        start_requests,
+        list_bytes,
+        kp_req=4,
+        kp_bytes=list_bytes,
+        kr_req=6,
+        kr_bytes=list_bytes + PODS * ob["pod"],
+    )
     return rows
 
 
@@ -288,10 +372,12 @@ def _count(n: float) -> str:
 
 
 def markdown(m: dict[str, Any]) -> str:
-    lines = ["| scenario | nodes | per daemon: requests | per daemon: bytes | cluster: requests "
-             "(of which pod GETs) | cluster: watch events | cluster: bytes | "
-             "kube-proxy: requests / bytes | kube-router: requests / events / bytes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | nodes | per daemon: requests | per daemon: bytes | cluster: requests "
+        "(of which pod GETs) | cluster: watch events | cluster: bytes | "
+        "kube-proxy: requests / bytes | kube-router: requests / events / bytes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for nodes in (1000, 5000):
         for name, r in model(m, nodes).items():
             lines.append(
@@ -303,7 +389,8 @@ def markdown(m: dict[str, Any]) -> str:
                 f"{_human(r['kube_proxy_cluster_bytes'])} | "
                 f"{_count(r['kube_router_cluster_requests'])} / "
                 f"{_count(r['kube_router_cluster_events'])} / "
-                f"{_human(r['kube_router_cluster_bytes'])} |")
+                f"{_human(r['kube_router_cluster_bytes'])} |"
+            )
     return "\n".join(lines)
 
 
@@ -315,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     m = measure()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"measured": m, "model": {n: model(m, n) for n in (1000, 5000)}},
-                              indent=1, sort_keys=True))
+    out.write_text(
+        json.dumps(
+            {"measured": m, "model": {n: model(m, n) for n in (1000, 5000)}},
+            indent=1,
+            sort_keys=True,
+        )
+    )
     print(markdown(m) if args.markdown else json.dumps(m, indent=1, sort_keys=True))
     return 0
 

@@ -60,9 +60,12 @@ def main(argv: list[str] | None = None) -> int:
 
         kernel = FakeKernel()
         kernel.ops = __import__("collections").deque(maxlen=0)
-    opts = DaemonOptions(node=NodeContext("bench-node"), apiserver=args.apiserver,
-                         state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
-                         listen="127.0.0.1:0")
+    opts = DaemonOptions(
+        node=NodeContext("bench-node"),
+        apiserver=args.apiserver,
+        state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
+        listen="127.0.0.1:0",
+    )
     daemon = Daemon(opts, kernel, KubeSource.from_config(apiserver=args.apiserver))
     _record_latencies(daemon)
     imported = time.monotonic() - t0

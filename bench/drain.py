@@ -40,8 +40,9 @@ class _Deletions(logging.Handler):
             self.deleted[str(f.get("rs"))] = (record.created, str(f.get("reason")))
 
 
-def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.37,
-              poll: float = 0.02) -> dict[str, Any]:
+def run_drain(
+    samples: int = 8, check_interval: float = 1.0, stagger: float = 1.37, poll: float = 0.02
+) -> dict[str, Any]:
     from bench.harness import BenchDaemon
     from devkit.fakeapi import objects
     from devkit.ipvsnl import RawIPVS
@@ -66,20 +67,29 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
         svc = objects.service("drain", cluster_ip=VIP)
 
         def sl(ready: bool) -> dict[str, Any]:
-            return objects.endpoint_slice("drain-x", "drain", [
-                objects.endpoint(ip, ready=ready, pod=f"d{i}") for i, ip in enumerate(ips)])
+            return objects.endpoint_slice(
+                "drain-x",
+                "drain",
+                [objects.endpoint(ip, ready=ready, pod=f"d{i}") for i, ip in enumerate(ips)],
+            )
 
         # the daemon as `ipvsctl run` builds it (loop, drain reader, state writer)
         bd = BenchDaemon(node.kernel, [svc], [sl(True)], drain_check_interval=check_interval)
         stop_daemon = bd.shutdown
         bd.start(timeout=120)
-        wait_for(lambda: len(raw.list_real_servers(key)) == samples, timeout=120,
-                 what="real servers programmed")
+        wait_for(
+            lambda: len(raw.list_real_servers(key)) == samples,
+            timeout=120,
+            what="real servers programmed",
+        )
         conns = [client.connect(VIP, PORT) for _ in range(samples)]
         served = sorted(c.pod for c in conns)
         bd.source.send([(sl(False), None)])
-        wait_for(lambda: all(r.weight == 0 for r in raw.list_real_servers(key)), timeout=60,
-                 what="every real server at weight 0")
+        wait_for(
+            lambda: all(r.weight == 0 for r in raw.list_real_servers(key)),
+            timeout=60,
+            what="every real server at weight 0",
+        )
 
         zero_at: dict[str, float] = {}
         gone_at: dict[str, float] = {}
@@ -90,8 +100,7 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
                 t = time.time()
                 present = {}
                 with contextlib.suppress(Exception):
-                    present = {r.key.address: r.connections
-                               for r in raw.list_real_servers(key)}
+                    present = {r.key.address: r.connections for r in raw.list_real_servers(key)}
                 for ip in ips:
                     if ip in present:
                         seen.add(ip)
@@ -122,21 +131,35 @@ def run_drain(samples: int = 8, check_interval: float = 1.0, stagger: float = 1.
                 latencies.append(max(0.0, deleted - closed_at[ip]))
             if ip in zero_at and deleted is not None:
                 from_zero.append(max(0.0, deleted - zero_at[ip]))
-            rows.append({"rs": rs, "closed_at": closed_at.get(ip), "zero_at": zero_at.get(ip),
-                         "deleted_at": deleted, "kernel_gone_at": gone_at.get(ip),
-                         "reason": reason})
+            rows.append(
+                {
+                    "rs": rs,
+                    "closed_at": closed_at.get(ip),
+                    "zero_at": zero_at.get(ip),
+                    "deleted_at": deleted,
+                    "kernel_gone_at": gone_at.get(ip),
+                    "reason": reason,
+                }
+            )
         t0 = min(closed_at.values())
         for r in rows:
             for k in ("closed_at", "zero_at", "deleted_at", "kernel_gone_at"):
                 if r[k] is not None:
                     r[k] = round(r[k] - t0, 3)
-        out = {"samples": samples, "check_interval_s": check_interval,
-               "target_s": check_interval + 0.5, "pods_served": served,
-               "closed_to_deleted": summary(latencies), "zero_to_deleted": summary(from_zero),
-               "real_servers": rows}
-        log(f"drain: last connection closed -> deleted p50 "
+        out = {
+            "samples": samples,
+            "check_interval_s": check_interval,
+            "target_s": check_interval + 0.5,
+            "pods_served": served,
+            "closed_to_deleted": summary(latencies),
+            "zero_to_deleted": summary(from_zero),
+            "real_servers": rows,
+        }
+        log(
+            f"drain: last connection closed -> deleted p50 "
             f"{out['closed_to_deleted'].get('p50')} ms, max "
-            f"{out['closed_to_deleted'].get('max')} ms ({len(latencies)} of {samples})")
+            f"{out['closed_to_deleted'].get('max')} ms ({len(latencies)} of {samples})"
+        )
         return out
     finally:
         stop.set()

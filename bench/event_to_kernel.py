@@ -88,8 +88,11 @@ class Table:
     def slice(self, i: int) -> dict[str, Any]:
         out = copy.deepcopy(self.slices[i])
         for j in self.down.get(i, ()):
-            out["endpoints"][j]["conditions"] = {"ready": False, "serving": False,
-                                                 "terminating": False}
+            out["endpoints"][j]["conditions"] = {
+                "ready": False,
+                "serving": False,
+                "terminating": False,
+            }
         return out
 
 
@@ -129,8 +132,12 @@ def profile_text(prof: cProfile.Profile, limit: int = 18) -> str:
 
 
 SAMPLE_EVERY = 0.02 if os.environ.get("IPVSCTL_LAB") == "1" else 0.005  # VM: ~15x slower
-BOILERPLATE = ("threading.py:", "daemon/wiring.py:run", "bench/harness.py:counted",
-               "reconcile/loop.py:run")
+BOILERPLATE = (
+    "threading.py:",
+    "daemon/wiring.py:run",
+    "bench/harness.py:counted",
+    "reconcile/loop.py:run",
+)
 
 
 class Sampler:
@@ -139,8 +146,9 @@ class Sampler:
     event), waiting for the loop's lock (the innermost line is a `with ... lock`), or busy;
     for busy samples, the share in which each function was on the stack."""
 
-    def __init__(self, names: tuple[str, ...] = ("loop", "drain", "audit-reader"),
-                 every: float = 0.005):
+    def __init__(
+        self, names: tuple[str, ...] = ("loop", "drain", "audit-reader"), every: float = 0.005
+    ):
         # the daemon's threads are named: loop, source, drain, audit-reader, state-writer
         self.names, self.every = names, every
         self.stop = threading.Event()
@@ -171,8 +179,11 @@ class Sampler:
                     stack.append(f)
                     f = f.f_back
                 where = [_where(x) for x in stack]
-                line = (linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-                        if frame.f_lineno else "")
+                line = (
+                    linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+                    if frame.f_lineno
+                    else ""
+                )
                 if where[0].startswith("threading.py:wait"):  # a queue, event or condition
                     self.state[name]["idle"] += 1
                     continue
@@ -192,18 +203,23 @@ class Sampler:
             if not n:
                 continue
             out[name] = {
-                "samples": n, "every_ms": round(self.every * 1000, 1),
+                "samples": n,
+                "every_ms": round(self.every * 1000, 1),
                 "state_pct": {k: round(100 * c / n, 1) for k, c in self.state[name].items()},
-                "busy_on_stack_pct": {w: round(100 * c / busy, 1)
-                                      for w, c in self.inclusive[name].most_common(top)},
+                "busy_on_stack_pct": {
+                    w: round(100 * c / busy, 1) for w, c in self.inclusive[name].most_common(top)
+                },
             }
         return out
 
 
 def _where(f: Any) -> str:
     path = f.f_code.co_filename
-    short = "/".join(path.split("/")[-2:]) if "/ipvsctl/" in path or "/bench/" in path \
+    short = (
+        "/".join(path.split("/")[-2:])
+        if "/ipvsctl/" in path or "/bench/" in path
         else path.split("/")[-1]
+    )
     return f"{short}:{f.f_code.co_name}"
 
 
@@ -211,16 +227,29 @@ def _ratio(a: dict[str, Any], b: dict[str, Any], k: str = "p99") -> float | None
     return round(a[k] / b[k], 2) if a.get(k) and b.get(k) else None
 
 
-def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
-             seed: int = 1, profile: bool = False) -> dict[str, Any]:
+def run_size(
+    n: int,
+    e: int,
+    kernel: str,
+    plan: Plan,
+    *,
+    mode: str = "initial",
+    seed: int = 1,
+    profile: bool = False,
+) -> dict[str, Any]:
     """Everything for one size; see the module docstring. `kernel`: fake (in-memory),
     packed (in-memory, each write also packed and sent as over netlink) or netlink;
     `mode`: initial or restart (how the table gets there, see 1.)."""
     t = Table(n, e)
     ns = Netns() if kernel == "netlink" else None
     rng = random.Random(seed)
-    out: dict[str, Any] = {"services": n, "endpoints_per_service": e, "real_servers": n * e,
-                           "kernel": kernel, "mode": mode}
+    out: dict[str, Any] = {
+        "services": n,
+        "endpoints_per_service": e,
+        "real_servers": n * e,
+        "kernel": kernel,
+        "mode": mode,
+    }
     try:
         impl = netlink_kernel(ns.name) if ns else fake_kernel(packed=kernel == "packed")
         w = Watcher(impl)
@@ -238,17 +267,24 @@ def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
         t_ready = bd.start()
         writes = w.writes - writes0
         if mode == "restart":
-            out["restart"] = {"prime_seconds": round(t_prime, 3),
-                              "full_read_seconds": round(t_read, 4),
-                              "full_read_runs_s": [round(r[0], 4) for r in reads],
-                              "readyz_seconds": round(t_ready, 3),
-                              "readyz_over_full_read": round(t_ready / t_read, 1),
-                              "kernel_writes": writes}
-            log(f"{n} services: restart to /readyz {t_ready:.2f}s "
-                f"({t_ready / t_read:.1f}x one full read), {writes} kernel writes")
+            out["restart"] = {
+                "prime_seconds": round(t_prime, 3),
+                "full_read_seconds": round(t_read, 4),
+                "full_read_runs_s": [round(r[0], 4) for r in reads],
+                "readyz_seconds": round(t_ready, 3),
+                "readyz_over_full_read": round(t_ready / t_read, 1),
+                "kernel_writes": writes,
+            }
+            log(
+                f"{n} services: restart to /readyz {t_ready:.2f}s "
+                f"({t_ready / t_read:.1f}x one full read), {writes} kernel writes"
+            )
         else:
-            out["initial_sync"] = {"readyz_seconds": round(t_ready, 3), "kernel_writes": writes,
-                                   "per_write_ms": round(1000 * t_ready / max(1, writes), 3)}
+            out["initial_sync"] = {
+                "readyz_seconds": round(t_ready, 3),
+                "kernel_writes": writes,
+                "per_write_ms": round(1000 * t_ready / max(1, writes), 3),
+            }
             if ns:
                 # Best of two, each into a new namespace: the first prime in a process ran
                 # 1.5-2 s slower at 1,000 Services (a cold start the yardstick should not
@@ -264,8 +300,10 @@ def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
                 out["initial_sync"]["lean_prime_seconds"] = round(min(runs), 3)
                 out["initial_sync"]["lean_prime_runs_s"] = [round(r, 3) for r in runs]
                 out["initial_sync"]["over_lean"] = round(t_ready / min(runs), 2)
-            log(f"{n} services: initial sync to /readyz {t_ready:.2f}s, {writes} writes "
-                f"{out['initial_sync']}")
+            log(
+                f"{n} services: initial sync to /readyz {t_ready:.2f}s, {writes} writes "
+                f"{out['initial_sync']}"
+            )
 
         try:
             if plan.phases:
@@ -284,8 +322,9 @@ def run_size(n: int, e: int, kernel: str, plan: Plan, *, mode: str = "initial",
             ns.close()
 
 
-def _loop_changes(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, count: int,
-                  gap: float, pick: Any) -> list[float]:
+def _loop_changes(
+    bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, count: int, gap: float, pick: Any
+) -> list[float]:
     lat: list[float] = []
     for _ in range(max(1, count // 2)):
         i, j = pick()
@@ -302,8 +341,9 @@ def _loop_changes(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, cou
     return lat
 
 
-def _send_all(bd: BenchDaemon, w: Watcher, t: Table, changes: list[tuple[int, int, bool]],
-              timeout: float) -> tuple[list[float], float]:
+def _send_all(
+    bd: BenchDaemon, w: Watcher, t: Table, changes: list[tuple[int, int, bool]], timeout: float
+) -> tuple[list[float], float]:
     """Changes on distinct Services put on the queue back to back; per-change latency and
     the time from the first stamp to the last change done."""
     stamps: dict[int, float] = {}
@@ -323,8 +363,15 @@ def _send_all(bd: BenchDaemon, w: Watcher, t: Table, changes: list[tuple[int, in
     return lat, max(done.values()) - min(stamps.values())
 
 
-def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, plan: Plan,
-                   out: dict[str, Any], profile: bool) -> None:
+def _daemon_phases(
+    bd: BenchDaemon,
+    w: Watcher,
+    t: Table,
+    rng: random.Random,
+    plan: Plan,
+    out: dict[str, Any],
+    profile: bool,
+) -> None:
     n, e = t.n, t.e
     eng = bd.engine
 
@@ -357,12 +404,16 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
                     calls.append(w.calls - k0)
         w.want.clear()
     out["ipvsctl_engine"] = summary(wall) | {
-        "cpu": summary(cpu), "netlink_calls_per_change": max(calls),
-        "note": "Engine.handle + Engine.sync under the loop's lock: the work, no waiting"}
+        "cpu": summary(cpu),
+        "netlink_calls_per_change": max(calls),
+        "note": "Engine.handle + Engine.sync under the loop's lock: the work, no waiting",
+    }
     if prof is not None:
         out["ipvsctl_engine_profile"] = profile_text(prof)
-    log(f"{n} services: one change p50 {out['ipvsctl_engine']['p50']} ms, cpu p50 "
-        f"{out['ipvsctl_engine']['cpu']['p50']} ms")
+    log(
+        f"{n} services: one change p50 {out['ipvsctl_engine']['p50']} ms, cpu p50 "
+        f"{out['ipvsctl_engine']['cpu']['p50']} ms"
+    )
 
     if not plan.loop_changes:  # the cost of a change only (host part "change")
         return
@@ -422,14 +473,21 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     finally:
         runner.pace = orig_pace
         auditor.snapshot, auditor.read, auditor.apply = (  # type: ignore[method-assign]
-            orig_snapshot, orig_read, orig_apply)
-    phases["audit"] = summary(lat) | {"audit_reads": summary(audit_reads),
-                                      "audit_reads_during_changes": reads_during,
-                                      "audit_lock_held": summary(locked),
-                                      "over_idle_p99": _ratio(summary(lat), phases["idle"]),
-                                      "profile": s.report()}
-    log(f"{n} services: daemon during audit p50 {phases['audit']['p50']} p99 "
-        f"{phases['audit']['p99']} ms; audit reads {phases['audit']['audit_reads']}")
+            orig_snapshot,
+            orig_read,
+            orig_apply,
+        )
+    phases["audit"] = summary(lat) | {
+        "audit_reads": summary(audit_reads),
+        "audit_reads_during_changes": reads_during,
+        "audit_lock_held": summary(locked),
+        "over_idle_p99": _ratio(summary(lat), phases["idle"]),
+        "profile": s.report(),
+    }
+    log(
+        f"{n} services: daemon during audit p50 {phases['audit']['p50']} p99 "
+        f"{phases['audit']['p99']} ms; audit reads {phases['audit']['audit_reads']}"
+    )
 
     # draining: D real servers held at weight 0 with a connection each
     d = min(plan.draining, n * e // 2)
@@ -456,11 +514,15 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
 
     with Sampler(every=SAMPLE_EVERY) as s:
         lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_free)
-    phases["draining"] = summary(lat) | {"draining": len(eng.drains.queue),
-                                         "over_idle_p99": _ratio(summary(lat), phases["idle"]),
-                                         "profile": s.report()}
-    log(f"{n} services: daemon with {len(eng.drains.queue)} draining p50 "
-        f"{phases['draining']['p50']} p99 {phases['draining']['p99']} ms")
+    phases["draining"] = summary(lat) | {
+        "draining": len(eng.drains.queue),
+        "over_idle_p99": _ratio(summary(lat), phases["idle"]),
+        "profile": s.report(),
+    }
+    log(
+        f"{n} services: daemon with {len(eng.drains.queue)} draining p50 "
+        f"{phases['draining']['p50']} p99 {phases['draining']['p99']} ms"
+    )
 
     # drain reaction: release some held real servers one by one
     sample = rng.sample(held, min(plan.reactions, len(held)))
@@ -480,12 +542,17 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     w.held.clear()
     w.wait_deleted(list(rest), 600)
     phases["drain_reaction"] = summary(reaction) | {
-        "draining": d, "check_interval_s": 1.0, "target_s": 1.5,
+        "draining": d,
+        "check_interval_s": 1.0,
+        "target_s": 1.5,
         "rest_deleted_s": round(max((w.deleted[p] for p in rest), default=t_rel) - t_rel, 3),
-        "profile": reaction_profile}
-    log(f"{n} services: drain reaction p50 {phases['drain_reaction']['p50']} max "
+        "profile": reaction_profile,
+    }
+    log(
+        f"{n} services: drain reaction p50 {phases['drain_reaction']['p50']} max "
         f"{phases['drain_reaction']['max']} ms; the other {len(rest)} deleted in "
-        f"{phases['drain_reaction']['rest_deleted_s']} s")
+        f"{phases['drain_reaction']['rest_deleted_s']} s"
+    )
     # every endpoint ready again (their real servers come back)
     for i, js in by_service.items():
         for j in js[:-1]:
@@ -498,11 +565,16 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     js = {i: rng.randrange(e) for i in svcs}
     with Sampler(("loop",), every=SAMPLE_EVERY) as s:
         lat, total = _send_all(bd, w, t, [(i, js[i], False) for i in svcs], 3600)
-    phases["burst"] = summary(lat) | {"changes": b, "all_done_s": round(total, 3),
-                                      "profile": s.report()}
+    phases["burst"] = summary(lat) | {
+        "changes": b,
+        "all_done_s": round(total, 3),
+        "profile": s.report(),
+    }
     _send_all(bd, w, t, [(i, js[i], True) for i in svcs], 3600)
-    log(f"{n} services: burst of {b}: all done in {total:.2f}s, p50 "
-        f"{phases['burst']['p50']} p99 {phases['burst']['p99']} ms")
+    log(
+        f"{n} services: burst of {b}: all done in {total:.2f}s, p50 "
+        f"{phases['burst']['p50']} p99 {phases['burst']['p99']} ms"
+    )
 
     # idle CPU: no events, nothing draining; the audit and the reader as configured
     time.sleep(3.0)  # the burst's drains: deleted by now (counts 0)
@@ -511,19 +583,31 @@ def _daemon_phases(bd: BenchDaemon, w: Watcher, t: Table, rng: random.Random, pl
     dt = time.monotonic() - t0
     cpu = time.process_time() - c0
     # sampled after the measurement: the sampler costs CPU
-    with Sampler(("loop", "drain", "audit-reader", "source", "state-writer"),
-                 every=SAMPLE_EVERY) as s:
+    with Sampler(
+        ("loop", "drain", "audit-reader", "source", "state-writer"), every=SAMPLE_EVERY
+    ) as s:
         time.sleep(min(10.0, plan.idle_cpu_s / 2))
-    phases["idle_cpu"] = {"seconds": round(dt, 1),
-                          "cpu_pct_of_one_core": round(100 * cpu / dt, 2),
-                          "loop_steps_per_s": round((bd.steps - s0) / dt, 2),
-                          "draining": len(eng.drains.queue), "profile": s.report()}
+    phases["idle_cpu"] = {
+        "seconds": round(dt, 1),
+        "cpu_pct_of_one_core": round(100 * cpu / dt, 2),
+        "loop_steps_per_s": round((bd.steps - s0) / dt, 2),
+        "draining": len(eng.drains.queue),
+        "profile": s.report(),
+    }
     log(f"{n} services: idle CPU {phases['idle_cpu']}")
     out["daemon"] = phases
 
 
-def _baseline(cls: Any, ns: Netns | None, impl: Any, t: Table, rng: random.Random,
-              plan: Plan, seed: int, profile: bool) -> dict[str, Any]:
+def _baseline(
+    cls: Any,
+    ns: Netns | None,
+    impl: Any,
+    t: Table,
+    rng: random.Random,
+    plan: Plan,
+    seed: int,
+    profile: bool,
+) -> dict[str, Any]:
     bk = Watcher(raw_kernel(ns.name) if ns else impl)
     base = cls(bk, NODE, seed=seed)
     now = time.monotonic()
@@ -555,16 +639,20 @@ def _baseline(cls: Any, ns: Netns | None, impl: Any, t: Table, rng: random.Rando
             break
     name = cls.__name__
     out = summary(lat) | {
-        "style": name, "resync": summary(total),
+        "style": name,
+        "resync": summary(total),
         "netlink_calls_per_change": max(s.calls for s in stats),
         "build_s_mean": round(sum(s.build_s for s in stats) / len(stats), 3),
         "walk_s_mean": round(sum(s.setup_s + s.cleanup_s for s in stats) / len(stats), 3),
         "client": "devkit.ipvsnl (raw netlink)" if ns else "in-memory kernel",
-        "stopped_by_budget": stopped}
+        "stopped_by_budget": stopped,
+    }
     if prof is not None:
         out["profile"] = profile_text(prof)
-    log(f"{t.n} services: {name} p50 {out['p50']} p99 {out['p99']} ms ({len(lat)} changes"
-        f"{', budget hit' if stopped else ''}), {out['netlink_calls_per_change']} calls")
+    log(
+        f"{t.n} services: {name} p50 {out['p50']} p99 {out['p99']} ms ({len(lat)} changes"
+        f"{', budget hit' if stopped else ''}), {out['netlink_calls_per_change']} calls"
+    )
     if ns:
         bk.impl.close()
     return out

@@ -33,8 +33,16 @@ from ipvsctl.obs.metrics import Metrics
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent, Upsert
 
 NODE = NodeContext("bench-node", (), "rr")
-WRITES = frozenset({"add_virtual_server", "update_virtual_server", "delete_virtual_server",
-                    "add_real_server", "set_real_server_weight", "delete_real_server"})
+WRITES = frozenset(
+    {
+        "add_virtual_server",
+        "update_virtual_server",
+        "delete_virtual_server",
+        "add_real_server",
+        "set_real_server_weight",
+        "delete_real_server",
+    }
+)
 
 Pair = tuple[ServiceKey, RealServerKey]
 
@@ -56,11 +64,11 @@ class Watcher:
         with self.cond:
             self.want[(key, rs, weight)] = None
 
-    def wait(self, keys: Collection[tuple[ServiceKey, RealServerKey, int]],
-             timeout: float) -> bool:
+    def wait(self, keys: Collection[tuple[ServiceKey, RealServerKey, int]], timeout: float) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: all(self.want.get(k) is not None for k in keys),
-                                      timeout)
+            return self.cond.wait_for(
+                lambda: all(self.want.get(k) is not None for k in keys), timeout
+            )
 
     def take(self, key: tuple[ServiceKey, RealServerKey, int]) -> float:
         with self.cond:
@@ -81,19 +89,25 @@ class Watcher:
                 self.cond.notify_all()
 
     # --- reads: held real servers report one active connection --------------------------
-    def _hold(self, key: ServiceKey, found: list[RealServerStatus] | None
-              ) -> list[RealServerStatus] | None:
+    def _hold(
+        self, key: ServiceKey, found: list[RealServerStatus] | None
+    ) -> list[RealServerStatus] | None:
         if not self.held or found is None:
             return found
-        return [dataclasses.replace(s, active_conns=max(1, s.active_conns))
-                if (key, s.key) in self.held else s for s in found]
+        return [
+            dataclasses.replace(s, active_conns=max(1, s.active_conns))
+            if (key, s.key) in self.held
+            else s
+            for s in found
+        ]
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         self.calls += 1
         return self._hold(key, self.impl.list_real_servers(key)) or []
 
-    def read_real_servers(self, keys: Collection[ServiceKey],
-                          only: Any = None) -> dict[ServiceKey, Any]:
+    def read_real_servers(
+        self, keys: Collection[ServiceKey], only: Any = None
+    ) -> dict[ServiceKey, Any]:
         self.calls += 1
         table = self.impl.read_real_servers(keys, only)
         return {k: self._hold(k, v) for k, v in table.items()}
@@ -141,8 +155,7 @@ class ProducerSource:
 
     def __init__(self, services: list[Any], slices: list[Any]) -> None:
         self.services, self.slices = services, slices
-        self.inbox: queue.Queue[list[tuple[Any, Callable[[float], None] | None]]] = (
-            queue.Queue())
+        self.inbox: queue.Queue[list[tuple[Any, Callable[[float], None] | None]]] = queue.Queue()
 
     def send(self, objs: list[tuple[Any, Callable[[float], None] | None]]) -> None:
         """EndpointSlices to emit back to back; `on_stamp(t)` is told each one's stamp."""
@@ -169,14 +182,24 @@ class BenchDaemon:
     """`Daemon` on a given kernel with a ProducerSource; `start()` returns the seconds to
     /readyz answering 200 (polled over HTTP every 10 ms)."""
 
-    def __init__(self, kernel: Any, services: list[Any], slices: list[Any],
-                 drain_check_interval: float = 1.0, drain_timeout: float = 3600.0) -> None:
+    def __init__(
+        self,
+        kernel: Any,
+        services: list[Any],
+        slices: list[Any],
+        drain_check_interval: float = 1.0,
+        drain_timeout: float = 3600.0,
+    ) -> None:
         self.state_dir = tempfile.TemporaryDirectory(prefix="ipvsctl-bench-")
         self.source = ProducerSource(services, slices)
         self.metrics = Metrics()
-        opts = DaemonOptions(node=NODE, drain_timeout=drain_timeout,
-                             drain_check_interval=drain_check_interval,
-                             state_dir=self.state_dir.name, listen="127.0.0.1:0")
+        opts = DaemonOptions(
+            node=NODE,
+            drain_timeout=drain_timeout,
+            drain_check_interval=drain_check_interval,
+            state_dir=self.state_dir.name,
+            listen="127.0.0.1:0",
+        )
         self.daemon = Daemon(opts, kernel, self.source, metrics=self.metrics)
         self.engine = self.daemon.engine
         self.loop = self.daemon.loop

@@ -86,8 +86,7 @@ def wire_calls() -> Any:
     sent, ACK read and checked) on an AckSocket."""
     from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
 
-    ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=AckSocket()),
-                                 prid=FAMILY)
+    ipvs = types.SimpleNamespace(asyncore=types.SimpleNamespace(socket=AckSocket()), prid=FAMILY)
     return IPVSCalls(types.SimpleNamespace(ipvs=lambda: ipvs))  # type: ignore[arg-type]
 
 

@@ -19,13 +19,19 @@ from bench.common import REPO, log, summary
 def _proc(pid: int) -> dict[str, float]:
     with open(f"/proc/{pid}/status") as f:
         status = f.read()
-    kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in status.splitlines()
-          if ln.startswith(("VmHWM", "VmRSS"))}
+    kb = {
+        ln.split(":")[0]: int(ln.split()[1])
+        for ln in status.splitlines()
+        if ln.startswith(("VmHWM", "VmRSS"))
+    }
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
-    return {"rss_peak_mb": kb.get("VmHWM", 0) / 1024, "rss_mb": kb.get("VmRSS", 0) / 1024,
-            "cpu_s": (int(fields[11]) + int(fields[12])) / tick}
+    return {
+        "rss_peak_mb": kb.get("VmHWM", 0) / 1024,
+        "rss_mb": kb.get("VmRSS", 0) / 1024,
+        "cpu_s": (int(fields[11]) + int(fields[12])) / tick,
+    }
 
 
 def _metric(port: int, name: str) -> float:
@@ -102,25 +108,46 @@ class StatusPollers:
         self.stop.set()
         for t in self.threads:
             t.join(60)
-        return {"status_clients": len(self.threads), "status_responses": self.done,
-                "status_errors": self.errors,
-                "status_mb_per_response": round(self.bytes / max(1, self.done) / 2**20, 1)}
+        return {
+            "status_clients": len(self.threads),
+            "status_responses": self.done,
+            "status_errors": self.errors,
+            "status_mb_per_response": round(self.bytes / max(1, self.done) / 2**20, 1),
+        }
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-def run_memory(services: int, endpoints: int, events: int, netns: str | None = None,
-               timeout: float = 3600, rate: float = 0.0,
-               status_clients: int = 0) -> dict[str, Any]:
+def run_memory(
+    services: int,
+    endpoints: int,
+    events: int,
+    netns: str | None = None,
+    timeout: float = 3600,
+    rate: float = 0.0,
+    status_clients: int = 0,
+) -> dict[str, Any]:
     """One run; `rate` paces the watch events (0: as fast as the fake API sends them);
     `status_clients` poll /status in a loop while the events come."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    api = subprocess.Popen([sys.executable, "-m", "bench.fakeapi_proc", "--services",
-                            str(services), "--endpoints", str(endpoints)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                           cwd=REPO)
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.fakeapi_proc",
+            "--services",
+            str(services),
+            "--endpoints",
+            str(endpoints),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     daemon = None
     try:
         assert api.stdout and api.stdin
@@ -130,8 +157,9 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
         if netns:
             cmd += ["--netns", netns]
         t0 = time.monotonic()
-        daemon = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=env, cwd=REPO)
+        daemon = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+        )
         assert daemon.stdout
         port = int(daemon.stdout.readline().split()[1])
         ready_line = daemon.stdout.readline().split()
@@ -170,10 +198,13 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
         restarts = _metric(port, "ipvsctl_watch_restarts_total")
         applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
         out = {
-            "services": services, "endpoints": services * endpoints, "watch_events": events,
+            "services": services,
+            "endpoints": services * endpoints,
+            "watch_events": events,
             "event_rate": rate or "as fast as sent",
             "kernel": "netlink (lab VM)" if netns else "FakeKernel (in-memory, host)",
-            "time_to_ready_s": round(ready_s, 2), "import_s": round(imported_s, 2),
+            "time_to_ready_s": round(ready_s, 2),
+            "import_s": round(imported_s, 2),
             "rss_after_list_mb": round(after_list["rss_mb"], 1),
             "rss_peak_after_list_mb": round(after_list["rss_peak_mb"], 1),
             "cpu_after_list_s": round(after_list["cpu_s"], 2),
@@ -181,7 +212,8 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             "watch_restarts": int(restarts),
             "events_seconds": round(t_events, 2),
             "api_churn_seconds": float(churned[2]) if len(churned) > 2 else None,
-            "rss_peak_mb": round(end["rss_peak_mb"], 1), "rss_end_mb": round(end["rss_mb"], 1),
+            "rss_peak_mb": round(end["rss_peak_mb"], 1),
+            "rss_end_mb": round(end["rss_mb"], 1),
             "cpu_total_s": round(end["cpu_s"], 2),
             "cpu_events_s": round(end["cpu_s"] - after_list["cpu_s"], 2),
             "wall_total_s": round(time.monotonic() - t0, 2),
@@ -191,8 +223,10 @@ def run_memory(services: int, endpoints: int, events: int, netns: str | None = N
             "event_to_kernel_p99_le_ms": _ms(quantile(buckets0, buckets1, 0.99)),
             **polled,
         }
-        log(f"memory: peak RSS {out['rss_peak_mb']} MB, CPU {out['cpu_total_s']} s, "
-            f"{int(applied)}/{events} events applied in {t_events:.1f}s")
+        log(
+            f"memory: peak RSS {out['rss_peak_mb']} MB, CPU {out['cpu_total_s']} s, "
+            f"{int(applied)}/{events} events applied in {t_events:.1f}s"
+        )
         return out
     finally:
         if daemon is not None:

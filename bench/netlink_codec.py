@@ -79,16 +79,17 @@ def cases() -> dict[str, Callable[[int], None]]:
     fake_self = types.SimpleNamespace(_do_request=encode_only)
 
     def pyroute2_build(i: int) -> None:
-        coro = AsyncIPVS.dest(fake_self, "set", service=service_key_spec(key),
-                              dest=dest_spec(rs, i & 1))
+        coro = AsyncIPVS.dest(
+            fake_self, "set", service=service_key_spec(key), dest=dest_spec(rs, i & 1)
+        )
         with contextlib.suppress(StopIteration):
             coro.send(None)
 
     return {
-        "pyroute2 set_dest (whole request path)":
-            lambda i: ipvs.dest("set", service=service_key_spec(key), dest=dest_spec(rs, i & 1)),
-        "wire set_dest (IPVSCalls, socket round trip)":
-            lambda i: calls.set_dest(key, rs, i & 1),
+        "pyroute2 set_dest (whole request path)": lambda i: ipvs.dest(
+            "set", service=service_key_spec(key), dest=dest_spec(rs, i & 1)
+        ),
+        "wire set_dest (IPVSCalls, socket round trip)": lambda i: calls.set_dest(key, rs, i & 1),
         "pyroute2 build only": pyroute2_build,
         "wire build only": lambda i: wire.message(FAMILY, wire.set_dest(key, rs, i & 1), i),
     }
@@ -110,13 +111,16 @@ def change_cases(ops: int) -> dict[str, Callable[[int], None]]:
 
     n = 1000
     ips = [f"10.96.{i // 250}.{i % 250 + 1}" for i in range(n)]
-    pods = [[f"10.{100 + i // 2500}.{(i // 10) % 250}.{(i % 10) * 20 + j + 1}"
-             for j in range(10)] for i in range(n)]
+    pods = [
+        [f"10.{100 + i // 2500}.{(i // 10) % 250}.{(i % 10) * 20 + j + 1}" for j in range(10)]
+        for i in range(n)
+    ]
 
     def event(k: int) -> dict[str, Any]:  # endpoint 0 of one Service goes not-ready, or back
         i, ready = k % n, (k // n) % 2 == 1
-        return endpoint_slice(f"s{i}", [endpoint(pods[i][0], ready=ready)]
-                              + [endpoint(p) for p in pods[i][1:]])
+        return endpoint_slice(
+            f"s{i}", [endpoint(pods[i][0], ready=ready)] + [endpoint(p) for p in pods[i][1:]]
+        )
 
     # The events are built before the clock starts: what is timed is ipvsctl's work on an
     # object as the watch hands it over (decoded), not the benchmark making it.
@@ -124,8 +128,10 @@ def change_cases(ops: int) -> dict[str, Callable[[int], None]]:
 
     def engine_on(kernel: FakeKernel) -> Callable[[int], None]:
         h = Harness(kernel=kernel, drain_timeout=1e9)
-        h.start([service(f"s{i}", cluster_ip=ips[i]) for i in range(n)],
-                [endpoint_slice(f"s{i}", [endpoint(p) for p in pods[i]]) for i in range(n)])
+        h.start(
+            [service(f"s{i}", cluster_ip=ips[i]) for i in range(n)],
+            [endpoint_slice(f"s{i}", [endpoint(p) for p in pods[i]]) for i in range(n)],
+        )
         kernel.ops = []
         gc.collect()  # as the daemon's loop does after its initial sync (reconcile/loop.py)
         gc.freeze()
@@ -151,8 +157,11 @@ def measure(fn: Callable[[int], None], ops: int, repeats: int) -> dict[str, floa
         for i in range(ops):
             fn(i)
         per_op.append((time.process_time() - t0) / ops * 1e6)
-    return {"median_us": round(statistics.median(per_op), 2), "min_us": round(min(per_op), 2),
-            "max_us": round(max(per_op), 2)}
+    return {
+        "median_us": round(statistics.median(per_op), 2),
+        "min_us": round(min(per_op), 2),
+        "max_us": round(max(per_op), 2),
+    }
 
 
 def main() -> None:
@@ -163,10 +172,17 @@ def main() -> None:
     ap.add_argument("--changes", action="store_true", help="the Engine change cases")
     args = ap.parse_args()
     chosen = change_cases(args.ops) if args.changes else cases()
-    out = {name: measure(fn, args.ops, args.repeats)
-           for name, fn in chosen.items() if args.only in name}
-    print(json.dumps({"ops": args.ops, "repeats": args.repeats, "cpu": "process_time",
-                      "results": out}, indent=1))
+    out = {
+        name: measure(fn, args.ops, args.repeats)
+        for name, fn in chosen.items()
+        if args.only in name
+    }
+    print(
+        json.dumps(
+            {"ops": args.ops, "repeats": args.repeats, "cpu": "process_time", "results": out},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

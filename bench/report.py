@@ -20,8 +20,16 @@ from typing import Any
 
 from bench.common import REPO, RESULTS
 
-PARTS = ("e2k", "e2k-host", "restart-host", "change-host", "drain", "rollout", "memory",
-         "memory-vm")
+PARTS = (
+    "e2k",
+    "e2k-host",
+    "restart-host",
+    "change-host",
+    "drain",
+    "rollout",
+    "memory",
+    "memory-vm",
+)
 
 
 def load(src: Path, copy: bool) -> dict[str, dict[str, Any]]:
@@ -55,10 +63,12 @@ def fmt(x: Any, unit: str = "") -> str:
 
 def machine_line(doc: dict[str, Any]) -> str:
     m = doc.get("machine", {})
-    return (f"{m.get('where')}, kernel {m.get('kernel')}, {m.get('cpus')} vCPU "
-            f"({m.get('cpu') or 'unknown CPU'}), {m.get('memory_mb')} MB, Python "
-            f"{m.get('python')}, {m.get('date')}"
-            + (f", main at {m['commit']}" if m.get("commit") else ""))
+    return (
+        f"{m.get('where')}, kernel {m.get('kernel')}, {m.get('cpus')} vCPU "
+        f"({m.get('cpu') or 'unknown CPU'}), {m.get('memory_mb')} MB, Python "
+        f"{m.get('python')}, {m.get('date')}"
+        + (f", main at {m['commit']}" if m.get("commit") else "")
+    )
 
 
 def _pm(d: dict[str, Any] | None) -> str:
@@ -78,12 +88,14 @@ def _load(s: dict[str, Any]) -> str:
 def daemon_table(doc: dict[str, Any]) -> list[str]:
     """Event to kernel through the daemon, per size: every phase (ms)."""
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
-    out = ["| Services (real servers) | one change, lock held: wall p50 / p99, CPU p50 | "
-           "daemon idle p50 / p99 | during an audit p50 / p99 (p99 vs idle; target 2x) | "
-           "N draining: p50 / p99 (p99 vs idle; target 2x) | drain reaction p50 / max "
-           "(target 1,500) | burst of B: all done in, p50 / p99 | idle CPU, % of a core "
-           "(loop steps/s) | load avg |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| Services (real servers) | one change, lock held: wall p50 / p99, CPU p50 | "
+        "daemon idle p50 / p99 | during an audit p50 / p99 (p99 vs idle; target 2x) | "
+        "N draining: p50 / p99 (p99 vs idle; target 2x) | drain reaction p50 / max "
+        "(target 1,500) | burst of B: all done in, p50 / p99 | idle CPU, % of a core "
+        "(loop steps/s) | load avg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in sizes:
         d, e = s.get("daemon"), s.get("ipvsctl_engine", {})
         if not d:
@@ -96,19 +108,30 @@ def daemon_table(doc: dict[str, Any]) -> list[str]:
             f"{_pm(d['draining'])} (**{_x(d['draining'].get('over_idle_p99'))}**) | "
             f"{fmt(dr.get('p50'))} / **{fmt(dr.get('max'))}** | B={b['changes']:,}: "
             f"{fmt(b['all_done_s'] * 1000)}, {_pm(b)} | {fmt(c['cpu_pct_of_one_core'])} "
-            f"({fmt(c['loop_steps_per_s'])}) | {_load(s)} |")
-    out += ["", "Changes per phase: " + ", ".join(
-        f"{s['services']:,}: {s['daemon']['idle']['n']} idle / {s['daemon']['audit']['n']} "
-        f"audit / {s['daemon']['draining']['n']} draining / "
-        f"{s['daemon']['drain_reaction']['n']} reactions"
-        for s in sizes if s.get("daemon")) + "."]
+            f"({fmt(c['loop_steps_per_s'])}) | {_load(s)} |"
+        )
+    out += [
+        "",
+        "Changes per phase: "
+        + ", ".join(
+            f"{s['services']:,}: {s['daemon']['idle']['n']} idle / {s['daemon']['audit']['n']} "
+            f"audit / {s['daemon']['draining']['n']} draining / "
+            f"{s['daemon']['drain_reaction']['n']} reactions"
+            for s in sizes
+            if s.get("daemon")
+        )
+        + ".",
+    ]
     return out
 
 
 def table_rows(docs: list[dict[str, Any]]) -> list[str]:
     """Initial sync and restart rows from any e2k-like documents."""
-    out = ["| where | Services (real servers) | how | /readyz after | kernel writes | "
-           "yardstick, same run | ratio (target) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| where | Services (real servers) | how | /readyz after | kernel writes | "
+        "yardstick, same run | ratio (target) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for doc in docs:
         where = "VM" if "VM" in doc.get("machine", {}).get("where", "") else "host"
         for s in sorted(doc["result"]["sizes"], key=lambda s: s["services"]):
@@ -118,26 +141,34 @@ def table_rows(docs: list[dict[str, Any]]) -> list[str]:
                 lean = i.get("lean_prime_seconds")
                 out.append(
                     f"| {where} | {size} | initial sync from empty | {fmt(i['readyz_seconds'])} s"
-                    f" | {i['kernel_writes']:,} | " + (
+                    f" | {i['kernel_writes']:,} | "
+                    + (
                         f"lean client priming the same table: {fmt(lean)} s | "
-                        f"**{fmt(i.get('over_lean'))}x** (2x) |" if lean else
-                        f"- (no lean client on the host: {fmt(i['per_write_ms'])} ms a write) "
-                        "| - |"))
+                        f"**{fmt(i.get('over_lean'))}x** (2x) |"
+                        if lean
+                        else f"- (no lean client on the host: {fmt(i['per_write_ms'])} ms a write) "
+                        "| - |"
+                    )
+                )
             if r:
                 out.append(
                     f"| {where} | {size} | restart over the table | {fmt(r['readyz_seconds'])} s"
                     f" | **{r['kernel_writes']:,}** (0) | one full-table read through ipvsctl's "
                     f"adapter: {fmt(r['full_read_seconds'])} s | "
-                    f"**{fmt(r['readyz_over_full_read'])}x** (10x) |")
+                    f"**{fmt(r['readyz_over_full_read'])}x** (10x) |"
+                )
     return out
 
 
 def baseline_table(doc: dict[str, Any]) -> list[str]:
     sizes = sorted(doc["result"]["sizes"], key=lambda s: s["services"])
-    out = ["| Services | ipvsctl daemon idle p50 / p99 (ms) | kube-router style: change done "
-           "p50 / p99 (n), full resync p50, calls per change | kube-proxy style: change done "
-           "p50 / p99 (n), calls per change | kube-router p50 / ipvsctl p50 | kube-proxy "
-           "p50 / ipvsctl p50 |", "|---|---|---|---|---|---|"]
+    out = [
+        "| Services | ipvsctl daemon idle p50 / p99 (ms) | kube-router style: change done "
+        "p50 / p99 (n), full resync p50, calls per change | kube-proxy style: change done "
+        "p50 / p99 (n), calls per change | kube-router p50 / ipvsctl p50 | kube-proxy "
+        "p50 / ipvsctl p50 |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in sizes:
         d = (s.get("daemon") or {}).get("idle", {})
         kr, kp = s.get("baseline"), s.get("baseline_kube_proxy")
@@ -149,14 +180,15 @@ def baseline_table(doc: dict[str, Any]) -> list[str]:
                 return "not run"
             flag = " **(time budget hit: fewer than 10)**" if b.get("stopped_by_budget") else ""
             rs = f", {fmt(b['resync'].get('p50'))} ms" if resync else ""
-            return (f"{_pm(b)} ms ({b['n']}{flag}){rs}, "
-                    f"{b['netlink_calls_per_change']:,}")
+            return f"{_pm(b)} ms ({b['n']}{flag}){rs}, {b['netlink_calls_per_change']:,}"
 
         def ratio(b: dict[str, Any] | None, d: dict[str, Any] = d) -> str:
             return f"{b['p50'] / d['p50']:,.0f}x" if b and d.get("p50") else "-"
 
-        out.append(f"| {s['services']:,} | {_pm(d)} | {cell(kr, True)} | {cell(kp, False)} | "
-                   f"{ratio(kr)} | {ratio(kp)} |")
+        out.append(
+            f"| {s['services']:,} | {_pm(d)} | {cell(kr, True)} | {cell(kp, False)} | "
+            f"{ratio(kr)} | {ratio(kp)} |"
+        )
     return out
 
 
@@ -167,41 +199,61 @@ def profile_lines(doc: dict[str, Any], top: int = 6) -> list[str]:
     if not sizes:
         return []
     s = max(sizes, key=lambda s: s["services"])
-    every = next((p.get("every_ms", 5.0) for ph in ("audit", "draining")
-                  for p in (s["daemon"][ph].get("profile") or {}).values()), 5.0)
-    out = [f"Sampled stacks of the daemon's threads at {s['services']:,} Services, every "
-           f"{every:g} ms (time shares; for busy samples, the share with each function on the "
-           "stack):", ""]
+    every = next(
+        (
+            p.get("every_ms", 5.0)
+            for ph in ("audit", "draining")
+            for p in (s["daemon"][ph].get("profile") or {}).values()
+        ),
+        5.0,
+    )
+    out = [
+        f"Sampled stacks of the daemon's threads at {s['services']:,} Services, every "
+        f"{every:g} ms (time shares; for busy samples, the share with each function on the "
+        "stack):",
+        "",
+    ]
     for phase in ("idle", "audit", "draining", "drain_reaction", "burst", "idle_cpu"):
         prof = s["daemon"][phase].get("profile") or {}
         for thread, p in prof.items():
             state = ", ".join(f"{k} {v}%" for k, v in sorted(p["state_pct"].items()))
-            top_fns = "; ".join(f"`{w}` {pct}%" for w, pct in
-                                list(p["busy_on_stack_pct"].items())[:top])
-            out.append(f"- {phase}, thread `{thread}` ({p['samples']} samples): {state}"
-                       + (f". Busy in: {top_fns}" if top_fns else ""))
+            top_fns = "; ".join(
+                f"`{w}` {pct}%" for w, pct in list(p["busy_on_stack_pct"].items())[:top]
+            )
+            out.append(
+                f"- {phase}, thread `{thread}` ({p['samples']} samples): {state}"
+                + (f". Busy in: {top_fns}" if top_fns else "")
+            )
     return [*out, ""]
 
 
 def render(docs: dict[str, dict[str, Any]]) -> str:
-    lines = ["# Benchmarks", "",
-             "Generated by `make bench` (`python -m bench.report`) from `bench/results/*.json`; "
-             "how the numbers were taken follows the tables. The development notes (profiles "
-             "along the way, the hot spots found and fixed, the benchmark's own faults) are in "
-             "`bench/notes.md`. Benchmarks never fail a build; `make bench-smoke` runs "
-             "the host parts at toy sizes (and `tests/unit/test_bench_smoke.py` runs that).",
-             ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`python -m bench.report`) from `bench/results/*.json`; "
+        "how the numbers were taken follows the tables. The development notes (profiles "
+        "along the way, the hot spots found and fixed, the benchmark's own faults) are in "
+        "`bench/notes.md`. Benchmarks never fail a build; `make bench-smoke` runs "
+        "the host parts at toy sizes (and `tests/unit/test_bench_smoke.py` runs that).",
+        "",
+    ]
     summary_md = REPO / "bench" / "summary.md"
     if summary_md.exists():
         lines += [summary_md.read_text().rstrip(), ""]
-    for part, title in (("e2k", "lab VM, real kernel (ratios only: software emulation)"),
-                        ("e2k-host", "host, in-memory kernel, writes packed as over "
-                                     "netlink (absolute)")):
+    for part, title in (
+        ("e2k", "lab VM, real kernel (ratios only: software emulation)"),
+        ("e2k-host", "host, in-memory kernel, writes packed as over netlink (absolute)"),
+    ):
         if part not in docs or "result" not in docs[part]:
             continue
         d = docs[part]
-        lines += [f"## Event to kernel through the daemon ({title})", "",
-                  f"Machine: {machine_line(d)}.", ""]
+        lines += [
+            f"## Event to kernel through the daemon ({title})",
+            "",
+            f"Machine: {machine_line(d)}.",
+            "",
+        ]
         if "error" in d:
             lines += [f"**This run failed part-way:** `{d['error']}`", ""]
         lines += [*daemon_table(d), ""]
@@ -210,17 +262,22 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         lines += profile_lines(d)
     if "change-host" in docs and "result" in docs["change-host"]:
         d = docs["change-host"]
-        lines += ["## One change's cost on the host (in-memory kernel, each write packed, sent "
-                  "and acknowledged as over netlink)", "",
-                  f"Machine: {machine_line(d)}.", "",
-                  "| Services | wall p50 / p99 (ms) | CPU p50 / p99 (ms) | changes |",
-                  "|---|---|---|---|"]
+        lines += [
+            "## One change's cost on the host (in-memory kernel, each write packed, sent "
+            "and acknowledged as over netlink)",
+            "",
+            f"Machine: {machine_line(d)}.",
+            "",
+            "| Services | wall p50 / p99 (ms) | CPU p50 / p99 (ms) | changes |",
+            "|---|---|---|---|",
+        ]
         for s in d["result"]["sizes"]:
             e = s["ipvsctl_engine"]
             lines.append(f"| {s['services']:,} | {_pm(e)} | {_pm(e['cpu'])} | {e['n']:,} |")
         lines.append("")
-    tables = [docs[p] for p in ("e2k", "e2k-host", "restart-host")
-              if p in docs and "result" in docs[p]]
+    tables = [
+        docs[p] for p in ("e2k", "e2k-host", "restart-host") if p in docs and "result" in docs[p]
+    ]
     if tables:
         lines += ["## Initial sync and restart to ready", "", *table_rows(tables), ""]
     if "drain" in docs and "result" in docs["drain"]:
@@ -232,66 +289,92 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
         else:
             z = r["zero_to_deleted"]
             title, since = "counts reach zero -> real server deleted", "counts 0 at"
-        lines += [f"## Drain with real connections: {title}", "",
-                  f"Machine: {machine_line(d)}.", "",
-                  f"{r['samples']} draining real servers, `--drain-check-interval "
-                  f"{r['check_interval_s']:g}`: p50 {fmt(z.get('p50'))} ms, p90 "
-                  f"{fmt(z.get('p90'))} ms, max {fmt(z.get('max'))} ms (target: within "
-                  f"{r['target_s']:g} s).", "",
-                  f"| real server | {since} | counts 0 at | ipvsctl deleted at | gone from "
-                  "the kernel at | reason |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## Drain with real connections: {title}",
+            "",
+            f"Machine: {machine_line(d)}.",
+            "",
+            f"{r['samples']} draining real servers, `--drain-check-interval "
+            f"{r['check_interval_s']:g}`: p50 {fmt(z.get('p50'))} ms, p90 "
+            f"{fmt(z.get('p90'))} ms, max {fmt(z.get('max'))} ms (target: within "
+            f"{r['target_s']:g} s).",
+            "",
+            f"| real server | {since} | counts 0 at | ipvsctl deleted at | gone from "
+            "the kernel at | reason |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in r["real_servers"]:
-            lines.append(f"| {row['rs']} | {fmt(row.get('closed_at', row['zero_at']))} s | "
-                         f"{fmt(row['zero_at'])} s | {fmt(row['deleted_at'])} s "
-                         f"| {fmt(row['kernel_gone_at'])} s | {row['reason']} |")
+            lines.append(
+                f"| {row['rs']} | {fmt(row.get('closed_at', row['zero_at']))} s | "
+                f"{fmt(row['zero_at'])} s | {fmt(row['deleted_at'])} s "
+                f"| {fmt(row['kernel_gone_at'])} s | {row['reason']} |"
+            )
         lines.append("")
     if "rollout" in docs and "result" in docs["rollout"]:
         d = docs["rollout"]
-        lines += ["## The rollout from `make demo`", "", f"Machine: {machine_line(d)}.", "",
-                  "| draining | short requests sent | failed | long-lived connection breaks "
-                  "(connections) | v1 real servers deleted (reason) |", "|---|---|---|---|---|"]
+        lines += [
+            "## The rollout from `make demo`",
+            "",
+            f"Machine: {machine_line(d)}.",
+            "",
+            "| draining | short requests sent | failed | long-lived connection breaks "
+            "(connections) | v1 real servers deleted (reason) |",
+            "|---|---|---|---|---|",
+        ]
         for s in d["result"]["summary"]:
             reasons = ", ".join(f"{b['pod']} {b['reason']}" for b in s["backends"])
-            lines.append(f"| {'on' if s['mode'] == 'drain' else 'off'} | {s['short_sent']} | "
-                         f"{s['short_failed']} | {s['long_broken']} ({s['long_lived']}) | "
-                         f"{reasons} |")
+            lines.append(
+                f"| {'on' if s['mode'] == 'drain' else 'off'} | {s['short_sent']} | "
+                f"{s['short_failed']} | {s['long_broken']} ({s['long_lived']}) | "
+                f"{reasons} |"
+            )
         lines.append("")
-    for part, title in (("memory", "host, in-memory kernel"),
-                        ("memory-vm", "lab VM, real kernel")):
+    for part, title in (("memory", "host, in-memory kernel"), ("memory-vm", "lab VM, real kernel")):
         if part in docs and "result" in docs[part]:
             d = docs[part]
             r = d["result"]
-            lines += [f"## Daemon memory and CPU ({title})", "",
-                      f"Machine: {machine_line(d)}.", "",
-                      f"`Daemon` + `KubeSource` + {r['kernel']}, following "
-                      f"{r['services']:,} Services / {r['endpoints']:,} endpoints served by the "
-                      "fake API server in another process: the list, then "
-                      f"{r['watch_events']:,} EndpointSlice watch events.", "",
-                      "| | value |", "|---|---|",
-                      f"| time to ready (list -> kernel) | {fmt(r['time_to_ready_s'])} s |",
-                      f"| RSS after the list | {fmt(r['rss_after_list_mb'])} MB |",
-                      f"| **peak RSS** (VmHWM; target < 250 MB) | **{fmt(r['rss_peak_mb'])} MB** |",
-                      f"| CPU time, list + initial sync | {fmt(r['cpu_after_list_s'])} s |",
-                      f"| CPU time, {r['watch_events']:,} events | {fmt(r['cpu_events_s'])} s |",
-                      f"| events applied / wall time | {r['events_applied']:,} in "
-                      f"{fmt(r['events_seconds'])} s |"]
+            lines += [
+                f"## Daemon memory and CPU ({title})",
+                "",
+                f"Machine: {machine_line(d)}.",
+                "",
+                f"`Daemon` + `KubeSource` + {r['kernel']}, following "
+                f"{r['services']:,} Services / {r['endpoints']:,} endpoints served by the "
+                "fake API server in another process: the list, then "
+                f"{r['watch_events']:,} EndpointSlice watch events.",
+                "",
+                "| | value |",
+                "|---|---|",
+                f"| time to ready (list -> kernel) | {fmt(r['time_to_ready_s'])} s |",
+                f"| RSS after the list | {fmt(r['rss_after_list_mb'])} MB |",
+                f"| **peak RSS** (VmHWM; target < 250 MB) | **{fmt(r['rss_peak_mb'])} MB** |",
+                f"| CPU time, list + initial sync | {fmt(r['cpu_after_list_s'])} s |",
+                f"| CPU time, {r['watch_events']:,} events | {fmt(r['cpu_events_s'])} s |",
+                f"| events applied / wall time | {r['events_applied']:,} in "
+                f"{fmt(r['events_seconds'])} s |",
+            ]
             if r.get("runs", 1) > 1:
-                lines += [f"| runs (the table shows the one with the highest peak) | "
-                          f"{r['runs']} |",
-                          f"| peak RSS, every run | "
-                          f"{', '.join(fmt(x) for x in r['rss_peak_runs_mb'])} MB |",
-                          f"| RSS after the list, every run | "
-                          f"{', '.join(fmt(x) for x in r['rss_after_list_runs_mb'])} MB |",
-                          f"| CPU time in total, every run | "
-                          f"{', '.join(fmt(x) for x in r['cpu_total_runs_s'])} s |"]
+                lines += [
+                    f"| runs (the table shows the one with the highest peak) | {r['runs']} |",
+                    f"| peak RSS, every run | "
+                    f"{', '.join(fmt(x) for x in r['rss_peak_runs_mb'])} MB |",
+                    f"| RSS after the list, every run | "
+                    f"{', '.join(fmt(x) for x in r['rss_after_list_runs_mb'])} MB |",
+                    f"| CPU time in total, every run | "
+                    f"{', '.join(fmt(x) for x in r['cpu_total_runs_s'])} s |",
+                ]
             lines.append("")
     for part in ("extra.md", "method.md"):
         f = REPO / "bench" / part
         if f.exists():
             lines += [f.read_text().rstrip(), ""]
-    profiles = [(part, s["services"], s[k], k) for part in ("e2k", "e2k-host", "change-host")
-                for s in docs.get(part, {}).get("result", {}).get("sizes", [])
-                for k in ("ipvsctl_engine_profile",) if s.get(k)]
+    profiles = [
+        (part, s["services"], s[k], k)
+        for part in ("e2k", "e2k-host", "change-host")
+        for s in docs.get(part, {}).get("result", {}).get("sizes", [])
+        for k in ("ipvsctl_engine_profile",)
+        if s.get(k)
+    ]
     for part in ("e2k", "e2k-host"):
         for s in docs.get(part, {}).get("result", {}).get("sizes", []):
             for k in ("baseline", "baseline_kube_proxy"):
@@ -300,9 +383,11 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
     if profiles:
         lines += ["## Raw profiles (cProfile, cumulative, from these runs)", ""]
         for part, n, text, k in profiles:
-            what = {"ipvsctl_engine_profile": "ipvsctl, 100 changes",
-                    "baseline": "kube-router-style baseline, one resync",
-                    "baseline_kube_proxy": "kube-proxy-style baseline, one sync"}[k]
+            what = {
+                "ipvsctl_engine_profile": "ipvsctl, 100 changes",
+                "baseline": "kube-router-style baseline, one resync",
+                "baseline_kube_proxy": "kube-proxy-style baseline, one sync",
+            }[k]
             lines += [f"{what} at {n:,} Services ({part}):", "", "```", text, "```", ""]
     return "\n".join(lines).rstrip() + "\n"
 

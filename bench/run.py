@@ -34,27 +34,84 @@ from bench.event_to_kernel import Plan
 VM_PLAN: dict[int, tuple[str, Plan]] = {
     # 100 changes a phase: a p99 over 40 was the phase's maximum, one outlier from a 10x
     # swing in a ratio
-    100: ("initial", Plan(engine_changes=200, loop_changes=100, baseline_changes=10,
-                          baseline_budget_s=120.0, idle_cpu_s=15.0)),
-    1000: ("initial", Plan(engine_changes=200, loop_changes=100, baseline_changes=10,
-                           baseline_budget_s=240.0, idle_cpu_s=15.0)),
-    3200: ("restart", Plan(engine_changes=200, loop_changes=30, baseline_changes=2,
-                           baseline_budget_s=240.0, idle_cpu_s=15.0)),
-    10000: ("restart", Plan(engine_changes=100, loop_changes=100, baseline_changes=0,
-                            idle_cpu_s=12.0)),
+    100: (
+        "initial",
+        Plan(
+            engine_changes=200,
+            loop_changes=100,
+            baseline_changes=10,
+            baseline_budget_s=120.0,
+            idle_cpu_s=15.0,
+        ),
+    ),
+    1000: (
+        "initial",
+        Plan(
+            engine_changes=200,
+            loop_changes=100,
+            baseline_changes=10,
+            baseline_budget_s=240.0,
+            idle_cpu_s=15.0,
+        ),
+    ),
+    3200: (
+        "restart",
+        Plan(
+            engine_changes=200,
+            loop_changes=30,
+            baseline_changes=2,
+            baseline_budget_s=240.0,
+            idle_cpu_s=15.0,
+        ),
+    ),
+    10000: (
+        "restart",
+        Plan(engine_changes=100, loop_changes=100, baseline_changes=0, idle_cpu_s=12.0),
+    ),
 }
 HOST_PLAN: dict[int, tuple[str, Plan]] = {
-    n: ("initial", Plan(engine_changes=2000, loop_changes=100, gap=0.2, baseline_changes=10,
-                        baseline_budget_s=600.0, idle_cpu_s=20.0))
+    n: (
+        "initial",
+        Plan(
+            engine_changes=2000,
+            loop_changes=100,
+            gap=0.2,
+            baseline_changes=10,
+            baseline_budget_s=600.0,
+            idle_cpu_s=20.0,
+        ),
+    )
     for n in (100, 1000, 3200, 10000)
 }
 # restart over an existing table, nothing else (host part "restart")
 RESTART_PLAN = Plan(phases=False, baseline_changes=0)
 SMOKE_PLAN: dict[int, tuple[str, Plan]] = {
-    50: ("initial", Plan(engine_changes=40, loop_changes=4, gap=0.02, draining=40,
-                         reactions=3, burst=30, idle_cpu_s=1.0, baseline_changes=2)),
-    300: ("restart", Plan(engine_changes=40, loop_changes=4, gap=0.02, draining=40,
-                          reactions=3, burst=30, idle_cpu_s=1.0, baseline_changes=2)),
+    50: (
+        "initial",
+        Plan(
+            engine_changes=40,
+            loop_changes=4,
+            gap=0.02,
+            draining=40,
+            reactions=3,
+            burst=30,
+            idle_cpu_s=1.0,
+            baseline_changes=2,
+        ),
+    ),
+    300: (
+        "restart",
+        Plan(
+            engine_changes=40,
+            loop_changes=4,
+            gap=0.02,
+            draining=40,
+            reactions=3,
+            burst=30,
+            idle_cpu_s=1.0,
+            baseline_changes=2,
+        ),
+    ),
 }
 
 
@@ -79,9 +136,16 @@ def _part(out: Path, name: str, fn: Callable[[], Any]) -> bool:
     return ok
 
 
-def e2k(name: str, sizes: list[int], plan: dict[int, tuple[str, Plan]], kernel: str,
-        profile_size: int | None, out: Path, mode: str | None = None,
-        only: Plan | None = None) -> dict[str, Any]:
+def e2k(
+    name: str,
+    sizes: list[int],
+    plan: dict[int, tuple[str, Plan]],
+    kernel: str,
+    profile_size: int | None,
+    out: Path,
+    mode: str | None = None,
+    only: Plan | None = None,
+) -> dict[str, Any]:
     from bench.event_to_kernel import run_size
 
     results = []
@@ -91,8 +155,10 @@ def e2k(name: str, sizes: list[int], plan: dict[int, tuple[str, Plan]], kernel: 
         r["load_after_size"] = os.getloadavg()
         results.append(r)
         # written after every size: a long run that is cut short keeps what it measured
-        write_json(out / f"{name}.partial.json", {"part": name, "machine": machine(),
-                                                  "result": {"sizes": results}})
+        write_json(
+            out / f"{name}.partial.json",
+            {"part": name, "machine": machine(), "result": {"sizes": results}},
+        )
     return {"sizes": results, "kernel": kernel, "endpoints_per_service": 10}
 
 
@@ -101,36 +167,62 @@ def rollout(out: Path) -> dict[str, Any]:
 
     from demo import rollout as demo
 
-    args = ap.Namespace(rate=8.0, long=3, warmup=4.0, readiness_delay=1.5, pre_stop=5.0,
-                        grace=30.0, long_until=25.0, load_until=30.0)
+    args = ap.Namespace(
+        rate=8.0,
+        long=3,
+        warmup=4.0,
+        readiness_delay=1.5,
+        pre_stop=5.0,
+        grace=30.0,
+        long_until=25.0,
+        load_until=30.0,
+    )
     docs = [demo.run_mode(m, args) for m in ("drain", "nodrain")]
     # the summary only; the full timeline is the demo's business (out/demo/)
     return {"summary": [demo.mode_summary(d) for d in docs], "settings": docs[0]["settings"]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("where", choices=("vm", "host", "smoke"))
     p.add_argument("--out", default=None)
     p.add_argument("--sizes", default=None, help="comma-separated Service counts")
-    p.add_argument("--mode", choices=("initial", "restart"), default=None,
-                   help="how every size's table gets there (default: per size, see VM_PLAN)")
-    p.add_argument("--parts", default=None,
-                   help="vm: e2k,drain,rollout[,memory] (default the first three); "
-                        "host: e2k,restart,memory,change,status (default e2k,restart,memory)")
-    p.add_argument("--table-only", action="store_true",
-                   help="vm e2k: the table only (initial sync or restart, timed), no phases "
-                        "or baselines; a size given twice runs twice")
-    p.add_argument("--no-baselines", action="store_true",
-                   help="vm e2k: the daemon's phases without the two baselines")
+    p.add_argument(
+        "--mode",
+        choices=("initial", "restart"),
+        default=None,
+        help="how every size's table gets there (default: per size, see VM_PLAN)",
+    )
+    p.add_argument(
+        "--parts",
+        default=None,
+        help="vm: e2k,drain,rollout[,memory] (default the first three); "
+        "host: e2k,restart,memory,change,status (default e2k,restart,memory)",
+    )
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="vm e2k: the table only (initial sync or restart, timed), no phases "
+        "or baselines; a size given twice runs twice",
+    )
+    p.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="vm e2k: the daemon's phases without the two baselines",
+    )
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
-    p.add_argument("--status-events", type=int, default=3000,
-                   help="host part status: watch events per run")
-    p.add_argument("--status-rate", type=float, default=100.0,
-                   help="host part status: watch events per second")
+    p.add_argument(
+        "--status-events", type=int, default=3000, help="host part status: watch events per run"
+    )
+    p.add_argument(
+        "--status-rate", type=float, default=100.0, help="host part status: watch events per second"
+    )
     args = p.parse_args(argv)
     where = "smoke" if os.environ.get("BENCH_SMOKE") == "1" else args.where
     out = Path(args.out or (REPO / "out" / ("bench-smoke" if where == "smoke" else "bench")))
@@ -145,11 +237,24 @@ def main(argv: list[str] | None = None) -> int:
         if "e2k" in parts:
             plan = VM_PLAN
             if args.no_baselines:
-                plan = {n: (mode, dataclasses.replace(size_plan, baseline_changes=0))
-                        for n, (mode, size_plan) in VM_PLAN.items()}
-            ok &= _part(out, "e2k", lambda: e2k("e2k", sizes, plan, "netlink", 1000, out,
-                                                mode=args.mode,
-                                                only=RESTART_PLAN if args.table_only else None))
+                plan = {
+                    n: (mode, dataclasses.replace(size_plan, baseline_changes=0))
+                    for n, (mode, size_plan) in VM_PLAN.items()
+                }
+            ok &= _part(
+                out,
+                "e2k",
+                lambda: e2k(
+                    "e2k",
+                    sizes,
+                    plan,
+                    "netlink",
+                    1000,
+                    out,
+                    mode=args.mode,
+                    only=RESTART_PLAN if args.table_only else None,
+                ),
+            )
         if "drain" in parts:
             from bench.drain import run_drain
 
@@ -174,20 +279,47 @@ def main(argv: list[str] | None = None) -> int:
         host_parts = (args.parts or "e2k,restart,memory").split(",")
         host_sizes = [int(x) for x in (args.sizes or "100,1000,3200,10000").split(",")]
         if "e2k" in host_parts:
-            ok &= _part(out, "e2k-host", lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "packed",
-                                                     None, out, mode=args.mode))
+            ok &= _part(
+                out,
+                "e2k-host",
+                lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "packed", None, out, mode=args.mode),
+            )
         if "change" in host_parts:  # one change's cost only: quick, after a merge
-            ok &= _part(out, "change-host", lambda: e2k(
-                "change-host", [1000, 10000], {}, "packed", 10000, out, mode="initial",
-                only=Plan(engine_changes=2000, loop_changes=0, baseline_changes=0)))
+            ok &= _part(
+                out,
+                "change-host",
+                lambda: e2k(
+                    "change-host",
+                    [1000, 10000],
+                    {},
+                    "packed",
+                    10000,
+                    out,
+                    mode="initial",
+                    only=Plan(engine_changes=2000, loop_changes=0, baseline_changes=0),
+                ),
+            )
         if "restart" in host_parts:
-            ok &= _part(out, "restart-host", lambda: e2k(
-                "restart-host", [1000, 10000], {}, "packed", None, out, mode="restart",
-                only=RESTART_PLAN))
+            ok &= _part(
+                out,
+                "restart-host",
+                lambda: e2k(
+                    "restart-host",
+                    [1000, 10000],
+                    {},
+                    "packed",
+                    None,
+                    out,
+                    mode="restart",
+                    only=RESTART_PLAN,
+                ),
+            )
 
         def mem_host() -> dict[str, Any]:
-            runs = [run_memory(args.memory_services, 10, args.memory_events)
-                    for _ in range(args.memory_repeat)]
+            runs = [
+                run_memory(args.memory_services, 10, args.memory_events)
+                for _ in range(args.memory_repeat)
+            ]
             out = dict(max(runs, key=lambda r: r["rss_peak_mb"]))  # the worst run
             out["runs"] = len(runs)
             out["rss_peak_runs_mb"] = [r["rss_peak_mb"] for r in runs]
@@ -201,14 +333,23 @@ def main(argv: list[str] | None = None) -> int:
 
         def status_host() -> dict[str, Any]:
             # Paced events (latency, not queueing), without and with 4 /status pollers.
-            runs = {f"clients_{c}": run_memory(args.memory_services, 10,
-                                               args.status_events, rate=args.status_rate,
-                                               status_clients=c)
-                    for c in (0, 4)}
+            runs = {
+                f"clients_{c}": run_memory(
+                    args.memory_services,
+                    10,
+                    args.status_events,
+                    rate=args.status_rate,
+                    status_clients=c,
+                )
+                for c in (0, 4)
+            }
             a, b = runs["clients_0"], runs["clients_4"]
-            return runs | {"p99_ratio": round(b["event_to_kernel_ms"]["p99"]
-                                              / a["event_to_kernel_ms"]["p99"], 2),
-                           "rss_peak_delta_mb": round(b["rss_peak_mb"] - a["rss_peak_mb"], 1)}
+            return runs | {
+                "p99_ratio": round(
+                    b["event_to_kernel_ms"]["p99"] / a["event_to_kernel_ms"]["p99"], 2
+                ),
+                "rss_peak_delta_mb": round(b["rss_peak_mb"] - a["rss_peak_mb"], 1),
+            }
 
         if "status" in host_parts:
             ok &= _part(out, "status-host", status_host)

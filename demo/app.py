@@ -28,8 +28,14 @@ from ipvsctl.kernel.netns import enter_netns as enter
 
 
 class App:
-    def __init__(self, pod_name: str, netns: str, ip: str, port: int = 8080,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pod_name: str,
+        netns: str,
+        ip: str,
+        port: int = 8080,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.pod = pod_name
         self.port = port
         self.clock = clock
@@ -77,8 +83,9 @@ class App:
                     conn.close()
                     return
                 self.conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name=f"app-{self.pod}-conn").start()
+            threading.Thread(
+                target=self._serve, args=(conn,), daemon=True, name=f"app-{self.pod}-conn"
+            ).start()
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
@@ -103,9 +110,14 @@ class App:
                 # parts over the rest (so a request is "in flight" both ways for a while)
                 body = f"hello from {self.pod}\n".encode().ljust(3 * 64)
                 parts = [body[:64], body[64:128], body[128:]]
-                head = (b"HTTP/1.1 200 OK\r\nX-Pod: " + self.pod.encode()
-                        + b"\r\nContent-Length: " + str(len(body)).encode()
-                        + (b"\r\nConnection: close" if close else b"") + b"\r\n\r\n")
+                head = (
+                    b"HTTP/1.1 200 OK\r\nX-Pod: "
+                    + self.pod.encode()
+                    + b"\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + (b"\r\nConnection: close" if close else b"")
+                    + b"\r\n\r\n"
+                )
                 for k, part in enumerate(parts):
                     time.sleep(work_ms / 3000)
                     if self.killed:
@@ -128,18 +140,28 @@ class App:
 
     def _stream(self, conn: socket.socket, request_line: str) -> None:
         """The download: ticks for a while whether or not the client still sends."""
-        query = dict(kv.split("=", 1) for kv in
-                     request_line.split()[1].partition("?")[2].split("&") if "=" in kv)
+        query = dict(
+            kv.split("=", 1)
+            for kv in request_line.split()[1].partition("?")[2].split("&")
+            if "=" in kv
+        )
         duration = int(query.get("for", "10000")) / 1000
         every = int(query.get("every", "500")) / 1000
         peer = conn.getpeername()
-        info: dict[str, object] = {"client": f"{peer[0]}:{peer[1]}",
-                                   "start": self.clock(), "eof": None, "tcp_state": None,
-                                   "ticks": 0, "end": None, "how": None}
+        info: dict[str, object] = {
+            "client": f"{peer[0]}:{peer[1]}",
+            "start": self.clock(),
+            "eof": None,
+            "tcp_state": None,
+            "ticks": 0,
+            "end": None,
+            "how": None,
+        }
         with self.lock:
             self.streams.append(info)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Pod: " + self.pod.encode()
-                     + b"\r\nConnection: close\r\n\r\n")
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nX-Pod: " + self.pod.encode() + b"\r\nConnection: close\r\n\r\n"
+        )
         # The client half-closes right after its request: read its EOF, as a server that
         # is done reading does, then look at this socket's state as the kernel has it.
         conn.settimeout(5.0)
@@ -205,14 +227,25 @@ class App:
             return len(self.conns)
 
 
-TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
-              "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
-              "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
 
 
 def tcp_state(conn: socket.socket) -> str | None:
     """This IPv4 socket's TCP state as the kernel shows it (/proc/net/tcp of the calling
     thread's network namespace: the pod's)."""
+
     def hexaddr(addr: tuple[str, int]) -> str:
         ip = socket.inet_aton(addr[0])[::-1].hex().upper()
         return f"{ip}:{addr[1]:04X}"

@@ -49,8 +49,10 @@ def classify(exc: BaseException) -> str:
 
 def request(sock: socket.socket, work_ms: int, close: bool, buf: bytearray) -> str:
     """One request on an open connection; the answering pod. Raises on any failure."""
-    sock.sendall(f"GET /?work={work_ms} HTTP/1.1\r\nHost: web\r\n"
-                 f"{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n".encode())
+    sock.sendall(
+        f"GET /?work={work_ms} HTTP/1.1\r\nHost: web\r\n"
+        f"{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n".encode()
+    )
     while b"\r\n\r\n" not in buf:
         data = sock.recv(4096)
         if not data:
@@ -99,8 +101,10 @@ class ShortLoad:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._rng = random.Random(self.seed)
-        self._threads = [threading.Thread(target=self._worker, daemon=True, name=f"short-{i}")
-                         for i in range(self.workers)]
+        self._threads = [
+            threading.Thread(target=self._worker, daemon=True, name=f"short-{i}")
+            for i in range(self.workers)
+        ]
         self._pacer = threading.Thread(target=self._pace, daemon=True, name="short-pacer")
 
     def start(self) -> None:
@@ -162,8 +166,10 @@ class LongLived:
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
-                                          name=f"long-{i}") for i in range(self.connections)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True, name=f"long-{i}")
+            for i in range(self.connections)
+        ]
         self.opened = threading.Barrier(self.connections + 1)
 
     def start(self) -> None:
@@ -257,8 +263,9 @@ class HalfClosed:
             s.connect((self.address, self.port))
             self.opened = self.clock()
             ms = max(0, int((self.until - self.clock()) * 1000))
-            s.sendall(f"GET /stream?for={ms}&every={self.every_ms} HTTP/1.1\r\n"
-                      "Host: web\r\n\r\n".encode())
+            s.sendall(
+                f"GET /stream?for={ms}&every={self.every_ms} HTTP/1.1\r\nHost: web\r\n\r\n".encode()
+            )
             s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
             self.half_closed = self.clock()
             buf = b""
@@ -290,6 +297,12 @@ class HalfClosed:
             s.close()
 
     def to_json(self) -> dict[str, object]:
-        return {"pod": self.pod, "opened": self.opened, "half_closed": self.half_closed,
-                "until": self.until, "ticks": self.ticks, "ended": self.ended,
-                "end": self.end}
+        return {
+            "pod": self.pod,
+            "opened": self.opened,
+            "half_closed": self.half_closed,
+            "until": self.until,
+            "ticks": self.ticks,
+            "ended": self.ended,
+            "end": self.end,
+        }

@@ -53,7 +53,8 @@ class DemoClock:
 def rfc3339(wall: float) -> str:
     # deletionTimestamp has second precision; round up so the deadline is never early
     return datetime.datetime.fromtimestamp(int(wall + 0.999), datetime.UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
 
 
 @dataclass
@@ -94,17 +95,26 @@ class Cluster:
         self._lock = threading.Lock()
         self._endpoints: dict[str, dict[str, Any]] = {}
         self._kubelets: list[threading.Thread] = []
-        self.api.add(objects.service(SERVICE, NAMESPACE, cluster_ip=self.vip,
-                                     ports=(("http", self.port, self.target_port),),
-                                     annotations=self.annotations))
+        self.api.add(
+            objects.service(
+                SERVICE,
+                NAMESPACE,
+                cluster_ip=self.vip,
+                ports=(("http", self.port, self.target_port),),
+                annotations=self.annotations,
+            )
+        )
         self._publish()
 
     # --- EndpointSlice controller -------------------------------------------------------
     def _publish(self) -> None:
         with self._lock:
             eps = [dict(e) for e in self._endpoints.values()]
-        self.api.upsert(objects.endpoint_slice(SLICE, SERVICE, eps, NAMESPACE,
-                                               ports=(("http", self.target_port),)))
+        self.api.upsert(
+            objects.endpoint_slice(
+                SLICE, SERVICE, eps, NAMESPACE, ports=(("http", self.target_port),)
+            )
+        )
 
     def _set_endpoint(self, pod: PodRecord, **conditions: Any) -> None:
         with self._lock:
@@ -112,7 +122,8 @@ class Cluster:
                 self._endpoints.pop(pod.name, None)
             else:
                 self._endpoints[pod.name] = objects.endpoint(
-                    pod.ip, pod=pod.name, node=NODE_NAME, namespace=NAMESPACE, **conditions)
+                    pod.ip, pod=pod.name, node=NODE_NAME, namespace=NAMESPACE, **conditions
+                )
         self._publish()
 
     # --- pods -------------------------------------------------------------------------
@@ -121,8 +132,7 @@ class Cluster:
         self.pods[name] = pod
         netns = self.make_pod_netns(name, ip)
         self.apps[name] = App(name, netns, ip, self.target_port, clock=self.clock)
-        self.api.upsert(objects.pod(name, NAMESPACE, ip=ip, node=NODE_NAME,
-                                    grace=int(self.grace)))
+        self.api.upsert(objects.pod(name, NAMESPACE, ip=ip, node=NODE_NAME, grace=int(self.grace)))
         if wait_ready:
             time.sleep(self.readiness_delay)
         pod.ready = self.clock()
@@ -137,12 +147,18 @@ class Cluster:
         pod.terminating = now
         deadline_wall = self.clock.wall0 + now + self.grace
         pod.deadline = round(int(deadline_wall + 0.999) - self.clock.wall0, 3)
-        self.api.upsert(objects.pod(name, NAMESPACE, ip=pod.ip, node=NODE_NAME,
-                                    deletion_timestamp=rfc3339(deadline_wall),
-                                    grace=int(self.grace)))
+        self.api.upsert(
+            objects.pod(
+                name,
+                NAMESPACE,
+                ip=pod.ip,
+                node=NODE_NAME,
+                deletion_timestamp=rfc3339(deadline_wall),
+                grace=int(self.grace),
+            )
+        )
         self._set_endpoint(pod, ready=False, serving=True, terminating=True)
-        t = threading.Thread(target=self._kubelet, args=(pod,), daemon=True,
-                             name=f"kubelet-{name}")
+        t = threading.Thread(target=self._kubelet, args=(pod,), daemon=True, name=f"kubelet-{name}")
         self._kubelets.append(t)
         t.start()
 

@@ -18,8 +18,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def segments(samples: list[list[Any]], ip: str,
-             gap: float = 1.0) -> list[tuple[float, float, int, int]]:
+def segments(
+    samples: list[list[Any]], ip: str, gap: float = 1.0
+) -> list[tuple[float, float, int, int]]:
     """Runs of equal weight from the kernel samples of one real server:
     (start, end, weight, max connections in the run)."""
     out: list[tuple[float, float, int, int]] = []
@@ -50,47 +51,102 @@ def draw(doc: dict[str, Any], summary: dict[str, Any], ax: Any) -> None:
         # the endpoint, as the API published it
         ready_end = pod["terminating"] or end
         if pod["ready"] is not None:
-            ax.broken_barh([(pod["ready"], ready_end - pod["ready"])], (y + 0.05, 0.3),
-                           color="#7fbf7f", label="endpoint ready (API)")
+            ax.broken_barh(
+                [(pod["ready"], ready_end - pod["ready"])],
+                (y + 0.05, 0.3),
+                color="#7fbf7f",
+                label="endpoint ready (API)",
+            )
         if pod["terminating"] is not None:
             stop = pod["endpoint_removed"] or end
-            ax.broken_barh([(pod["terminating"], stop - pod["terminating"])], (y + 0.05, 0.3),
-                           color="#f2c46d", label="endpoint terminating (API)")
+            ax.broken_barh(
+                [(pod["terminating"], stop - pod["terminating"])],
+                (y + 0.05, 0.3),
+                color="#f2c46d",
+                label="endpoint terminating (API)",
+            )
         # the real server, as the kernel showed it
         for t0, t1, weight, conns in segments(doc["kernel"], pod["ip"]):
             color = "#3b6fb6" if weight > 0 else "#e07b39"
             label = "IPVS weight 1 (kernel)" if weight > 0 else "IPVS weight 0, draining (kernel)"
             ax.broken_barh([(t0, max(t1 - t0, 0.2))], (y - 0.35, 0.3), color=color, label=label)
             if weight == 0 and t1 - t0 > 3:
-                ax.text(t0 + 0.3, y - 0.2, f"conns≤{conns}", fontsize=6, va="center",
-                        color="white" if t1 - t0 > 4 else "black")
+                ax.text(
+                    t0 + 0.3,
+                    y - 0.2,
+                    f"conns≤{conns}",
+                    fontsize=6,
+                    va="center",
+                    color="white" if t1 - t0 > 4 else "black",
+                )
         # the app
         if pod["sigterm"] is not None:
-            ax.plot([pod["sigterm"]] * 2, [y - 0.4, y + 0.4], color="black", lw=1,
-                    label="SIGTERM (after preStop)")
+            ax.plot(
+                [pod["sigterm"]] * 2,
+                [y - 0.4, y + 0.4],
+                color="black",
+                lw=1,
+                label="SIGTERM (after preStop)",
+            )
         if pod["exited"] is not None:
-            ax.plot(pod["exited"], y + 0.2, marker="x", color="black", ms=6,
-                    label="app exited / killed")
+            ax.plot(
+                pod["exited"], y + 0.2, marker="x", color="black", ms=6, label="app exited / killed"
+            )
         if pod["deadline"] is not None:
-            ax.plot([pod["deadline"]] * 2, [y - 0.45, y + 0.45], color="grey", lw=1, ls=":",
-                    label="deletionTimestamp (grace over)")
+            ax.plot(
+                [pod["deadline"]] * 2,
+                [y - 0.45, y + 0.45],
+                color="grey",
+                lw=1,
+                ls=":",
+                label="deletionTimestamp (grace over)",
+            )
         rs = f"{pod['ip']}:8080"
         for r in log:
             if r["msg"] == "real server deleted" and r.get("rs") == rs:
-                ax.plot(r["t"], y - 0.2, marker="v", color="#b2182b", ms=7,
-                        label="ipvsctl deleted the real server")
-                ax.text(r["t"] + 0.4, y - 0.2, str(r.get("reason")), fontsize=7,
-                        va="center", color="#b2182b")
+                ax.plot(
+                    r["t"],
+                    y - 0.2,
+                    marker="v",
+                    color="#b2182b",
+                    ms=7,
+                    label="ipvsctl deleted the real server",
+                )
+                ax.text(
+                    r["t"] + 0.4,
+                    y - 0.2,
+                    str(r.get("reason")),
+                    fontsize=7,
+                    va="center",
+                    color="#b2182b",
+                )
     # traffic
     ok = [r for r in doc["short"] if r["ok"]]
     bad = [r for r in doc["short"] if not r["ok"]]
-    ax.scatter([r["start"] for r in ok], [0.1] * len(ok), s=4, color="#999999",
-               label="short request answered")
-    ax.scatter([r["start"] for r in bad], [0.1] * len(bad), s=30, color="#d7191c", marker="x",
-               label="short request failed")
+    ax.scatter(
+        [r["start"] for r in ok],
+        [0.1] * len(ok),
+        s=4,
+        color="#999999",
+        label="short request answered",
+    )
+    ax.scatter(
+        [r["start"] for r in bad],
+        [0.1] * len(bad),
+        s=30,
+        color="#d7191c",
+        marker="x",
+        label="short request failed",
+    )
     breaks = doc["long"]["breaks"]
-    ax.scatter([b[0] for b in breaks], [-0.4] * len(breaks), s=60, color="#d7191c",
-               marker="*", label="long-lived connection broken")
+    ax.scatter(
+        [b[0] for b in breaks],
+        [-0.4] * len(breaks),
+        s=60,
+        color="#d7191c",
+        marker="*",
+        label="long-lived connection broken",
+    )
     for r in doc["long"]["records"]:
         if r["ok"]:
             ax.plot(r["start"], -0.4, marker="|", color="#4d4d4d", ms=5)
@@ -98,25 +154,42 @@ def draw(doc: dict[str, Any], summary: dict[str, Any], ax: Any) -> None:
     bottom = -0.9
     half = doc.get("half_closed")
     if half and half.get("ticks"):
-        ax.scatter(half["ticks"], [-0.9] * len(half["ticks"]), s=6, color="#1b7837",
-                   marker="|", label="half-closed download: data received")
+        ax.scatter(
+            half["ticks"],
+            [-0.9] * len(half["ticks"]),
+            s=6,
+            color="#1b7837",
+            marker="|",
+            label="half-closed download: data received",
+        )
         if half.get("half_closed") is not None:
-            ax.plot(half["half_closed"], -0.9, marker=">", color="#1b7837", ms=6,
-                    label="client shut its write side (FIN)")
+            ax.plot(
+                half["half_closed"],
+                -0.9,
+                marker=">",
+                color="#1b7837",
+                ms=6,
+                label="client shut its write side (FIN)",
+            )
         ylabels.append((-0.9, f"half-closed\n({half.get('pod')})"))
         bottom = -1.4
     ax.set_yticks([y for y, _ in ylabels], [label for _, label in ylabels], fontsize=7)
     ax.set_ylim(bottom, len(pods) + 0.6)
     ax.set_xlim(-3, end + 1)
-    ax.axvspan(doc["phases"]["rollout_start"], doc["phases"]["rollout_end"], color="#eeeeee",
-               zorder=-1)
-    title = {"drain": "draining ON (ipvsctl as shipped)",
-             "nodrain": "draining OFF (real servers deleted at once)",
-             "halfclose": "draining ON, with a half-closed download"}.get(doc["mode"],
-                                                                         doc["mode"])
-    ax.set_title(f"{title}: {summary['short_failed']}/{summary['short_sent']} short requests "
-                 f"failed, {summary['long_broken']} breaks of the {summary['long_lived']} "
-                 f"long-lived connections", fontsize=10)
+    ax.axvspan(
+        doc["phases"]["rollout_start"], doc["phases"]["rollout_end"], color="#eeeeee", zorder=-1
+    )
+    title = {
+        "drain": "draining ON (ipvsctl as shipped)",
+        "nodrain": "draining OFF (real servers deleted at once)",
+        "halfclose": "draining ON, with a half-closed download",
+    }.get(doc["mode"], doc["mode"])
+    ax.set_title(
+        f"{title}: {summary['short_failed']}/{summary['short_sent']} short requests "
+        f"failed, {summary['long_broken']} breaks of the {summary['long_lived']} "
+        f"long-lived connections",
+        fontsize=10,
+    )
     ax.grid(axis="x", alpha=0.3)
 
 
@@ -132,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
     data = json.loads(Path(args.inp).read_text())
     docs, summaries = data["modes"], data["summary"]
-    fig, axes = plt.subplots(len(docs), 1, figsize=(13, 4.2 * len(docs)), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(
+        len(docs), 1, figsize=(13, 4.2 * len(docs)), squeeze=False, sharex=True
+    )
     for doc, s, ax in zip(docs, summaries, axes[:, 0], strict=True):
         draw(doc, s, ax)
     axes[-1, 0].set_xlabel("seconds since start (grey band: the rolling update)")
@@ -144,8 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                 handles.append(h)
                 labels.append(lab)
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(f"ipvsctl rolling update, kernel {data.get('kernel', '?')}: three v1 pods "
-                 "replaced by v2 behind 10.96.0.10:80", fontsize=11)
+    fig.suptitle(
+        f"ipvsctl rolling update, kernel {data.get('kernel', '?')}: three v1 pods "
+        "replaced by v2 behind 10.96.0.10:80",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     out = Path(args.out) if args.out else Path(args.inp).with_name("timeline.png")
     fig.savefig(out, dpi=110)

@@ -42,8 +42,15 @@ REPO = Path(__file__).resolve().parents[1]
 VIP, PORT = "10.96.0.10", 80
 V1 = [("web-v1-a", "10.244.1.11"), ("web-v1-b", "10.244.1.12"), ("web-v1-c", "10.244.1.13")]
 V2 = [("web-v2-a", "10.244.1.21"), ("web-v2-b", "10.244.1.22"), ("web-v2-c", "10.244.1.23")]
-MODULES = ("ip_vs", "ip_vs_rr", "dummy", "veth", "nf_conntrack", "nf_conntrack_netlink",
-           "nf_tables")
+MODULES = (
+    "ip_vs",
+    "ip_vs_rr",
+    "dummy",
+    "veth",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_tables",
+)
 
 
 def say(*parts: Any) -> None:
@@ -61,16 +68,37 @@ class LogCapture(logging.Handler):
         self.records: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        data = {k: (v if isinstance(v, int | float | bool) or v is None else str(v))
-                for k, v in (getattr(record, "fields", None) or {}).items()}
-        rec = {"t": round(record.created - self.clock.wall0, 3), "logger": record.name,
-               "level": record.levelname.lower(), "msg": record.getMessage(), **data}
+        data = {
+            k: (v if isinstance(v, int | float | bool) or v is None else str(v))
+            for k, v in (getattr(record, "fields", None) or {}).items()
+        }
+        rec = {
+            "t": round(record.created - self.clock.wall0, 3),
+            "logger": record.name,
+            "level": record.levelname.lower(),
+            "msg": record.getMessage(),
+            **data,
+        }
         self.records.append(rec)
-        if self.echo and record.name == "ipvsctl.engine" and rec["msg"] in (
-                "drain started", "real server deleted", "drain deadline from pod"):
-            kv = " ".join(f"{k}={v}" for k, v in data.items()
-                          if k in ("rs", "reason", "deadline_in", "deadline_from", "pod",
-                                   "drained_for", "deadline"))
+        if (
+            self.echo
+            and record.name == "ipvsctl.engine"
+            and rec["msg"] in ("drain started", "real server deleted", "drain deadline from pod")
+        ):
+            kv = " ".join(
+                f"{k}={v}"
+                for k, v in data.items()
+                if k
+                in (
+                    "rs",
+                    "reason",
+                    "deadline_in",
+                    "deadline_from",
+                    "pod",
+                    "drained_for",
+                    "deadline",
+                )
+            )
             say(f"t={rec['t']:6.2f}s ipvsctl: {rec['msg']} {kv}")
 
 
@@ -100,8 +128,9 @@ class KernelPoller:
             t = round(self.clock(), 3)
             try:
                 for r in self.ipvs.list_real_servers(self.key):
-                    self.samples.append([t, r.key.address, r.weight, r.active_conns,
-                                         r.inactive_conns])
+                    self.samples.append(
+                        [t, r.key.address, r.weight, r.active_conns, r.inactive_conns]
+                    )
             except KernelError:
                 pass
             self.stop.wait(self.interval)
@@ -127,10 +156,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     grace = args.half_close_grace if half_mode else args.grace
     clock = DemoClock()  # rebased to 0 when the load starts
 
-    what = {"drain": "draining on (ipvsctl as shipped)",
-            "nodrain": "draining off (--drain-timeout 0, annotation ipvsctl.io/drain-timeout: 0)",
-            "halfclose": "draining on, plus a download whose client half-closed its "
-                         "connection"}[mode]
+    what = {
+        "drain": "draining on (ipvsctl as shipped)",
+        "nodrain": "draining off (--drain-timeout 0, annotation ipvsctl.io/drain-timeout: 0)",
+        "halfclose": "draining on, plus a download whose client half-closed its connection",
+    }[mode]
     say(f"--- mode {mode}: {what}")
     node = Node()
     configure_host(kernel=node.kernel)
@@ -145,28 +175,46 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     half: HalfClosed | None = None
     half_snapshot: dict[str, Any] | None = None
     try:
+
         def make_pod_netns(name: str, ip: str) -> str:
             return node.make_pod(ip, name=name, tcp=()).netns.name
 
         annotations = {} if drain else {"ipvsctl.io/drain-timeout": "0"}
-        cluster = Cluster(api, make_pod_netns, clock, vip=VIP, port=PORT,
-                          annotations=annotations, readiness_delay=args.readiness_delay,
-                          pre_stop=args.pre_stop, grace=grace)
+        cluster = Cluster(
+            api,
+            make_pod_netns,
+            clock,
+            vip=VIP,
+            port=PORT,
+            annotations=annotations,
+            readiness_delay=args.readiness_delay,
+            pre_stop=args.pre_stop,
+            grace=grace,
+        )
         for name, ip in V1:
             cluster.start_pod(name, ip, "v1", wait_ready=False)
 
         opts = DaemonOptions(
-            node=NodeContext(NODE_NAME), apiserver=api.url,
-            drain_timeout=30.0 if drain else 0.0, drain_check_interval=1.0,
-            state_dir=state_dir, listen="127.0.0.1:0")
+            node=NodeContext(NODE_NAME),
+            apiserver=api.url,
+            drain_timeout=30.0 if drain else 0.0,
+            drain_check_interval=1.0,
+            state_dir=state_dir,
+            listen="127.0.0.1:0",
+        )
         source = KubeSource.from_config(apiserver=api.url)
         daemon = Daemon(opts, node.kernel, source)
         daemon.start()
         wait_for(lambda: daemon.engine.started, timeout=300, what="ipvsctl ready")
-        wait_for(lambda: len(node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers) == 3,
-                 timeout=120, what="three real servers")
-        say(f"t={clock():6.2f}s ipvsctl ready: {VIP}:{PORT} -> 3 real servers (v1); "
-            "from here on t=0 is the start of the load")
+        wait_for(
+            lambda: len(node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers) == 3,
+            timeout=120,
+            what="three real servers",
+        )
+        say(
+            f"t={clock():6.2f}s ipvsctl ready: {VIP}:{PORT} -> 3 real servers (v1); "
+            "from here on t=0 is the start of the load"
+        )
         shift = clock.rebase()
         for pod in cluster.pods.values():  # the v1 pods started before time 0
             pod.created = None if pod.created is None else round(pod.created - shift, 3)
@@ -178,19 +226,26 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         long.start()
         short = ShortLoad(client.netns.name, VIP, PORT, rate=args.rate, clock=clock)
         short.start()
-        say(f"t={clock():6.2f}s load: {args.rate}/s short requests, {args.long} long-lived "
-            "connections open")
+        say(
+            f"t={clock():6.2f}s load: {args.rate}/s short requests, {args.long} long-lived "
+            "connections open"
+        )
         if half_mode:
-            half = HalfClosed(client.netns.name, VIP, PORT, until=args.half_close_until,
-                              clock=clock)
+            half = HalfClosed(
+                client.netns.name, VIP, PORT, until=args.half_close_until, clock=clock
+            )
             half.start()
-            say(f"t={clock():6.2f}s half-closed download to {half.pod}: the client shut its "
+            say(
+                f"t={clock():6.2f}s half-closed download to {half.pod}: the client shut its "
                 f"write side at t={_t(half.half_closed).strip()}; the server streams until "
-                f"t={args.half_close_until:g}s")
+                f"t={args.half_close_until:g}s"
+            )
         time.sleep(max(0.0, args.warmup - clock()))
         rollout_start = clock()
-        say(f"t={rollout_start:6.2f}s rolling update v1 -> v2 (maxSurge 1, maxUnavailable 0, "
-            f"preStop {args.pre_stop:g}s, grace {grace:g}s)")
+        say(
+            f"t={rollout_start:6.2f}s rolling update v1 -> v2 (maxSurge 1, maxUnavailable 0, "
+            f"preStop {args.pre_stop:g}s, grace {grace:g}s)"
+        )
         cluster.rolling_update([n for n, _ in V1], V2, "v2")
         rollout_end = clock()
         say(f"t={rollout_end:6.2f}s all v2 pods ready, v1 pods terminating")
@@ -204,8 +259,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         say(f"t={clock():6.2f}s load stopped")
         if half is not None:
             half.join(timeout=max(0.0, args.half_close_until - clock()) + 30)
-            say(f"t={clock():6.2f}s half-closed download ended ({half.end}) after "
-                f"{len(half.ticks)} ticks")
+            say(
+                f"t={clock():6.2f}s half-closed download ended ({half.end}) after "
+                f"{len(half.ticks)} ticks"
+            )
         cluster.wait_kubelets(timeout=grace + 30)
         old_ips = {ip for _, ip in V1}
 
@@ -231,19 +288,35 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mode": mode,
         "wall0": clock.wall0,
-        "settings": {"rate": args.rate, "long_lived": args.long, "pre_stop": args.pre_stop,
-                     "grace": grace, "readiness_delay": args.readiness_delay,
-                     "drain_check_interval": 1.0,
-                     "drain_timeout": 30.0 if drain else 0.0,
-                     "annotations": annotations},
-        "phases": {"rollout_start": rollout_start, "rollout_end": rollout_end,
-                   "long_closed": args.long_until, "load_end": args.load_until, "end": end},
+        "settings": {
+            "rate": args.rate,
+            "long_lived": args.long,
+            "pre_stop": args.pre_stop,
+            "grace": grace,
+            "readiness_delay": args.readiness_delay,
+            "drain_check_interval": 1.0,
+            "drain_timeout": 30.0 if drain else 0.0,
+            "annotations": annotations,
+        },
+        "phases": {
+            "rollout_start": rollout_start,
+            "rollout_end": rollout_end,
+            "long_closed": args.long_until,
+            "load_end": args.load_until,
+            "end": end,
+        },
         "pods": {name: p.to_json() for name, p in cluster.pods.items()},
         "short": [r.__dict__ for r in short.records],
-        "long": {"records": [r.__dict__ for r in long.records],
-                 "breaks": long.breaks, "closed": long.closed},
-        "half_closed": (None if half is None else {
-            **half.to_json(), "server": streams_of(cluster), "snapshot": half_snapshot}),
+        "long": {
+            "records": [r.__dict__ for r in long.records],
+            "breaks": long.breaks,
+            "closed": long.closed,
+        },
+        "half_closed": (
+            None
+            if half is None
+            else {**half.to_json(), "server": streams_of(cluster), "snapshot": half_snapshot}
+        ),
         "ipvsctl_log": [r for r in capture.records if r["logger"] == "ipvsctl.engine"],
         "kernel": poller.samples if poller else [],
         "status_at_end": status,
@@ -257,8 +330,7 @@ class _Empty:
 
 def streams_of(cluster: Any) -> list[dict[str, Any]]:
     """What the apps saw of the half-closed download (the EOF, their socket's state)."""
-    return [{"pod": name, **info} for name, app in cluster.apps.items()
-            for info in app.streams]
+    return [{"pod": name, **info} for name, app in cluster.apps.items() for info in app.streams]
 
 
 def state_counts(states: list[str]) -> str:
@@ -266,8 +338,9 @@ def state_counts(states: list[str]) -> str:
     return ", ".join(f"{st} {states.count(st)}" for st in sorted(set(states))) or "-"
 
 
-def snapshot_half_closed(node: Any, daemon: Any, cluster: Any, half: Any,
-                         clock: Any) -> dict[str, Any] | None:
+def snapshot_half_closed(
+    node: Any, daemon: Any, cluster: Any, half: Any, clock: Any
+) -> dict[str, Any] | None:
     """Once the other v1 backends are gone (or shortly before the stream ends), the
     half-closed backend as the kernel and ipvsctl show it: weight, counts, the IPVS state of
     its connections, and ipvsctl's split of them (established / closing / closed)."""
@@ -283,22 +356,47 @@ def snapshot_half_closed(node: Any, daemon: Any, cluster: Any, half: Any,
         rss = node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers
         return not any(k.split(":")[0] in others for k in rss)
 
-    wait_for(lambda: others_gone() or clock() > half.until - 3, timeout=half.until + 60,
-             interval=0.5, what="the other v1 backends deleted")
+    wait_for(
+        lambda: others_gone() or clock() > half.until - 3,
+        timeout=half.until + 60,
+        interval=0.5,
+        what="the other v1 backends deleted",
+    )
     t = round(clock(), 3)
     kernel = node.ipvsadm().get(f"{VIP}:{PORT}/TCP", _Empty).real_servers.get(rs)
-    states = sorted(c[1] for c in node.ipvs_connections()
-                    if c[0] == "TCP" and c[4] == rs and not c[2].endswith(":0"))
-    mine = next((r for vs in daemon.status().get("virtual_servers", [])
-                 for r in vs.get("real_servers", []) if r.get("address") == pod.ip), None)
-    snap = {"t": t, "others_gone": others_gone(), "ipvs_states": states,
-            "kernel": None if kernel is None else {
-                "weight": kernel.weight, "active": kernel.active, "inactive": kernel.inactive},
-            "ipvsctl": None if mine is None else {
-                "state": mine.get("state"), "weight": mine.get("weight"),
-                "connections": (mine.get("drain") or {}).get("connections")}}
-    say(f"t={t:6.2f}s half-closed backend {half.pod}: kernel {snap['kernel']}, IPVS states "
-        f"{state_counts(states)}, ipvsctl {snap['ipvsctl']}")
+    states = sorted(
+        c[1]
+        for c in node.ipvs_connections()
+        if c[0] == "TCP" and c[4] == rs and not c[2].endswith(":0")
+    )
+    mine = next(
+        (
+            r
+            for vs in daemon.status().get("virtual_servers", [])
+            for r in vs.get("real_servers", [])
+            if r.get("address") == pod.ip
+        ),
+        None,
+    )
+    snap = {
+        "t": t,
+        "others_gone": others_gone(),
+        "ipvs_states": states,
+        "kernel": None
+        if kernel is None
+        else {"weight": kernel.weight, "active": kernel.active, "inactive": kernel.inactive},
+        "ipvsctl": None
+        if mine is None
+        else {
+            "state": mine.get("state"),
+            "weight": mine.get("weight"),
+            "connections": (mine.get("drain") or {}).get("connections"),
+        },
+    }
+    say(
+        f"t={t:6.2f}s half-closed backend {half.pod}: kernel {snap['kernel']}, IPVS states "
+        f"{state_counts(states)}, ipvsctl {snap['ipvsctl']}"
+    )
     return snap
 
 
@@ -311,25 +409,34 @@ def backend_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         if pod["version"] != "v1":
             continue
         rs = f"{pod['ip']}:8080"
-        started = [r for r in doc["ipvsctl_log"] if r["msg"] == "drain started"
-                   and r.get("rs") == rs]
-        deleted = [r for r in doc["ipvsctl_log"] if r["msg"] == "real server deleted"
-                   and r.get("rs") == rs]
+        started = [
+            r for r in doc["ipvsctl_log"] if r["msg"] == "drain started" and r.get("rs") == rs
+        ]
+        deleted = [
+            r for r in doc["ipvsctl_log"] if r["msg"] == "real server deleted" and r.get("rs") == rs
+        ]
         samples = [s for s in doc["kernel"] if s[1] == pod["ip"]]
         k_w0 = next((s[0] for s in samples if s[2] == 0), None)
         last_seen = samples[-1][0] if samples else None
         conns_at_w0 = next((s[3] + s[4] for s in samples if s[2] == 0), None)
-        rows.append({
-            "pod": name, "ip": pod["ip"], "terminating": pod["terminating"],
-            "deadline": pod["deadline"], "sigterm": pod["sigterm"], "exited": pod["exited"],
-            "killed_connections": pod["killed_connections"],
-            "weight0": started[0]["t"] if started else None,
-            "deadline_from": started[0].get("deadline_from") if started else None,
-            "deleted": deleted[0]["t"] if deleted else None,
-            "reason": deleted[0].get("reason") if deleted else None,
-            "kernel_weight0": k_w0, "kernel_last_seen": last_seen,
-            "conns_at_weight0": conns_at_w0,
-        })
+        rows.append(
+            {
+                "pod": name,
+                "ip": pod["ip"],
+                "terminating": pod["terminating"],
+                "deadline": pod["deadline"],
+                "sigterm": pod["sigterm"],
+                "exited": pod["exited"],
+                "killed_connections": pod["killed_connections"],
+                "weight0": started[0]["t"] if started else None,
+                "deadline_from": started[0].get("deadline_from") if started else None,
+                "deleted": deleted[0]["t"] if deleted else None,
+                "reason": deleted[0].get("reason") if deleted else None,
+                "kernel_weight0": k_w0,
+                "kernel_last_seen": last_seen,
+                "conns_at_weight0": conns_at_w0,
+            }
+        )
     return rows
 
 
@@ -372,17 +479,25 @@ def half_closed_summary(doc: dict[str, Any]) -> dict[str, Any] | None:
     sigterm = row["sigterm"] if row else None
     deleted = row["deleted"] if row else None
     return {
-        "pod": h["pod"], "ip": row["ip"] if row else None,
-        "opened": h["opened"], "half_closed": h["half_closed"],
-        "server_eof": server.get("eof"), "server_tcp_state": server.get("tcp_state"),
-        "stream_end": server.get("end") or h["ended"], "end": h["end"],
-        "ticks": len(ticks), "ticks_after_weight0": after(w0),
+        "pod": h["pod"],
+        "ip": row["ip"] if row else None,
+        "opened": h["opened"],
+        "half_closed": h["half_closed"],
+        "server_eof": server.get("eof"),
+        "server_tcp_state": server.get("tcp_state"),
+        "stream_end": server.get("end") or h["ended"],
+        "end": h["end"],
+        "ticks": len(ticks),
+        "ticks_after_weight0": after(w0),
         "ticks_after_sigterm": after(sigterm),
         "last_tick": ticks[-1] if ticks else None,
-        "weight0": w0, "deleted": deleted, "reason": row["reason"] if row else None,
+        "weight0": w0,
+        "deleted": deleted,
+        "reason": row["reason"] if row else None,
         "deadline": row["deadline"] if row else None,
-        "deleted_after_end": (None if deleted is None or h["ended"] is None
-                              else round(deleted - h["ended"], 2)),
+        "deleted_after_end": (
+            None if deleted is None or h["ended"] is None else round(deleted - h["ended"], 2)
+        ),
         "snapshot": h.get("snapshot"),
     }
 
@@ -397,37 +512,48 @@ def render(docs: list[dict[str, Any]]) -> str:
         s = mode_summary(doc)
         out.append(f"== {TITLES.get(s['mode'], s['mode'])} ==")
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["short_failures_by_kind"].items()))
-        out.append(f"short requests: {s['short_sent']} sent, {s['short_failed']} failed"
-                   + (f" ({kinds})" if kinds else ""))
-        out.append(f"long-lived connections: {s['long_lived']} open through the rollout, "
-                   f"{s['long_broken']} broken (a broken one is reopened and can break "
-                   f"again), {s['long_closed_cleanly']} closed cleanly by their clients at "
-                   f"the end; {s['long_requests']} requests on them, "
-                   f"{s['long_requests_failed']} failed")
-        out.append("backend    terminating  ipvsctl weight 0  ipvsctl deleted  why       "
-                   "kernel: weight 0 / last seen   app: SIGTERM / exit (reset conns)")
+        out.append(
+            f"short requests: {s['short_sent']} sent, {s['short_failed']} failed"
+            + (f" ({kinds})" if kinds else "")
+        )
+        out.append(
+            f"long-lived connections: {s['long_lived']} open through the rollout, "
+            f"{s['long_broken']} broken (a broken one is reopened and can break "
+            f"again), {s['long_closed_cleanly']} closed cleanly by their clients at "
+            f"the end; {s['long_requests']} requests on them, "
+            f"{s['long_requests_failed']} failed"
+        )
+        out.append(
+            "backend    terminating  ipvsctl weight 0  ipvsctl deleted  why       "
+            "kernel: weight 0 / last seen   app: SIGTERM / exit (reset conns)"
+        )
         for b in s["backends"]:
             out.append(
                 f"{b['pod']:<10} {_t(b['terminating'])}      {_t(b['weight0'])}           "
                 f"{_t(b['deleted'])}          {b['reason'] or '-':<9} "
                 f"{_t(b['kernel_weight0'])} / {_t(b['kernel_last_seen'])}        "
-                f"{_t(b['sigterm'])} / {_t(b['exited'])} ({b['killed_connections']})")
+                f"{_t(b['sigterm'])} / {_t(b['exited'])} ({b['killed_connections']})"
+            )
         if s["half_closed"]:
             out += render_half_closed(s["half_closed"])
         out.append("")
-    out.append("Times are seconds since the load started. 'drained' = no connection could "
-               "carry data any more: ActiveConn+InActConn reached 0, or every connection "
-               "left was in TIME_WAIT or CLOSE (IPVS keeps a closed one 2 minutes). "
-               "'deadline' = the drain deadline passed with a connection still open or "
-               "closing: with draining, the pod's deletionTimestamp; without, the "
-               "annotation's 0 s. A half-closed connection (CLOSE_WAIT in IPVS: the "
-               "client's FIN seen, the server still sending) holds its real server.")
+    out.append(
+        "Times are seconds since the load started. 'drained' = no connection could "
+        "carry data any more: ActiveConn+InActConn reached 0, or every connection "
+        "left was in TIME_WAIT or CLOSE (IPVS keeps a closed one 2 minutes). "
+        "'deadline' = the drain deadline passed with a connection still open or "
+        "closing: with draining, the pod's deletionTimestamp; without, the "
+        "annotation's 0 s. A half-closed connection (CLOSE_WAIT in IPVS: the "
+        "client's FIN seen, the server still sending) holds its real server."
+    )
     return "\n".join(out)
 
 
-TITLES = {"drain": "draining ON (ipvsctl as shipped)",
-          "nodrain": "draining OFF (real servers deleted at once)",
-          "halfclose": "draining ON, with a half-closed download"}
+TITLES = {
+    "drain": "draining ON (ipvsctl as shipped)",
+    "nodrain": "draining OFF (real servers deleted at once)",
+    "halfclose": "draining ON, with a half-closed download",
+}
 
 
 def render_half_closed(h: dict[str, Any]) -> list[str]:
@@ -452,18 +578,23 @@ def render_half_closed(h: dict[str, Any]) -> list[str]:
             f"{kernel.get('inactive', '-')}, its connections in IPVS: {states}; "
             f"ipvsctl: {mine.get('state', '-')}, connections established "
             f"{conns.get('established', '-')} / closing {conns.get('closing', '-')} / closed "
-            f"{conns.get('closed', '-')}")
+            f"{conns.get('closed', '-')}"
+        )
     gap = h["deleted_after_end"]
     out.append(
         f"  real server deleted at {_t(h['deleted'])} ({h['reason'] or '-'})"
         + ("" if gap is None else f", {gap:.2f}s after the stream ended")
-        + f"; the pod's deadline was {_t(h['deadline'])}")
+        + f"; the pod's deadline was {_t(h['deadline'])}"
+    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m demo.rollout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m demo.rollout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default=str(REPO / "out" / "demo"))
     p.add_argument("--modes", default="drain,nodrain,halfclose")
     p.add_argument("--rate", type=float, default=8.0, help="short requests per second")
@@ -474,11 +605,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=30.0)
     p.add_argument("--long-until", type=float, default=25.0)
     p.add_argument("--load-until", type=float, default=30.0)
-    p.add_argument("--half-close-until", type=float, default=38.0,
-                   help="halfclose mode: the server streams until then (past the pods' "
-                        "deadline, the connection holds the real server until that deadline)")
-    p.add_argument("--half-close-grace", type=float, default=45.0,
-                   help="halfclose mode: the pods' grace period")
+    p.add_argument(
+        "--half-close-until",
+        type=float,
+        default=38.0,
+        help="halfclose mode: the server streams until then (past the pods' "
+        "deadline, the connection holds the real server until that deadline)",
+    )
+    p.add_argument(
+        "--half-close-grace",
+        type=float,
+        default=45.0,
+        help="halfclose mode: the pods' grace period",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -492,9 +631,18 @@ def main(argv: list[str] | None = None) -> int:
     say("importing ipvsctl, pyroute2 and the kubernetes client (slow under emulation)")
     say(f"imported in {time.monotonic() - t:.1f}s")
     docs = [run_mode(m.strip(), args) for m in args.modes.split(",") if m.strip()]
-    (out / "rollout.json").write_text(json.dumps(
-        {"modes": docs, "summary": [mode_summary(d) for d in docs],
-         "kernel": os.uname().release}, indent=1, default=str) + "\n")
+    (out / "rollout.json").write_text(
+        json.dumps(
+            {
+                "modes": docs,
+                "summary": [mode_summary(d) for d in docs],
+                "kernel": os.uname().release,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
     report = render(docs)
     (out / "report.txt").write_text(report + "\n")
     print("\n" + report, flush=True)

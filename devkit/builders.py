@@ -16,8 +16,11 @@ def service(
     annotations: dict[str, str] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    s: dict[str, Any] = {"ports": ports if ports is not None else [
-        {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    s: dict[str, Any] = {
+        "ports": ports
+        if ports is not None
+        else [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+    }
     if isinstance(cluster_ip, list):
         s["clusterIPs"] = cluster_ip
         s["clusterIP"] = cluster_ip[0]
@@ -26,9 +29,9 @@ def service(
     lb = spec.pop("lb_ips", None)
     s.update(spec)
     obj: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace,
-                     "resourceVersion": str(next(_counter))},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(next(_counter))},
         "spec": s,
     }
     if annotations:
@@ -65,10 +68,16 @@ def endpoint(
     return ep
 
 
-def terminating(address: str, pod: str | None = None, node: str = "node-a",
-                serving: bool = True, uid: str | None = None) -> dict[str, Any]:
-    return endpoint(address, ready=False, serving=serving, terminating=True, node=node, pod=pod,
-                    uid=uid)
+def terminating(
+    address: str,
+    pod: str | None = None,
+    node: str = "node-a",
+    serving: bool = True,
+    uid: str | None = None,
+) -> dict[str, Any]:
+    return endpoint(
+        address, ready=False, serving=serving, terminating=True, node=node, pod=pod, uid=uid
+    )
 
 
 def endpoint_slice(
@@ -80,19 +89,28 @@ def endpoint_slice(
     namespace: str = "default",
 ) -> dict[str, Any]:
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name or f"{service_name}-abc", "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": service_name},
-                     "resourceVersion": str(next(_counter))},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name or f"{service_name}-abc",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service_name},
+            "resourceVersion": str(next(_counter)),
+        },
         "addressType": address_type,
-        "ports": ports if ports is not None else [{"name": "http", "port": 8080,
-                                                   "protocol": "TCP"}],
+        "ports": ports
+        if ports is not None
+        else [{"name": "http", "port": 8080, "protocol": "TCP"}],
         "endpoints": endpoints,
     }
 
 
-def pod(name: str, deletion_timestamp: str | None = None,
-        namespace: str = "default", uid: str | None = None) -> dict[str, Any]:
+def pod(
+    name: str,
+    deletion_timestamp: str | None = None,
+    namespace: str = "default",
+    uid: str | None = None,
+) -> dict[str, Any]:
     """A Pod, for the fake API server (the daemon reads none: tests check it never asks)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if uid:

@@ -67,16 +67,31 @@ def stats(width: str) -> bytes:
     return b"".join(nla(i, struct.pack(width, 1000 + i)) for i in range(1, 11))
 
 
-def message(cmd: int, top: int, attrs: bytes, nested_flag: bool = False, seq: int = 7,
-            family: int = IPVS_FAMILY) -> bytes:
+def message(
+    cmd: int,
+    top: int,
+    attrs: bytes,
+    nested_flag: bool = False,
+    seq: int = 7,
+    family: int = IPVS_FAMILY,
+) -> bytes:
     """One dump answer: a generic netlink message with one nested attribute `top`."""
     body = bytes((cmd, 1, 0, 0)) + nla(top | (NESTED if nested_flag else 0), attrs)
     return struct.pack("=IHHII", 16 + len(body), family, NLM_F_MULTI, seq, 0) + body
 
 
-def service_message(address: str | None, port: int, proto: str | int, sched: str, flags: int,
-                    timeout: int, fwmark: int = 0, pe: str | None = None,
-                    nested_flag: bool = False, seq: int = 7) -> bytes:
+def service_message(
+    address: str | None,
+    port: int,
+    proto: str | int,
+    sched: str,
+    flags: int,
+    timeout: int,
+    fwmark: int = 0,
+    pe: str | None = None,
+    nested_flag: bool = False,
+    seq: int = 7,
+) -> bytes:
     """A service as ip_vs_genl_fill_service writes it (IPVS_CMD_NEW_SERVICE)."""
     af, raw = inet(address or "0.0.0.0")
     a = nla(1, u16(af))
@@ -94,32 +109,63 @@ def service_message(address: str | None, port: int, proto: str | int, sched: str
     return message(wire.NEW_SERVICE, wire.ATTR_SERVICE, a, nested_flag, seq)
 
 
-def dest_message(address: str, port: int, weight: int, active: int, inactive: int,
-                 nested_flag: bool = False, seq: int = 7) -> bytes:
+def dest_message(
+    address: str,
+    port: int,
+    weight: int,
+    active: int,
+    inactive: int,
+    nested_flag: bool = False,
+    seq: int = 7,
+) -> bytes:
     """A real server as ip_vs_genl_fill_dest writes it (IPVS_CMD_NEW_DEST)."""
     af, raw = inet(address)
-    a = (nla(1, raw) + nla(11, u16(af)) + nla(2, struct.pack("!H", port)) + nla(3, u32(0))
-         + nla(4, u32(weight)) + nla(13, b"\0") + nla(14, u16(0)) + nla(15, u16(0))
-         + nla(5, u32(0)) + nla(6, u32(0)) + nla(7, u32(active)) + nla(8, u32(inactive))
-         + nla(9, u32(3)) + nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q")))
+    a = (
+        nla(1, raw)
+        + nla(11, u16(af))
+        + nla(2, struct.pack("!H", port))
+        + nla(3, u32(0))
+        + nla(4, u32(weight))
+        + nla(13, b"\0")
+        + nla(14, u16(0))
+        + nla(15, u16(0))
+        + nla(5, u32(0))
+        + nla(6, u32(0))
+        + nla(7, u32(active))
+        + nla(8, u32(inactive))
+        + nla(9, u32(3))
+        + nla(10 | NESTED, stats("=I"))
+        + nla(12 | NESTED, stats("=Q"))
+    )
     return message(wire.NEW_DEST, wire.ATTR_DEST, a, nested_flag, seq)
 
 
 def virtual_server_answer(vs: VirtualServer, seq: int) -> bytes:
     flags = (wire.SVC_F_PERSISTENT if vs.persistent_timeout else 0) | vs.sched_flags | 0x2
-    return service_message(vs.key.address, vs.key.port, vs.key.protocol.value, vs.scheduler,
-                           flags, vs.persistent_timeout, seq=seq)
+    return service_message(
+        vs.key.address,
+        vs.key.port,
+        vs.key.protocol.value,
+        vs.scheduler,
+        flags,
+        vs.persistent_timeout,
+        seq=seq,
+    )
 
 
 def real_server_answer(rs: RealServerStatus, seq: int) -> bytes:
-    return dest_message(rs.key.address, rs.key.port, rs.weight, rs.active_conns,
-                        rs.inactive_conns, seq=seq)
+    return dest_message(
+        rs.key.address, rs.key.port, rs.weight, rs.active_conns, rs.inactive_conns, seq=seq
+    )
 
 
 def error(seq: int, code: int) -> bytes:
     """NLMSG_ERROR with this errno (0: an ACK)."""
-    return struct.pack("=IHHII", 36, wire.NLMSG_ERROR, 0, seq, 0) + \
-        (-code).to_bytes(4, "little", signed=True) + bytes(16)
+    return (
+        struct.pack("=IHHII", 36, wire.NLMSG_ERROR, 0, seq, 0)
+        + (-code).to_bytes(4, "little", signed=True)
+        + bytes(16)
+    )
 
 
 def ack(seq: int) -> bytes:
@@ -200,8 +246,9 @@ class ModelIPVS:
     """pyroute2's IPVS as NetlinkKernel uses it: `prid`, its socket used raw (`asyncore`),
     and GET_CONFIG (the capability check at open: `config_error` is its errno)."""
 
-    def __init__(self, sock: ModelKernelSocket, prid: int = IPVS_FAMILY,
-                 config_error: int | None = None) -> None:
+    def __init__(
+        self, sock: ModelKernelSocket, prid: int = IPVS_FAMILY, config_error: int | None = None
+    ) -> None:
         self.prid = prid
         self.asyncore = _Core(sock)
         self.config_error = config_error
@@ -277,8 +324,10 @@ class IPVSModel:
         t = self.table
         if req.cmd == wire.GET_SERVICE and req.dump:
             self.service_dumps += 1
-            return [*(virtual_server_answer(t.services[k].vs, req.seq) for k in t.services),
-                    done(req.seq)]
+            return [
+                *(virtual_server_answer(t.services[k].vs, req.seq) for k in t.services),
+                done(req.seq),
+            ]
         key = _service_key(req)
         if key is None:
             return [error(req.seq, errno.EINVAL)]
@@ -333,7 +382,7 @@ class IPVSModel:
         while i + 4 <= len(req.data):
             length, kind = struct.unpack_from("=HH", req.data, i)
             if kind == wire.IFA_ADDRESS:
-                raw = req.data[i + 4:i + length]
+                raw = req.data[i + 4 : i + length]
             i += (length + 3) & ~3
         if raw is None:
             return errno.EINVAL
@@ -354,5 +403,7 @@ def model_sockets(model: IPVSModel | None = None, answer: Answer | None = None) 
     ModelKernelSocket per socket and thread as pyroute2 opens them. `answer` replaces the
     model's answers on the IPVS socket (a test's scripted kernel)."""
     m = model if model is not None else IPVSModel()
-    return Sockets(ipvs_factory=lambda **_: m.open_ipvs(answer),
-                   iproute_factory=lambda **_: ModelIPRoute(ModelKernelSocket(m), m))
+    return Sockets(
+        ipvs_factory=lambda **_: m.open_ipvs(answer),
+        iproute_factory=lambda **_: ModelIPRoute(ModelKernelSocket(m), m),
+    )

@@ -26,14 +26,22 @@ def rs(address: str, port: int = 8080) -> RealServerKey:
 
 
 class Harness:
-    def __init__(self, kernel: Any = None, drain_timeout: float = 30.0,
-                 restored: list[DrainEntry] | None = None, node: NodeContext = NODE) -> None:
+    def __init__(
+        self,
+        kernel: Any = None,
+        drain_timeout: float = 30.0,
+        restored: list[DrainEntry] | None = None,
+        node: NodeContext = NODE,
+    ) -> None:
         self.kernel = kernel if kernel is not None else FakeKernel()
         self.clock = ManualClock()
         self.metrics = Metrics()
         self.engine = Engine(
-            self.kernel, EngineConfig(node, drain_timeout), clock=self.clock,
-            metrics=self.metrics, restored_queue=restored or [],
+            self.kernel,
+            EngineConfig(node, drain_timeout),
+            clock=self.clock,
+            metrics=self.metrics,
+            restored_queue=restored or [],
         )
         self.view = EngineView(self.engine)
 
@@ -57,8 +65,14 @@ class Harness:
 
     def delete(self, obj: dict, sync: bool = True) -> None:
         meta = obj["metadata"]
-        self.engine.handle(Delete(ObjectKind(obj["kind"]), meta.get("namespace", "default"),
-                                  meta["name"], self.clock.monotonic()))
+        self.engine.handle(
+            Delete(
+                ObjectKind(obj["kind"]),
+                meta.get("namespace", "default"),
+                meta["name"],
+                self.clock.monotonic(),
+            )
+        )
         if sync:
             self.engine.sync()
 

@@ -63,7 +63,7 @@ def _attrs(data: bytes) -> Iterator[tuple[int, bytes]]:
         n, kind = struct.unpack_from("=HH", data, i)
         if n < 4:
             return
-        yield kind & 0x3FFF, data[i + 4:i + n]
+        yield kind & 0x3FFF, data[i + 4 : i + n]
         i += (n + 3) & ~3
 
 
@@ -77,31 +77,38 @@ def _addr(address: str) -> bytes:
 
 def _service_key(key: ServiceKey) -> bytes:
     af = _family(key.address)
-    return (_nla(SVC_AF, struct.pack("=H", af))
-            + _nla(SVC_PROTOCOL, struct.pack("=H", PROTO[key.protocol]))
-            + _nla(SVC_ADDR, _addr(key.address))
-            + _nla(SVC_PORT, struct.pack("!H", key.port)))
+    return (
+        _nla(SVC_AF, struct.pack("=H", af))
+        + _nla(SVC_PROTOCOL, struct.pack("=H", PROTO[key.protocol]))
+        + _nla(SVC_ADDR, _addr(key.address))
+        + _nla(SVC_PORT, struct.pack("!H", key.port))
+    )
 
 
 def _service_full(vs: VirtualServer) -> bytes:
     persistent = vs.persistent_timeout > 0
     netmask = 128 if vs.key.family == 6 else 0xFFFFFFFF
-    return (_service_key(vs.key)
-            + _nla(SVC_SCHED, vs.scheduler.encode() + b"\0")
-            + _nla(SVC_FLAGS, struct.pack("=II", SVC_F_PERSISTENT if persistent else 0,
-                                          SVC_F_PERSISTENT))
-            + _nla(SVC_TIMEOUT, struct.pack("=I", vs.persistent_timeout if persistent else 0))
-            + _nla(SVC_NETMASK, struct.pack("=I", netmask)))
+    return (
+        _service_key(vs.key)
+        + _nla(SVC_SCHED, vs.scheduler.encode() + b"\0")
+        + _nla(
+            SVC_FLAGS, struct.pack("=II", SVC_F_PERSISTENT if persistent else 0, SVC_F_PERSISTENT)
+        )
+        + _nla(SVC_TIMEOUT, struct.pack("=I", vs.persistent_timeout if persistent else 0))
+        + _nla(SVC_NETMASK, struct.pack("=I", netmask))
+    )
 
 
 def _dest(rs: RealServerKey, weight: int) -> bytes:
-    return (_nla(DEST_ADDR, _addr(rs.address))
-            + _nla(DEST_PORT, struct.pack("!H", rs.port))
-            + _nla(DEST_FWD, struct.pack("=I", 0))  # NAT (masquerade)
-            + _nla(DEST_WEIGHT, struct.pack("=I", weight))
-            + _nla(DEST_UTHRESH, struct.pack("=I", 0))
-            + _nla(DEST_LTHRESH, struct.pack("=I", 0))
-            + _nla(DEST_AF, struct.pack("=H", _family(rs.address))))
+    return (
+        _nla(DEST_ADDR, _addr(rs.address))
+        + _nla(DEST_PORT, struct.pack("!H", rs.port))
+        + _nla(DEST_FWD, struct.pack("=I", 0))  # NAT (masquerade)
+        + _nla(DEST_WEIGHT, struct.pack("=I", weight))
+        + _nla(DEST_UTHRESH, struct.pack("=I", 0))
+        + _nla(DEST_LTHRESH, struct.pack("=I", 0))
+        + _nla(DEST_AF, struct.pack("=H", _family(rs.address)))
+    )
 
 
 def _ip(af: int, raw: bytes) -> str:
@@ -110,8 +117,9 @@ def _ip(af: int, raw: bytes) -> str:
 
 class _Socket:
     def __init__(self, proto: int, netns: str | None) -> None:
-        self.sock = run_in_netns(netns, lambda: socket.socket(
-            socket.AF_NETLINK, socket.SOCK_RAW, proto))
+        self.sock = run_in_netns(
+            netns, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto)
+        )
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.bind((0, 0))
         self.seq = 0
@@ -121,8 +129,9 @@ class _Socket:
         with the kernel's errno."""
         self.seq += 1
         seq = self.seq
-        self.sock.send(struct.pack("=IHHII", 16 + len(body), msg_type,
-                                   flags | NLM_F_REQUEST, seq, 0) + body)
+        self.sock.send(
+            struct.pack("=IHHII", 16 + len(body), msg_type, flags | NLM_F_REQUEST, seq, 0) + body
+        )
         out: list[bytes] = []
         dump = flags & NLM_F_DUMP == NLM_F_DUMP
         while True:
@@ -130,7 +139,7 @@ class _Socket:
             i = 0
             while i + 16 <= len(data):
                 n, kind, _f, s, _pid = struct.unpack_from("=IHHII", data, i)
-                payload = data[i + 16:i + n]
+                payload = data[i + 16 : i + n]
                 i += (n + 3) & ~3
                 if s != seq:
                     continue
@@ -161,7 +170,8 @@ class RawIPVS:
 
     def _resolve_family(self) -> int:
         body = struct.pack("=BBH", CTRL_CMD_GETFAMILY, 1, 0) + _nla(
-            CTRL_ATTR_FAMILY_NAME, b"IPVS\0")
+            CTRL_ATTR_FAMILY_NAME, b"IPVS\0"
+        )
         (payload,) = self.genl.request(GENL_ID_CTRL, 0, body)
         for kind, value in _attrs(payload[4:]):
             if kind == CTRL_ATTR_FAMILY_ID:
@@ -195,18 +205,27 @@ class RawIPVS:
                 proto = PROTO_BY_NUMBER.get(struct.unpack("=H", a[SVC_PROTOCOL][:2])[0])
                 if proto is None:
                     continue
-                key = ServiceKey(proto, _ip(af, a[SVC_ADDR]),
-                                 struct.unpack("!H", a[SVC_PORT][:2])[0])
-                out.append(VirtualServer(key, a.get(SVC_SCHED, b"").rstrip(b"\0").decode(),
-                                         timeout if flags & SVC_F_PERSISTENT else 0))
+                key = ServiceKey(
+                    proto, _ip(af, a[SVC_ADDR]), struct.unpack("!H", a[SVC_PORT][:2])[0]
+                )
+                out.append(
+                    VirtualServer(
+                        key,
+                        a.get(SVC_SCHED, b"").rstrip(b"\0").decode(),
+                        timeout if flags & SVC_F_PERSISTENT else 0,
+                    )
+                )
         return sorted(out, key=lambda vs: vs.key)
 
     def get_virtual_server(self, key: ServiceKey) -> VirtualServer | None:
         """One virtual server (IPVS_CMD_GET_SERVICE, not a dump); None if absent."""
         try:
-            payloads = self._ipvs(GET_SERVICE, 0, _nla(ATTR_SERVICE | NLA_F_NESTED,
-                                                      _service_key(key)),
-                                  op="get_virtual_server")
+            payloads = self._ipvs(
+                GET_SERVICE,
+                0,
+                _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
+                op="get_virtual_server",
+            )
         except KernelNotFound:
             return None
         for payload in payloads:
@@ -218,26 +237,36 @@ class RawIPVS:
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         out = []
-        payloads = self._ipvs(GET_DEST, NLM_F_DUMP, _nla(ATTR_SERVICE | NLA_F_NESTED,
-                                                         _service_key(key)),
-                              op="list_real_servers")
+        payloads = self._ipvs(
+            GET_DEST,
+            NLM_F_DUMP,
+            _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
+            op="list_real_servers",
+        )
         for payload in payloads:
             for kind, nested in _attrs(payload[4:]):
                 if kind != ATTR_DEST:
                     continue
                 a = dict(_attrs(nested))
-                af = (struct.unpack("=H", a[DEST_AF][:2])[0] if DEST_AF in a
-                      else _family(key.address))
-                out.append(RealServerStatus(
-                    RealServerKey(_ip(af, a[DEST_ADDR]), struct.unpack("!H", a[DEST_PORT][:2])[0]),
-                    weight=struct.unpack("=i", a[DEST_WEIGHT][:4])[0],
-                    active_conns=struct.unpack("=I", a[DEST_ACTIVE][:4])[0],
-                    inactive_conns=struct.unpack("=I", a[DEST_INACT][:4])[0]))
+                af = (
+                    struct.unpack("=H", a[DEST_AF][:2])[0] if DEST_AF in a else _family(key.address)
+                )
+                out.append(
+                    RealServerStatus(
+                        RealServerKey(
+                            _ip(af, a[DEST_ADDR]), struct.unpack("!H", a[DEST_PORT][:2])[0]
+                        ),
+                        weight=struct.unpack("=i", a[DEST_WEIGHT][:4])[0],
+                        active_conns=struct.unpack("=I", a[DEST_ACTIVE][:4])[0],
+                        inactive_conns=struct.unpack("=I", a[DEST_INACT][:4])[0],
+                    )
+                )
         return sorted(out, key=lambda r: r.key)
 
     # --- writes -------------------------------------------------------------------------
-    def read_real_servers(self, keys: Any,
-                          only: Any = None) -> dict[ServiceKey, list[RealServerStatus] | None]:
+    def read_real_servers(
+        self, keys: Any, only: Any = None
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         scan = procfs.read_real_servers(keys, only, netns=self.netns)  # one /proc/net/ip_vs read
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
 
@@ -247,21 +276,37 @@ class RawIPVS:
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
         if bind_address:
             self.bind_address(vs.key.address)
-        self._ipvs(NEW_SERVICE, NLM_F_ACK, _nla(ATTR_SERVICE | NLA_F_NESTED, _service_full(vs)),
-                   op="add_virtual_server")
+        self._ipvs(
+            NEW_SERVICE,
+            NLM_F_ACK,
+            _nla(ATTR_SERVICE | NLA_F_NESTED, _service_full(vs)),
+            op="add_virtual_server",
+        )
 
     def update_virtual_server(self, vs: VirtualServer) -> None:
-        self._ipvs(SET_SERVICE, NLM_F_ACK, _nla(ATTR_SERVICE | NLA_F_NESTED, _service_full(vs)),
-                   op="update_virtual_server")
+        self._ipvs(
+            SET_SERVICE,
+            NLM_F_ACK,
+            _nla(ATTR_SERVICE | NLA_F_NESTED, _service_full(vs)),
+            op="update_virtual_server",
+        )
 
     def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
-        self._ipvs(DEL_SERVICE, NLM_F_ACK, _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
-                   op="delete_virtual_server")
+        self._ipvs(
+            DEL_SERVICE,
+            NLM_F_ACK,
+            _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
+            op="delete_virtual_server",
+        )
 
-    def _dest_op(self, cmd: int, key: ServiceKey, rs: RealServerKey, weight: int,
-                 op: str) -> None:
-        self._ipvs(cmd, NLM_F_ACK, _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
-                   _nla(ATTR_DEST | NLA_F_NESTED, _dest(rs, weight)), op=op)
+    def _dest_op(self, cmd: int, key: ServiceKey, rs: RealServerKey, weight: int, op: str) -> None:
+        self._ipvs(
+            cmd,
+            NLM_F_ACK,
+            _nla(ATTR_SERVICE | NLA_F_NESTED, _service_key(key)),
+            _nla(ATTR_DEST | NLA_F_NESTED, _dest(rs, weight)),
+            op=op,
+        )
 
     def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self._dest_op(NEW_DEST, key, rs, weight, "add_real_server")
@@ -279,8 +324,11 @@ class RawIPVS:
         """Address/32 on the dummy interface; nothing if it is there (EEXIST)."""
         af = _family(address)
         raw = _addr(address)
-        body = struct.pack("=BBBBI", af, 32 if af == socket.AF_INET else 128, 0, 0,
-                           self.ifindex) + _nla(IFA_LOCAL, raw) + _nla(IFA_ADDRESS, raw)
+        body = (
+            struct.pack("=BBBBI", af, 32 if af == socket.AF_INET else 128, 0, 0, self.ifindex)
+            + _nla(IFA_LOCAL, raw)
+            + _nla(IFA_ADDRESS, raw)
+        )
         try:
             self.rt.request(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
         except OSError as exc:

@@ -57,8 +57,13 @@ _names = itertools.count(1)
 
 
 # --- commands and waiting -------------------------------------------------------------------
-def sh(*argv: str, netns: str | None = None, check: bool = True, stdin: str | None = None,
-       timeout: float = 120) -> str:
+def sh(
+    *argv: str,
+    netns: str | None = None,
+    check: bool = True,
+    stdin: str | None = None,
+    timeout: float = 120,
+) -> str:
     """Run a command (inside `netns` if given); its stdout. Raises with stderr on failure."""
     cmd = ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
     r = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -67,8 +72,12 @@ def sh(*argv: str, netns: str | None = None, check: bool = True, stdin: str | No
     return r.stdout
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.25,
-             what: str = "condition") -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    what: str = "condition",
+) -> T:
     """Poll until predicate() is truthy and return its value. Generous default: the guest is
     emulated and ~15x slower than the host; never use this to assert a duration."""
     deadline = time.monotonic() + timeout
@@ -84,6 +93,7 @@ def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float 
 def http_get(url: str, netns: str | None = None, timeout: float = 30.0) -> tuple[int, str]:
     """GET url from inside `netns` (the socket is opened there); (status, body). Connection
     errors are raised; HTTP errors are returned like any status."""
+
     def get() -> tuple[int, str]:
         try:
             with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -131,11 +141,13 @@ def parse_ipvsadm(text: str) -> dict[str, IpvsadmService]:
     current: IpvsadmService | None = None
     for line in text.splitlines():
         if m := _VS_LINE.match(line):
-            current = out[f"{m.group(2)}/{m.group(1)}"] = IpvsadmService(m.group(3),
-                                                                          m.group(4).strip())
+            current = out[f"{m.group(2)}/{m.group(1)}"] = IpvsadmService(
+                m.group(3), m.group(4).strip()
+            )
         elif (m := _RS_LINE.match(line)) and current is not None:
             current.real_servers[m.group(1)] = IpvsadmRealServer(
-                m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)))
+                m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
+            )
     return out
 
 
@@ -188,8 +200,11 @@ class _Server:
         self.connections: set[socket.socket] = set()
         self.accepted = 0
         self.lock = threading.Lock()
-        kind, number = {"tcp": (socket.SOCK_STREAM, 0), "udp": (socket.SOCK_DGRAM, 0),
-                        "sctp": (socket.SOCK_STREAM, IPPROTO_SCTP)}[proto]
+        kind, number = {
+            "tcp": (socket.SOCK_STREAM, 0),
+            "udp": (socket.SOCK_DGRAM, 0),
+            "sctp": (socket.SOCK_STREAM, IPPROTO_SCTP),
+        }[proto]
         s = pod.netns.socket(socket.AF_INET6, kind, number)
         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -199,8 +214,9 @@ class _Server:
         s.settimeout(0.5)
         self.sock = s
         target = self._serve_dgram if proto == "udp" else self._serve_stream
-        self.thread = threading.Thread(target=target, daemon=True,
-                                       name=f"{pod.name}-{proto}-{port}")
+        self.thread = threading.Thread(
+            target=target, daemon=True, name=f"{pod.name}-{proto}-{port}"
+        )
         self.thread.start()
 
     def _answer(self, peer: str) -> bytes:
@@ -267,12 +283,32 @@ class Pod:
         self.host_if = f"veth{index}"
         self.servers: list[_Server] = []
         self._holder: subprocess.Popen[bytes] | None = None
-        sh("ip", "-n", node.name, "link", "add", self.host_if, "type", "veth",
-           "peer", "name", "eth0", "netns", self.netns.name)
-        pod_cmds = [f"addr add {ip}/32 dev eth0", "link set eth0 up",
-                    f"route add {NODE_GW4} dev eth0", f"route add default via {NODE_GW4} dev eth0"]
-        node_cmds = [f"addr add {NODE_GW4}/32 dev {self.host_if}",
-                     f"link set {self.host_if} up", f"route add {ip}/32 dev {self.host_if}"]
+        sh(
+            "ip",
+            "-n",
+            node.name,
+            "link",
+            "add",
+            self.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            self.netns.name,
+        )
+        pod_cmds = [
+            f"addr add {ip}/32 dev eth0",
+            "link set eth0 up",
+            f"route add {NODE_GW4} dev eth0",
+            f"route add default via {NODE_GW4} dev eth0",
+        ]
+        node_cmds = [
+            f"addr add {NODE_GW4}/32 dev {self.host_if}",
+            f"link set {self.host_if} up",
+            f"route add {ip}/32 dev {self.host_if}",
+        ]
         if ip6:
             pod_cmds[1:1] = [f"addr add {ip6}/128 dev eth0 nodad"]
             pod_cmds.append(f"route add default via {NODE_GW6} dev eth0")
@@ -299,19 +335,27 @@ class Pod:
         """/proc/PID/net of a process that lives in this pod's netns (a `sleep`, started
         on first use): the pod's own /proc/net, as a sidecar in the pod sees it."""
         if self._holder is None:
-            self._holder = subprocess.Popen(["ip", "netns", "exec", self.netns.name,
-                                             "sleep", "infinity"])
+            self._holder = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns.name, "sleep", "infinity"]
+            )
             pid = self._holder.pid
             own = os.readlink("/proc/self/ns/net")
             # `ip netns exec` enters the netns, then execs sleep in the same process
-            wait_for(lambda: os.readlink(f"/proc/{pid}/ns/net") != own
-                     and os.readlink(f"/proc/{pid}/exe").endswith("sleep"),
-                     timeout=60, interval=0.05, what="netns holder process")
+            wait_for(
+                lambda: (
+                    os.readlink(f"/proc/{pid}/ns/net") != own
+                    and os.readlink(f"/proc/{pid}/exe").endswith("sleep")
+                ),
+                timeout=60,
+                interval=0.05,
+                what="netns holder process",
+            )
         return f"/proc/{self._holder.pid}/net"
 
     # client side: any pod can be a client
-    def connect(self, address: str, port: int, proto: str = "tcp",
-                timeout: float = 20.0) -> Connection:
+    def connect(
+        self, address: str, port: int, proto: str = "tcp", timeout: float = 20.0
+    ) -> Connection:
         return open_connection(self.netns, address, port, proto, timeout)
 
     def request(self, address: str, port: int, proto: str = "tcp", reset: bool = False) -> str:
@@ -327,13 +371,13 @@ class Pod:
                 conn.close()
 
     def udp_socket(self, family: int = 4) -> socket.socket:
-        s = self.netns.socket(socket.AF_INET6 if family == 6 else socket.AF_INET,
-                              socket.SOCK_DGRAM)
+        s = self.netns.socket(socket.AF_INET6 if family == 6 else socket.AF_INET, socket.SOCK_DGRAM)
         s.bind(("::" if family == 6 else "0.0.0.0", 0))
         return s
 
-    def udp(self, address: str, port: int, sock: socket.socket | None = None,
-            timeout: float = 3.0) -> str | None:
+    def udp(
+        self, address: str, port: int, sock: socket.socket | None = None, timeout: float = 3.0
+    ) -> str | None:
         """Send one datagram (from `sock`, to keep a fixed source port) and return which pod
         answered, or None if nothing came back in time (UDP can be dropped: retry)."""
         own = sock is None
@@ -409,8 +453,9 @@ table inet ipvsctl_lab {
 """
 
 
-def open_connection(netns: Netns, address: str, port: int, proto: str = "tcp",
-                    timeout: float = 20.0) -> Connection:
+def open_connection(
+    netns: Netns, address: str, port: int, proto: str = "tcp", timeout: float = 20.0
+) -> Connection:
     """Open a TCP or SCTP connection from `netns` and read the greeting: the answering
     pod's name (for pods and for clients that are not pods)."""
     number = IPPROTO_SCTP if proto == "sctp" else 0
@@ -442,9 +487,15 @@ class Node:
             sh("nft", "-f", "-", netns=self.name, stdin=_CONNTRACK_RULES)
         self.kernel = NetlinkKernel(interface, netns=self.name)
 
-    def make_pod(self, ip: str, ip6: str | None = None, name: str | None = None,
-                 tcp: tuple[int, ...] = (8080,), udp: tuple[int, ...] = (),
-                 sctp: tuple[int, ...] = ()) -> Pod:
+    def make_pod(
+        self,
+        ip: str,
+        ip6: str | None = None,
+        name: str | None = None,
+        tcp: tuple[int, ...] = (8080,),
+        udp: tuple[int, ...] = (),
+        sctp: tuple[int, ...] = (),
+    ) -> Pod:
         pod = Pod(self, name or f"pod{len(self.pods) + 1}", ip, ip6, len(self.pods))
         self.pods.append(pod)
         for port in tcp:
@@ -455,8 +506,9 @@ class Node:
             pod.serve("sctp", port)
         return pod
 
-    def make_client(self, ip: str = "10.0.0.100", ip6: str | None = "fd01::100",
-                    name: str = "client") -> Pod:
+    def make_client(
+        self, ip: str = "10.0.0.100", ip6: str | None = "fd01::100", name: str = "client"
+    ) -> Pod:
         """A pod without servers, to send traffic to virtual servers from outside the node."""
         return self.make_pod(ip, ip6, name=name, tcp=())
 
@@ -494,10 +546,19 @@ class Node:
 
 
 # --- the daemon, in-process -----------------------------------------------------------------
-def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
-                 drain_timeout: float = 600.0, drain_check_interval: float = 0.1,
-                 node_name: str = "node-a", node_ips: tuple[str, ...] = ("192.0.2.10",),
-                 metrics: Any = None, conntrack: Any = None) -> Any:
+def start_daemon(
+    node: Node,
+    source: Any,
+    state_dir: str,
+    *,
+    kernel: Any = None,
+    drain_timeout: float = 600.0,
+    drain_check_interval: float = 0.1,
+    node_name: str = "node-a",
+    node_ips: tuple[str, ...] = ("192.0.2.10",),
+    metrics: Any = None,
+    conntrack: Any = None,
+) -> Any:
     """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
     pods reach it at 169.254.1.1, tests with `daemon_get(node, daemon, path)`. The loop and
@@ -510,13 +571,25 @@ def start_daemon(node: Node, source: Any, state_dir: str, *, kernel: Any = None,
     from ipvsctl.reconcile.loop import LoopConfig
 
     opts = DaemonOptions(
-        node=NodeContext(node_name, node_ips), state_dir=state_dir, listen="0.0.0.0:0",
-        drain_timeout=drain_timeout, drain_check_interval=drain_check_interval)
-    daemon = run_in_netns(node.name, lambda: Daemon(
-        opts, kernel if kernel is not None else node.kernel, source,
-        metrics=metrics if metrics is not None else Metrics(), conntrack=conntrack,
-        loop_config=LoopConfig(drain_check_interval=drain_check_interval,
-                               audit_interval=0.5, idle_wakeup=0.1)))
+        node=NodeContext(node_name, node_ips),
+        state_dir=state_dir,
+        listen="0.0.0.0:0",
+        drain_timeout=drain_timeout,
+        drain_check_interval=drain_check_interval,
+    )
+    daemon = run_in_netns(
+        node.name,
+        lambda: Daemon(
+            opts,
+            kernel if kernel is not None else node.kernel,
+            source,
+            metrics=metrics if metrics is not None else Metrics(),
+            conntrack=conntrack,
+            loop_config=LoopConfig(
+                drain_check_interval=drain_check_interval, audit_interval=0.5, idle_wakeup=0.1
+            ),
+        ),
+    )
     daemon.start()
     return daemon
 

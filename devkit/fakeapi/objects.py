@@ -48,8 +48,7 @@ def service(
             "clusterIPs": [cluster_ip],
             "ipFamilies": ["IPv6" if ":" in cluster_ip else "IPv4"],
             "ports": [
-                {"name": n, "protocol": protocol, "port": p, "targetPort": t}
-                for n, p, t in ports
+                {"name": n, "protocol": protocol, "port": p, "targetPort": t} for n, p, t in ports
             ],
             "sessionAffinity": "None",
             "internalTrafficPolicy": "Cluster",
@@ -81,8 +80,12 @@ def endpoint(
         "zone": "zone-a",
     }
     if pod is not None:
-        ep["targetRef"] = {"kind": "Pod", "namespace": namespace, "name": pod,
-                           "uid": uid or "u-" + pod}
+        ep["targetRef"] = {
+            "kind": "Pod",
+            "namespace": namespace,
+            "name": pod,
+            "uid": uid or "u-" + pod,
+        }
     return ep
 
 
@@ -126,8 +129,12 @@ def pod(
 ) -> JSON:
     """A Pod: the daemon reads none (CONTRACT.md "Draining"); tests serve them to show it
     never asks."""
-    meta: JSON = {"name": name, "namespace": namespace, "managedFields": _MANAGED,
-                  "uid": uid or "u-" + name}
+    meta: JSON = {
+        "name": name,
+        "namespace": namespace,
+        "managedFields": _MANAGED,
+        "uid": uid or "u-" + name,
+    }
     if deletion_timestamp is not None:
         meta["deletionTimestamp"] = deletion_timestamp
         meta["deletionGracePeriodSeconds"] = grace
@@ -154,14 +161,14 @@ def node(name: str, zone: str | None = None, *, taints: list[JSON] | None = None
         "apiVersion": "v1",
         "metadata": {"name": name, "labels": labels, "managedFields": _MANAGED},
         "spec": {"podCIDR": "10.244.1.0/24", "taints": list(taints or [])},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                   "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}],
+        },
     }
 
 
-def cluster(
-    services: int, endpoints_per_service: int, *, namespaces: int = 10
-) -> Iterator[JSON]:
+def cluster(services: int, endpoints_per_service: int, *, namespaces: int = 10) -> Iterator[JSON]:
     """`services` Services, each with one EndpointSlice of `endpoints_per_service` ready
     endpoints (distinct pod IPs), spread over `namespaces` namespaces. A generator, so the
     fake server can load it without a second copy in memory."""

@@ -84,9 +84,19 @@ _log_lock = threading.Lock()
 
 
 def _log_request(path: str, record: RequestRecord) -> None:
-    line = json.dumps({"method": record.method, "path": record.path, "verb": record.verb,
-                       "resource": record.resource, "namespace": record.namespace,
-                       "name": record.name}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "method": record.method,
+                "path": record.path,
+                "verb": record.verb,
+                "resource": record.resource,
+                "namespace": record.namespace,
+                "name": record.name,
+            }
+        )
+        + "\n"
+    )
     with _log_lock, open(path, "a") as f:
         f.write(line)
 
@@ -139,10 +149,17 @@ class _Watch:
 KUBERNETES_SERVICE: JSON = {
     "kind": "Service",
     "apiVersion": "v1",
-    "metadata": {"name": "kubernetes", "namespace": "default",
-                 "labels": {"component": "apiserver", "provider": "kubernetes"}},
-    "spec": {"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"],
-             "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]},
+    "metadata": {
+        "name": "kubernetes",
+        "namespace": "default",
+        "labels": {"component": "apiserver", "provider": "kubernetes"},
+    },
+    "spec": {
+        "type": "ClusterIP",
+        "clusterIP": "None",
+        "clusterIPs": ["None"],
+        "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}],
+    },
 }
 
 
@@ -555,8 +572,11 @@ class FakeAPIServer:
         watch streams count as they flow."""
         plural = RESOURCES[kind].plural if kind else None
         with self._cond:
-            return sum(n for (v, r), n in self._bytes.items()
-                       if (verb is None or v == verb) and (plural is None or r == plural))
+            return sum(
+                n
+                for (v, r), n in self._bytes.items()
+                if (verb is None or v == verb) and (plural is None or r == plural)
+            )
 
     def _count_bytes(self, acct: tuple[str, str], n: int) -> None:
         with self._cond:
@@ -785,11 +805,13 @@ class FakeAPIServer:
         match = query.get("resourceVersionMatch") or ""
         if token and rv_param:
             self._send_status(
-                h, 400, "specifying resource version is not allowed when using continue")
+                h, 400, "specifying resource version is not allowed when using continue"
+            )
             return
         if match and not rv_param:
             self._send_status(
-                h, 400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
+                h, 400, "resourceVersionMatch is forbidden unless resourceVersion is provided"
+            )
             return
         if match not in ("", "NotOlderThan"):
             self._send_status(h, 400, f"resourceVersionMatch={match} is not supported here")
@@ -804,8 +826,11 @@ class FakeAPIServer:
                 return
             if wanted > self.resource_version:
                 # kube-apiserver waits up to 3 s for its cache, then gives up like this.
-                self._send_status(h, 504, f"Too large resource version: {wanted}, "
-                                          f"current: {self.resource_version}")
+                self._send_status(
+                    h,
+                    504,
+                    f"Too large resource version: {wanted}, current: {self.resource_version}",
+                )
                 return
         with self._cond:
             empty = self._take_fault("empty-list", info.kind) is not None
@@ -898,15 +923,20 @@ class FakeAPIServer:
         rv_param = query.get("resourceVersion") or ""
         watch_list = query.get("sendInitialEvents") in ("true", "1")
         if watch_list and self.watch_list == "off":
-            self._send_status(h, 422, "sendInitialEvents is forbidden for watch unless the "
-                                      "WatchList feature gate is enabled")
+            self._send_status(
+                h,
+                422,
+                "sendInitialEvents is forbidden for watch unless the "
+                "WatchList feature gate is enabled",
+            )
             return
         if watch_list and self.watch_list == "ignore":  # a server older than 1.27
             watch_list = False
         if watch_list:
             if query.get("resourceVersionMatch") != "NotOlderThan":
-                self._send_status(h, 422, "sendInitialEvents requires "
-                                          "resourceVersionMatch=NotOlderThan")
+                self._send_status(
+                    h, 422, "sendInitialEvents requires resourceVersionMatch=NotOlderThan"
+                )
                 return
             if rv_param not in ("", "0") and int(rv_param) > self.resource_version:
                 self._send_status(h, 504, f"Too large resource version: {rv_param}")
@@ -992,8 +1022,8 @@ class FakeAPIServer:
                     if w.cursor - base < len(log):
                         for _rv, type_, ns, raw in log[w.cursor - base :]:
                             if (namespace is None or ns == namespace) and (
-                                    w.name is None
-                                    or json.loads(raw)["metadata"]["name"] == w.name):
+                                w.name is None or json.loads(raw)["metadata"]["name"] == w.name
+                            ):
                                 lines.append(_event(type_, raw))
                         w.cursor = base + len(log)
                     while w.commands and end is None:

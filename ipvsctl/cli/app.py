@@ -28,6 +28,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
 def _version(value: bool) -> None:
     if value:
         from ipvsctl import __version__
@@ -38,15 +39,20 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_version, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """A per-node Kubernetes service proxy on Linux IPVS with graceful termination."""
 
 
-OutputOpt = Annotated[Output | None, typer.Option(
-    "-o", "--output", help="Output format [default: table].", show_default=False)]
+OutputOpt = Annotated[
+    Output | None,
+    typer.Option("-o", "--output", help="Output format [default: table].", show_default=False),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Same as -o json.")]
 
 
@@ -63,15 +69,21 @@ NodeName = Annotated[
 ]
 NodeIPs = Annotated[
     list[str] | None,
-    typer.Option("--node-ip", help="Addresses NodePorts listen on (repeatable) "
-                 "[default: the node's global addresses]."),
+    typer.Option(
+        "--node-ip",
+        help="Addresses NodePorts listen on (repeatable) [default: the node's global addresses].",
+    ),
 ]
 Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS scheduler.")]
 ServiceProxyName = Annotated[
     str | None,
-    typer.Option("--service-proxy-name", metavar="NAME", help="Serve only Services labelled "
-                 "service.kubernetes.io/service-proxy-name=NAME (default: only Services "
-                 "without that label)."),
+    typer.Option(
+        "--service-proxy-name",
+        metavar="NAME",
+        help="Serve only Services labelled "
+        "service.kubernetes.io/service-proxy-name=NAME (default: only Services "
+        "without that label).",
+    ),
 ]
 
 
@@ -97,17 +109,28 @@ def _seconds(flag: str, value: str, minimum: float = 0.0) -> float:
     return seconds
 
 
-def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
-          interface: str = "kube-ipvs0", service_proxy_name: str | None = None) -> NodeContext:
+def _node(
+    node_name: str | None,
+    node_ips: list[str] | None,
+    scheduler: str,
+    interface: str = "kube-ipvs0",
+    service_proxy_name: str | None = None,
+) -> NodeContext:
     from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 
     if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
-        raise _fail(f"--service-proxy-name {service_proxy_name!r}: not a label value (up "
-                    "to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)", 2)
+        raise _fail(
+            f"--service-proxy-name {service_proxy_name!r}: not a label value (up "
+            "to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)",
+            2,
+        )
 
     if scheduler not in IPVS_SCHEDULERS:
-        raise _fail(f"--scheduler {scheduler}: unknown IPVS scheduler "
-                    f"(one of {', '.join(sorted(IPVS_SCHEDULERS))})", 2)
+        raise _fail(
+            f"--scheduler {scheduler}: unknown IPVS scheduler "
+            f"(one of {', '.join(sorted(IPVS_SCHEDULERS))})",
+            2,
+        )
     ips: list[str] = []
     if node_ips:
         for ip in node_ips:
@@ -122,16 +145,28 @@ def _node(node_name: str | None, node_ips: list[str] | None, scheduler: str,
             # The VIP interface's addresses are ClusterIPs, never NodePort addresses.
             ips = node_addresses(exclude_interfaces=(interface,))
         except Exception as exc:  # no netlink route socket: plan still works without
-            typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); "
-                       "NodePorts need --node-ip", err=True)
-    return NodeContext(node_name or socket.gethostname(), tuple(dict.fromkeys(ips)), scheduler,
-                       service_proxy_name=service_proxy_name or None)
+            typer.echo(
+                f"ipvsctl: cannot read the node's addresses ({exc}); NodePorts need --node-ip",
+                err=True,
+            )
+    return NodeContext(
+        node_name or socket.gethostname(),
+        tuple(dict.fromkeys(ips)),
+        scheduler,
+        service_proxy_name=service_proxy_name or None,
+    )
 
 
 @app.command()
 def plan(
-    files: Annotated[list[Path], typer.Option("-f", "--filename", help=(
-        "Manifest file or folder (*.yaml, *.yml, *.json; repeatable; - reads stdin)."))],
+    files: Annotated[
+        list[Path],
+        typer.Option(
+            "-f",
+            "--filename",
+            help=("Manifest file or folder (*.yaml, *.yml, *.json; repeatable; - reads stdin)."),
+        ),
+    ],
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
     scheduler: Scheduler = "rr",
@@ -162,57 +197,114 @@ def plan(
 
 @app.command()
 def run(
-    kubeconfig: Annotated[str | None, typer.Option(
-        "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file [default: in-cluster].")] = None,
-    apiserver: Annotated[str | None, typer.Option(
-        "--apiserver", envvar="IPVSCTL_APISERVER",
-        help="API server URL (overrides the kubeconfig's; http:// allowed).")] = None,
-    manifests: Annotated[str | None, typer.Option(
-        "--manifests", help="Standalone: follow Services/EndpointSlices/Pods in this folder.")
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file [default: in-cluster]."
+        ),
+    ] = None,
+    apiserver: Annotated[
+        str | None,
+        typer.Option(
+            "--apiserver",
+            envvar="IPVSCTL_APISERVER",
+            help="API server URL (overrides the kubeconfig's; http:// allowed).",
+        ),
+    ] = None,
+    manifests: Annotated[
+        str | None,
+        typer.Option(
+            "--manifests", help="Standalone: follow Services/EndpointSlices/Pods in this folder."
+        ),
     ] = None,
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
     interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
-        "kube-ipvs0"),
+        "kube-ipvs0"
+    ),
     scheduler: Scheduler = "rr",
     service_proxy_name: ServiceProxyName = None,
-    service_node_port_range: Annotated[str, typer.Option(
-        "--service-node-port-range", metavar="A-B",
-        help="The cluster's NodePort range (the API server's flag): which virtual servers "
-        "on node addresses are ipvsctl's.")] = "30000-32767",
-    drain_timeout: Annotated[str, typer.Option(
-        "--drain-timeout", metavar="SECONDS",
-        help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).")] = "30",
-    drain_check_interval: Annotated[str, typer.Option(
-        "--drain-check-interval", metavar="SECONDS",
-        help="Time between connection-count reads (1, 500ms...).")] = "1",
-    ipvs_tcp_timeout: Annotated[str, typer.Option(
-        "--ipvs-tcp-timeout", metavar="SECONDS",
-        help="IPVS TCP timeout (0: kernel's; 900, 15m...).")] = "0",
-    ipvs_tcpfin_timeout: Annotated[str, typer.Option(
-        "--ipvs-tcpfin-timeout", metavar="SECONDS",
-        help="IPVS TCP FIN timeout (0: kernel's).")] = "0",
-    ipvs_udp_timeout: Annotated[str, typer.Option(
-        "--ipvs-udp-timeout", metavar="SECONDS", help="IPVS UDP timeout (0: kernel's).")] = "0",
-    state_dir: Annotated[str, typer.Option(
-        "--state-dir", help="Where the drain queue survives restarts.")] = "/var/lib/ipvsctl",
-    listen: Annotated[str, typer.Option(
-        "--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")] = "0.0.0.0:9796",
-    log_format: Annotated[str, typer.Option(
-        "--log-format", help="text or json.")] = "text",
-    log_level: Annotated[str, typer.Option(
-        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
-    cluster_cidr: Annotated[list[str] | None, typer.Option(
-        "--cluster-cidr", help="The cluster's pod CIDR (repeatable, one per family): traffic "
-        "to ClusterIPs from outside it is masqueraded.")] = None,
-    masquerade_all: Annotated[bool, typer.Option(
-        "--masquerade-all", help="Masquerade all traffic to ClusterIPs.")] = False,
-    nftables: Annotated[bool, typer.Option(
-        "--nftables/--no-nftables", help="Keep ipvsctl's nftables table (masquerading, "
-        "hairpin).")] = True,
-    healthz_bind_address: Annotated[str, typer.Option(
-        "--healthz-bind-address", help="HOST:PORT of kube-proxy's health server (/healthz, "
-        "/livez) for cloud load balancers; empty: none.")] = "0.0.0.0:10256",
+    service_node_port_range: Annotated[
+        str,
+        typer.Option(
+            "--service-node-port-range",
+            metavar="A-B",
+            help="The cluster's NodePort range (the API server's flag): which virtual servers "
+            "on node addresses are ipvsctl's.",
+        ),
+    ] = "30000-32767",
+    drain_timeout: Annotated[
+        str,
+        typer.Option(
+            "--drain-timeout",
+            metavar="SECONDS",
+            help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).",
+        ),
+    ] = "30",
+    drain_check_interval: Annotated[
+        str,
+        typer.Option(
+            "--drain-check-interval",
+            metavar="SECONDS",
+            help="Time between connection-count reads (1, 500ms...).",
+        ),
+    ] = "1",
+    ipvs_tcp_timeout: Annotated[
+        str,
+        typer.Option(
+            "--ipvs-tcp-timeout",
+            metavar="SECONDS",
+            help="IPVS TCP timeout (0: kernel's; 900, 15m...).",
+        ),
+    ] = "0",
+    ipvs_tcpfin_timeout: Annotated[
+        str,
+        typer.Option(
+            "--ipvs-tcpfin-timeout", metavar="SECONDS", help="IPVS TCP FIN timeout (0: kernel's)."
+        ),
+    ] = "0",
+    ipvs_udp_timeout: Annotated[
+        str,
+        typer.Option(
+            "--ipvs-udp-timeout", metavar="SECONDS", help="IPVS UDP timeout (0: kernel's)."
+        ),
+    ] = "0",
+    state_dir: Annotated[
+        str, typer.Option("--state-dir", help="Where the drain queue survives restarts.")
+    ] = "/var/lib/ipvsctl",
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")
+    ] = "0.0.0.0:9796",
+    log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
+    log_level: Annotated[
+        str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")
+    ] = "info",
+    cluster_cidr: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cluster-cidr",
+            help="The cluster's pod CIDR (repeatable, one per family): traffic "
+            "to ClusterIPs from outside it is masqueraded.",
+        ),
+    ] = None,
+    masquerade_all: Annotated[
+        bool, typer.Option("--masquerade-all", help="Masquerade all traffic to ClusterIPs.")
+    ] = False,
+    nftables: Annotated[
+        bool,
+        typer.Option(
+            "--nftables/--no-nftables",
+            help="Keep ipvsctl's nftables table (masquerading, hairpin).",
+        ),
+    ] = True,
+    healthz_bind_address: Annotated[
+        str,
+        typer.Option(
+            "--healthz-bind-address",
+            help="HOST:PORT of kube-proxy's health server (/healthz, "
+            "/livez) for cloud load balancers; empty: none.",
+        ),
+    ] = "0.0.0.0:10256",
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
     from ipvsctl.daemon.wiring import DaemonOptions, StartupError
@@ -243,18 +335,32 @@ def run(
     drain_seconds = _seconds("--drain-timeout", drain_timeout)
     check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
     # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
-    tcp, tcpfin, udp = (math.ceil(_seconds(flag, value)) for flag, value in (
-        ("--ipvs-tcp-timeout", ipvs_tcp_timeout), ("--ipvs-tcpfin-timeout", ipvs_tcpfin_timeout),
-        ("--ipvs-udp-timeout", ipvs_udp_timeout)))
+    tcp, tcpfin, udp = (
+        math.ceil(_seconds(flag, value))
+        for flag, value in (
+            ("--ipvs-tcp-timeout", ipvs_tcp_timeout),
+            ("--ipvs-tcpfin-timeout", ipvs_tcpfin_timeout),
+            ("--ipvs-udp-timeout", ipvs_udp_timeout),
+        )
+    )
     obs_logging.setup(log_format, level)
     node = _node(node_name, node_ip, scheduler, interface, service_proxy_name)
     options = DaemonOptions(
-        node=node, kubeconfig=kubeconfig, apiserver=apiserver, manifests=manifests,
-        interface=interface, drain_timeout=drain_seconds,
-        drain_check_interval=check_seconds, tcp_timeout=tcp, tcpfin_timeout=tcpfin,
+        node=node,
+        kubeconfig=kubeconfig,
+        apiserver=apiserver,
+        manifests=manifests,
+        interface=interface,
+        drain_timeout=drain_seconds,
+        drain_check_interval=check_seconds,
+        tcp_timeout=tcp,
+        tcpfin_timeout=tcpfin,
         udp_timeout=udp,
-        state_dir=state_dir, listen=listen, cluster_cidrs=cluster_cidrs,
-        masquerade_all=masquerade_all, nftables=nftables,
+        state_dir=state_dir,
+        listen=listen,
+        cluster_cidrs=cluster_cidrs,
+        masquerade_all=masquerade_all,
+        nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
         node_port_range=node_ports,
         healthz_bind_address=healthz_bind_address,
@@ -276,17 +382,21 @@ def _healthz_address(value: str) -> str:
     except ValueError:
         host, _, port = value.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
-            raise _fail(f"--healthz-bind-address {value}: must be HOST:PORT or empty",
-                        2) from None
+            raise _fail(f"--healthz-bind-address {value}: must be HOST:PORT or empty", 2) from None
         return value
     return f"[{ip}]:10256" if ":" in ip else f"{ip}:10256"
 
 
 @app.command()
 def status(
-    endpoint: Annotated[str, typer.Option(
-        "--endpoint", help="The daemon to ask; one on another machine is shown without "
-        "this machine's kernel table.")] = "http://127.0.0.1:9796",
+    endpoint: Annotated[
+        str,
+        typer.Option(
+            "--endpoint",
+            help="The daemon to ask; one on another machine is shown without "
+            "this machine's kernel table.",
+        ),
+    ] = "http://127.0.0.1:9796",
     output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
@@ -312,9 +422,12 @@ def status(
         except Exception as exc:  # any reason the table cannot be read is shown, not raised
             kernel_error = str(exc) or type(exc).__name__
     if kernel is None and daemon is None:
-        typer.echo(f"ipvsctl: {daemon_error}; kernel table {kernel_error}" if remote else
-                   f"ipvsctl: {daemon_error}; kernel table not readable: {kernel_error}",
-                   err=True)
+        typer.echo(
+            f"ipvsctl: {daemon_error}; kernel table {kernel_error}"
+            if remote
+            else f"ipvsctl: {daemon_error}; kernel table not readable: {kernel_error}",
+            err=True,
+        )
         raise typer.Exit(1)
     doc = join_status(kernel, kernel_error, daemon, daemon_error, endpoint, remote=remote)
     if fmt in (Output.json, Output.yaml):

@@ -57,9 +57,14 @@ class Report:
     summary: list[str] = field(default_factory=list)
 
 
-def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir: Path | None,
-                 dry_run: bool = False,
-                 node_port_range: range = DEFAULT_NODE_PORT_RANGE) -> Report:
+def cleanup_node(
+    host: Host,
+    interface: str,
+    node_ips: Iterable[str],
+    state_dir: Path | None,
+    dry_run: bool = False,
+    node_port_range: range = DEFAULT_NODE_PORT_RANGE,
+) -> Report:
     """Remove what ipvsctl created; every step is tried even if an earlier one failed."""
     r = Report()
     verb = "would delete" if dry_run else "deleted"
@@ -80,8 +85,10 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
     except CleanupError as exc:
         r.errors.append(str(exc))
     if found is not None and found[0] != "dummy":
-        r.errors.append(f"interface {interface} is a {found[0] or 'physical'} interface, not "
-                        "a dummy one: check --interface; it and its addresses are left alone")
+        r.errors.append(
+            f"interface {interface} is a {found[0] or 'physical'} interface, not "
+            "a dummy one: check --interface; it and its addresses are left alone"
+        )
         found = None
     bound = found[1] if found else []
 
@@ -94,8 +101,9 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
     for key in keys:
         if step(functools.partial(host.delete_virtual_server, key)):
             deleted += 1
-            r.lines.append(f"{verb} virtual server {key.protocol.value} "
-                           f"{str(key).rsplit('/', 1)[0]}")
+            r.lines.append(
+                f"{verb} virtual server {key.protocol.value} {str(key).rsplit('/', 1)[0]}"
+            )
     if keys:
         r.summary.append(f"{deleted} virtual servers")
 
@@ -114,8 +122,13 @@ def cleanup_node(host: Host, interface: str, node_ips: Iterable[str], state_dir:
         r.summary.append("nftables table")
 
     if state_dir is not None:
-        files = [p for p in (sorted(state_dir.glob(f"{STATE_FILE}*"))
-                             + sorted(state_dir.glob(f".{STATE_FILE}*"))) if p.is_file()]
+        files = [
+            p
+            for p in (
+                sorted(state_dir.glob(f"{STATE_FILE}*")) + sorted(state_dir.glob(f".{STATE_FILE}*"))
+            )
+            if p.is_file()
+        ]
         for path in files:
             if step(functools.partial(_remove, path)):
                 r.lines.append(f"{'would remove' if dry_run else 'removed'} {path}")
@@ -214,23 +227,37 @@ def daemon_answers(endpoint: str) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command()
     def cleanup(
-        interface: Annotated[str, typer.Option(
-            help="The dummy interface holding the VIPs.")] = "kube-ipvs0",
-        node_ip: Annotated[list[str] | None, typer.Option(
-            "--node-ip", help="Node addresses whose NodePort virtual servers go "
-            "(repeatable; default: the node's global addresses).")] = None,
-        state_dir: Annotated[str, typer.Option(
-            "--state-dir", help="Where the daemon kept its drain queue.")] = "/var/lib/ipvsctl",
-        endpoint: Annotated[str, typer.Option(
-            "--endpoint", help="A daemon answering here stops the cleanup.")] = (
-            "http://127.0.0.1:9796"),
-        force: Annotated[bool, typer.Option(
-            "--force", help="Clean up even while a daemon answers.")] = False,
-        dry_run: Annotated[bool, typer.Option(
-            "--dry-run", help="Print what would be removed; remove nothing.")] = False,
-        service_node_port_range: Annotated[str, typer.Option(
-            "--service-node-port-range", metavar="A-B",
-            help="The cluster's NodePort range, as the daemon's flag.")] = "30000-32767",
+        interface: Annotated[
+            str, typer.Option(help="The dummy interface holding the VIPs.")
+        ] = "kube-ipvs0",
+        node_ip: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--node-ip",
+                help="Node addresses whose NodePort virtual servers go "
+                "(repeatable; default: the node's global addresses).",
+            ),
+        ] = None,
+        state_dir: Annotated[
+            str, typer.Option("--state-dir", help="Where the daemon kept its drain queue.")
+        ] = "/var/lib/ipvsctl",
+        endpoint: Annotated[
+            str, typer.Option("--endpoint", help="A daemon answering here stops the cleanup.")
+        ] = ("http://127.0.0.1:9796"),
+        force: Annotated[
+            bool, typer.Option("--force", help="Clean up even while a daemon answers.")
+        ] = False,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Print what would be removed; remove nothing.")
+        ] = False,
+        service_node_port_range: Annotated[
+            str,
+            typer.Option(
+                "--service-node-port-range",
+                metavar="A-B",
+                help="The cluster's NodePort range, as the daemon's flag.",
+            ),
+        ] = "30000-32767",
     ) -> None:
         """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
         from ipvsctl.model import normalize_ip
@@ -254,14 +281,21 @@ def register(app: typer.Typer) -> None:
 
                 ips = node_addresses(exclude_interfaces=(interface,))
             except Exception as exc:
-                typer.echo(f"ipvsctl: cannot read the node's addresses ({exc}); NodePort "
-                           "virtual servers need --node-ip", err=True)
+                typer.echo(
+                    f"ipvsctl: cannot read the node's addresses ({exc}); NodePort "
+                    "virtual servers need --node-ip",
+                    err=True,
+                )
         if not force and daemon_answers(endpoint):
-            typer.echo(f"ipvsctl: a daemon answers at {endpoint}: stop it first (it would put "
-                       "everything back), or pass --force", err=True)
+            typer.echo(
+                f"ipvsctl: a daemon answers at {endpoint}: stop it first (it would put "
+                "everything back), or pass --force",
+                err=True,
+            )
             raise typer.Exit(1)
-        report = cleanup_node(SystemHost(interface), interface, ips, Path(state_dir), dry_run,
-                              node_ports)
+        report = cleanup_node(
+            SystemHost(interface), interface, ips, Path(state_dir), dry_run, node_ports
+        )
         for line in report.lines:
             typer.echo(line)
         for error in report.errors:
@@ -269,4 +303,3 @@ def register(app: typer.Typer) -> None:
         what = ", ".join(report.summary) or "nothing to remove"
         typer.echo(f"cleanup {'(dry run) ' if dry_run else ''}done: {what}")
         raise typer.Exit(1 if report.errors else 0)
-

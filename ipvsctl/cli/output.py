@@ -45,8 +45,11 @@ def columns(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) 
     out = []
     for r in rows:
         cells = [
-            c if i == len(r) - 1 and i not in right
-            else c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+            c
+            if i == len(r) - 1 and i not in right
+            else c.rjust(widths[i])
+            if i in right
+            else c.ljust(widths[i])
             for i, c in enumerate(r)
         ]
         out.append("  ".join(cells).rstrip())

@@ -10,24 +10,29 @@ from ipvsctl.model.ipvs import sched_flag_names
 
 
 def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[str, Any]:
-    return {"virtual_servers": [
-        {
-            **({"scheduler_flags": sched_flag_names(dvs.vs.sched_flags)}
-               if dvs.vs.sched_flags else {}),
-            "protocol": dvs.key.protocol.value,
-            "address": dvs.key.address,
-            "port": dvs.key.port,
-            "scheduler": dvs.vs.scheduler,
-            "persistent_timeout": dvs.vs.persistent_timeout,
-            "service": str(desired.ref),
-            "port_name": dvs.port_name,
-            "real_servers": [
-                {"address": rs.address, "port": rs.port, "weight": 1}
-                for rs in sorted(dvs.real_servers)
-            ],
-        }
-        for desired, dvs in plan
-    ]}
+    return {
+        "virtual_servers": [
+            {
+                **(
+                    {"scheduler_flags": sched_flag_names(dvs.vs.sched_flags)}
+                    if dvs.vs.sched_flags
+                    else {}
+                ),
+                "protocol": dvs.key.protocol.value,
+                "address": dvs.key.address,
+                "port": dvs.key.port,
+                "scheduler": dvs.vs.scheduler,
+                "persistent_timeout": dvs.vs.persistent_timeout,
+                "service": str(desired.ref),
+                "port_name": dvs.port_name,
+                "real_servers": [
+                    {"address": rs.address, "port": rs.port, "weight": 1}
+                    for rs in sorted(dvs.real_servers)
+                ],
+            }
+            for desired, dvs in plan
+        ]
+    }
 
 
 def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]], wide: bool = False) -> str:
@@ -35,17 +40,25 @@ def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]], wide: boo
     adds traffic policy Local, source ranges and each endpoint's node."""
     if not plan:
         return "no virtual servers\n"
-    vs_rows = [["Prot", "LocalAddress:Port", "Sched", "Persist", "Service"]
-               + (["Local", "SourceRanges"] if wide else [])]
-    rs_rows: list[list[str]] = [["  -> RemoteAddress:Port", "Weight", "Pod"]
-                                + (["Node"] if wide else [])]
+    vs_rows = [
+        ["Prot", "LocalAddress:Port", "Sched", "Persist", "Service"]
+        + (["Local", "SourceRanges"] if wide else [])
+    ]
+    rs_rows: list[list[str]] = [
+        ["  -> RemoteAddress:Port", "Weight", "Pod"] + (["Node"] if wide else [])
+    ]
     order: list[tuple[str, int]] = []  # ("vs"|"rs"|"none", row index)
     for desired, dvs in plan:
         key: ServiceKey = dvs.key
         persist = str(dvs.vs.persistent_timeout) if dvs.vs.persistent_timeout else "-"
         svc = f"{desired.ref}:{dvs.port_name}" if dvs.port_name else str(desired.ref)
-        row = [key.protocol.value, hostport(key.address, key.port), dvs.vs.scheduler, persist,
-               f"{svc} ({dvs.kind.value})"]
+        row = [
+            key.protocol.value,
+            hostport(key.address, key.port),
+            dvs.vs.scheduler,
+            persist,
+            f"{svc} ({dvs.kind.value})",
+        ]
         if wide:
             ranges = ",".join(dvs.source_ranges) if dvs.source_ranges is not None else "-"
             row += ["yes" if dvs.local_only else "-", ranges]
@@ -65,6 +78,7 @@ def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]], wide: boo
     rs_lines = columns(rs_rows, right=frozenset({1}))
     lines = [vs_lines[0], rs_lines[0]]
     for what, i in order:
-        lines.append(vs_lines[i] if what == "vs" else rs_lines[i] if what == "rs"
-                     else "  (no endpoints)")
+        lines.append(
+            vs_lines[i] if what == "vs" else rs_lines[i] if what == "rs" else "  (no endpoints)"
+        )
     return "\n".join(lines) + "\n"

@@ -61,8 +61,7 @@ def _ips(values: list[str] | None, flag: str) -> tuple[str, ...]:
 def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
     ips = _ips(values, "--pod-ip")
     if not ips:
-        raise _fail("--pod-ip (or env POD_IP, from the downward API's status.podIP) is "
-                    "required")
+        raise _fail("--pod-ip (or env POD_IP, from the downward API's status.podIP) is required")
     return tuple(dict.fromkeys(ips))
 
 
@@ -72,51 +71,100 @@ def register(app: typer.Typer) -> None:
 
 
 def shutdown_manager(
-    node_ip: Annotated[list[str] | None, typer.Option(
-        "--node-ip", envvar="HOST_IP",
-        help="The node's address (repeatable or comma-separated): the kubelet's probes and "
-             "preStop come from it, so it is never refused or evicted, like loopback; from "
-             "env HOST_IP (the downward API's status.hostIP) by default.")] = None,
-    pod_ip: Annotated[list[str] | None, typer.Option(
-        "--pod-ip", envvar="POD_IP",
-        help="This pod's IP (repeatable or comma-separated, for dual-stack); "
-             "from env POD_IP (the downward API) by default.")] = None,
-    listen: Annotated[str, typer.Option(
-        "--listen", help="HOST:PORT for /shutdown, /healthz and /status "
-                         "([::]:PORT for IPv6).")] = DEFAULT_LISTEN,
-    daemon: Annotated[list[str] | None, typer.Option(
-        "--daemon", help="A daemon's base URL, e.g. http://10.0.0.5:9796 (repeatable); "
-                         "replaces the DNS lookup.")] = None,
-    daemon_service: Annotated[str, typer.Option(
-        "--daemon-service", help="DNS name whose A/AAAA records are the daemons (the "
-                                 "DaemonSet's headless metrics Service).")
+    node_ip: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-ip",
+            envvar="HOST_IP",
+            help="The node's address (repeatable or comma-separated): the kubelet's probes and "
+            "preStop come from it, so it is never refused or evicted, like loopback; from "
+            "env HOST_IP (the downward API's status.hostIP) by default.",
+        ),
+    ] = None,
+    pod_ip: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pod-ip",
+            envvar="POD_IP",
+            help="This pod's IP (repeatable or comma-separated, for dual-stack); "
+            "from env POD_IP (the downward API) by default.",
+        ),
+    ] = None,
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen", help="HOST:PORT for /shutdown, /healthz and /status ([::]:PORT for IPv6)."
+        ),
+    ] = DEFAULT_LISTEN,
+    daemon: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--daemon",
+            help="A daemon's base URL, e.g. http://10.0.0.5:9796 (repeatable); "
+            "replaces the DNS lookup.",
+        ),
+    ] = None,
+    daemon_service: Annotated[
+        str,
+        typer.Option(
+            "--daemon-service",
+            help="DNS name whose A/AAAA records are the daemons (the "
+            "DaemonSet's headless metrics Service).",
+        ),
     ] = DEFAULT_DAEMON_SERVICE,
-    daemon_port: Annotated[int, typer.Option(
-        "--daemon-port", min=1, max=65535, help="The daemons' HTTP port.")
+    daemon_port: Annotated[
+        int, typer.Option("--daemon-port", min=1, max=65535, help="The daemons' HTTP port.")
     ] = DEFAULT_DAEMON_PORT,
-    port: Annotated[list[int] | None, typer.Option(
-        "--port", min=1, max=65535,
-        help="Local port whose established connections are counted (repeatable); "
-             "every listening port but --listen's by default.")] = None,
-    min_open_connections: Annotated[int, typer.Option(
-        "--min-open-connections", min=0,
-        help="Connections stage ends at this many established connections or fewer.")] = 0,
-    wait_connections: Annotated[bool, typer.Option(
-        "--wait-connections/--no-wait-connections",
-        help="After the daemons, wait for the pod's connections to drain.")] = True,
-    check_interval: Annotated[str, typer.Option(
-        "--check-interval", help="Time between checks (seconds, or 500ms, 2s...).")] = "1s",
-    check_delay: Annotated[str, typer.Option(
-        "--check-delay", help="Wait this long after the first /shutdown before the first "
-                              "check.")] = "0s",
-    timeout: Annotated[str, typer.Option(
-        "--timeout", help="Longest /shutdown ever blocks; keep it below the pod's "
-                          "terminationGracePeriodSeconds.")] = "25s",
-    proc_net: Annotated[str, typer.Option(
-        "--proc-net", help="Where tcp and tcp6 are read from (tests).")] = "/proc/net",
+    port: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            help="Local port whose established connections are counted (repeatable); "
+            "every listening port but --listen's by default.",
+        ),
+    ] = None,
+    min_open_connections: Annotated[
+        int,
+        typer.Option(
+            "--min-open-connections",
+            min=0,
+            help="Connections stage ends at this many established connections or fewer.",
+        ),
+    ] = 0,
+    wait_connections: Annotated[
+        bool,
+        typer.Option(
+            "--wait-connections/--no-wait-connections",
+            help="After the daemons, wait for the pod's connections to drain.",
+        ),
+    ] = True,
+    check_interval: Annotated[
+        str,
+        typer.Option("--check-interval", help="Time between checks (seconds, or 500ms, 2s...)."),
+    ] = "1s",
+    check_delay: Annotated[
+        str,
+        typer.Option(
+            "--check-delay", help="Wait this long after the first /shutdown before the first check."
+        ),
+    ] = "0s",
+    timeout: Annotated[
+        str,
+        typer.Option(
+            "--timeout",
+            help="Longest /shutdown ever blocks; keep it below the pod's "
+            "terminationGracePeriodSeconds.",
+        ),
+    ] = "25s",
+    proc_net: Annotated[
+        str, typer.Option("--proc-net", help="Where tcp and tcp6 are read from (tests).")
+    ] = "/proc/net",
     log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
-    log_level: Annotated[str, typer.Option(
-        "--log-level", metavar="LEVEL", help="debug, info, warning or error.")] = "info",
+    log_level: Annotated[
+        str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")
+    ] = "info",
 ) -> None:
     """Sidecar: a preStop /shutdown that waits until no node sends this pod new connections.
 
@@ -142,9 +190,13 @@ def shutdown_manager(
         except ValueError as exc:
             raise _fail(f"--daemon: {exc}") from None
     options = ManagerOptions(
-        pod_ips=_pod_ips(pod_ip), listen=listen, daemons=tuple(daemons),
-        daemon_service=daemon_service, daemon_port=daemon_port,
-        ports=tuple(dict.fromkeys(port or [])), proc_net=proc_net,
+        pod_ips=_pod_ips(pod_ip),
+        listen=listen,
+        daemons=tuple(daemons),
+        daemon_service=daemon_service,
+        daemon_port=daemon_port,
+        ports=tuple(dict.fromkeys(port or [])),
+        proc_net=proc_net,
         node_ips=_ips(node_ip, "--node-ip"),
         barrier=BarrierConfig(
             check_interval=_duration("--check-interval", check_interval, positive=True),

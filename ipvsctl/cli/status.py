@@ -15,8 +15,10 @@ from ipvsctl.httpd import direct_opener
 from ipvsctl.model import VirtualServerStatus
 
 
-def fetch_daemon_status(endpoint: str, timeout: float = 3.0,
-                        ) -> tuple[dict[str, Any] | None, str | None]:
+def fetch_daemon_status(
+    endpoint: str,
+    timeout: float = 3.0,
+) -> tuple[dict[str, Any] | None, str | None]:
     url = endpoint.rstrip("/") + "/status"
     try:
         with direct_opener().open(url, timeout=timeout) as resp:
@@ -68,39 +70,61 @@ def join_status(
             key = (vss.vs.key.protocol.value, vss.vs.key.address, vss.vs.key.port)
             d = known.get(key, {})
             drs = {(r["address"], r["port"]): r for r in d.get("real_servers", [])}
-            out.append({
-                "protocol": key[0], "address": key[1], "port": key[2],
-                "scheduler": vss.vs.scheduler,
-                "persistent_timeout": vss.vs.persistent_timeout,
-                "service": d.get("service"), "port_name": d.get("port_name"),
-                "kind": d.get("kind"),
-                "real_servers": [
-                    {
-                        "address": r.key.address, "port": r.key.port, "weight": r.weight,
-                        "active_conns": r.active_conns, "inactive_conns": r.inactive_conns,
-                        "pod": drs.get((r.key.address, r.key.port), {}).get("pod"),
-                        "node": drs.get((r.key.address, r.key.port), {}).get("node"),
-                        "state": drs.get((r.key.address, r.key.port), {}).get(
-                            "state", "active" if r.weight > 0 else "unknown"),
-                        "drain": drs.get((r.key.address, r.key.port), {}).get("drain"),
-                    }
-                    for r in vss.real_servers
-                ],
-            })
+            out.append(
+                {
+                    "protocol": key[0],
+                    "address": key[1],
+                    "port": key[2],
+                    "scheduler": vss.vs.scheduler,
+                    "persistent_timeout": vss.vs.persistent_timeout,
+                    "service": d.get("service"),
+                    "port_name": d.get("port_name"),
+                    "kind": d.get("kind"),
+                    "real_servers": [
+                        {
+                            "address": r.key.address,
+                            "port": r.key.port,
+                            "weight": r.weight,
+                            "active_conns": r.active_conns,
+                            "inactive_conns": r.inactive_conns,
+                            "pod": drs.get((r.key.address, r.key.port), {}).get("pod"),
+                            "node": drs.get((r.key.address, r.key.port), {}).get("node"),
+                            "state": drs.get((r.key.address, r.key.port), {}).get(
+                                "state", "active" if r.weight > 0 else "unknown"
+                            ),
+                            "drain": drs.get((r.key.address, r.key.port), {}).get("drain"),
+                        }
+                        for r in vss.real_servers
+                    ],
+                }
+            )
     else:
         for d in sorted(known.values(), key=_vs_key):
             # A remote daemon's counts (its drain checks') are all there is; a local
             # daemon's would be mistaken for the unreadable kernel's.
-            out.append({**d, "real_servers": [
-                r if remote else {**r, "active_conns": None, "inactive_conns": None}
-                for r in d.get("real_servers", [])]})
+            out.append(
+                {
+                    **d,
+                    "real_servers": [
+                        r if remote else {**r, "active_conns": None, "inactive_conns": None}
+                        for r in d.get("real_servers", [])
+                    ],
+                }
+            )
     out.sort(key=_vs_key)
     return {
         "node": (daemon or {}).get("node"),
-        "daemon": {"endpoint": endpoint, "reachable": daemon is not None,
-                   "ready": (daemon or {}).get("ready"), "error": daemon_error},
-        "kernel": {"readable": kernel is not None, "error": kernel_error,
-                   "machine": "remote" if remote else "local"},
+        "daemon": {
+            "endpoint": endpoint,
+            "reachable": daemon is not None,
+            "ready": (daemon or {}).get("ready"),
+            "error": daemon_error,
+        },
+        "kernel": {
+            "readable": kernel is not None,
+            "error": kernel_error,
+            "machine": "remote" if remote else "local",
+        },
         "virtual_servers": out,
         "drain_queue": (daemon or {}).get("drain_queue", []),
     }
@@ -111,7 +135,7 @@ def _secs(v: float | None) -> str:
 
 
 def _conns(drain: dict[str, Any]) -> str:
-    """", connections 0 established/1 closing/3 closed" ("?" where not known)."""
+    """ ", connections 0 established/1 closing/3 closed" ("?" where not known)."""
     c = drain.get("connections")
     if not c:
         return ""
@@ -126,28 +150,38 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
     d = doc["daemon"]
     k = doc["kernel"]
     if d["reachable"]:
-        lines.append(f"daemon: {d['endpoint']} ({'ready' if d['ready'] else 'not ready'})"
-                     + (f", node {doc['node']}" if doc.get("node") else ""))
+        lines.append(
+            f"daemon: {d['endpoint']} ({'ready' if d['ready'] else 'not ready'})"
+            + (f", node {doc['node']}" if doc.get("node") else "")
+        )
     else:
         lines.append(f"daemon: NOT REACHABLE ({d['error']}); showing the kernel table only")
     if k.get("machine") == "remote":
-        lines.append("kernel: not read: the daemon is on another machine, so this is its own "
-                     "view (connection counts only for draining real servers)")
+        lines.append(
+            "kernel: not read: the daemon is on another machine, so this is its own "
+            "view (connection counts only for draining real servers)"
+        )
     elif not k["readable"]:
-        lines.append(f"kernel: not readable ({k['error']}); "
-                     "showing the daemon's view without connection counts")
+        lines.append(
+            f"kernel: not readable ({k['error']}); "
+            "showing the daemon's view without connection counts"
+        )
     lines.append("")
     vs_rows = [["Prot", "LocalAddress:Port", "Sched", "Persist", "Service"]]
-    rs_rows = [["  -> RemoteAddress:Port", "Weight", "ActiveConn", "InActConn"]
-               + (["Node"] if wide else []) + ["Pod / drain"]]
+    rs_rows = [
+        ["  -> RemoteAddress:Port", "Weight", "ActiveConn", "InActConn"]
+        + (["Node"] if wide else [])
+        + ["Pod / drain"]
+    ]
     order: list[tuple[bool, int]] = []  # (is a virtual server, row index)
     for v in doc["virtual_servers"]:
         svc = v.get("service") or "(not ipvsctl's)"
         if v.get("service") and v.get("port_name"):
             svc += f":{v['port_name']}"
         persist = str(v["persistent_timeout"]) if v.get("persistent_timeout") else "-"
-        vs_rows.append([v["protocol"], hostport(v["address"], v["port"]), v["scheduler"],
-                        persist, svc])
+        vs_rows.append(
+            [v["protocol"], hostport(v["address"], v["port"]), v["scheduler"], persist, svc]
+        )
         order.append((True, len(vs_rows) - 1))
         for r in v["real_servers"]:
             ac = "-" if r.get("active_conns") is None else str(r["active_conns"])
@@ -156,8 +190,10 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             dr = r.get("drain")
             if dr:
                 source = f", deadline from {dr['deadline_source']}" if wide else ""
-                note = (f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
-                        f"{_bound(dr, source)}{_conns(dr)})").strip()
+                note = (
+                    f"{note} DRAINING ({dr['reason']}, age {_secs(dr.get('age'))}, "
+                    f"{_bound(dr, source)}{_conns(dr)})"
+                ).strip()
             row = [f"  -> {hostport(r['address'], r['port'])}", str(r["weight"]), ac, ic]
             rs_rows.append(row + ([r.get("node") or "-"] if wide else []) + [note])
             order.append((False, len(rs_rows) - 1))
@@ -173,8 +209,12 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             f"  {e['protocol']} {hostport(e['vip'], e['vport'])} -> "
             f"{hostport(e['address'], e['port'])}  {e.get('service') or '-'}  "
             f"pod {e.get('pod') or '-'}  reason {e['reason']}  age {_secs(e.get('age'))}  "
-            + (f"left {_secs(e.get('time_left'))} (deadline from {e['deadline_source']})"
-               if e.get("time_left") is not None else _bound(e, "")))
+            + (
+                f"left {_secs(e.get('time_left'))} (deadline from {e['deadline_source']})"
+                if e.get("time_left") is not None
+                else _bound(e, "")
+            )
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -27,10 +27,17 @@ def metrics_body(render: Callable[[], bytes]) -> Handler:
 
 
 class DaemonAPI:
-    def __init__(self, view: EngineView, lock: AbstractContextManager[Any], metrics: Metrics,
-                 *, heartbeat: Callable[[], float],
-                 threads: Callable[[], Sequence[threading.Thread]],
-                 source_dead_threads: Callable[[], list[str]], stale_after: float) -> None:
+    def __init__(
+        self,
+        view: EngineView,
+        lock: AbstractContextManager[Any],
+        metrics: Metrics,
+        *,
+        heartbeat: Callable[[], float],
+        threads: Callable[[], Sequence[threading.Thread]],
+        source_dead_threads: Callable[[], list[str]],
+        stale_after: float,
+    ) -> None:
         self.view = view
         self.lock = lock
         self.metrics = metrics
@@ -86,9 +93,13 @@ class DaemonAPI:
         """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
         node = self.view.node_object
         return ProxyState(
-            now=time.time(), monotonic=time.monotonic(), heartbeat=self.heartbeat(),
-            pending_since=self.view.pending_since, last_updated=self.view.last_updated,
+            now=time.time(),
+            monotonic=time.monotonic(),
+            heartbeat=self.heartbeat(),
+            pending_since=self.view.pending_since,
+            last_updated=self.view.last_updated,
             # A Node never seen (not readable) counts eligible: a missing RBAC rule must not
             # take every node out of the cloud load balancers.
             node_eligible=node.eligible if node is not None else True,
-            timeout=self.stale_after)
+            timeout=self.stale_after,
+        )

@@ -67,8 +67,13 @@ class ShutdownManager:
     """The running sidecar, so tests can run it in-process (clock, sleep and the DNS resolver
     injectable; daemons and /proc/net come from the options)."""
 
-    def __init__(self, options: ManagerOptions, clock: Clock = time.monotonic,
-                 sleep: Sleep = time.sleep, resolve: Resolver | None = None) -> None:
+    def __init__(
+        self,
+        options: ManagerOptions,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+        resolve: Resolver | None = None,
+    ) -> None:
         from ipvsctl.httpd import HTTPServer, Limits, as_json, is_loopback_peer, text
         from ipvsctl.shutdown.probes import (
             ConnectionCounter,
@@ -85,20 +90,28 @@ class ShutdownManager:
         self.options = options
         trusted = frozenset(options.node_ips)
         try:
-            self.http = HTTPServer(options.listen, {
-                "/shutdown": self._shutdown,
-                "/healthz": lambda q: text(200, "ok\n"),
-                "/status": lambda q: as_json(200, self.barrier.status()),
-            }, limits=limits, name="shutdown-manager",
-                is_local=lambda peer: is_loopback_peer(peer) or peer in trusted)
+            self.http = HTTPServer(
+                options.listen,
+                {
+                    "/shutdown": self._shutdown,
+                    "/healthz": lambda q: text(200, "ok\n"),
+                    "/status": lambda q: as_json(200, self.barrier.status()),
+                },
+                limits=limits,
+                name="shutdown-manager",
+                is_local=lambda peer: is_loopback_peer(peer) or peer in trusted,
+            )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
-        daemons = (StaticDaemons(options.daemons) if options.daemons
-                   else DnsDaemons(options.daemon_service, options.daemon_port,
-                                   resolve or resolve_addresses))
+        daemons = (
+            StaticDaemons(options.daemons)
+            if options.daemons
+            else DnsDaemons(
+                options.daemon_service, options.daemon_port, resolve or resolve_addresses
+            )
+        )
         self.daemons: StaticDaemons | DnsDaemons = daemons
-        self.counter = ConnectionCounter(options.proc_net, options.ports,
-                                         exclude=(self.http.port,))
+        self.counter = ConnectionCounter(options.proc_net, options.ports, exclude=(self.http.port,))
         probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
         self.barrier = SharedBarrier(options.barrier, options.pod_ips, probes, clock, sleep)
         self.barrier.listeners.append(self.http.server.wake)
@@ -115,14 +128,20 @@ class ShutdownManager:
     def start(self) -> None:
         self.http.start()
         o = self.options
-        log.info("shutdown-manager started", extra=fields(
-            listen=f"{o.listen} (port {self.http.port})", pod_ips=",".join(o.pod_ips),
-            daemons=str(self.daemons),
-            ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
-            timeout=o.barrier.timeout, check_interval=o.barrier.check_interval,
-            check_delay=o.barrier.check_delay,
-            min_open_connections=o.barrier.min_open_connections,
-            wait_connections=o.barrier.wait_connections))
+        log.info(
+            "shutdown-manager started",
+            extra=fields(
+                listen=f"{o.listen} (port {self.http.port})",
+                pod_ips=",".join(o.pod_ips),
+                daemons=str(self.daemons),
+                ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
+                timeout=o.barrier.timeout,
+                check_interval=o.barrier.check_interval,
+                check_delay=o.barrier.check_delay,
+                min_open_connections=o.barrier.min_open_connections,
+                wait_connections=o.barrier.wait_connections,
+            ),
+        )
 
     def finish(self) -> None:
         """On SIGTERM: a barrier that has started is seen to its end (never past its
@@ -156,8 +175,9 @@ class _ShutdownCall:
         result = self.ticket.poll(self.ticket.shared.clock())
         if result is None:
             return None
-        return Response(200, "application/json",
-                        (json.dumps(result.to_json(), indent=1) + "\n").encode())
+        return Response(
+            200, "application/json", (json.dumps(result.to_json(), indent=1) + "\n").encode()
+        )
 
     def cancel(self) -> None:
         self.ticket.cancel()
@@ -166,9 +186,16 @@ class _ShutdownCall:
 def run(options: ManagerOptions) -> int:
     manager = ShutdownManager(options)
     serve_until_signal(manager.start)
-    log.info("signal received, stopping", extra=fields(
-        barrier="done" if manager.barrier.done else
-        "running" if manager.barrier.started else "not started"))
+    log.info(
+        "signal received, stopping",
+        extra=fields(
+            barrier="done"
+            if manager.barrier.done
+            else "running"
+            if manager.barrier.started
+            else "not started"
+        ),
+    )
     manager.finish()
     return 0
 

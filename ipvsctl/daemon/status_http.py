@@ -35,11 +35,19 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class StatusDocument:
-    def __init__(self, view: EngineView, lock: AbstractContextManager[Any], *,
-                 batch: int = 20, pause: float = 0.0003, min_age: float = 1.0,
-                 age_factor: float = 4.0, min_gap: float = 1.0,
-                 on_render: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        view: EngineView,
+        lock: AbstractContextManager[Any],
+        *,
+        batch: int = 20,
+        pause: float = 0.0003,
+        min_age: float = 1.0,
+        age_factor: float = 4.0,
+        min_gap: float = 1.0,
+        on_render: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.view = view
         self.lock = lock
         self.batch = batch
@@ -126,8 +134,9 @@ class StatusDocument:
         first = True
         for i in range(0, len(refs), self.batch):
             with self.lock:
-                vss = [vs for ref in refs[i:i + self.batch]
-                       for vs in service_status(view, ref, now)]
+                vss = [
+                    vs for ref in refs[i : i + self.batch] for vs in service_status(view, ref, now)
+                ]
             if vss:
                 put(("" if first else ",") + ",".join(map(_ENCODE, vss)))
                 first = False
@@ -137,7 +146,7 @@ class StatusDocument:
             queue = view.drain_queue()  # frozen entries
         put('],"drain_queue":[')
         for i in range(0, len(queue), self.batch * 10):
-            part = queue[i:i + self.batch * 10]
+            part = queue[i : i + self.batch * 10]
             put(("," if i else "") + ",".join(_ENCODE(drain_json(x, now)) for x in part))
             out.append(z.flush(zlib.Z_SYNC_FLUSH))
         put("]}\n")

@@ -43,30 +43,44 @@ def service_status(view: EngineView, ref: ServiceRef, now: float) -> list[dict[s
             # A removed endpoint's pod is only remembered by its drain entry.
             pod = (meta.pod if meta else None) or (entry.pod if entry else None)
             counts = view.drain_counts(key, rs) if entry else None
-            rss.append({
-                "address": rs.address, "port": rs.port, "weight": weight,
-                "pod": str(pod) if pod else None,
-                "node": meta.node_name if meta else None,
-                "state": "draining" if entry else "active",
-                # Read by the drain check; only draining ones are read at all.
-                "active_conns": counts[0] if counts else None,
-                "inactive_conns": counts[1] if counts else None,
-                "drain": (drain_json(entry, now, counts, view.drain_conns(key, rs))
-                          if entry else None),
-            })
-        out.append({
-            "protocol": key.protocol.value, "address": key.address, "port": key.port,
-            "scheduler": state.vs.scheduler,
-            "persistent_timeout": state.vs.persistent_timeout,
-            "service": str(ref), "port_name": dvs.port_name if dvs else None,
-            "kind": dvs.kind.value if dvs else None,
-            "real_servers": rss,
-        })
+            rss.append(
+                {
+                    "address": rs.address,
+                    "port": rs.port,
+                    "weight": weight,
+                    "pod": str(pod) if pod else None,
+                    "node": meta.node_name if meta else None,
+                    "state": "draining" if entry else "active",
+                    # Read by the drain check; only draining ones are read at all.
+                    "active_conns": counts[0] if counts else None,
+                    "inactive_conns": counts[1] if counts else None,
+                    "drain": (
+                        drain_json(entry, now, counts, view.drain_conns(key, rs)) if entry else None
+                    ),
+                }
+            )
+        out.append(
+            {
+                "protocol": key.protocol.value,
+                "address": key.address,
+                "port": key.port,
+                "scheduler": state.vs.scheduler,
+                "persistent_timeout": state.vs.persistent_timeout,
+                "service": str(ref),
+                "port_name": dvs.port_name if dvs else None,
+                "kind": dvs.kind.value if dvs else None,
+                "real_servers": rss,
+            }
+        )
     return out
 
 
-def drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
-               conns: ConnCounts | None = None) -> dict[str, Any]:
+def drain_json(
+    e: DrainEntry,
+    now: float,
+    counts: tuple[int, int] | None = None,
+    conns: ConnCounts | None = None,
+) -> dict[str, Any]:
     d = e.to_json()
     d["age"] = round(max(0.0, now - e.since), 3)
     # None: no deadline, its pod's lifetime bounds it (deadline_source "pod")
@@ -74,10 +88,15 @@ def drain_json(e: DrainEntry, now: float, counts: tuple[int, int] | None = None,
     if counts is not None:
         # ActiveConn is the established count; the rest is split only when the
         # connection table was read for this real server (null: not known).
-        d["connections"] = (conns.to_json() if conns is not None else {
-            "established": counts[0],
-            "closing": 0 if counts[1] == 0 else None,
-            "closed": 0 if counts[1] == 0 else None})
+        d["connections"] = (
+            conns.to_json()
+            if conns is not None
+            else {
+                "established": counts[0],
+                "closing": 0 if counts[1] == 0 else None,
+                "closed": 0 if counts[1] == 0 else None,
+            }
+        )
     return d
 
 
@@ -88,7 +107,11 @@ def quiesced_json(view: EngineView, address: str) -> dict[str, Any]:
     q = view.quiesced(address)
     started = view.started
     return {
-        "ip": address, "node": view.node.node_name, "ready": started,
-        "quiesced": started and q.live == 0, "real_servers_with_weight": q.live,
-        "since": q.since, "for_seconds": round(now - q.since, 3) if q.since else None,
+        "ip": address,
+        "node": view.node.node_name,
+        "ready": started,
+        "quiesced": started and q.live == 0,
+        "real_servers_with_weight": q.live,
+        "since": q.since,
+        "for_seconds": round(now - q.since, 3) if q.since else None,
     }

@@ -107,8 +107,10 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"--state-dir {o.state_dir}: {exc}") from None
         self.engine = Engine(
-            self.kernel, EngineConfig(o.node, o.drain_timeout,
-                                      wait_for_node=getattr(self.source, "emits_node", False)),
+            self.kernel,
+            EngineConfig(
+                o.node, o.drain_timeout, wait_for_node=getattr(self.source, "emits_node", False)
+            ),
             metrics=self.metrics,
             owned=self.owned,
             restored_queue=self.state.load(),
@@ -118,15 +120,23 @@ class Daemon:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
         self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
-        self.loop = Loop(self.engine, self.events, self.loop_config or LoopConfig(
-                             drain_check_interval=o.drain_check_interval),
-                         save_queue=self.writer.submit, read_node_ips=self.read_node_ips)
+        self.loop = Loop(
+            self.engine,
+            self.events,
+            self.loop_config or LoopConfig(drain_check_interval=o.drain_check_interval),
+            save_queue=self.writer.submit,
+            read_node_ips=self.read_node_ips,
+        )
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
             self.netfilter = NetfilterSync(
-                self.nft, SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
-                batch_lock=self.loop.lock, ready=lambda: self.view.started,
-                metrics=self.metrics, node_ips=lambda: self.view.node.node_ips)
+                self.nft,
+                SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
+                batch_lock=self.loop.lock,
+                ready=lambda: self.view.started,
+                metrics=self.metrics,
+                node_ips=lambda: self.view.node.node_ips,
+            )
             self.engine.service_listeners.append(self.netfilter.on_service)
         if self.health is not None:
             self.health.metrics = self.metrics
@@ -138,30 +148,52 @@ class Daemon:
         self.readers: list[PacedRunner] = [self.loop.drain_runner, self.loop.audit_runner]
         self.sweeper: ConntrackSweeper | None = None
         if self.conntrack is not None:
-            self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock,
-                                            self.metrics)
+            self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock, self.metrics)
             self.engine.service_listeners.append(self.sweeper.on_service)
-            self.readers.append(PacedRunner("conntrack", self.sweeper, self.loop.lock,
-                                            self.sweeper.pace(), wake=self.sweeper.wake))
+            self.readers.append(
+                PacedRunner(
+                    "conntrack",
+                    self.sweeper,
+                    self.loop.lock,
+                    self.sweeper.pace(),
+                    wake=self.sweeper.wake,
+                )
+            )
         self.threads: list[threading.Thread] = []
         self.api = DaemonAPI(
-            self.view, self.loop.lock, self.metrics, heartbeat=lambda: self.loop.heartbeat,
+            self.view,
+            self.loop.lock,
+            self.metrics,
+            heartbeat=lambda: self.loop.heartbeat,
             threads=lambda: self.threads,
             source_dead_threads=lambda: getattr(self.source, "dead_threads", list)(),
-            stale_after=o.stale_after)
+            stale_after=o.stale_after,
+        )
         try:
-            self.http = HTTPServer(o.listen, self.api.routes(), limits=DAEMON_HTTP_LIMITS,
-                                   name="daemon", local_only=DaemonAPI.LOCAL_ONLY,
-                                   is_local=self.api.is_local_peer,
-                                   on_refused=lambda r: self.metrics.http_refused.labels(
-                                       "daemon", r).inc())
+            self.http = HTTPServer(
+                o.listen,
+                self.api.routes(),
+                limits=DAEMON_HTTP_LIMITS,
+                name="daemon",
+                local_only=DaemonAPI.LOCAL_ONLY,
+                is_local=self.api.is_local_peer,
+                on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
+            )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
         self.metrics.node_object_known.set_function(
-            lambda: 1 if (node := self.view.node_object) is not None and node.present else 0)
-        self.proxy_health = (ProxyHealthServer(o.healthz_bind_address, self.api.proxy_state,
-                                               self.metrics, trusted=self.api.is_local_peer)
-                             if o.healthz_bind_address else None)
+            lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
+        )
+        self.proxy_health = (
+            ProxyHealthServer(
+                o.healthz_bind_address,
+                self.api.proxy_state,
+                self.metrics,
+                trusted=self.api.is_local_peer,
+            )
+            if o.healthz_bind_address
+            else None
+        )
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
@@ -182,47 +214,73 @@ class Daemon:
             except NftError as exc:
                 # IPVS alone still carries pod-to-Service traffic, the core of the job: run
                 # degraded and say so loudly rather than leave the node with no proxy.
-                hint = ("; install nftables or pass --no-nftables"
-                        if isinstance(exc, NftUnavailable) else "")
-                log.error("nftables unavailable: running without ipvsctl's netfilter rules "
-                          "(no masquerade, hairpin or NodePort from outside)",
-                          extra=fields(error=f"{exc}{hint}"))
+                hint = (
+                    "; install nftables or pass --no-nftables"
+                    if isinstance(exc, NftUnavailable)
+                    else ""
+                )
+                log.error(
+                    "nftables unavailable: running without ipvsctl's netfilter rules "
+                    "(no masquerade, hairpin or NodePort from outside)",
+                    extra=fields(error=f"{exc}{hint}"),
+                )
                 self.engine.service_listeners.remove(self.netfilter.on_service)
                 self.netfilter = None
         self.http.start()
         self.loop.pause_gc_until_started()
         self.threads = [
-            threading.Thread(target=self._guard(self.loop.run), args=(self.stop,),
-                             name="loop", daemon=True),
-            threading.Thread(target=self._guard(self.source.run),
-                             args=(self.events.put, self.stop), name="source", daemon=True),
+            threading.Thread(
+                target=self._guard(self.loop.run), args=(self.stop,), name="loop", daemon=True
+            ),
+            threading.Thread(
+                target=self._guard(self.source.run),
+                args=(self.events.put, self.stop),
+                name="source",
+                daemon=True,
+            ),
         ]
         # Drain checks, the audit and the conntrack sweep read the kernel off the loop's
         # lock, each on its own thread: a drain check never waits behind a full dump.
         for runner in self.readers:
-            self.threads.append(threading.Thread(
-                target=self._guard(runner.run), args=(self.stop,), name=runner.name,
-                daemon=True))
-        for name, part in (("netfilter", self.netfilter), ("health", self.health),
-                           ("proxy-health", self.proxy_health), ("state-writer", self.writer)):
+            self.threads.append(
+                threading.Thread(
+                    target=self._guard(runner.run), args=(self.stop,), name=runner.name, daemon=True
+                )
+            )
+        for name, part in (
+            ("netfilter", self.netfilter),
+            ("health", self.health),
+            ("proxy-health", self.proxy_health),
+            ("state-writer", self.writer),
+        ):
             if part is not None:
-                self.threads.append(threading.Thread(
-                    target=self._guard(part.run), args=(self.stop,), name=name, daemon=True))
+                self.threads.append(
+                    threading.Thread(
+                        target=self._guard(part.run), args=(self.stop,), name=name, daemon=True
+                    )
+                )
         for t in self.threads:
             t.start()
-        log.info("started", extra=fields(
-            node=self.options.node.node_name, node_ips=",".join(self.options.node.node_ips),
-            node_ips_followed=self.read_node_ips is not None,
-            listen=f"{self.options.listen} (port {self.http.port})",
-            source=self.options.manifests or self.options.apiserver or "kubeconfig"))
+        log.info(
+            "started",
+            extra=fields(
+                node=self.options.node.node_name,
+                node_ips=",".join(self.options.node.node_ips),
+                node_ips_followed=self.read_node_ips is not None,
+                listen=f"{self.options.listen} (port {self.http.port})",
+                source=self.options.manifests or self.options.apiserver or "kubeconfig",
+            ),
+        )
 
     def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
         """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
+
         def run(*args: Any) -> None:
             try:
                 fn(*args)
             except Exception:
                 log.exception("thread died", extra=fields(thread=threading.current_thread().name))
+
         return run
 
     def shutdown(self) -> None:
@@ -243,13 +301,19 @@ class Daemon:
             self.state.save(self.view.drain_queue())
         except OSError as exc:
             log.error("drain state write failed", extra=fields(error=exc))
-        log.info("stopped; IPVS table left in place", extra=fields(
-            virtual_servers=self.metrics.value("ipvsctl_virtual_servers"),
-            draining=len(self.engine.drains)))
+        log.info(
+            "stopped; IPVS table left in place",
+            extra=fields(
+                virtual_servers=self.metrics.value("ipvsctl_virtual_servers"),
+                draining=len(self.engine.drains),
+            ),
+        )
 
 
-def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None = None,
-                ) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
+def open_kernel(
+    o: DaemonOptions,
+    node_ips: Callable[[], Collection[str]] | None = None,
+) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
     """The netlink kernel, host set-up done, and which virtual servers are ipvsctl's: those
     on its dummy interface's addresses and NodePorts on node IPs (others are left alone).
     `node_ips` gives the node IPs as they are now (they can change while running); without
@@ -258,8 +322,12 @@ def open_kernel(o: DaemonOptions, node_ips: Callable[[], Collection[str]] | None
 
     try:
         kernel = netlink.NetlinkKernel(interface=o.interface)
-        netlink.configure_host(tcp_timeout=o.tcp_timeout, tcpfin_timeout=o.tcpfin_timeout,
-                               udp_timeout=o.udp_timeout, kernel=kernel)
+        netlink.configure_host(
+            tcp_timeout=o.tcp_timeout,
+            tcpfin_timeout=o.tcpfin_timeout,
+            udp_timeout=o.udp_timeout,
+            kernel=kernel,
+        )
         bound = set(kernel.bound_addresses())
     except KernelError as exc:
         raise StartupError(str(exc)) from None
@@ -288,8 +356,10 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
         from ipvsctl.manifests import ManifestSource
 
         try:
-            return ManifestSource(o.manifests, on_file_error=lambda: metrics.invalid_objects.labels(
-                "ManifestFile").inc())
+            return ManifestSource(
+                o.manifests,
+                on_file_error=lambda: metrics.invalid_objects.labels("ManifestFile").inc(),
+            )
         except SourceConfigError as exc:
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import SENTINEL_SERVICE, KubeSource
@@ -297,9 +367,12 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
 
     try:
         return KubeSource.from_config(
-            kubeconfig=o.kubeconfig, apiserver=o.apiserver, node_name=o.node.node_name,
+            kubeconfig=o.kubeconfig,
+            apiserver=o.apiserver,
+            node_name=o.node.node_name,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
-                resource, reason).inc(),
+                resource, reason
+            ).inc(),
             service_label_selector=service_label_selector(o.node.service_proxy_name),
             # default/kubernetes carries no proxy-name label: with a name it is never listed,
             # so it cannot vouch for a Service list (the empty-list guard is off then).
@@ -328,9 +401,17 @@ def run(o: DaemonOptions) -> int:
         nft = Nft(metrics=metrics)
     from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack
 
-    daemon = Daemon(o, kernel, source, metrics=metrics, owned=owned, nft=nft,
-                    health=HealthServer(o.node.node_name), read_node_ips=node_ips_reader(o),
-                    conntrack=NetlinkConntrack())
+    daemon = Daemon(
+        o,
+        kernel,
+        source,
+        metrics=metrics,
+        owned=owned,
+        nft=nft,
+        health=HealthServer(o.node.node_name),
+        read_node_ips=node_ips_reader(o),
+        conntrack=NetlinkConntrack(),
+    )
     serve_until_signal(daemon.start)
     log.info("signal received, stopping")
     daemon.shutdown()

@@ -25,9 +25,15 @@ PATHS = ("/healthz", "/livez")
 
 
 class ProxyHealthServer:
-    def __init__(self, address: str, state: Callable[[], ProxyState], metrics: Metrics,
-                 *, retry_interval: float = 5.0,
-                 trusted: Callable[[str], bool] = is_loopback_peer) -> None:
+    def __init__(
+        self,
+        address: str,
+        state: Callable[[], ProxyState],
+        metrics: Metrics,
+        *,
+        retry_interval: float = 5.0,
+        trusted: Callable[[str], bool] = is_loopback_peer,
+    ) -> None:
         self.address = address
         self.trusted = trusted  # the node's own peers: never refused (the kubelet)
         self.state = state
@@ -43,15 +49,19 @@ class ProxyHealthServer:
             code, body = answer(path, self.state())
             self.metrics.proxy_health_responses.labels(path, str(code)).inc()
             return code, "application/json", json.dumps(body, separators=(",", ":")).encode()
+
         return handle
 
     def open(self) -> bool:
         """Try to listen once; True when serving."""
         try:
             server = HTTPServer(
-                self.address, {p: self._route(p) for p in PATHS}, name="proxy-health",
+                self.address,
+                {p: self._route(p) for p in PATHS},
+                name="proxy-health",
                 is_local=self.trusted,
-                on_refused=lambda r: self.metrics.http_refused.labels("proxy-health", r).inc())
+                on_refused=lambda r: self.metrics.http_refused.labels("proxy-health", r).inc(),
+            )
         except (OSError, ValueError) as exc:
             self.metrics.proxy_health_errors.inc()
             return self._failed(exc)
@@ -65,8 +75,12 @@ class ProxyHealthServer:
 
     def _failed(self, exc: Exception) -> bool:
         self._failing.failed(
-            logging.ERROR, "health server port not opened (kube-proxy still running?), retrying",
-            address=self.address, error=exc, retry_in=self.retry_interval)
+            logging.ERROR,
+            "health server port not opened (kube-proxy still running?), retrying",
+            address=self.address,
+            error=exc,
+            retry_in=self.retry_interval,
+        )
         return False
 
     def run(self, stop: threading.Event) -> None:
@@ -74,8 +88,9 @@ class ProxyHealthServer:
         long as the daemon: the daemon's /healthz counts a thread that ended as dead."""
         while not stop.is_set():
             if self.open():
-                log.info("health server listening", extra=fields(
-                    address=self.address, port=self.port))
+                log.info(
+                    "health server listening", extra=fields(address=self.address, port=self.port)
+                )
                 stop.wait()
                 return
             stop.wait(self.retry_interval)

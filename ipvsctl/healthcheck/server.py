@@ -56,15 +56,18 @@ class HealthServer:
         self._failed = FailureStreaks(log)  # ports wanted but not open
         self._closed = False
         self._next_retry = 0.0
-        self.http = BoundedServer(self._answer, name="health", limits=HEALTH_HTTP_LIMITS,
-                                  on_refused=self._refused)
+        self.http = BoundedServer(
+            self._answer, name="health", limits=HEALTH_HTTP_LIMITS, on_refused=self._refused
+        )
 
     # --- the listener -----------------------------------------------------------------------
-    def on_service(self, ref: ServiceRef, old: DesiredService | None,
-                   new: DesiredService | None) -> None:
+    def on_service(
+        self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
+    ) -> None:
         """Engine service listener: new counts, and ports opened or closed."""
         if (old is None or old.health_check_node_port is None) and (
-                new is None or new.health_check_node_port is None):
+            new is None or new.health_check_node_port is None
+        ):
             return  # the common case: not an externalTrafficPolicy Local LoadBalancer
         with self._lock:
             changes = self.state.update(ref, new)
@@ -73,9 +76,14 @@ class HealthServer:
         for port in changes.open:
             self._open(port)
         if changes.open or changes.close:
-            log.info("health check ports", extra=fields(
-                service=ref, opened=",".join(map(str, changes.open)) or "-",
-                closed=",".join(map(str, changes.close)) or "-"))
+            log.info(
+                "health check ports",
+                extra=fields(
+                    service=ref,
+                    opened=",".join(map(str, changes.open)) or "-",
+                    closed=",".join(map(str, changes.close)) or "-",
+                ),
+            )
 
     def ports(self) -> list[int]:
         """The ports open now."""
@@ -88,8 +96,13 @@ class HealthServer:
         except OSError as exc:
             if self.metrics is not None:
                 self.metrics.health_check_errors.inc()
-            self._failed.failed(logging.ERROR, "health check port not opened, retrying",
-                                key=port, port=port, error=exc)
+            self._failed.failed(
+                logging.ERROR,
+                "health check port not opened, retrying",
+                key=port,
+                port=port,
+                error=exc,
+            )
             return
         recovered = self._failed.recovered(None, key=port)
         with self._lock:
@@ -126,8 +139,9 @@ class HealthServer:
             return
         self._next_retry = now + self.retry_interval
         with self._lock:
-            failed = sorted(p for p in self._failed.running()
-                            if isinstance(p, int) and p in self.state.by_port)
+            failed = sorted(
+                p for p in self._failed.running() if isinstance(p, int) and p in self.state.by_port
+            )
         for port in failed:
             self._open(port)
 

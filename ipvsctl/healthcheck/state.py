@@ -62,8 +62,9 @@ class HealthState:
         keeps it, the other takes it over when the first lets it go."""
         want = None
         if new is not None and new.health_check_node_port is not None:
-            want = HealthCheck(ref, new.health_check_node_port,
-                               local_ready_endpoints(new, self.node_name))
+            want = HealthCheck(
+                ref, new.health_check_node_port, local_ready_endpoints(new, self.node_name)
+            )
         before = set(self.by_port)
         self.waiting.pop(ref, None)
         old = self.by_ref.get(ref)

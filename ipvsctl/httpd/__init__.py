@@ -18,7 +18,20 @@ from ipvsctl.httpd.server import REASONS, BoundedServer, Limits
 from ipvsctl.httpd.sockets import direct_opener, listen_socket
 
 __all__ = [
-    "REASONS", "Body", "BoundedServer", "HTTPServer", "Handle", "Handler", "Limits", "Park",
-    "Request", "Response", "Waiter", "as_json", "direct_opener", "is_loopback_peer",
-    "listen_socket", "text",
+    "REASONS",
+    "Body",
+    "BoundedServer",
+    "HTTPServer",
+    "Handle",
+    "Handler",
+    "Limits",
+    "Park",
+    "Request",
+    "Response",
+    "Waiter",
+    "as_json",
+    "direct_opener",
+    "is_loopback_peer",
+    "listen_socket",
+    "text",
 ]

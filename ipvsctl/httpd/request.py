@@ -16,9 +16,15 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 _REASON_PHRASES = {
-    200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 408: "Request Timeout", 414: "URI Too Long",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 
@@ -97,8 +103,17 @@ def head(code: int, headers: dict[str, str]) -> bytes:
 def plain(code: int, message: str) -> bytes:
     """A whole small response, for refusals written from the selector thread."""
     body = message.encode()
-    return head(code, {"Content-Type": "text/plain; charset=utf-8",
-                       "Content-Length": str(len(body)), "Connection": "close"}) + body
+    return (
+        head(
+            code,
+            {
+                "Content-Type": "text/plain; charset=utf-8",
+                "Content-Length": str(len(body)),
+                "Connection": "close",
+            },
+        )
+        + body
+    )
 
 
 def parse_head(data: bytes) -> tuple[str, str, dict[str, str]]:
@@ -133,8 +148,9 @@ class Refusal:
     reply: bytes
 
 
-def frame_request(buf: bytes, peer: str, tag: object, accepted: float, *,
-                  max_request_line: int, max_head: int) -> Request | Refusal | None:
+def frame_request(
+    buf: bytes, peer: str, tag: object, accepted: float, *, max_request_line: int, max_head: int
+) -> Request | Refusal | None:
     """What a connection's bytes so far make: None while the head is not complete, a
     Refusal (too large, malformed, not GET or HEAD), or the Request. Bytes past the head
     are ignored (one request per connection, no bodies)."""
@@ -151,7 +167,11 @@ def frame_request(buf: bytes, peer: str, tag: object, accepted: float, *,
     except ValueError:
         return Refusal("bad_request", plain(400, "bad request\n"))
     if method not in ("GET", "HEAD"):
-        return Refusal("method", plain(405, "only GET and HEAD\n").replace(
-            b"Connection: close", b"Allow: GET, HEAD\r\nConnection: close"))
+        return Refusal(
+            "method",
+            plain(405, "only GET and HEAD\n").replace(
+                b"Connection: close", b"Allow: GET, HEAD\r\nConnection: close"
+            ),
+        )
     url = urlsplit(target)
     return Request(method, url.path, parse_qs(url.query), headers, peer, tag, accepted)

@@ -34,19 +34,26 @@ class HTTPServer:
     Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers). The
     same peers are the server's trusted ones: never refused or evicted by its bounds."""
 
-    def __init__(self, listen: str, routes: dict[str, Handler], *,
-                 limits: Limits | None = None, name: str = "http",
-                 on_refused: Callable[[str], None] | None = None,
-                 local_only: Collection[str] = (),
-                 is_local: Callable[[str], bool] = is_loopback_peer) -> None:
+    def __init__(
+        self,
+        listen: str,
+        routes: dict[str, Handler],
+        *,
+        limits: Limits | None = None,
+        name: str = "http",
+        on_refused: Callable[[str], None] | None = None,
+        local_only: Collection[str] = (),
+        is_local: Callable[[str], bool] = is_loopback_peer,
+    ) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
         self.routes = dict(routes)
         self.local_only = frozenset(local_only)
         self.is_local = is_local
         self.sock = listen_socket(host, int(port))
-        self.server = BoundedServer(self._handle, name=name, limits=limits,
-                                    on_refused=on_refused, trusted=is_local)
+        self.server = BoundedServer(
+            self._handle, name=name, limits=limits, on_refused=on_refused, trusted=is_local
+        )
         self.server.add_listener(self.sock)
         self.thread = threading.Thread(target=self.server.serve, name=name, daemon=True)
 

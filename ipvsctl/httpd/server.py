@@ -88,8 +88,9 @@ class Limits:
 class _Conn:
     __slots__ = ("accepted", "buf", "deadline", "peer", "sock", "tag", "trusted")
 
-    def __init__(self, sock: socket.socket, peer: str, tag: object, now: float,
-                 limits: Limits, trusted: bool) -> None:
+    def __init__(
+        self, sock: socket.socket, peer: str, tag: object, now: float, limits: Limits, trusted: bool
+    ) -> None:
         self.sock, self.peer, self.tag, self.accepted = sock, peer, tag, now
         self.deadline = now + limits.header_timeout
         self.buf = b""
@@ -107,10 +108,16 @@ class BoundedServer:
     """The selector thread (`serve`) and the worker pool; listeners are added and removed
     at any time from any thread."""
 
-    def __init__(self, handle: Handle, *, name: str = "http", limits: Limits | None = None,
-                 on_refused: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 trusted: Callable[[str], bool] = is_loopback_peer) -> None:
+    def __init__(
+        self,
+        handle: Handle,
+        *,
+        name: str = "http",
+        limits: Limits | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        trusted: Callable[[str], bool] = is_loopback_peer,
+    ) -> None:
         self.handle = handle
         self.name = name
         self.limits = limits or Limits()
@@ -175,8 +182,12 @@ class BoundedServer:
             self._wake_w.send(b"x")
 
     # --- the selector thread ----------------------------------------------------------------
-    def serve(self, stop: threading.Event | None = None,
-              tick: Callable[[], None] | None = None, tick_interval: float = 1.0) -> None:
+    def serve(
+        self,
+        stop: threading.Event | None = None,
+        tick: Callable[[], None] | None = None,
+        tick_interval: float = 1.0,
+    ) -> None:
         """Run until `stop` (or `close()`); `tick` is called about every `tick_interval`."""
         next_tick = 0.0
         while not self._stop.is_set() and not (stop is not None and stop.is_set()):
@@ -312,9 +323,14 @@ class BoundedServer:
             conn.sock.close()
             return
         conn.buf += chunk
-        req = frame_request(conn.buf, conn.peer, conn.tag, conn.accepted,
-                            max_request_line=self.limits.max_request_line,
-                            max_head=self.limits.max_head)
+        req = frame_request(
+            conn.buf,
+            conn.peer,
+            conn.tag,
+            conn.accepted,
+            max_request_line=self.limits.max_request_line,
+            max_head=self.limits.max_head,
+        )
         if req is None:
             return  # the head is not complete yet
         self._forget(conn)
@@ -373,8 +389,10 @@ class BoundedServer:
             try:
                 resp = parked.waiter.poll(now)
             except Exception:  # a bug in a waiter must not kill the server
-                log.exception("http parked request failed", extra=fields(
-                    server=self.name, path=parked.req.path))
+                log.exception(
+                    "http parked request failed",
+                    extra=fields(server=self.name, path=parked.req.path),
+                )
                 resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
             if resp is None:
                 continue
@@ -415,8 +433,11 @@ class BoundedServer:
             if conn.deadline > now:
                 return
             self._forget(conn)
-            self._refuse(conn.sock, "timeout", plain(408, "request head not received in "
-                                                          "time\n") if conn.buf else b"")
+            self._refuse(
+                conn.sock,
+                "timeout",
+                plain(408, "request head not received in time\n") if conn.buf else b"",
+            )
 
     def _drop(self, conn: _Conn, reason: str) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -441,9 +462,14 @@ class BoundedServer:
             now = self.clock()
             if now - self._last_limit_log >= LIMIT_LOG_INTERVAL:
                 self._last_limit_log = now
-                log.warning("http connection limit reached, closing connections", extra=fields(
-                    server=self.name, max_connections=self.limits.max_connections,
-                    refused=dict(self.refused)))
+                log.warning(
+                    "http connection limit reached, closing connections",
+                    extra=fields(
+                        server=self.name,
+                        max_connections=self.limits.max_connections,
+                        refused=dict(self.refused),
+                    ),
+                )
 
     def count(self, reason: str) -> None:
         with self._lock:
@@ -456,10 +482,10 @@ class BoundedServer:
         try:
             resp = self.handle(req)
         except Exception as exc:  # a bug in a handler must not kill the server
-            log.exception("http handler failed", extra=fields(server=self.name,
-                                                              path=req.path))
-            resp = Response(500, "text/plain; charset=utf-8",
-                            f"internal error: {type(exc).__name__}\n".encode())
+            log.exception("http handler failed", extra=fields(server=self.name, path=req.path))
+            resp = Response(
+                500, "text/plain; charset=utf-8", f"internal error: {type(exc).__name__}\n".encode()
+            )
         if isinstance(resp, Park):  # back to the selector: no thread waits for it
             with self._lock:
                 self._pending.append(("park", sock, _Parked(conn, req, resp.waiter)))
@@ -477,24 +503,29 @@ class BoundedServer:
             self._write(sock, req, resp)
         except OSError as exc:  # the client went away or was too slow to read
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, None) and not isinstance(
-                    exc, TimeoutError):
+                exc, TimeoutError
+            ):
                 log.debug("http write failed", extra=fields(server=self.name, error=exc))
         except Exception:  # a streamed body failing half-way: the client sees a cut stream
-            log.exception("http response failed", extra=fields(server=self.name,
-                                                               path=req.path))
+            log.exception("http response failed", extra=fields(server=self.name, path=req.path))
         finally:
             with contextlib.suppress(OSError):
                 sock.close()
             self._closed(req.peer)
 
     def _write(self, sock: socket.socket, req: Request, resp: Response) -> None:
-        headers = {"Content-Type": resp.content_type, **resp.headers,
-                   "X-Content-Type-Options": "nosniff", "Connection": "close"}
+        headers = {
+            "Content-Type": resp.content_type,
+            **resp.headers,
+            "X-Content-Type-Options": "nosniff",
+            "Connection": "close",
+        }
         deadline = time.monotonic() + self.limits.write_timeout
         if isinstance(resp.body, bytes | bytearray):
             headers["Content-Length"] = str(len(resp.body))
-            sock.sendall(head(resp.code, headers) + (b"" if req.method == "HEAD"
-                                                      else bytes(resp.body)))
+            sock.sendall(
+                head(resp.code, headers) + (b"" if req.method == "HEAD" else bytes(resp.body))
+            )
             return
         headers["Transfer-Encoding"] = "chunked"
         sock.sendall(head(resp.code, headers))

@@ -32,8 +32,7 @@ def listen_socket(host: str | None, port: int, backlog: int = 128) -> socket.soc
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             host = "::"
     else:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                             socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -43,7 +43,6 @@ from ipvsctl.plan.conntrack import real_server_entries
 __all__ = ["FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
 
 
-
 @dataclass
 class _Dest:
     weight: int
@@ -81,8 +80,14 @@ class FakeKernel:
         dest = self.services[key].dests[rs]
         dest.active, dest.inactive = active, inactive
 
-    def add_connection(self, key: ServiceKey, rs: RealServerKey, state: str,
-                       client_port: int = 40000, client: str | None = None) -> None:
+    def add_connection(
+        self,
+        key: ServiceKey,
+        rs: RealServerKey,
+        state: str,
+        client_port: int = 40000,
+        client: str | None = None,
+    ) -> None:
         """One connection entry as the kernel's ip_vs_conn prints it (client_port 0: a
         persistence template). Counts are not changed: seed them with set_connections."""
         assert self.conn_lines is not None
@@ -90,7 +95,8 @@ class FakeKernel:
         self.conn_lines.append(
             f"{key.protocol.value:<3} {kernel_address(client)} {client_port:04X} "
             f"{kernel_address(key.address)} {key.port:04X} {kernel_address(rs.address)} "
-            f"{rs.port:04X} {state:<11} {60:>7}\n")
+            f"{rs.port:04X} {state:<11} {60:>7}\n"
+        )
 
     def weight(self, key: ServiceKey, rs: RealServerKey) -> int | None:
         svc = self.services.get(key)
@@ -101,10 +107,15 @@ class FakeKernel:
         """One sorted line per virtual and real server, like `ipvsadm -Ln` made stable
         (table.format_table: the real kernel's dump() prints the same)."""
         return format_table(
-            VirtualServerStatus(self.services[key].vs, tuple(
-                RealServerStatus(rs, d.weight, d.active, d.inactive)
-                for rs, d in sorted(self.services[key].dests.items())))
-            for key in sorted(self.services))
+            VirtualServerStatus(
+                self.services[key].vs,
+                tuple(
+                    RealServerStatus(rs, d.weight, d.active, d.inactive)
+                    for rs, d in sorted(self.services[key].dests.items())
+                ),
+            )
+            for key in sorted(self.services)
+        )
 
     def take_ops(self) -> list[str]:
         ops, self.ops = self.ops, []
@@ -123,14 +134,21 @@ class FakeKernel:
         ]
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey],
+        self,
+        keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         self.table_reads += 1
-        return {k: [RealServerStatus(rs, d.weight, d.active, d.inactive)
-                    for rs, d in sorted(self.services[k].dests.items())
-                    if only is None or rs in only.get(k, ())]
-                if k in self.services else None for k in keys}
+        return {
+            k: [
+                RealServerStatus(rs, d.weight, d.active, d.inactive)
+                for rs, d in sorted(self.services[k].dests.items())
+                if only is None or rs in only.get(k, ())
+            ]
+            if k in self.services
+            else None
+            for k in keys
+        }
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         self.conn_reads += 1
@@ -188,13 +206,17 @@ class FakeKernel:
             self.conntrack.difference_update(real_server_entries(self.conntrack, key, rs))
 
     # --- ConntrackTable -----------------------------------------------------------
-    def list_conntrack(self, protocol: Protocol, ipv6: bool,
-                       port: int | None = None) -> list[ConntrackEntry]:
+    def list_conntrack(
+        self, protocol: Protocol, ipv6: bool, port: int | None = None
+    ) -> list[ConntrackEntry]:
         if self.conntrack is None:
             raise KernelUnavailable("no conntrack", "list_conntrack")
         self.conntrack_dumps.append((protocol, ipv6))
-        return sorted(e for e in self.conntrack if e.protocol == protocol and e.ipv6 == ipv6
-                      and (port is None or e.orig_dport == port))
+        return sorted(
+            e
+            for e in self.conntrack
+            if e.protocol == protocol and e.ipv6 == ipv6 and (port is None or e.orig_dport == port)
+        )
 
     def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
         if self.conntrack is None:

@@ -59,7 +59,8 @@ class IPVSKernel(Protocol):
         ...
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey],
+        self,
+        keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         """The real servers of many virtual servers in one read (/proc/net/ip_vs), with
@@ -69,9 +70,7 @@ class IPVSKernel(Protocol):
         needs no others: parsing them was most of its read)."""
         ...
 
-    def read_connections(
-        self, pairs: Collection[tuple[ServiceKey, RealServerKey]]
-    ) -> ConnScan:
+    def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         """TCP connections of these (virtual, real server) pairs by state, one streamed read
         of /proc/net/ip_vs_conn. KernelUnavailable when the kernel offers no such file."""
         ...
@@ -94,11 +93,9 @@ class IPVSKernel(Protocol):
         """Add a real server with NAT (masquerade) forwarding."""
         ...
 
-    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        ...
+    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None: ...
 
-    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
-        ...
+    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None: ...
 
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         """Remove conntrack entries of connections from this virtual to this real server
@@ -111,8 +108,9 @@ class ConntrackTable(Protocol):
     Separate from IPVSKernel; on netlink (kernel/netlink/conntrack.py) the same adapter
     makes NetlinkKernel.flush_conntrack."""
 
-    def list_conntrack(self, protocol: TransportProtocol, ipv6: bool,
-                       port: int | None = None) -> list[ConntrackEntry]:
+    def list_conntrack(
+        self, protocol: TransportProtocol, ipv6: bool, port: int | None = None
+    ) -> list[ConntrackEntry]:
         """Every entry of one protocol and family (with `port`, of that original
         destination port): one dump, filtered in the kernel. KernelUnavailable when the
         kernel has no conntrack to dump."""

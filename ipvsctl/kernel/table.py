@@ -26,8 +26,7 @@ def read_real_servers(
     try:
         table = kernel.read_real_servers(keys)
     except KernelError as exc:
-        log.info("ipvs table file unreadable, reading per virtual server",
-                 extra=fields(error=exc))
+        log.info("ipvs table file unreadable, reading per virtual server", extra=fields(error=exc))
         table = {}
     out: dict[ServiceKey, list[RealServerStatus]] = {}
     for key in keys:
@@ -45,8 +44,11 @@ def read_statuses(kernel: IPVSKernel) -> list[VirtualServerStatus]:
     """Every virtual server with its real servers (what `ipvsadm -Ln` shows), sorted."""
     virtual_servers = kernel.list_virtual_servers()
     dests = read_real_servers(kernel, [vs.key for vs in virtual_servers])
-    return [VirtualServerStatus(vs, tuple(sorted(dests[vs.key], key=lambda r: r.key)))
-            for vs in sorted(virtual_servers, key=lambda vs: vs.key) if vs.key in dests]
+    return [
+        VirtualServerStatus(vs, tuple(sorted(dests[vs.key], key=lambda r: r.key)))
+        for vs in sorted(virtual_servers, key=lambda vs: vs.key)
+        if vs.key in dests
+    ]
 
 
 def format_table(table: Iterable[VirtualServerStatus]) -> str:
@@ -56,8 +58,10 @@ def format_table(table: Iterable[VirtualServerStatus]) -> str:
     for vss in table:
         lines.append(str(vss.vs))
         for r in vss.real_servers:
-            lines.append(f"  -> {r.key} weight {r.weight} active {r.active_conns} "
-                         f"inactive {r.inactive_conns}")
+            lines.append(
+                f"  -> {r.key} weight {r.weight} active {r.active_conns} "
+                f"inactive {r.inactive_conns}"
+            )
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -62,7 +62,8 @@ class _Passthrough(Generic[K]):
         return self.impl.list_real_servers(key)
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey],
+        self,
+        keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         return self.impl.read_real_servers(keys, only)

@@ -174,8 +174,7 @@ class KubeSource:
         if self._service_selector:
             # On the list and on every watch: a Service relabelled away from the selector
             # then arrives as DELETED (the store also drops one that does not match).
-            list_services = functools.partial(
-                list_services, label_selector=self._service_selector)
+            list_services = functools.partial(list_services, label_selector=self._service_selector)
         self.reflectors = [
             Reflector(
                 kind=ObjectKind.SERVICE,
@@ -194,14 +193,17 @@ class KubeSource:
             ),
         ]
         if self.node_name:
-            self.reflectors.append(Reflector(
-                kind=ObjectKind.NODE,
-                resource="nodes",
-                list_func=node_list_func(self._core.list_node, self.node_name, emit,
-                                         clock=self._clock),
-                trim=trim_node,
-                **common,
-            ))
+            self.reflectors.append(
+                Reflector(
+                    kind=ObjectKind.NODE,
+                    resource="nodes",
+                    list_func=node_list_func(
+                        self._core.list_node, self.node_name, emit, clock=self._clock
+                    ),
+                    trim=trim_node,
+                    **common,
+                )
+            )
         threads = [
             threading.Thread(
                 target=self._run_reflector,
@@ -253,9 +255,11 @@ class KubeSource:
     def _readyz(self) -> int:
         s = self.settings
         method, url, headers, body, post = self._api.param_serialize(
-            "GET", "/readyz", auth_settings=["BearerToken"])
-        resp = self._api.call_api(method, url, headers, body, post,
-                                  _request_timeout=(s.connect_timeout, s.probe_timeout))
+            "GET", "/readyz", auth_settings=["BearerToken"]
+        )
+        resp = self._api.call_api(
+            method, url, headers, body, post, _request_timeout=(s.connect_timeout, s.probe_timeout)
+        )
         resp.read()  # a few bytes; reading them returns the connection to the pool
         return int(resp.status)
 

@@ -51,8 +51,12 @@ def node_list_func(
             if state["listed"] or state["reported"]:
                 return
             state["reported"] = True
-        log(logging.WARNING, "node object not readable: no zone for topology hints, node "
-            "counted eligible; retrying", node=node_name, error=describe(exc))
+        log(
+            logging.WARNING,
+            "node object not readable: no zone for topology hints, node counted eligible; retrying",
+            node=node_name,
+            error=describe(exc),
+        )
         emit(Replace(ObjectKind.NODE, [], clock()))
 
     return call

@@ -38,8 +38,15 @@ class Retry:
     expired_streak: int  # 410s in a row without progress, this one included
 
 
-def decide_retry(reason: str, *, progress: bool, expired_streak: int, backed_off: bool,
-                 transient: bool, have_version: bool) -> Retry:
+def decide_retry(
+    reason: str,
+    *,
+    progress: bool,
+    expired_streak: int,
+    backed_off: bool,
+    transient: bool,
+    have_version: bool,
+) -> Retry:
     """`reason`: why the watch ended; `progress`: it made some (then the caller resets its
     backoff); `expired_streak`: 410s in a row before this one; `backed_off`: the backoff
     had counted failures before this end; `transient`: the error is a connection's or an
@@ -59,5 +66,6 @@ def decide_retry(reason: str, *, progress: bool, expired_streak: int, backed_off
     else:
         wait = Wait.BACKOFF
     relist = reason in (EXPIRED, SUSPECT) or (
-        reason in (ERROR, TIMEOUT) and not (transient and have_version))
+        reason in (ERROR, TIMEOUT) and not (transient and have_version)
+    )
     return Retry(wait, relist, expired_streak)

@@ -92,8 +92,7 @@ def _transient(exc: BaseException) -> bool:
 
 def _unreachable(exc: BaseException) -> bool:
     """No HTTP answer at all (refused, reset, timed out): the server may be down."""
-    return isinstance(exc, (HTTPError, OSError, TimeoutError)) and not isinstance(
-        exc, ApiException)
+    return isinstance(exc, (HTTPError, OSError, TimeoutError)) and not isinstance(exc, ApiException)
 
 
 class _Stopped(Exception):
@@ -212,18 +211,27 @@ class Reflector:
             if halt.is_set():
                 return
             progress = self._opened and (
-                self._delivered or self._clock() - started >= s.healthy_watch_seconds)
+                self._delivered or self._clock() - started >= s.healthy_watch_seconds
+            )
             retry = decide_retry(
-                reason, progress=progress, expired_streak=expired_streak,
+                reason,
+                progress=progress,
+                expired_streak=expired_streak,
                 backed_off=backoff.failures > 0,
                 transient=error is not None and _transient(error),
-                have_version=bool(self.resource_version))
+                have_version=bool(self.resource_version),
+            )
             if progress:
                 backoff.reset()
                 shortcut_used = False
             expired_streak = retry.expired_streak
-            delay = (0.0 if retry.wait is Wait.NOW else
-                     self._herd_spread() if retry.wait is Wait.HERD else backoff.next())
+            delay = (
+                0.0
+                if retry.wait is Wait.NOW
+                else self._herd_spread()
+                if retry.wait is Wait.HERD
+                else backoff.next()
+            )
             need_list = need_list or retry.relist
             self._restarted(reason, delay, need_list, error)
             if delay <= 0:
@@ -243,8 +251,9 @@ class Reflector:
         problem = self._check(objects) if self._check is not None else None
         if problem is not None:
             del objects
-            self._suspect.failed(logging.WARNING, "list refused, table kept",
-                                 resource=self.resource, problem=problem)
+            self._suspect.failed(
+                logging.WARNING, "list refused, table kept", resource=self.resource, problem=problem
+            )
             raise SuspectList(problem)
         self._suspect.recovered("list accepted again", resource=self.resource)
         self.resource_version = rv
@@ -287,8 +296,12 @@ class Reflector:
                 spread = s.recovery_spread * self._rng.random()
                 if relist:
                     spread = max(spread, self._herd_spread())
-                log(logging.INFO, "API server answers again", resource=self.resource,
-                    retry_in=round(spread, 3))
+                log(
+                    logging.INFO,
+                    "API server answers again",
+                    resource=self.resource,
+                    retry_in=round(spread, 3),
+                )
                 return halt.wait(min(spread, max(0.0, deadline - self._clock()))), True
 
     def _restarted(
@@ -349,8 +362,12 @@ class Reflector:
                     raise
                 reason = f"HTTP {exc.status}"
             self._watch_list = False
-            log(logging.INFO, "watch-list not offered, listing instead",
-                resource=self.resource, reason=reason)
+            log(
+                logging.INFO,
+                "watch-list not offered, listing instead",
+                resource=self.resource,
+                reason=reason,
+            )
         return self._list(halt)
 
     def _stream_list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
@@ -417,8 +434,7 @@ class Reflector:
             return {"resource_version": "0"}
         if self._rv_unavailable:
             return {}
-        return {"resource_version": self.resource_version,
-                "resource_version_match": "NotOlderThan"}
+        return {"resource_version": self.resource_version, "resource_version_match": "NotOlderThan"}
 
     def _list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
         s = self._settings
@@ -442,8 +458,7 @@ class Reflector:
                 resp = self._open(halt, **kwargs)
             except ApiException as exc:
                 # 410 (too old) or 504 (cache too far behind): the next list reads etcd.
-                if not token and first.get("resource_version_match") and exc.status in (
-                        410, 504):
+                if not token and first.get("resource_version_match") and exc.status in (410, 504):
                     self._rv_unavailable = True
                 raise
             clean = False

@@ -41,6 +41,7 @@ class _Limits(Composer):
         self._sizes: dict[int, int] = {}  # id(anchored node) -> nodes under it
 
     if TYPE_CHECKING:  # the Parser this is mixed with reads the events
+
         def peek_event(self) -> Event: ...
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
@@ -51,8 +52,9 @@ class _Limits(Composer):
             self._composed += size  # an alias inside an anchored node counts in its size
             self._alias_nodes += size
             if self._alias_nodes > MAX_ALIAS_NODES:
-                raise LimitError(f"aliases expand to more than {MAX_ALIAS_NODES} nodes "
-                                 f"(at {event.start_mark})")
+                raise LimitError(
+                    f"aliases expand to more than {MAX_ALIAS_NODES} nodes (at {event.start_mark})"
+                )
             return node
         self._depth += 1
         if self._depth > MAX_DEPTH:
@@ -68,8 +70,9 @@ class _Limits(Composer):
         return node
 
 
-class PySafeLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _Limits,
-                   SafeConstructor, Resolver):
+class PySafeLoader(
+    yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _Limits, SafeConstructor, Resolver
+):
     def __init__(self, stream: str) -> None:
         yaml.reader.Reader.__init__(self, stream)
         yaml.scanner.Scanner.__init__(self)
@@ -111,8 +114,9 @@ def load_all_yaml(text: str) -> Iterator[Any]:
         # its scanner, which reads a flow collection whole before our composer sees it:
         # the same refusal as ours, said the same way.
         if "maximum nesting depth" in str(exc) and not isinstance(exc, LimitError):
-            raise LimitError(f"nested deeper than {MAX_DEPTH} levels "
-                             f"(at {getattr(exc, 'problem_mark', '?')})") from exc
+            raise LimitError(
+                f"nested deeper than {MAX_DEPTH} levels (at {getattr(exc, 'problem_mark', '?')})"
+            ) from exc
         raise
     finally:
         loader.dispose()

@@ -27,13 +27,18 @@ from ipvsctl.source.events import (
 
 log = logging.getLogger("ipvsctl.manifests")
 
+
 class ManifestSource:
     """Follows a folder by polling file stats (no extra dependency, works on any fs)."""
 
     emits_node = True  # the first events include a Replace of Nodes (EngineConfig)
 
-    def __init__(self, folder: str | Path, interval: float = 1.0,
-                 on_file_error: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        interval: float = 1.0,
+        on_file_error: Callable[[], None] | None = None,
+    ) -> None:
         self.folder = Path(folder)
         self.interval = interval
         self.on_file_error = on_file_error  # counts a file refused (a metric in the daemon)
@@ -56,8 +61,10 @@ class ManifestSource:
         try:
             return load_file(f).objects
         except ManifestError as exc:
-            log.error("manifest file unreadable, keeping its last good objects",
-                      extra=fields(file=f, error=exc))
+            log.error(
+                "manifest file unreadable, keeping its last good objects",
+                extra=fields(file=f, error=exc),
+            )
             if self.on_file_error is not None:
                 self.on_file_error()
             return None
@@ -69,9 +76,10 @@ class ManifestSource:
             self._files[f] = objs or {}
         now = time.monotonic()
         merged = self._merged()
-        return [Replace(k, [o for (kk, _, _), o in merged.items() if kk is k], now)
-                for k in (ObjectKind.NODE, ObjectKind.SERVICE,
-                          ObjectKind.ENDPOINT_SLICE)]
+        return [
+            Replace(k, [o for (kk, _, _), o in merged.items() if kk is k], now)
+            for k in (ObjectKind.NODE, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE)
+        ]
 
     def _merged(self) -> dict[ObjectId, RawObject]:
         merged: dict[ObjectId, RawObject] = {}
@@ -114,5 +122,4 @@ class ManifestSource:
                 for change in self.poll():
                     sink(change)
             except OSError as exc:
-                log.error("manifest folder unreadable", extra=fields(
-                    folder=self.folder, error=exc))
+                log.error("manifest folder unreadable", extra=fields(folder=self.folder, error=exc))

@@ -25,6 +25,8 @@ class ConntrackEntry:
         return ":" in self.orig_dst
 
     def __str__(self) -> str:
-        return (f"{_hostport(self.orig_src, self.orig_sport)} -> "
-                f"{_hostport(self.orig_dst, self.orig_dport)}/{self.protocol.value} "
-                f"reply from {self.reply_src}")
+        return (
+            f"{_hostport(self.orig_src, self.orig_sport)} -> "
+            f"{_hostport(self.orig_dst, self.orig_dport)}/{self.protocol.value} "
+            f"reply from {self.reply_src}"
+        )

@@ -12,14 +12,16 @@ SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3 = 0x08, 0x10, 0x20
 SCHED_FLAGS_MASK = SCHED_FLAG_1 | SCHED_FLAG_2 | SCHED_FLAG_3
 # The kernel's IPVS schedulers (ip_vs_*.c), by the names ipvsadm and the netlink API take.
 IPVS_SCHEDULERS = frozenset(
-    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh",
-     "twos"}
+    {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
 )
 
 
 def sched_flag_names(flags: int) -> list[str]:
-    return [f"flag-{n}" for n, bit in enumerate((SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3), 1)
-            if flags & bit]
+    return [
+        f"flag-{n}"
+        for n, bit in enumerate((SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3), 1)
+        if flags & bit
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,5 +85,4 @@ class ConnCounts:
         return self.established + self.closing
 
     def to_json(self) -> dict[str, int]:
-        return {"established": self.established, "closing": self.closing,
-                "closed": self.closed}
+        return {"established": self.established, "closing": self.closing, "closed": self.closed}

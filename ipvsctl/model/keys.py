@@ -130,8 +130,11 @@ class PodRef(_NamespacedName):
     def same_pod(self, other: PodRef) -> bool:
         """Whether the two name the same pod: the same name, and the same uid when both
         are known."""
-        return (self.namespace == other.namespace and self.name == other.name
-                and (not self.uid or not other.uid or self.uid == other.uid))
+        return (
+            self.namespace == other.namespace
+            and self.name == other.name
+            and (not self.uid or not other.uid or self.uid == other.uid)
+        )
 
 
 def service_order(key: ServiceKey) -> tuple[str, str, int]:

@@ -53,7 +53,7 @@ def error_line(stderr: str) -> str:
     lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
     for i, ln in enumerate(lines):
         if "Error:" in ln:
-            message = ln[ln.index("Error:") + len("Error:"):].strip()
+            message = ln[ln.index("Error:") + len("Error:") :].strip()
             nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
             if nxt and set(nxt) - set("^~ "):  # the statement, not the caret line
                 statement = nxt if len(nxt) <= 160 else nxt[:157] + "..."
@@ -73,15 +73,23 @@ def translate(returncode: int, stderr: str, operation: str) -> NftError:
     if "protocol not supported" in low or "address family not supported" in low:
         return NftUnavailable(
             f"{message} (no nf_tables in this kernel: modprobe nf_tables nft_nat "
-            "nft_fib_inet nft_ct)", operation)
+            "nft_fib_inet nft_ct)",
+            operation,
+        )
     return NftError(message, operation)
 
 
 class Nft:
     """Runs nft. Thread-safe (one process per call); `runs` counts calls, for tests."""
 
-    def __init__(self, binary: str = "nft", *, netns: str | None = None,
-                 metrics: Metrics | None = None, timeout: float = TIMEOUT) -> None:
+    def __init__(
+        self,
+        binary: str = "nft",
+        *,
+        netns: str | None = None,
+        metrics: Metrics | None = None,
+        timeout: float = TIMEOUT,
+    ) -> None:
         self.binary = binary
         self.netns = netns
         self.metrics = metrics
@@ -94,21 +102,27 @@ class Nft:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         return [*prefix, self.binary, *args]
 
-    def _exec(self, args: list[str], operation: str, stdin: str | None = None,
-              missing_ok: bool = False) -> str | None:
+    def _exec(
+        self, args: list[str], operation: str, stdin: str | None = None, missing_ok: bool = False
+    ) -> str | None:
         """nft's stdout; None when `missing_ok` and the object does not exist."""
         argv = self._argv(*args)
         t0 = time.monotonic()
         try:
-            r = subprocess.run(argv, input=stdin, capture_output=True, text=True,
-                               timeout=self.timeout, check=False)
+            r = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=self.timeout, check=False
+            )
         except FileNotFoundError:
-            raise self._failed(NftUnavailable(
-                f"nft {operation}: {argv[0]} not found: install nftables (the `nft` command)",
-                operation)) from None
+            raise self._failed(
+                NftUnavailable(
+                    f"nft {operation}: {argv[0]} not found: install nftables (the `nft` command)",
+                    operation,
+                )
+            ) from None
         except subprocess.TimeoutExpired:
-            raise self._failed(NftError(
-                f"nft {operation}: no answer in {self.timeout:.0f}s", operation)) from None
+            raise self._failed(
+                NftError(f"nft {operation}: no answer in {self.timeout:.0f}s", operation)
+            ) from None
         except OSError as exc:
             raise self._failed(NftError(f"nft {operation}: {exc}", operation)) from None
         with self._lock:
@@ -126,8 +140,9 @@ class Nft:
     def _failed(self, err: NftError) -> NftError:
         if self.metrics is not None:
             self.metrics.nft_errors.labels(err.operation).inc()
-        self._failing.failed(logging.ERROR, "nft failed", key=err.operation,
-                             operation=err.operation, error=err)
+        self._failing.failed(
+            logging.ERROR, "nft failed", key=err.operation, operation=err.operation, error=err
+        )
         return err
 
     # --- what ipvsctl asks of nft -----------------------------------------------------------
@@ -145,8 +160,11 @@ class Nft:
         whatever the maps hold (a terse table listing still reads every element, ~1 s at
         50,000). None if the table is missing."""
         family = target.split()[0]
-        out = self._exec(["-t", "-f", "-"], operation,
-                         stdin=f"list chains {family}\nlist sets {family}\nlist maps {family}\n")
+        out = self._exec(
+            ["-t", "-f", "-"],
+            operation,
+            stdin=f"list chains {family}\nlist sets {family}\nlist maps {family}\n",
+        )
         lines: list[str] = []
         keep = False
         for line in (out or "").splitlines():
@@ -156,29 +174,37 @@ class Nft:
                 lines.append(line)
         return "\n".join(lines) + "\n" if lines else None
 
-    def list_map(self, target: str, name: str,
-                 operation: str = "check") -> list[tuple[str, str, int, str]] | None:
+    def list_map(
+        self, target: str, name: str, operation: str = "check"
+    ) -> list[tuple[str, str, int, str]] | None:
         """A verdict map's elements as (address, protocol, port, goto target), for maps
         keyed `address . inet_proto . inet_service`; None if the map (or table) is missing."""
         return self._list_json("map", target, name, operation, parse_map_elements)
 
-    def list_set(self, target: str, name: str,
-                 operation: str = "check") -> list[tuple[str, ...]] | None:
+    def list_set(
+        self, target: str, name: str, operation: str = "check"
+    ) -> list[tuple[str, ...]] | None:
         """A set's elements, each as its concatenated fields (strings; an address prefix as
         `address/length`); None if the set (or table) is missing."""
         return self._list_json("set", target, name, operation, parse_set_elements)
 
-    def _list_json(self, kind: str, target: str, name: str, operation: str,
-                   parse: Callable[[dict[str, Any]], T]) -> T | None:
-        out = self._exec(["-j", "list", kind, *target.split(), name], operation,
-                         missing_ok=True)
+    def _list_json(
+        self,
+        kind: str,
+        target: str,
+        name: str,
+        operation: str,
+        parse: Callable[[dict[str, Any]], T],
+    ) -> T | None:
+        out = self._exec(["-j", "list", kind, *target.split(), name], operation, missing_ok=True)
         if out is None:
             return None
         try:
             return parse(json.loads(out))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise self._failed(NftError(
-                f"nft {operation}: unexpected JSON ({exc})", operation)) from None
+            raise self._failed(
+                NftError(f"nft {operation}: unexpected JSON ({exc})", operation)
+            ) from None
 
     def version(self) -> str:
         return (self._exec(["--version"], "version") or "").strip()

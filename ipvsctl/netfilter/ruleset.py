@@ -103,16 +103,21 @@ class Element:
 Elements = Mapping[ServiceKey, Element]
 
 
-def element_for(dvs: DesiredVirtualServer, health_port: int | None = None,
-                node_ips: Collection[str] = ()) -> Element:
+def element_for(
+    dvs: DesiredVirtualServer, health_port: int | None = None, node_ips: Collection[str] = ()
+) -> Element:
     """`node_ips`: an external or load-balancer IP that is also one of the node's own
     addresses stays out of the port filter (else sshd on the node's address would be
     refused; kube-proxy does not even bind such an address)."""
     ranges = dvs.source_ranges
     lb = dvs.kind is VirtualServerKind.LOAD_BALANCER
     vip = dvs.kind.binds_address and dvs.key.address not in node_ips
-    return Element(verdict_for(dvs), None if ranges is None else collapse_cidrs(ranges),
-                   vip, health_port if lb else None)
+    return Element(
+        verdict_for(dvs),
+        None if ranges is None else collapse_cidrs(ranges),
+        vip,
+        health_port if lb else None,
+    )
 
 
 def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
@@ -120,18 +125,20 @@ def collapse_cidrs(cidrs: Iterable[str]) -> tuple[str, ...]:
     nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
     v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
     v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
-    return (*(n.compressed for n in ipaddress.collapse_addresses(v4)),
-            *(n.compressed for n in ipaddress.collapse_addresses(v6)))
+    return (
+        *(n.compressed for n in ipaddress.collapse_addresses(v4)),
+        *(n.compressed for n in ipaddress.collapse_addresses(v6)),
+    )
 
 
-def service_elements(desired: DesiredService | None,
-                     node_ips: Collection[str] = ()) -> dict[ServiceKey, Element]:
+def service_elements(
+    desired: DesiredService | None, node_ips: Collection[str] = ()
+) -> dict[ServiceKey, Element]:
     """The table elements one Service needs: one per virtual server."""
     if desired is None:
         return {}
     hcnp = desired.health_check_node_port
-    return {key: element_for(dvs, hcnp, node_ips)
-            for key, dvs in desired.virtual_servers.items()}
+    return {key: element_for(dvs, hcnp, node_ips) for key, dvs in desired.virtual_servers.items()}
 
 
 def parse_cidrs(texts: Iterable[str]) -> tuple[str, ...]:
@@ -233,8 +240,8 @@ def _chains(config: RulesetConfig) -> dict[str, list[str]]:
             cidrs = config.cidrs(f)
             if cidrs:
                 cluster_ip.append(
-                    f"meta nfproto ipv{f} {_ip(f)} saddr != {{ {', '.join(cidrs)} }} "
-                    f"{MASQUERADE}")
+                    f"meta nfproto ipv{f} {_ip(f)} saddr != {{ {', '.join(cidrs)} }} {MASQUERADE}"
+                )
     # New connections only: a range taken away later does not cut live ones (kube-proxy's
     # rules sit in the nat table, which sees only a connection's first packet).
     source_ranges = [
@@ -284,21 +291,31 @@ def base_statements(config: RulesetConfig) -> list[str]:
     t = config.target
     out = [f"add table {t}"]
     for f in (4, 6):
-        out.append(f"add map {t} {map_name(f)} {{ type {_addr_type(f)} . inet_proto . "
-                   "inet_service : verdict ; }")
+        out.append(
+            f"add map {t} {map_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+            "inet_service : verdict ; }"
+        )
     for f in (4, 6):
-        out.append(f"add set {t} hairpin{f} {{ type {_addr_type(f)} . {_addr_type(f)} ; "
-                   f"flags dynamic,timeout ; timeout {HAIRPIN_TIMEOUT}s ; "
-                   f"size {HAIRPIN_SIZE} ; }}")
+        out.append(
+            f"add set {t} hairpin{f} {{ type {_addr_type(f)} . {_addr_type(f)} ; "
+            f"flags dynamic,timeout ; timeout {HAIRPIN_TIMEOUT}s ; "
+            f"size {HAIRPIN_SIZE} ; }}"
+        )
     for f in (4, 6):
-        out.append(f"add set {t} {firewall_name(f)} {{ type {_addr_type(f)} . inet_proto . "
-                   "inet_service ; }")
-        out.append(f"add set {t} {allow_name(f)} {{ type {_addr_type(f)} . inet_proto . "
-                   f"inet_service . {_addr_type(f)} ; flags interval ; }}")
+        out.append(
+            f"add set {t} {firewall_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+            "inet_service ; }"
+        )
+        out.append(
+            f"add set {t} {allow_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+            f"inet_service . {_addr_type(f)} ; flags interval ; }}"
+        )
     for f in (4, 6):
         out.append(f"add set {t} {vips_name(f)} {{ type {_addr_type(f)} ; }}")
-        out.append(f"add set {t} {vip_ports_name(f)} {{ type {_addr_type(f)} . inet_proto . "
-                   "inet_service ; }")
+        out.append(
+            f"add set {t} {vip_ports_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+            "inet_service ; }"
+        )
     chains = _chains(config)
     for name in chains:
         out.append(f"add chain {t} {name}")
@@ -307,8 +324,11 @@ def base_statements(config: RulesetConfig) -> list[str]:
         out.append(f"add chain {t} {name} {spec}")
     for name in [*chains, BASE_CHAIN, *FILTER_CHAINS]:
         out.append(f"flush chain {t} {name}")
-    base = [(BASE_CHAIN, _postrouting()), *((n, [_FILTER_RULE]) for n in FILTER_CHAINS),
-            ("filter-input", [_VIP_FILTER_RULE])]
+    base = [
+        (BASE_CHAIN, _postrouting()),
+        *((n, [_FILTER_RULE]) for n in FILTER_CHAINS),
+        ("filter-input", [_VIP_FILTER_RULE]),
+    ]
     for name, rules in [*chains.items(), *base]:
         out.extend(f"add rule {t} {name} {rule}" for rule in rules)
     return out
@@ -324,35 +344,38 @@ def _key(key: ServiceKey) -> str:
     return f"{key.address} . {key.protocol.value.lower()} . {key.port}"
 
 
-def _element_statements(config: RulesetConfig, verb: str,
-                        items: Iterable[tuple[ServiceKey, Element]]) -> list[str]:
+def _element_statements(
+    config: RulesetConfig, verb: str, items: Iterable[tuple[ServiceKey, Element]]
+) -> list[str]:
     """`verb` (add or delete) the elements, grouped per map and set."""
     names = (map_name, firewall_name, allow_name)
     groups: dict[tuple[int, int], list[str]] = {}
     for key, el in sorted(items, key=lambda kv: kv[0]):
         f = key.family
         groups.setdefault((0, f), []).append(
-            _key(key) if verb == "delete" else f"{_key(key)} : goto {el.verdict.value}")
+            _key(key) if verb == "delete" else f"{_key(key)} : goto {el.verdict.value}"
+        )
         if el.source_ranges is not None:
             groups.setdefault((1, f), []).append(_key(key))
             groups.setdefault((2, f), []).extend(
-                f"{_key(key)} . {c}" for c in el.source_ranges if (":" in c) == (f == 6))
+                f"{_key(key)} . {c}" for c in el.source_ranges if (":" in c) == (f == 6)
+            )
     out = []
     for (kind, f), texts in sorted(groups.items()):
         if texts:
             # one statement per map or set: nft parses one long line much faster than many
-            out.append(f"{verb} element {config.target} {names[kind](f)} "
-                       f"{{ {', '.join(texts)} }}")
+            out.append(f"{verb} element {config.target} {names[kind](f)} {{ {', '.join(texts)} }}")
     return out
 
 
-def _filter_statements(config: RulesetConfig, verb: str,
-                       items: Iterable[FilterItem]) -> list[str]:
+def _filter_statements(config: RulesetConfig, verb: str, items: Iterable[FilterItem]) -> list[str]:
     groups: dict[str, list[str]] = {}
     for name, *fields_ in sorted(items):
         groups.setdefault(name, []).append(" . ".join(fields_))
-    return [f"{verb} element {config.target} {name} {{ {', '.join(texts)} }}"
-            for name, texts in sorted(groups.items())]
+    return [
+        f"{verb} element {config.target} {name} {{ {', '.join(texts)} }}"
+        for name, texts in sorted(groups.items())
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,10 +393,13 @@ class ElementDelta:
         return bool(self.delete or self.add or self.filter_delete or self.filter_add)
 
 
-def element_delta(applied: Elements, desired: Elements,
-                  keys: Iterable[ServiceKey] | None = None,
-                  applied_counts: Mapping[FilterItem, int] | None = None,
-                  desired_counts: Mapping[FilterItem, int] | None = None) -> ElementDelta:
+def element_delta(
+    applied: Elements,
+    desired: Elements,
+    keys: Iterable[ServiceKey] | None = None,
+    applied_counts: Mapping[FilterItem, int] | None = None,
+    desired_counts: Mapping[FilterItem, int] | None = None,
+) -> ElementDelta:
     """What turns `applied` into `desired`, looking only at `keys` (default: all of both),
     so that one Service's change costs O(that Service). The counts (`filter_counts` of
     each side; computed here, O(all), when not given) say which port-filter set elements
@@ -398,8 +424,9 @@ def element_delta(applied: Elements, desired: Elements,
             touched.update(filter_items(key, want))
     was = {i for i in touched if applied_counts.get(i, 0) > 0}
     now = {i for i in touched if desired_counts.get(i, 0) > 0}
-    return ElementDelta(tuple(delete), tuple(add),
-                        tuple(sorted(was - now)), tuple(sorted(now - was)))
+    return ElementDelta(
+        tuple(delete), tuple(add), tuple(sorted(was - now)), tuple(sorted(now - was))
+    )
 
 
 def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
@@ -412,8 +439,9 @@ def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
 
 
 def _all_elements(config: RulesetConfig, elements: Elements) -> list[str]:
-    return (_element_statements(config, "add", elements.items())
-            + _filter_statements(config, "add", filter_counts(elements.items())))
+    return _element_statements(config, "add", elements.items()) + _filter_statements(
+        config, "add", filter_counts(elements.items())
+    )
 
 
 def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
@@ -421,8 +449,11 @@ def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
     refilled in one transaction, so no packet sees them half-filled."""
     t = config.target
     out = [f"flush map {t} {map_name(f)}" for f in (4, 6)]
-    out += [f"flush set {t} {name(f)}"
-            for name in (firewall_name, allow_name, vips_name, vip_ports_name) for f in (4, 6)]
+    out += [
+        f"flush set {t} {name(f)}"
+        for name in (firewall_name, allow_name, vips_name, vip_ports_name)
+        for f in (4, 6)
+    ]
     return _text(out + _all_elements(config, elements))
 
 

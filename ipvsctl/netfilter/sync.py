@@ -66,11 +66,13 @@ class NftRunner(Protocol):
 
     def list_declarations(self, target: str, operation: str = "check") -> str | None: ...
 
-    def list_map(self, target: str, name: str,
-                 operation: str = "check") -> list[tuple[str, str, int, str]] | None: ...
+    def list_map(
+        self, target: str, name: str, operation: str = "check"
+    ) -> list[tuple[str, str, int, str]] | None: ...
 
-    def list_set(self, target: str, name: str,
-                 operation: str = "check") -> list[tuple[str, ...]] | None: ...
+    def list_set(
+        self, target: str, name: str, operation: str = "check"
+    ) -> list[tuple[str, ...]] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +128,9 @@ class NetfilterSync:
         return self.config.ruleset.target
 
     # --- the listener -----------------------------------------------------------------------
-    def on_service(self, ref: ServiceRef, old: DesiredService | None,
-                   new: DesiredService | None) -> None:
+    def on_service(
+        self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
+    ) -> None:
         """Engine service listener: note this Service's element changes, O(the Service)."""
         nodes = frozenset(self.node_ips())
         old_el, new_el = service_elements(old, nodes), service_elements(new, nodes)
@@ -160,13 +163,20 @@ class NetfilterSync:
         except NftError as exc:
             # e.g. maps of another ipvsctl version: build the table afresh (its elements
             # come back with the first push, moments later)
-            log.warning("nftables table not updatable in place, replacing it",
-                        extra=fields(table=self.target, error=exc))
+            log.warning(
+                "nftables table not updatable in place, replacing it",
+                extra=fields(table=self.target, error=exc),
+            )
             self.nft.apply(replace_table_ruleset(self.config.ruleset, {}), "table")
         self._take_baseline()
-        log.info("nftables table written", extra=fields(
-            table=self.target, cluster_cidrs=",".join(self.config.ruleset.cluster_cidrs) or "-",
-            masquerade_all=self.config.ruleset.masquerade_all))
+        log.info(
+            "nftables table written",
+            extra=fields(
+                table=self.target,
+                cluster_cidrs=",".join(self.config.ruleset.cluster_cidrs) or "-",
+                masquerade_all=self.config.ruleset.masquerade_all,
+            ),
+        )
 
     def pending(self) -> bool:
         with self._lock:
@@ -187,8 +197,13 @@ class NetfilterSync:
                 elif self.touched:
                     kind, elements = "elements", {}
                     touched, self.touched = self.touched, set()
-                    delta = element_delta(self.applied, self.desired, touched,
-                                          self.applied_counts, self.desired_counts)
+                    delta = element_delta(
+                        self.applied,
+                        self.desired,
+                        touched,
+                        self.applied_counts,
+                        self.desired_counts,
+                    )
                     if not delta:
                         return True
                 else:
@@ -228,17 +243,20 @@ class NetfilterSync:
         if self.metrics is not None:
             self.metrics.netfilter_elements.set(n)
         if delta is None:
-            log.info("nftables elements written", extra=fields(
-                how=kind, elements=n, seconds=round(self.clock() - t0, 3)))
+            log.info(
+                "nftables elements written",
+                extra=fields(how=kind, elements=n, seconds=round(self.clock() - t0, 3)),
+            )
         else:
-            log.debug("nftables elements changed", extra=fields(
-                added=len(delta.add), deleted=len(delta.delete)))
+            log.debug(
+                "nftables elements changed",
+                extra=fields(added=len(delta.add), deleted=len(delta.delete)),
+            )
         return True
 
     # --- checking ---------------------------------------------------------------------------
     def _take_baseline(self) -> None:
-        self.baseline = (self.nft.list_declarations(self.target),
-                         self.nft.list_table(self.target))
+        self.baseline = (self.nft.list_declarations(self.target), self.nft.list_table(self.target))
 
     def check(self) -> bool:
         """Are the table's chains, sets and maps as ipvsctl wrote them? If not, schedule a
@@ -252,8 +270,10 @@ class NetfilterSync:
     def _compare(self, text: str | None, baseline: str | None) -> bool:
         if text is not None and text == baseline:
             return True
-        self._repair("table", "nftables table missing" if text is None
-                     else "nftables table changed by someone else")
+        self._repair(
+            "table",
+            "nftables table missing" if text is None else "nftables table changed by someone else",
+        )
         return False
 
     def audit(self) -> bool:
@@ -279,8 +299,12 @@ class NetfilterSync:
                         found[key] = Verdict(target)
                     except ValueError:
                         strange = True
-                for name in (firewall_name(family), allow_name(family),
-                             vips_name(family), vip_ports_name(family)):
+                for name in (
+                    firewall_name(family),
+                    allow_name(family),
+                    vips_name(family),
+                    vip_ports_name(family),
+                ):
                     elements = self.nft.list_set(self.target, name)
                     if elements is None:
                         return self.check()
@@ -294,9 +318,13 @@ class NetfilterSync:
         with self._lock:
             applied = {k: e.verdict for k, e in self.applied.items()}
             wanted_sets = _set_elements(self.applied) | {
-                item for item, n in self.applied_counts.items() if n > 0}
-            same = (not strange and found == applied and found_sets == wanted_sets) \
-                or self.needs_replace or self.needs_table
+                item for item, n in self.applied_counts.items() if n > 0
+            }
+            same = (
+                (not strange and found == applied and found_sets == wanted_sets)
+                or self.needs_replace
+                or self.needs_table
+            )
         if not same:
             self._repair("elements", "nftables elements changed by someone else")
         return same
@@ -328,8 +356,9 @@ class NetfilterSync:
             self._retry_delay = self.config.retry_min
         else:
             self._retry_at = now + self._retry_delay
-            log.warning("nftables push failed, retrying", extra=fields(
-                retry_in=round(self._retry_delay, 3)))
+            log.warning(
+                "nftables push failed, retrying", extra=fields(retry_in=round(self._retry_delay, 3))
+            )
             self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
 
     def _timeout(self) -> float:

@@ -41,8 +41,7 @@ class FailureStreaks:
         with self._lock:
             return list(self._failing)
 
-    def failed(self, level: int, message: str, /, *, key: Hashable = None,
-               **kw: Any) -> bool:
+    def failed(self, level: int, message: str, /, *, key: Hashable = None, **kw: Any) -> bool:
         """A failure: logged when it starts a streak (then True)."""
         with self._lock:
             first = key not in self._failing
@@ -95,8 +94,12 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-              "error": logging.ERROR}
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def parse_level(name: str) -> int:

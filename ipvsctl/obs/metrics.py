@@ -22,7 +22,22 @@ disable_created_metrics()
 # Event-to-kernel latencies: netlink changes take ~100 us, Python under load a few ms;
 # the tail up to tens of seconds is what kube-router's full resyncs cost.
 _LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
 )
 
 
@@ -34,48 +49,67 @@ class Metrics:
             "ipvsctl_virtual_servers", "Virtual servers ipvsctl has programmed.", registry=r
         )
         self.real_servers = Gauge(
-            "ipvsctl_real_servers", "Real servers ipvsctl has programmed, by state.",
-            ["state"], registry=r,
+            "ipvsctl_real_servers",
+            "Real servers ipvsctl has programmed, by state.",
+            ["state"],
+            registry=r,
         )
         self.drain_queue_length = Gauge(
-            "ipvsctl_drain_queue_length", "Real servers at weight 0 waiting to be deleted.",
+            "ipvsctl_drain_queue_length",
+            "Real servers at weight 0 waiting to be deleted.",
             registry=r,
         )
         self.real_server_deletions = Counter(
-            "ipvsctl_real_server_deletions", "Real servers deleted, by why.", ["reason"],
+            "ipvsctl_real_server_deletions",
+            "Real servers deleted, by why.",
+            ["reason"],
             registry=r,
         )
         self.event_to_kernel = Histogram(
             "ipvsctl_event_to_kernel_seconds",
             "Time from a watch event's arrival to its netlink changes being done.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.watch_restarts = Counter(
-            "ipvsctl_watch_restarts", "Watch streams restarted, by resource and why.",
-            ["resource", "reason"], registry=r,
+            "ipvsctl_watch_restarts",
+            "Watch streams restarted, by resource and why.",
+            ["resource", "reason"],
+            registry=r,
         )
         self.netlink_errors = Counter(
-            "ipvsctl_netlink_errors", "Failed kernel operations, by operation.", ["operation"],
+            "ipvsctl_netlink_errors",
+            "Failed kernel operations, by operation.",
+            ["operation"],
             registry=r,
         )
         self.invalid_objects = Counter(
-            "ipvsctl_invalid_objects", "Objects skipped (or fields ignored) as invalid, by kind.",
-            ["kind"], registry=r,
+            "ipvsctl_invalid_objects",
+            "Objects skipped (or fields ignored) as invalid, by kind.",
+            ["kind"],
+            registry=r,
         )
         self.sync_duration = Histogram(
-            "ipvsctl_sync_duration_seconds", "Time to sync one batch of changed Services.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "ipvsctl_sync_duration_seconds",
+            "Time to sync one batch of changed Services.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.kernel_ops = Counter(
-            "ipvsctl_kernel_ops", "Kernel operations applied, by op and result.",
-            ["op", "result"], registry=r,
+            "ipvsctl_kernel_ops",
+            "Kernel operations applied, by op and result.",
+            ["op", "result"],
+            registry=r,
         )
         self.drift_repairs = Counter(
-            "ipvsctl_drift_repairs", "Differences between kernel and applied state put right.",
-            ["kind"], registry=r,
+            "ipvsctl_drift_repairs",
+            "Differences between kernel and applied state put right.",
+            ["kind"],
+            registry=r,
         )
         self.state_write_errors = Counter(
-            "ipvsctl_state_write_errors", "Failed writes of the drain queue state file.",
+            "ipvsctl_state_write_errors",
+            "Failed writes of the drain queue state file.",
             registry=r,
         )
         self.state_load_errors = Counter(
@@ -84,7 +118,8 @@ class Metrics:
             registry=r,
         )
         self.last_sync_timestamp = Gauge(
-            "ipvsctl_last_sync_timestamp_seconds", "Wall-clock time of the last successful sync.",
+            "ipvsctl_last_sync_timestamp_seconds",
+            "Wall-clock time of the last successful sync.",
             registry=r,
         )
         self.node_address_errors = Counter(
@@ -94,47 +129,61 @@ class Metrics:
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
         self.nft_errors = Counter(
-            "ipvsctl_nft_errors", "Failed nft runs, by operation.", ["operation"], registry=r,
+            "ipvsctl_nft_errors",
+            "Failed nft runs, by operation.",
+            ["operation"],
+            registry=r,
         )
         self.nft_seconds = Histogram(
-            "ipvsctl_nft_transaction_seconds", "Time for one successful nft run.",
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "ipvsctl_nft_transaction_seconds",
+            "Time for one successful nft run.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.netfilter_elements = Gauge(
             "ipvsctl_netfilter_elements",
-            "Virtual servers in ipvsctl's nftables maps (as last written).", registry=r,
+            "Virtual servers in ipvsctl's nftables maps (as last written).",
+            registry=r,
         )
         self.netfilter_repairs = Counter(
             "ipvsctl_netfilter_repairs",
             "nftables table or elements found changed by someone else and rewritten, by kind.",
-            ["kind"], registry=r,
+            ["kind"],
+            registry=r,
         )
         self.health_check_ports = Gauge(
-            "ipvsctl_health_check_node_ports", "healthCheckNodePorts served.", registry=r,
+            "ipvsctl_health_check_node_ports",
+            "healthCheckNodePorts served.",
+            registry=r,
         )
         self.health_check_errors = Counter(
             "ipvsctl_health_check_node_port_errors",
-            "healthCheckNodePorts that could not be opened (each attempt).", registry=r,
+            "healthCheckNodePorts that could not be opened (each attempt).",
+            registry=r,
         )
         self.http_refused = Counter(
             "ipvsctl_http_refused",
             "HTTP connections or requests refused, by server (daemon, proxy-health, health) "
             "and reason "
             "(busy, evicted, timeout, too_large, bad_request, method, forbidden).",
-            ["server", "reason"], registry=r,
+            ["server", "reason"],
+            registry=r,
         )
         self.status_renders = Counter(
-            "ipvsctl_status_renders", "/status documents rendered (callers share one).",
+            "ipvsctl_status_renders",
+            "/status documents rendered (callers share one).",
             registry=r,
         )
         self.status_render_seconds = Gauge(
-            "ipvsctl_status_render_seconds", "How long the last /status rendering took.",
+            "ipvsctl_status_render_seconds",
+            "How long the last /status rendering took.",
             registry=r,
         )
         # This node's Node and kube-proxy's health server (--healthz-bind-address)
         self.node_object_known = Gauge(
             "ipvsctl_node_object_known",
-            "1 while this node's Node object is known (zone, deletion), else 0.", registry=r,
+            "1 while this node's Node object is known (zone, deletion), else 0.",
+            registry=r,
         )
         self.proxy_health_errors = Counter(
             "ipvsctl_proxy_health_errors",
@@ -144,19 +193,24 @@ class Metrics:
         self.proxy_health_responses = Counter(
             "ipvsctl_proxy_health_responses",
             "Answers of the --healthz-bind-address server, by path and code.",
-            ["path", "code"], registry=r,
+            ["path", "code"],
+            registry=r,
         )
         self.virtual_server_conflicts = Counter(
             "ipvsctl_virtual_server_conflicts",
             "Times a Service lost a virtual server it claims to another Service "
-            "(cluster IP first, then the older Service).", registry=r,
+            "(cluster IP first, then the older Service).",
+            registry=r,
         )
         self.virtual_server_conflict_losers = Gauge(
             "ipvsctl_virtual_server_conflict_losers",
-            "Claims on virtual servers currently lost to another Service.", registry=r,
+            "Claims on virtual servers currently lost to another Service.",
+            registry=r,
         )
         self.build_info = Gauge(
-            "ipvsctl_build_info", "Always 1; the running ipvsctl's version.", ["version"],
+            "ipvsctl_build_info",
+            "Always 1; the running ipvsctl's version.",
+            ["version"],
             registry=r,
         )
         self.build_info.labels(__version__).set(1)
@@ -166,15 +220,21 @@ class Metrics:
         self.drain_duration = Histogram(
             "ipvsctl_drain_duration_seconds",
             "Time from a real server's drain start to its deletion, by why it was deleted.",
-            ["reason"], buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=r,
+            ["reason"],
+            buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
         )
         self.conn_table_reads = Counter(
             "ipvsctl_conn_table_reads",
             "Passes over /proc/net/ip_vs_conn for draining TCP real servers, by result "
-            "(ok, deferred by pacing, unavailable, error).", ["result"], registry=r,
+            "(ok, deferred by pacing, unavailable, error).",
+            ["result"],
+            registry=r,
         )
         self.conn_table_lines = Counter(
-            "ipvsctl_conn_table_lines", "Lines read from /proc/net/ip_vs_conn.", registry=r,
+            "ipvsctl_conn_table_lines",
+            "Lines read from /proc/net/ip_vs_conn.",
+            registry=r,
         )
         for state in ("active", "draining"):
             self.real_servers.labels(state)
@@ -186,11 +246,14 @@ class Metrics:
         self.conntrack_stale_deleted = Counter(
             "ipvsctl_conntrack_stale_entries_deleted",
             "Stale UDP/SCTP conntrack entries deleted by the sweep (to a Service address, "
-            "answered by no serving endpoint).", registry=r,
+            "answered by no serving endpoint).",
+            registry=r,
         )
         self.conntrack_sweeps = Counter(
-            "ipvsctl_conntrack_sweeps", "Conntrack sweeps, by result (ok, error).",
-            ["result"], registry=r,
+            "ipvsctl_conntrack_sweeps",
+            "Conntrack sweeps, by result (ok, error).",
+            ["result"],
+            registry=r,
         )
         for result in ("ok", "error"):
             self.conntrack_sweeps.labels(result)

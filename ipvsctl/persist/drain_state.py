@@ -217,13 +217,17 @@ class DrainStateFile:
             except OSError:
                 aside = self.path
             self.load_error = f"corrupt: {exc}"
-            log.error("drain state corrupt, set aside; rebuilding the queue from the kernel",
-                      extra=fields(path=aside, error=exc))
+            log.error(
+                "drain state corrupt, set aside; rebuilding the queue from the kernel",
+                extra=fields(path=aside, error=exc),
+            )
             return []
         except OSError as exc:
             self.load_error = f"unreadable: {exc}"
-            log.error("drain state unreadable, rebuilding the queue from the kernel",
-                      extra=fields(path=self.path, error=exc))
+            log.error(
+                "drain state unreadable, rebuilding the queue from the kernel",
+                extra=fields(path=self.path, error=exc),
+            )
             return []
 
     def save(self, entries: Iterable[DrainEntry]) -> None:
@@ -237,19 +241,19 @@ class DrainStateFile:
             for e in entries:
                 pieces.append(piece := encode(e.to_json()))
                 self.longest_encoded = max(self.longest_encoded, len(piece))
-            data = (f'{{"version":{FORMAT_VERSION},"entries":['
-                    + ",".join(pieces) + "]}").encode()
+            data = (f'{{"version":{FORMAT_VERSION},"entries":[' + ",".join(pieces) + "]}").encode()
         except ValueError as exc:  # a NaN deadline would never expire: refuse to keep it
             raise OSError(errno.EINVAL, f"drain state not serializable: {exc}") from None
         tmp = self.path.with_name(f".{FILE_NAME}.tmp")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # whatever is there (a leftover, a planted symlink) goes
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -31,8 +31,12 @@ Rank = tuple[int, float, str, str]
 
 def rank(kind: VirtualServerKind, created: float | None, ref: ServiceRef) -> Rank:
     """Lower wins."""
-    return (0 if kind is VirtualServerKind.CLUSTER_IP else 1,
-            math.inf if created is None else created, ref.namespace, ref.name)
+    return (
+        0 if kind is VirtualServerKind.CLUSTER_IP else 1,
+        math.inf if created is None else created,
+        ref.namespace,
+        ref.name,
+    )
 
 
 @dataclass(slots=True)
@@ -92,15 +96,17 @@ def claims_of(desired: DesiredService, created: float | None) -> dict[ServiceKey
     return {k: rank(dvs.kind, created, ref) for k, dvs in desired.virtual_servers.items()}
 
 
-def split_won(desired: DesiredService, claims: Claims, owner: Mapping[ServiceKey, ServiceRef],
-              ) -> tuple[DesiredService, frozenset[ServiceKey], frozenset[ServiceKey]]:
+def split_won(
+    desired: DesiredService,
+    claims: Claims,
+    owner: Mapping[ServiceKey, ServiceRef],
+) -> tuple[DesiredService, frozenset[ServiceKey], frozenset[ServiceKey]]:
     """What a Service may program now: the keys it wins and no other Service still holds
     (the loser releases a key before the winner takes it). Returns (the Service with only
     those, the keys it loses, the keys it must wait for: lost or still held)."""
     ref = desired.ref
     lost = frozenset(k for k in desired.virtual_servers if claims.winner(k) != ref)
-    taken = frozenset(k for k in desired.virtual_servers
-                      if k in lost or owner.get(k, ref) != ref)
+    taken = frozenset(k for k in desired.virtual_servers if k in lost or owner.get(k, ref) != ref)
     if not taken:
         return desired, lost, taken
     kept = {k: v for k, v in desired.virtual_servers.items() if k not in taken}

@@ -64,8 +64,9 @@ def _serving(service_serving: frozenset[str], dvs: DesiredVirtualServer) -> froz
     return service_serving | {rs.address for rs in dvs.real_servers}
 
 
-def sweep_table(services: Iterable[DesiredService],
-                protocols: Iterable[Protocol] = SWEPT_PROTOCOLS) -> SweepTable:
+def sweep_table(
+    services: Iterable[DesiredService], protocols: Iterable[Protocol] = SWEPT_PROTOCOLS
+) -> SweepTable:
     wanted = frozenset(protocols)
     frontends: dict[Frontend, frozenset[str]] = {}
     for svc in services:
@@ -84,13 +85,19 @@ def sweep_table(services: Iterable[DesiredService],
     return SweepTable(frontends)
 
 
-def real_server_entries(entries: Iterable[ConntrackEntry], key: ServiceKey,
-                        rs: RealServerKey) -> list[ConntrackEntry]:
+def real_server_entries(
+    entries: Iterable[ConntrackEntry], key: ServiceKey, rs: RealServerKey
+) -> list[ConntrackEntry]:
     """The entries of connections virtual server `key` sent to real server `rs`, sorted."""
-    return sorted(e for e in entries
-                  if e.protocol == key.protocol and e.orig_dst == key.address
-                  and e.orig_dport == key.port and e.reply_src == rs.address
-                  and e.reply_sport == rs.port)
+    return sorted(
+        e
+        for e in entries
+        if e.protocol == key.protocol
+        and e.orig_dst == key.address
+        and e.orig_dport == key.port
+        and e.reply_src == rs.address
+        and e.reply_sport == rs.port
+    )
 
 
 def stale_entries(entries: Iterable[ConntrackEntry], table: SweepTable) -> list[ConntrackEntry]:
@@ -103,8 +110,11 @@ def stale_entries(entries: Iterable[ConntrackEntry], table: SweepTable) -> list[
     return sorted(stale)
 
 
-def newly_served(old: DesiredService | None, new: DesiredService | None,
-                 protocols: Iterable[Protocol] = SWEPT_PROTOCOLS) -> bool:
+def newly_served(
+    old: DesiredService | None,
+    new: DesiredService | None,
+    protocols: Iterable[Protocol] = SWEPT_PROTOCOLS,
+) -> bool:
     """A swept frontend of `new` has serving endpoints and had none (or did not exist) in
     `old`: the moment clients stuck on an entry made meanwhile start being lost. O(the
     Service)."""

@@ -58,7 +58,9 @@ def collect_endpoints(
 
 
 def select_endpoints(
-    endpoints: dict[RealServerKey, EndpointInfo], local_only: bool, node_name: str,
+    endpoints: dict[RealServerKey, EndpointInfo],
+    local_only: bool,
+    node_name: str,
     topology: Topology | None = None,
 ) -> frozenset[RealServerKey]:
     """kube-proxy's CategorizeEndpoints: the ready ones; if none is ready, those serving and
@@ -72,8 +74,9 @@ def select_endpoints(
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
-def source_ranges(ranges: tuple[str, ...] | None, lb_ip: str,
-                  node_ips: tuple[str, ...]) -> tuple[str, ...] | None:
+def source_ranges(
+    ranges: tuple[str, ...] | None, lb_ip: str, node_ips: tuple[str, ...]
+) -> tuple[str, ...] | None:
     """Who may open connections to a load-balancer IP: the Service's ranges of its family
     (None: everyone). As kube-proxy, the node itself may too when a range holds one of its
     addresses: the node reaches a local IP with that IP as its source address."""
@@ -82,8 +85,9 @@ def source_ranges(ranges: tuple[str, ...] | None, lb_ip: str,
     family = family_of(lb_ip)
     nets = [n for n in map(ipaddress.ip_network, ranges) if n.version == family]
     allowed = [n.compressed for n in nets]
-    if any(ipaddress.ip_address(ip) in n for n in nets for ip in node_ips
-           if family_of(ip) == family):
+    if any(
+        ipaddress.ip_address(ip) in n for n in nets for ip in node_ips if family_of(ip) == family
+    ):
         allowed.append(ipaddress.ip_network(lb_ip).compressed)
     return tuple(allowed)
 
@@ -112,17 +116,30 @@ def build_desired_service(
     topo = Topology(node.node_name, node.zone) if hinted else None
     wanted: dict[ServiceKey, DesiredVirtualServer] = {}
 
-    def add(kind: VirtualServerKind, address: str, port: int, proto: Protocol, port_name: str,
-            real_servers: dict[int, frozenset[RealServerKey]]) -> None:
+    def add(
+        kind: VirtualServerKind,
+        address: str,
+        port: int,
+        proto: Protocol,
+        port_name: str,
+        real_servers: dict[int, frozenset[RealServerKey]],
+    ) -> None:
         key = ServiceKey(proto, address, port)
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
             return
         vs = VirtualServer(key, scheduler, svc.affinity_timeout, sched_flags)
         local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local
-        ranges = (source_ranges(svc.source_ranges, address, node.node_ips)
-                  if kind is VirtualServerKind.LOAD_BALANCER else None)
+        ranges = (
+            source_ranges(svc.source_ranges, address, node.node_ips)
+            if kind is VirtualServerKind.LOAD_BALANCER
+            else None
+        )
         wanted[key] = DesiredVirtualServer(
-            vs, kind, port_name, real_servers.get(family_of(address), frozenset()), local,
+            vs,
+            kind,
+            port_name,
+            real_servers.get(family_of(address), frozenset()),
+            local,
             ranges,
         )
 
@@ -158,11 +175,11 @@ def build_desired_service(
         if svc.type in ("NodePort", "LoadBalancer") and p.node_port:
             for ip in node.node_ips:
                 if family_of(ip) in svc.families:
-                    add(VirtualServerKind.NODE_PORT, ip, p.node_port, p.protocol, p.name,
-                        external)
+                    add(VirtualServerKind.NODE_PORT, ip, p.node_port, p.protocol, p.name, external)
 
-    hc_port = (svc.health_check_node_port
-               if svc.type == "LoadBalancer" and svc.external_local else None)
+    hc_port = (
+        svc.health_check_node_port if svc.type == "LoadBalancer" and svc.external_local else None
+    )
     return DesiredService(
         svc.ref, dict(sorted(wanted.items())), svc.drain_timeout, endpoints_meta, hc_port
     )

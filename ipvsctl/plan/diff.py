@@ -110,9 +110,16 @@ def drain_entry(
         reason = DrainReason.NOT_READY
     else:
         reason = DrainReason.REMOVED
-    entry = DrainEntry(vs, rs, service, reason, policy.now,
-                       policy.now + policy.default_timeout, DeadlineSource.DEFAULT,
-                       meta.pod if meta else None)
+    entry = DrainEntry(
+        vs,
+        rs,
+        service,
+        reason,
+        policy.now,
+        policy.now + policy.default_timeout,
+        DeadlineSource.DEFAULT,
+        meta.pod if meta else None,
+    )
     return drain_bound(entry, drain_timeout, meta if still_listed else None, policy)
 
 

@@ -18,8 +18,9 @@ from ipvsctl.plan.ops import DeleteRealServer, DeletionReason, ForgetDrain
 def wants_conn_states(entry: DrainEntry, status: RealServerStatus) -> bool:
     """Only a TCP real server whose connections are all inactive (ActiveConn 0, InActConn
     > 0) can be drained by looking at them: TIME_WAIT and CLOSE ones carry no data."""
-    return (entry.vs.protocol is Protocol.TCP and status.active_conns == 0
-            and status.inactive_conns > 0)
+    return (
+        entry.vs.protocol is Protocol.TCP and status.active_conns == 0 and status.inactive_conns > 0
+    )
 
 
 def all_closed(counts: ConnCounts, status: RealServerStatus) -> bool:
@@ -50,12 +51,14 @@ def check_drains(
         if status is None:
             ops.append(ForgetDrain(entry.vs, rs))
         elif status.connections == 0 or (
-                counts is not None and wants_conn_states(entry, status)
-                and all_closed(counts, status)):
+            counts is not None and wants_conn_states(entry, status) and all_closed(counts, status)
+        ):
             ops.append(DeleteRealServer(entry.vs, rs, DeletionReason.DRAINED))
         elif now >= entry.deadline:
-            reason = (DeletionReason.POD_GONE
-                      if entry.deadline_source is DeadlineSource.POD_GONE
-                      else DeletionReason.DEADLINE)
+            reason = (
+                DeletionReason.POD_GONE
+                if entry.deadline_source is DeadlineSource.POD_GONE
+                else DeletionReason.DEADLINE
+            )
             ops.append(DeleteRealServer(entry.vs, rs, reason))
     return ops

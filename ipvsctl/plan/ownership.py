@@ -10,16 +10,23 @@ from ipvsctl.model import ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 
 
-def is_owned(key: ServiceKey, bound: Container[str], node_ips: Container[str],
-             node_ports: range = DEFAULT_NODE_PORT_RANGE) -> bool:
+def is_owned(
+    key: ServiceKey,
+    bound: Container[str],
+    node_ips: Container[str],
+    node_ports: range = DEFAULT_NODE_PORT_RANGE,
+) -> bool:
     """On an address of ipvsctl's dummy interface (`bound`), or a NodePort (a port in
     --service-node-port-range) on one of the node's IPs."""
     return key.address in bound or (key.port in node_ports and key.address in node_ips)
 
 
-def owned_virtual_servers(virtual_servers: Iterable[ServiceKey], bound: Iterable[str],
-                          node_ips: Iterable[str],
-                          node_ports: range = DEFAULT_NODE_PORT_RANGE) -> list[ServiceKey]:
+def owned_virtual_servers(
+    virtual_servers: Iterable[ServiceKey],
+    bound: Iterable[str],
+    node_ips: Iterable[str],
+    node_ports: range = DEFAULT_NODE_PORT_RANGE,
+) -> list[ServiceKey]:
     """The owned ones of `virtual_servers`, sorted."""
     bound_set, ips = set(bound), set(node_ips)
     return sorted(k for k in virtual_servers if is_owned(k, bound_set, ips, node_ports))

@@ -32,8 +32,7 @@ class Topology:
     zone: str | None = None
 
 
-def topology_mode(ready: Iterable[K], endpoints: Mapping[K, EndpointInfo],
-                  topo: Topology) -> str:
+def topology_mode(ready: Iterable[K], endpoints: Mapping[K, EndpointInfo], topo: Topology) -> str:
     """kube-proxy's topologyModeFromHints over the ready endpoints (`ready`, keys of
     `endpoints`): "", SAME_NODE or SAME_ZONE."""
     has_ready = for_node = for_zone = False
@@ -71,8 +70,9 @@ def available(ep: EndpointInfo, mode: str, topo: Topology) -> bool:
     return topo.zone in ep.hints.zones
 
 
-def by_topology(ready: frozenset[K], endpoints: Mapping[K, EndpointInfo],
-                topo: Topology) -> frozenset[K]:
+def by_topology(
+    ready: frozenset[K], endpoints: Mapping[K, EndpointInfo], topo: Topology
+) -> frozenset[K]:
     """The ready endpoints this node should use (all of them unless hints say otherwise)."""
     mode = topology_mode(ready, endpoints, topo)
     if not mode:

@@ -43,8 +43,9 @@ class Orphan:
     real_servers: int
 
 
-def read_ours(kernel: IPVSKernel, wanted: Collection[ServiceKey],
-              owned: Callable[[ServiceKey], bool]) -> Observed:
+def read_ours(
+    kernel: IPVSKernel, wanted: Collection[ServiceKey], owned: Callable[[ServiceKey], bool]
+) -> Observed:
     """The kernel's virtual servers that are ours, with their real servers: what we want
     (even when another proxy made it: kube-router's VIPs live on its own interface; taking
     them over in place keeps their connections) and what sits on our addresses. Anything
@@ -76,8 +77,12 @@ def adopt(
             wanted_rs[key] = dvs.real_servers
             if key in observed:
                 vs, dests = observed[key]
-                state.add(ref, vs, binds_address(dvs.kind, key.address, node_ips),
-                          {d.key: d.weight for d in dests})
+                state.add(
+                    ref,
+                    vs,
+                    binds_address(dvs.kind, key.address, node_ips),
+                    {d.key: d.weight for d in dests},
+                )
 
     by_key = {e.key: e for e in restored}
     for key, (_vs, dests) in observed.items():
@@ -86,12 +91,26 @@ def adopt(
                 continue
             entry = by_key.get((key, d.key))
             if entry is None:
-                entry = DrainEntry(key, d.key, state.owner.get(key), DrainReason.ADOPTED, now,
-                                   now + drain_timeout, DeadlineSource.DEFAULT)
+                entry = DrainEntry(
+                    key,
+                    d.key,
+                    state.owner.get(key),
+                    DrainReason.ADOPTED,
+                    now,
+                    now + drain_timeout,
+                    DeadlineSource.DEFAULT,
+                )
             drains.add(entry)
-            log.info("drain adopted", extra=fields(
-                vs=key, rs=d.key, reason=entry.reason,
-                deadline_in=round(entry.deadline - now, 3) if entry.has_deadline else None,
-                deadline_from=entry.deadline_source))
-    return [Orphan(key, len(observed[key][1]))
-            for key in sorted(observed.keys() - wanted_rs.keys())]
+            log.info(
+                "drain adopted",
+                extra=fields(
+                    vs=key,
+                    rs=d.key,
+                    reason=entry.reason,
+                    deadline_in=round(entry.deadline - now, 3) if entry.has_deadline else None,
+                    deadline_from=entry.deadline_source,
+                ),
+            )
+    return [
+        Orphan(key, len(observed[key][1])) for key in sorted(observed.keys() - wanted_rs.keys())
+    ]

@@ -60,8 +60,13 @@ class AppliedState:
             ref = self.owner.get(key)
         return self.by_service.get(ref, {}).get(key) if ref is not None else None
 
-    def add(self, ref: ServiceRef, vs: VirtualServer, bind_address: bool,
-            weights: dict[RealServerKey, int] | None = None) -> AppliedVirtualServer:
+    def add(
+        self,
+        ref: ServiceRef,
+        vs: VirtualServer,
+        bind_address: bool,
+        weights: dict[RealServerKey, int] | None = None,
+    ) -> AppliedVirtualServer:
         """A virtual server `ref` now holds (programmed, or found in the kernel)."""
         state = AppliedVirtualServer(vs, bind_address)
         self.by_service.setdefault(ref, {})[vs.key] = state
@@ -71,8 +76,9 @@ class AppliedState:
         self.owner[vs.key] = ref
         return state
 
-    def forget(self, ref: ServiceRef | None, key: ServiceKey, *,
-               keep_owner: bool = False) -> ServiceRef | None:
+    def forget(
+        self, ref: ServiceRef | None, key: ServiceKey, *, keep_owner: bool = False
+    ) -> ServiceRef | None:
         """The virtual server is gone (deleted, or found missing: then `keep_owner`, so no
         other Service takes the key before its own Service re-adds it). Returns its owner."""
         owner = ref if ref is not None else self.owner.get(key)
@@ -90,8 +96,9 @@ class AppliedState:
         self.desired.pop(ref, None)
         self.by_service.pop(ref, None)
 
-    def set_weight(self, state: AppliedVirtualServer | None, rs: RealServerKey,
-                   weight: int | None) -> None:
+    def set_weight(
+        self, state: AppliedVirtualServer | None, rs: RealServerKey, weight: int | None
+    ) -> None:
         """A real server's weight as applied (None: gone); keeps the counts and the by-IP
         index in step."""
         if state is None:
@@ -126,5 +133,6 @@ class AppliedState:
             since = self._quiesced_since.get(ip)
             if since is not None and since + QUIESCED_MEMORY <= now:
                 del self._quiesced_since[ip]
-        return Quiesced(address, self._live_by_ip.get(address, 0),
-                        self._quiesced_since.get(address))
+        return Quiesced(
+            address, self._live_by_ip.get(address, 0), self._quiesced_since.get(address)
+        )

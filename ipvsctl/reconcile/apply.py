@@ -78,8 +78,15 @@ class Applier:
                 self.metrics.netlink_errors.labels(operation).inc()
                 self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
                 if ref is not None:
-                    self._failing.failed(logging.ERROR, "kernel operation failed", key=ref,
-                                         service=ref, op=op, operation=operation, error=exc)
+                    self._failing.failed(
+                        logging.ERROR,
+                        "kernel operation failed",
+                        key=ref,
+                        service=ref,
+                        op=op,
+                        operation=operation,
+                        error=exc,
+                    )
                 return Applied(done, True, surprised)
             done += 1
             ok = self._ok.get(type(op))
@@ -109,14 +116,17 @@ class Applier:
         owner = self.state.forget(ref, key)
         self.drains.remove_vs(key)
         if real_servers:
-            self.metrics.real_server_deletions.labels(
-                DeletionReason.SERVICE_DELETED.value).inc(real_servers)
-        log.info("virtual server deleted", extra=fields(
-            service=owner, vs=key, real_servers=real_servers))
+            self.metrics.real_server_deletions.labels(DeletionReason.SERVICE_DELETED.value).inc(
+                real_servers
+            )
+        log.info(
+            "virtual server deleted", extra=fields(service=owner, vs=key, real_servers=real_servers)
+        )
         self.on_released(key)
 
 
 # --- one function per op ------------------------------------------------------------------
+
 
 def _add_vs(a: Applier, ref: ServiceRef | None, op: AddVirtualServer) -> bool:
     k = a.kernel
@@ -172,8 +182,7 @@ def _restore_rs(a: Applier, ref: ServiceRef | None, op: RestoreRealServer) -> bo
         a.kernel.add_real_server(op.vs, op.rs, 1)
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
     if a.drains.remove(op.vs, op.rs):
-        log.info("drain cancelled, endpoint back", extra=fields(
-            service=ref, vs=op.vs, rs=op.rs))
+        log.info("drain cancelled, endpoint back", extra=fields(service=ref, vs=op.vs, rs=op.rs))
     return False
 
 
@@ -188,9 +197,18 @@ def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
         return False
     a.state.set_weight(state, e.rs, 0)
     a.drains.add(e)
-    log.info("drain started", extra=fields(
-        service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
-        deadline_in=_deadline_in(e.deadline, e.since), deadline_from=e.deadline_source))
+    log.info(
+        "drain started",
+        extra=fields(
+            service=e.service,
+            vs=e.vs,
+            rs=e.rs,
+            reason=e.reason,
+            pod=e.pod,
+            deadline_in=_deadline_in(e.deadline, e.since),
+            deadline_from=e.deadline_source,
+        ),
+    )
     return False
 
 
@@ -202,10 +220,18 @@ def _deadline_in(deadline: float, now: float) -> float | None:
 def _retime_drain(a: Applier, ref: ServiceRef | None, op: RetimeDrain) -> bool:
     e = op.entry
     if a.drains.replace(e):
-        log.info("drain bound changed", extra=fields(
-            service=e.service, vs=e.vs, rs=e.rs, reason=e.reason, pod=e.pod,
-            deadline_in=_deadline_in(e.deadline, a.clock.wall()),
-            deadline_from=e.deadline_source))
+        log.info(
+            "drain bound changed",
+            extra=fields(
+                service=e.service,
+                vs=e.vs,
+                rs=e.rs,
+                reason=e.reason,
+                pod=e.pod,
+                deadline_in=_deadline_in(e.deadline, a.clock.wall()),
+                deadline_from=e.deadline_source,
+            ),
+        )
     return False
 
 
@@ -223,11 +249,18 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
     a.metrics.real_server_deletions.labels(op.reason.value).inc()
     if entry is not None:
         a.metrics.drain_duration.labels(op.reason.value).observe(
-            max(0.0, a.clock.wall() - entry.since))
-    log.info("real server deleted", extra=fields(
-        service=ref or (entry.service if entry else None), vs=op.vs, rs=op.rs,
-        reason=op.reason,
-        drained_for=round(a.clock.wall() - entry.since, 3) if entry else None))
+            max(0.0, a.clock.wall() - entry.since)
+        )
+    log.info(
+        "real server deleted",
+        extra=fields(
+            service=ref or (entry.service if entry else None),
+            vs=op.vs,
+            rs=op.rs,
+            reason=op.reason,
+            drained_for=round(a.clock.wall() - entry.since, 3) if entry else None,
+        ),
+    )
     return False
 
 

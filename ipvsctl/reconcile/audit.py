@@ -67,11 +67,19 @@ class Findings:
 
 
 class Auditor:
-    def __init__(self, kernel: IPVSKernel, state: AppliedState, drains: Terminations,
-                 applier: Applier, metrics: Metrics,
-                 owned: Callable[[ServiceKey], bool], *, batch: int,
-                 ready: Callable[[], bool],
-                 on_repair: Callable[[set[ServiceRef]], None]) -> None:
+    def __init__(
+        self,
+        kernel: IPVSKernel,
+        state: AppliedState,
+        drains: Terminations,
+        applier: Applier,
+        metrics: Metrics,
+        owned: Callable[[ServiceKey], bool],
+        *,
+        batch: int,
+        ready: Callable[[], bool],
+        on_repair: Callable[[set[ServiceRef]], None],
+    ) -> None:
         self.kernel = kernel
         self.state = state
         self.drains = drains
@@ -112,7 +120,8 @@ class Auditor:
         for key in plan.keys:
             try:
                 reading.real_servers[key] = {
-                    s.key: s.weight for s in self.kernel.list_real_servers(key)}
+                    s.key: s.weight for s in self.kernel.list_real_servers(key)
+                }
             except KernelNotFound:
                 pass  # the virtual server check of the next round sees it
             except KernelError as exc:
@@ -155,8 +164,7 @@ class Auditor:
                         missing.append((ref, key))
                     elif vs != applied.vs:
                         changed.append((ref, key, vs))
-            unknown = [key for key in in_kernel.keys() - self.state.owner.keys()
-                       if self.owned(key)]
+            unknown = [key for key in in_kernel.keys() - self.state.owner.keys() if self.owned(key)]
         except RuntimeError:  # "dictionary changed size during iteration"
             return None
         return VirtualServerDrift(missing, changed, sorted(unknown, key=service_order))
@@ -176,8 +184,9 @@ class Auditor:
             self._drift(out, "virtual_server_unknown", None, key)
             self.applier.delete_orphan(key, self._count_real_servers(key))
 
-    def _real_servers(self, key: ServiceKey, observed: dict[RealServerKey, int],
-                      out: Findings) -> None:
+    def _real_servers(
+        self, key: ServiceKey, observed: dict[RealServerKey, int], out: Findings
+    ) -> None:
         ref = self.state.owner.get(key)
         applied = self.state.get(ref, key) if ref else None
         if applied is None:
@@ -193,8 +202,14 @@ class Auditor:
                 self._drift(out, "real_server_changed", ref, key, rs)
                 self.state.set_weight(applied, rs, observed.get(rs))
 
-    def _drift(self, out: Findings, kind: str, ref: ServiceRef | None, key: ServiceKey,
-               rs: RealServerKey | None = None) -> None:
+    def _drift(
+        self,
+        out: Findings,
+        kind: str,
+        ref: ServiceRef | None,
+        key: ServiceKey,
+        rs: RealServerKey | None = None,
+    ) -> None:
         self.metrics.drift_repairs.labels(kind).inc()
         log.warning("kernel drift repaired", extra=fields(kind=kind, service=ref, vs=key, rs=rs))
         out.found += 1

@@ -6,8 +6,9 @@ import time
 from typing import Protocol
 
 
-def paced(started: float, ended: float, *, duty: float, every: float = 0.0,
-          rest: float = 0.0) -> float:
+def paced(
+    started: float, ended: float, *, duty: float, every: float = 0.0, rest: float = 0.0
+) -> float:
     """When a paced background read that ran from `started` to `ended` may run next: at
     least `every` after it started, `rest` after it ended, and `duty` times its duration
     after it ended, so it reads at most 1 / (1 + duty) of the time however slow the kernel

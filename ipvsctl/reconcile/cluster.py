@@ -19,26 +19,35 @@ def plan_objects(
     """Every virtual server the objects ask for, sorted by key, with the problems found.
     A virtual server two Services want goes to the winner by plan/conflicts.py's rule. A
     `kind: Node` named as the node gives its zone (topology hints)."""
-    store = ObjectStore(node.default_scheduler, node_name=node.node_name,
-                         service_proxy_name=node.service_proxy_name)
+    store = ObjectStore(
+        node.default_scheduler, node_name=node.node_name, service_proxy_name=node.service_proxy_name
+    )
     problems: list[Problem] = []
-    for kind in (ObjectKind.NODE, ObjectKind.SERVICE,
-                 ObjectKind.ENDPOINT_SLICE):
+    for kind in (ObjectKind.NODE, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
     if store.node is not None:
         node = dataclasses.replace(node, zone=store.node.zone)
-    built = {ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
-             for ref in sorted(store.services)}
-    winners = resolve((ref, key, rank(dvs.kind, store.services[ref].created, ref))
-                      for ref, desired in built.items()
-                      for key, dvs in desired.virtual_servers.items())
+    built = {
+        ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
+        for ref in sorted(store.services)
+    }
+    winners = resolve(
+        (ref, key, rank(dvs.kind, store.services[ref].created, ref))
+        for ref, desired in built.items()
+        for key, dvs in desired.virtual_servers.items()
+    )
     chosen: dict[ServiceKey, tuple[DesiredService, DesiredVirtualServer]] = {}
     for ref, desired in built.items():
         for key, dvs in desired.virtual_servers.items():
             if winners[key] != ref:
-                problems.append(Problem(
-                    ObjectKind.SERVICE, str(ref),
-                    f"virtual server {key} is {winners[key]}'s", fatal=False))
+                problems.append(
+                    Problem(
+                        ObjectKind.SERVICE,
+                        str(ref),
+                        f"virtual server {key} is {winners[key]}'s",
+                        fatal=False,
+                    )
+                )
                 continue
             chosen[key] = (desired, dvs)
     return [chosen[k] for k in sorted(chosen)], problems

@@ -71,9 +71,16 @@ class SweepFailure:
 
 
 class ConntrackSweeper:
-    def __init__(self, view: EngineView, table: ConntrackTable,
-                 lock: AbstractContextManager[Any], metrics: Metrics, *,
-                 clock: Clock | None = None, config: SweepConfig | None = None) -> None:
+    def __init__(
+        self,
+        view: EngineView,
+        table: ConntrackTable,
+        lock: AbstractContextManager[Any],
+        metrics: Metrics,
+        *,
+        clock: Clock | None = None,
+        config: SweepConfig | None = None,
+    ) -> None:
         self.view = view
         self.table = table
         self.lock = lock  # for the second look at the Services, after the dumps
@@ -88,12 +95,12 @@ class ConntrackSweeper:
         self.last: SweepResult | None = None
 
     def pace(self) -> Pace:
-        return Pace(every=0.0, duty=self.config.duty, rest=self.config.min_interval,
-                    poll=POLL)
+        return Pace(every=0.0, duty=self.config.duty, rest=self.config.min_interval, poll=POLL)
 
     # --- triggers (under the loop's lock) ------------------------------------------
-    def on_service(self, ref: ServiceRef, old: DesiredService | None,
-                   new: DesiredService | None) -> None:
+    def on_service(
+        self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
+    ) -> None:
         """A service listener: O(the Service)."""
         if newly_served(old, new):
             self.request("endpoints")
@@ -136,15 +143,25 @@ class ConntrackSweeper:
             deleted = self.table.delete_conntrack(stale) if stale else 0
         except KernelError as exc:
             return SweepFailure(plan.reason, exc)
-        result = SweepResult(plan.reason, len(entries), deleted,
-                             round(self.clock.monotonic() - plan.started, 3))
+        result = SweepResult(
+            plan.reason, len(entries), deleted, round(self.clock.monotonic() - plan.started, 3)
+        )
         if deleted:
-            log.info("stale conntrack entries deleted", extra=fields(
-                deleted=deleted, examined=len(entries), reason=plan.reason,
-                elapsed=result.seconds, first=str(stale[0])))
+            log.info(
+                "stale conntrack entries deleted",
+                extra=fields(
+                    deleted=deleted,
+                    examined=len(entries),
+                    reason=plan.reason,
+                    elapsed=result.seconds,
+                    first=str(stale[0]),
+                ),
+            )
         else:
-            log.debug("conntrack sweep", extra=fields(
-                examined=len(entries), reason=plan.reason, elapsed=result.seconds))
+            log.debug(
+                "conntrack sweep",
+                extra=fields(examined=len(entries), reason=plan.reason, elapsed=result.seconds),
+            )
         return result
 
     def apply(self, outcome: SweepResult | SweepFailure) -> SweepResult | None:
@@ -162,6 +179,9 @@ class ConntrackSweeper:
 
     def _failed(self, exc: KernelError) -> None:
         self.metrics.netlink_errors.labels(exc.operation or "conntrack_sweep").inc()
-        self._failing.failed(logging.WARNING,
-                             "conntrack sweep failed; stale UDP entries are not removed",
-                             error=exc, retry_in=self.config.interval)
+        self._failing.failed(
+            logging.WARNING,
+            "conntrack sweep failed; stale UDP entries are not removed",
+            error=exc,
+            retry_in=self.config.interval,
+        )

@@ -25,27 +25,30 @@ class Contention:
         self._losing: dict[ServiceRef, frozenset[ServiceKey]] = {}
         self._waiting: dict[ServiceKey, set[ServiceRef]] = {}
 
-    def claim(self, ref: ServiceRef, desired: DesiredService | None,
-              created: float | None) -> set[ServiceRef]:
+    def claim(
+        self, ref: ServiceRef, desired: DesiredService | None, created: float | None
+    ) -> set[ServiceRef]:
         """Record all the Service's claims (None: it is gone). Returns the other Services
         that won or lost a key by this change: they must be rebuilt."""
-        affected = self.claims.update(
-            ref, {} if desired is None else claims_of(desired, created))
+        affected = self.claims.update(ref, {} if desired is None else claims_of(desired, created))
         if desired is None:
             self._losing.pop(ref, None)
         self.metrics.virtual_server_conflict_losers.set(self.claims.conflicts())
         return affected
 
-    def resolve(self, desired: DesiredService,
-                owner: Mapping[ServiceKey, ServiceRef]) -> DesiredService:
+    def resolve(
+        self, desired: DesiredService, owner: Mapping[ServiceKey, ServiceRef]
+    ) -> DesiredService:
         """The Service with only the virtual servers it may program now: the winner of a
         key gets it once the other Service has released it."""
         ref = desired.ref
         kept, lost, taken = split_won(desired, self.claims, owner)
         for key in sorted(lost - self._losing.get(ref, frozenset())):
             self.metrics.virtual_server_conflicts.inc()
-            log.warning("virtual server claimed by another service", extra=fields(
-                service=ref, vs=key, winner=self.claims.winner(key)))
+            log.warning(
+                "virtual server claimed by another service",
+                extra=fields(service=ref, vs=key, winner=self.claims.winner(key)),
+            )
         if lost:
             self._losing[ref] = lost
         else:

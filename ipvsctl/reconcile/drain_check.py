@@ -1,12 +1,12 @@
 """The drain check, as a background read (`paced.py`): which draining real servers can go.
 
-    snapshot  under the lock: the queue as it is now, one shallow copy (`Terminations`)
-    read      off the lock: the kernel's counts and connection states (`drain_reader.py`),
-              judged by the pure rule (`plan/drain.py`); no engine state touched
-    apply     under the lock: delete the real servers whose connections are gone or closed,
-              or whose deadline passed, if their entries are still the very ones judged
-              (`Terminations.accept`: a count read before an endpoint came back never
-              deletes it); O(the deletions), not O(queue)
+snapshot  under the lock: the queue as it is now, one shallow copy (`Terminations`)
+read      off the lock: the kernel's counts and connection states (`drain_reader.py`),
+          judged by the pure rule (`plan/drain.py`); no engine state touched
+apply     under the lock: delete the real servers whose connections are gone or closed,
+          or whose deadline passed, if their entries are still the very ones judged
+          (`Terminations.accept`: a count read before an endpoint came back never
+          deletes it); O(the deletions), not O(queue)
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ class DrainCheckResult:
 
 
 class DrainCheck:
-    def __init__(self, drains: Terminations, reader: DrainReader, applier: Applier,
-                 state: AppliedState, clock: Clock, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        drains: Terminations,
+        reader: DrainReader,
+        applier: Applier,
+        state: AppliedState,
+        clock: Clock,
+        ready: Callable[[], bool],
+    ) -> None:
         self.drains = drains
         self.reader = reader
         self.applier = applier

@@ -111,8 +111,10 @@ class DrainReader:
                 self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
                 self._table_cost = float("inf")  # dumps from now on
                 self._table_failing.failed(
-                    logging.WARNING, "ipvs table file unreadable, reading per virtual server",
-                    error=exc)
+                    logging.WARNING,
+                    "ipvs table file unreadable, reading per virtual server",
+                    error=exc,
+                )
             else:
                 self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
                 return observed
@@ -130,7 +132,7 @@ class DrainReader:
         return observed_
 
     def read_choice(self, n: int) -> str:
-        """"table" or "dumps" for n draining virtual servers. The table is tried first;
+        """ "table" or "dumps" for n draining virtual servers. The table is tried first;
         a dump's cost is learned on small checks (a few virtual servers); then whichever
         is estimated cheaper. The table is re-tried now and then (every 60 checks), as
         its cost changes with the node's table."""
@@ -158,8 +160,10 @@ class DrainReader:
             self.metrics.conn_table_reads.labels(result).inc()
             self._next_conn_scan = self.clock.monotonic() + 10.0
             self._conns_failing.failed(
-                logging.WARNING, "ipvs connection table unreadable, draining by counts only",
-                error=exc)
+                logging.WARNING,
+                "ipvs connection table unreadable, draining by counts only",
+                error=exc,
+            )
             return {}
         self._next_conn_scan = paced(now, self.clock.monotonic(), duty=DUTY)
         self.last_scan = scan
@@ -167,7 +171,6 @@ class DrainReader:
         self.metrics.conn_table_lines.inc(scan.lines)
         self._conns_failing.recovered("ipvs connection table readable again")
         if not scan.trustworthy:
-            log.debug("connection table lines unreadable", extra=fields(
-                lines=scan.unattributed))
+            log.debug("connection table lines unreadable", extra=fields(lines=scan.unattributed))
             return {}
         return scan.counts

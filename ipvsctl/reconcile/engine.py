@@ -120,16 +120,35 @@ class Engine:
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
         self.intake = Intake(config.node, self.metrics)
-        self.applier = Applier(kernel, self.state, self.drains, self.metrics, self.clock,
-                               node_ips=lambda: self.config.node.node_ips,
-                               on_released=self._released)
+        self.applier = Applier(
+            kernel,
+            self.state,
+            self.drains,
+            self.metrics,
+            self.clock,
+            node_ips=lambda: self.config.node.node_ips,
+            on_released=self._released,
+        )
         # The two background reads (`paced.py`), run by the loop's paced runners.
-        self.audit = Auditor(kernel, self.state, self.drains, self.applier, self.metrics,
-                             owned=lambda key: self.owned(key), batch=config.audit_batch,
-                             ready=lambda: self.started, on_repair=self._repaired)
-        self.drain_check = DrainCheck(self.drains, DrainReader(kernel, self.metrics, self.clock),
-                                      self.applier, self.state, self.clock,
-                                      ready=lambda: self.started)
+        self.audit = Auditor(
+            kernel,
+            self.state,
+            self.drains,
+            self.applier,
+            self.metrics,
+            owned=lambda key: self.owned(key),
+            batch=config.audit_batch,
+            ready=lambda: self.started,
+            on_repair=self._repaired,
+        )
+        self.drain_check = DrainCheck(
+            self.drains,
+            DrainReader(kernel, self.metrics, self.clock),
+            self.applier,
+            self.state,
+            self.clock,
+            ready=lambda: self.started,
+        )
         self._metrics_gauges()
 
     # --- events -------------------------------------------------------------------------
@@ -207,14 +226,21 @@ class Engine:
     def _build(self, ref: ServiceRef) -> DesiredService | None:
         """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
         svc = self.intake.store.services.get(ref)
-        desired = None if svc is None else build_desired_service(
-            svc, self.intake.store.slices_of(ref), self.config.node)
+        desired = (
+            None
+            if svc is None
+            else build_desired_service(svc, self.intake.store.slices_of(ref), self.config.node)
+        )
         # Services that won or lost a key by this change: rebuilt in this or the next pass
         self.dirty |= self.contention.claim(ref, desired, svc.created if svc else None)
         return desired
 
-    def _sync_service(self, ref: ServiceRef, result: SyncResult,
-                      prebuilt: dict[ServiceRef, DesiredService | None] | None = None) -> None:
+    def _sync_service(
+        self,
+        ref: ServiceRef,
+        result: SyncResult,
+        prebuilt: dict[ServiceRef, DesiredService | None] | None = None,
+    ) -> None:
         if prebuilt and ref in prebuilt:
             new = prebuilt.pop(ref)
         else:
@@ -224,9 +250,11 @@ class Engine:
         old = self.state.desired.get(ref)
         applied = self.state.by_service.get(ref, {})
         ops = diff_service(
-            ref, new, applied, {k: self.drains.queue.for_vs(k) for k in applied},
-            DrainPolicy(self.clock.wall(), self.config.drain_timeout,
-                        self.config.pod_gone_grace),
+            ref,
+            new,
+            applied,
+            {k: self.drains.queue.for_vs(k) for k in applied},
+            DrainPolicy(self.clock.wall(), self.config.drain_timeout, self.config.pod_gone_grace),
             previous_endpoints=old.endpoints if old else None,
         )
         outcome = self.applier.apply(ref, ops)
@@ -266,9 +294,15 @@ class Engine:
         wanted = self.state.owner.keys()
         observed = adopt.read_ours(self.kernel, wanted, self.owned)
         orphans = adopt.adopt(
-            observed, built, self.state, self.drains, restored=self._restored,
-            now=self.clock.wall(), drain_timeout=self.config.drain_timeout,
-            node_ips=self.config.node.node_ips)
+            observed,
+            built,
+            self.state,
+            self.drains,
+            restored=self._restored,
+            now=self.clock.wall(),
+            drain_timeout=self.config.drain_timeout,
+            node_ips=self.config.node.node_ips,
+        )
         self._restored = []
 
         result = SyncResult()
@@ -284,10 +318,18 @@ class Engine:
         # it without the lock.
         self.started = True
         self._finish_sync(result, t0)
-        log.info("initial sync done", extra=fields(
-            services=len(self.intake.store.services), virtual_servers=self.state.n_vs,
-            real_servers=self.state.n_rs, draining=len(self.drains), ops=result.ops,
-            failed=len(result.failed), seconds=round(self.clock.monotonic() - t0, 3)))
+        log.info(
+            "initial sync done",
+            extra=fields(
+                services=len(self.intake.store.services),
+                virtual_servers=self.state.n_vs,
+                real_servers=self.state.n_rs,
+                draining=len(self.drains),
+                ops=result.ops,
+                failed=len(result.failed),
+                seconds=round(self.clock.monotonic() - t0, 3),
+            ),
+        )
         return result
 
     # --- metrics ------------------------------------------------------------------------
@@ -296,5 +338,4 @@ class Engine:
         m.virtual_servers.set_function(lambda: state.n_vs)
         m.drain_queue_length.set_function(lambda: len(drains))
         m.real_servers.labels("draining").set_function(lambda: len(drains))
-        m.real_servers.labels("active").set_function(
-            lambda: max(0, state.n_rs - len(drains)))
+        m.real_servers.labels("active").set_function(lambda: max(0, state.n_rs - len(drains)))

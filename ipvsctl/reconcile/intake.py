@@ -28,8 +28,11 @@ FORMER_NODE_IPS = 256
 class Intake:
     def __init__(self, node: NodeContext, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.store = ObjectStore(node.default_scheduler, node_name=node.node_name,
-                                 service_proxy_name=node.service_proxy_name)
+        self.store = ObjectStore(
+            node.default_scheduler,
+            node_name=node.node_name,
+            service_proxy_name=node.service_proxy_name,
+        )
         self.arrivals: dict[ServiceRef, list[float]] = {}  # monotonic, per dirty Service
         # Services with a nodePort: the only ones a node address change touches.
         self._node_port_services: set[ServiceRef] = set()
@@ -51,8 +54,11 @@ class Intake:
 
     def _index(self, ref: ServiceRef) -> None:
         svc = self.store.services.get(ref)
-        if (svc is not None and svc.type in ("NodePort", "LoadBalancer")
-                and any(p.node_port for p in svc.ports)):
+        if (
+            svc is not None
+            and svc.type in ("NodePort", "LoadBalancer")
+            and any(p.node_port for p in svc.ports)
+        ):
             self._node_port_services.add(ref)
         else:
             self._node_port_services.discard(ref)
@@ -67,17 +73,25 @@ class Intake:
         carry topology hints (node hints follow the node name, which never changes)."""
         obj = self.store.node
         zone = obj.zone if obj is not None else None
-        log.info("node object", extra=fields(
-            node=node.node_name, known=obj is not None and obj.present,
-            zone=zone, eligible=obj.eligible if obj is not None else None))
+        log.info(
+            "node object",
+            extra=fields(
+                node=node.node_name,
+                known=obj is not None and obj.present,
+                zone=zone,
+                eligible=obj.eligible if obj is not None else None,
+            ),
+        )
         if zone == node.zone:
             return node, set()
-        log.info("node zone changed", extra=fields(
-            zone=zone, services=len(self._hinted_services)))
+        log.info("node zone changed", extra=fields(zone=zone, services=len(self._hinted_services)))
         return dataclasses.replace(node, zone=zone), set(self._hinted_services)
 
-    def set_node_ips(self, ips: Iterable[str], node: NodeContext,
-                     ) -> tuple[NodeContext, set[ServiceRef]] | None:
+    def set_node_ips(
+        self,
+        ips: Iterable[str],
+        node: NodeContext,
+    ) -> tuple[NodeContext, set[ServiceRef]] | None:
         """The node's addresses changed: the new NodeContext and the Services with a
         nodePort (their virtual servers move); None when nothing changed."""
         new = tuple(dict.fromkeys(ips))
@@ -93,15 +107,21 @@ class Intake:
         while len(self._former_node_ips) > FORMER_NODE_IPS:
             del self._former_node_ips[next(iter(self._former_node_ips))]
         self.node_ips_known = frozenset((*new, *self._former_node_ips))
-        log.info("node addresses changed", extra=fields(
-            added=",".join(added) or None, removed=",".join(removed) or None,
-            services=len(self._node_port_services)))
+        log.info(
+            "node addresses changed",
+            extra=fields(
+                added=",".join(added) or None,
+                removed=",".join(removed) or None,
+                services=len(self._node_port_services),
+            ),
+        )
         return dataclasses.replace(node, node_ips=new), set(self._node_port_services)
 
     def ready(self, wait_for_node: bool) -> bool:
         synced = self.store.synced
-        return ({ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= synced
-                and (ObjectKind.NODE in synced or not wait_for_node))
+        return {ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= synced and (
+            ObjectKind.NODE in synced or not wait_for_node
+        )
 
     def _report_problem(self, p: Problem) -> None:
         self.metrics.invalid_objects.labels(p.kind.value).inc()

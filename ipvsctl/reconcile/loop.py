@@ -89,12 +89,22 @@ class Loop:
         # least AUDIT_DUTY x its read's duration, so an idle node stays idle however slow its
         # reads are, and survives its own failure (a safety net must not end the daemon).
         self.drain_runner = PacedRunner(
-            "drain", engine.drain_check, self.lock,
-            Pace(every=self.config.drain_check_interval), clock=self.clock)
+            "drain",
+            engine.drain_check,
+            self.lock,
+            Pace(every=self.config.drain_check_interval),
+            clock=self.clock,
+        )
         self.audit_runner = PacedRunner(
-            "audit-reader", engine.audit, self.lock,
-            Pace(every=self.config.audit_interval, duty=AUDIT_DUTY,
-                 first=self.config.audit_interval), clock=self.clock, survive=True)
+            "audit-reader",
+            engine.audit,
+            self.lock,
+            Pace(
+                every=self.config.audit_interval, duty=AUDIT_DUTY, first=self.config.audit_interval
+            ),
+            clock=self.clock,
+            survive=True,
+        )
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -133,8 +143,9 @@ class Loop:
         """Wait up to `timeout` for events, then do whatever is due. Tests call this."""
         batch: list[SourceEvent] = []
         try:
-            batch.append(self.events.get(timeout=timeout) if timeout > 0
-                         else self.events.get_nowait())
+            batch.append(
+                self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
+            )
             while len(batch) < self.config.max_batch:
                 batch.append(self.events.get_nowait())
         except queue.Empty:
@@ -155,8 +166,11 @@ class Loop:
             e = self.engine
             moved = node_ips is not None and e.set_node_ips(node_ips)
             starting = not e.started and (self._retry_at is None or self._retry_due(now))
-            if e.ready and (starting or e.repaired or (e.dirty and (
-                    got_events or moved or self._retry_due(now)))):
+            if e.ready and (
+                starting
+                or e.repaired
+                or (e.dirty and (got_events or moved or self._retry_due(now)))
+            ):
                 self._sync(now)
             snapshot = self._persist_snapshot()
             self.heartbeat = self.clock.monotonic()
@@ -181,7 +195,8 @@ class Loop:
         except Exception as exc:  # whatever the reason, the current addresses stay
             self.engine.metrics.node_address_errors.inc()
             self._node_ips_failing.failed(
-                logging.ERROR, "node addresses unreadable, keeping the current ones", error=exc)
+                logging.ERROR, "node addresses unreadable, keeping the current ones", error=exc
+            )
             return None
         self._node_ips_failing.recovered("node addresses readable again")
         return ips
@@ -195,8 +210,10 @@ class Loop:
             result = self.engine.sync()
         except KernelError as exc:  # e.g. the start-up dump failed: nothing was changed
             self.engine.metrics.netlink_errors.labels(exc.operation or "sync").inc()
-            log.error("sync failed, retrying", extra=fields(
-                error=exc, retry_in=round(self._retry_delay, 3)))
+            log.error(
+                "sync failed, retrying",
+                extra=fields(error=exc, retry_in=round(self._retry_delay, 3)),
+            )
             self._retry_at = now + self._retry_delay
             self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
             return
@@ -209,8 +226,12 @@ class Loop:
             self._resume_gc()
         if result.failed:
             self._retry_at = now + self._retry_delay
-            log.warning("sync incomplete, retrying", extra=fields(
-                failed_services=len(result.failed), retry_in=round(self._retry_delay, 3)))
+            log.warning(
+                "sync incomplete, retrying",
+                extra=fields(
+                    failed_services=len(result.failed), retry_in=round(self._retry_delay, 3)
+                ),
+            )
             self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
         elif result.resync:
             # Not a failure (say the kernel held an entry we did not know): one more pass

@@ -49,8 +49,10 @@ class Pace:
     poll: float | None = None  # a pass that found nothing to do: again after this (every)
 
 
-def run_once(task: BackgroundRead[PlanT, ReadingT, ResultT_co],
-             lock: AbstractContextManager[Any] | None = None) -> ResultT_co | None:
+def run_once(
+    task: BackgroundRead[PlanT, ReadingT, ResultT_co],
+    lock: AbstractContextManager[Any] | None = None,
+) -> ResultT_co | None:
     """One pass in the caller's thread (tests, and anything that wants one now): None
     when the task had nothing to do."""
     guard = lock if lock is not None else nullcontext()
@@ -67,10 +69,17 @@ class PacedRunner:
     """Runs one background read, paced, on the thread that calls `run`. `wake` (a task's
     own event, say the sweep's request) makes it look again at once, within its pace."""
 
-    def __init__(self, name: str, task: BackgroundRead[Any, Any, Any],
-                 lock: AbstractContextManager[Any], pace: Pace, *,
-                 clock: Clock | None = None, wake: threading.Event | None = None,
-                 survive: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        task: BackgroundRead[Any, Any, Any],
+        lock: AbstractContextManager[Any],
+        pace: Pace,
+        *,
+        clock: Clock | None = None,
+        wake: threading.Event | None = None,
+        survive: bool = False,
+    ) -> None:
         self.name = name
         self.survive = survive
         self.task = task
@@ -108,7 +117,8 @@ class PacedRunner:
                 took = ended - t0
             self.not_before = self._poll_at = max(
                 started + self.pace.every,
-                paced(ended - took, ended, duty=self.pace.duty, rest=self.pace.rest))
+                paced(ended - took, ended, duty=self.pace.duty, rest=self.pace.rest),
+            )
         return True
 
     def timeout(self) -> float:

@@ -112,11 +112,13 @@ class Terminations:
             for status in observed or ():
                 queued = snapped.get(status.key)
                 if queued is not None:
-                    seen[key, status.key] = Seen(queued, status.active_conns,
-                                                 status.inactive_conns,
-                                                 reading.conns.get((key, status.key)))
-            conns = {rs: c for rs in snapped
-                     if (c := reading.conns.get((key, rs))) is not None}
+                    seen[key, status.key] = Seen(
+                        queued,
+                        status.active_conns,
+                        status.inactive_conns,
+                        reading.conns.get((key, status.key)),
+                    )
+            conns = {rs: c for rs in snapped if (c := reading.conns.get((key, rs))) is not None}
             ops: list[DrainOp] = check_drains(snapped, observed, now, conns)
             if ops:
                 out.append((key, [(snapped[op.rs], op) for op in ops]))

@@ -21,9 +21,12 @@ log = logging.getLogger("ipvsctl.loop")
 
 
 class StateWriter:
-    def __init__(self, save: Callable[[Sequence[DrainEntry]], None],
-                 on_error: Callable[[], None] | None = None,
-                 retry_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        save: Callable[[Sequence[DrainEntry]], None],
+        on_error: Callable[[], None] | None = None,
+        retry_interval: float = 0.5,
+    ) -> None:
         self.save = save
         self.on_error = on_error
         self.retry_interval = retry_interval
@@ -74,5 +77,4 @@ class StateWriter:
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing is pending or being written (for tests and shutdown)."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._pending is None and not self._writing, timeout)
+            return self._cond.wait_for(lambda: self._pending is None and not self._writing, timeout)

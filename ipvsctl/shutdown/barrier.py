@@ -178,28 +178,32 @@ class BarrierResult:
     def message(self) -> str:
         daemons = f"{len(self.daemons)} daemon{'s' if len(self.daemons) != 1 else ''}"
         if self.outcome is Outcome.DRAINED:
-            return (f"all {daemons} quiesced and {self.connections} "
-                    f"established connections (<= {self.min_open_connections}) "
-                    f"after {self.elapsed:.3f}s")
+            return (
+                f"all {daemons} quiesced and {self.connections} "
+                f"established connections (<= {self.min_open_connections}) "
+                f"after {self.elapsed:.3f}s"
+            )
         if self.outcome is Outcome.QUIESCED:
             return f"all {daemons} quiesced after {self.elapsed:.3f}s"
         if self.stage is Stage.CONNECTIONS:
             if self.connections_error is None:
-                seen = (f"{self.connections} established connections "
-                        f"> {self.min_open_connections}")
+                seen = f"{self.connections} established connections > {self.min_open_connections}"
             else:
                 seen = f"connections unknown ({self.connections_error})" + (
-                    f", {self.connections} when last read" if self.connections is not None
-                    else "")
+                    f", {self.connections} when last read" if self.connections is not None else ""
+                )
             return f"timeout after {self.elapsed:.3f}s: all daemons quiesced, but {seen}"
         if self.stage is Stage.DELAY:
             return f"timeout after {self.elapsed:.3f}s during the check delay"
         if not self.daemons:
-            return (f"timeout after {self.elapsed:.3f}s: no daemon found"
-                    + (f" ({self.discovery_error})" if self.discovery_error else ""))
+            return f"timeout after {self.elapsed:.3f}s: no daemon found" + (
+                f" ({self.discovery_error})" if self.discovery_error else ""
+            )
         waiting = _some([f"{d} ({why})" for d, why in self.not_quiesced.items()], sep=", ")
-        return (f"timeout after {self.elapsed:.3f}s: {len(self.not_quiesced)} of "
-                f"{daemons} not quiesced: {waiting}")
+        return (
+            f"timeout after {self.elapsed:.3f}s: {len(self.not_quiesced)} of "
+            f"{daemons} not quiesced: {waiting}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -260,10 +264,15 @@ class Barrier:
         self.started_at = now
         self.deadline = now + self.config.timeout
         self._stage_started = now
-        self._note("info", "shutdown barrier started", pod_ips=",".join(self.pod_ips),
-                   timeout=self.config.timeout, check_delay=self.config.check_delay,
-                   check_interval=self.config.check_interval,
-                   min_open_connections=self.config.min_open_connections)
+        self._note(
+            "info",
+            "shutdown barrier started",
+            pod_ips=",".join(self.pod_ips),
+            timeout=self.config.timeout,
+            check_delay=self.config.check_delay,
+            check_interval=self.config.check_interval,
+            min_open_connections=self.config.min_open_connections,
+        )
         if self.config.check_delay > 0:
             if (expired := self._expired(now)) is not None:
                 return expired
@@ -303,8 +312,12 @@ class Barrier:
             changes = {"added": _some(added)} if added else {}
             if gone:
                 changes["gone"] = _some(gone)
-            self._note("info" if not self.daemons else "debug", "daemons found",
-                       daemons=len(found), **changes)
+            self._note(
+                "info" if not self.daemons else "debug",
+                "daemons found",
+                daemons=len(found),
+                **changes,
+            )
             for d in gone:
                 self.problems.pop(d, None)
         self.daemons = found
@@ -313,8 +326,11 @@ class Barrier:
             return self._expired(now) or self._enter_connections(now)
         if (expired := self._expired(now)) is not None:
             return expired
-        return Query(pending, max(min(self.config.query_timeout, self.deadline - now), 0.001),
-                     self.generation)
+        return Query(
+            pending,
+            max(min(self.config.query_timeout, self.deadline - now), 0.001),
+            self.generation,
+        )
 
     def join(self, now: float) -> None:
         """Another caller, arriving at `now`: its answer must rest on what is seen from now
@@ -330,8 +346,13 @@ class Barrier:
             self._stage_started = now
         self.quiesced.clear()
         self.connections = None
-        self._note("info", "shutdown barrier joined, checking again", joins=self.joins,
-                   stage=self.stage.value, deadline_in=round(self.deadline - now, 3))
+        self._note(
+            "info",
+            "shutdown barrier joined, checking again",
+            joins=self.joins,
+            stage=self.stage.value,
+            deadline_in=round(self.deadline - now, 3),
+        )
 
     def result_now(self, now: float) -> BarrierResult:
         """A timeout result as of now, changing nothing: for a caller whose own deadline
@@ -340,8 +361,9 @@ class Barrier:
             return self.result
         return self._result(now, Outcome.TIMEOUT, self.stage)
 
-    def on_answers(self, now: float, answers: Mapping[str, DaemonAnswer],
-                   generation: int | None = None) -> Action:
+    def on_answers(
+        self, now: float, answers: Mapping[str, DaemonAnswer], generation: int | None = None
+    ) -> Action:
         if self.result is not None:
             return Finish(self.result)
         if generation is not None and generation != self.generation:
@@ -354,11 +376,15 @@ class Barrier:
             if isinstance(answer, DaemonReport) and answer.done:
                 self.quiesced[daemon] = answer
                 self.problems.pop(daemon, None)
-                self._note("debug", "daemon quiesced", daemon=daemon, node=answer.node,
-                           elapsed=self._elapsed(now))
+                self._note(
+                    "debug",
+                    "daemon quiesced",
+                    daemon=daemon,
+                    node=answer.node,
+                    elapsed=self._elapsed(now),
+                )
                 continue
-            why = (f"unreachable: {answer.error}" if isinstance(answer, Failure)
-                   else answer.why_not)
+            why = f"unreachable: {answer.error}" if isinstance(answer, Failure) else answer.why_not
             if self.problems.get(daemon) != why:
                 self._note("debug", "daemon not quiesced yet", daemon=daemon, reason=why)
             self.problems[daemon] = why
@@ -366,8 +392,9 @@ class Barrier:
             return self._expired(now) or self._enter_connections(now)
         return self._expired(now) or self._next_round(now)
 
-    def on_connections(self, now: float, count: int | Failure,
-                       generation: int | None = None) -> Action:
+    def on_connections(
+        self, now: float, count: int | Failure, generation: int | None = None
+    ) -> Action:
         if self.result is not None:
             return Finish(self.result)
         if generation is not None and generation != self.generation:
@@ -380,15 +407,23 @@ class Barrier:
             return self._expired(now) or self._next_round(now)
         self.connections_error = None
         if count != self.connections:
-            self._note("debug", "established connections", connections=count,
-                       min_open_connections=self.config.min_open_connections)
+            self._note(
+                "debug",
+                "established connections",
+                connections=count,
+                min_open_connections=self.config.min_open_connections,
+            )
         self.connections = count
         if count <= self.config.min_open_connections:
             self._end_stage(now)
-            self._note("info", "connections drained", connections=count,
-                       min_open_connections=self.config.min_open_connections,
-                       stage_seconds=self._stages[Stage.CONNECTIONS],
-                       elapsed=self._elapsed(now))
+            self._note(
+                "info",
+                "connections drained",
+                connections=count,
+                min_open_connections=self.config.min_open_connections,
+                stage_seconds=self._stages[Stage.CONNECTIONS],
+                elapsed=self._elapsed(now),
+            )
             return self._finish(now, Outcome.DRAINED)
         return self._expired(now) or self._next_round(now)
 
@@ -416,9 +451,14 @@ class Barrier:
 
     def _enter_connections(self, now: float) -> Action:
         self._end_stage(now)
-        self._note("info", "all daemons quiesced", daemons=len(self.daemons),
-                   rounds=self.rounds, stage_seconds=self._stages[Stage.DAEMONS],
-                   elapsed=self._elapsed(now))
+        self._note(
+            "info",
+            "all daemons quiesced",
+            daemons=len(self.daemons),
+            rounds=self.rounds,
+            stage_seconds=self._stages[Stage.DAEMONS],
+            elapsed=self._elapsed(now),
+        )
         if not self.config.wait_connections:
             return self._finish(now, Outcome.QUIESCED)
         self.stage = Stage.CONNECTIONS
@@ -442,20 +482,38 @@ class Barrier:
         self._end_stage(now)
         pending = [d for d in self.daemons if d not in self.quiesced]
         for daemon in pending[:NAMED_AT_TIMEOUT]:
-            self._note("warning", "daemon not quiesced at timeout", daemon=daemon,
-                       reason=self.problems.get(daemon, "no answer yet"))
+            self._note(
+                "warning",
+                "daemon not quiesced at timeout",
+                daemon=daemon,
+                reason=self.problems.get(daemon, "no answer yet"),
+            )
         if len(pending) > NAMED_AT_TIMEOUT:
-            self._note("warning", "more daemons not quiesced at timeout",
-                       count=len(pending) - NAMED_AT_TIMEOUT, see="the /shutdown response")
+            self._note(
+                "warning",
+                "more daemons not quiesced at timeout",
+                count=len(pending) - NAMED_AT_TIMEOUT,
+                see="the /shutdown response",
+            )
         result = self._result(now, Outcome.TIMEOUT, stage)
-        self._note("warning", "shutdown barrier timed out", stage=stage.value,
-                   elapsed=self._elapsed(now), summary=result.message)
+        self._note(
+            "warning",
+            "shutdown barrier timed out",
+            stage=stage.value,
+            elapsed=self._elapsed(now),
+            summary=result.message,
+        )
         return self._done(result)
 
     def _finish(self, now: float, outcome: Outcome) -> Finish:
         result = self._result(now, outcome, Stage.DONE)
-        self._note("info", "shutdown barrier done", outcome=outcome.value,
-                   elapsed=self._elapsed(now), stages=_stages_text(result.stages))
+        self._note(
+            "info",
+            "shutdown barrier done",
+            outcome=outcome.value,
+            elapsed=self._elapsed(now),
+            stages=_stages_text(result.stages),
+        )
         return self._done(result)
 
     def _done(self, result: BarrierResult) -> Finish:
@@ -464,14 +522,21 @@ class Barrier:
         return Finish(result)
 
     def _result(self, now: float, outcome: Outcome, stage: Stage) -> BarrierResult:
-        not_quiesced = {d: self.problems.get(d, "no answer yet")
-                        for d in self.daemons if d not in self.quiesced}
+        not_quiesced = {
+            d: self.problems.get(d, "no answer yet") for d in self.daemons if d not in self.quiesced
+        }
         return BarrierResult(
-            outcome=outcome, stage=stage, pod_ips=self.pod_ips, elapsed=self._elapsed(now),
-            stages=dict(self._stages), daemons=self.daemons,
+            outcome=outcome,
+            stage=stage,
+            pod_ips=self.pod_ips,
+            elapsed=self._elapsed(now),
+            stages=dict(self._stages),
+            daemons=self.daemons,
             quiesced=tuple(d for d in self.daemons if d in self.quiesced),
-            not_quiesced=not_quiesced, discovery_error=self.discovery_error,
-            connections=self.connections, connections_error=self.connections_error,
+            not_quiesced=not_quiesced,
+            discovery_error=self.discovery_error,
+            connections=self.connections,
+            connections_error=self.connections_error,
             min_open_connections=self.config.min_open_connections,
             timeout=self.config.timeout,
         )

@@ -113,7 +113,9 @@ def parse_quiesced(body: bytes | str, ip: str) -> DaemonReport:
         raise ProbeError("answer lacks boolean 'ready'/'quiesced'")
     live = doc.get("real_servers_with_weight", 0)
     return DaemonReport(
-        ready=ready, quiesced=ready and quiesced, node=str(doc.get("node") or ""),
+        ready=ready,
+        quiesced=ready and quiesced,
+        node=str(doc.get("node") or ""),
         real_servers_with_weight=live if isinstance(live, int) else 0,
     )
 
@@ -145,8 +147,13 @@ def fetch_quiesced(base_url: str, ip: str, timeout: float) -> DaemonReport:
 Fetch = Callable[[str, str, float], DaemonReport]
 
 
-def query_daemons(daemons: Sequence[str], ips: Sequence[str], timeout: float,
-                  fetch: Fetch = fetch_quiesced, workers: int = 32) -> dict[str, DaemonAnswer]:
+def query_daemons(
+    daemons: Sequence[str],
+    ips: Sequence[str],
+    timeout: float,
+    fetch: Fetch = fetch_quiesced,
+    workers: int = 32,
+) -> dict[str, DaemonAnswer]:
     """Ask every daemon about every IP, in parallel; each answer within `timeout`."""
 
     def one(daemon: str) -> DaemonAnswer:
@@ -157,8 +164,9 @@ def query_daemons(daemons: Sequence[str], ips: Sequence[str], timeout: float,
 
     if not daemons:
         return {}
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(daemons))),
-                            thread_name_prefix="quiesced") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(workers, len(daemons))), thread_name_prefix="quiesced"
+    ) as pool:
         return dict(zip(daemons, pool.map(one, daemons), strict=True))
 
 
@@ -182,7 +190,7 @@ def decode_address(hex_address: str) -> str:
     raw = bytes.fromhex(hex_address)
     if len(raw) not in (4, 16):
         raise ValueError(f"bad address {hex_address!r}")
-    host_order = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    host_order = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
     return socket.inet_ntop(family, host_order)
 
@@ -197,8 +205,15 @@ def parse_proc_net_tcp(text: str) -> list[TcpSocket]:
         try:
             local, lport = cols[1].rsplit(":", 1)
             remote, rport = cols[2].rsplit(":", 1)
-            sockets.append(TcpSocket(decode_address(local), int(lport, 16),
-                                     decode_address(remote), int(rport, 16), int(cols[3], 16)))
+            sockets.append(
+                TcpSocket(
+                    decode_address(local),
+                    int(lport, 16),
+                    decode_address(remote),
+                    int(rport, 16),
+                    int(cols[3], 16),
+                )
+            )
         except ValueError:
             continue
     return sockets
@@ -225,8 +240,12 @@ class ConnectionCounter:
 
     FILES = ("tcp", "tcp6")
 
-    def __init__(self, proc_net: str | Path = "/proc/net", ports: Iterable[int] = (),
-                 exclude: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        proc_net: str | Path = "/proc/net",
+        ports: Iterable[int] = (),
+        exclude: Iterable[int] = (),
+    ) -> None:
         self.proc_net = Path(proc_net)
         self.ports = frozenset(ports)
         self.exclude = frozenset(exclude)
@@ -267,8 +286,13 @@ class ConnectionCounter:
 class ShutdownProbes:
     """The probes a runner uses: daemon discovery, daemon queries, connection counts."""
 
-    def __init__(self, daemons: Callable[[], list[str]], pod_ips: Sequence[str],
-                 connections: Callable[[], int], fetch: Fetch = fetch_quiesced) -> None:
+    def __init__(
+        self,
+        daemons: Callable[[], list[str]],
+        pod_ips: Sequence[str],
+        connections: Callable[[], int],
+        fetch: Fetch = fetch_quiesced,
+    ) -> None:
         self.daemons = daemons
         self.pod_ips = tuple(pod_ips)
         self.connections = connections

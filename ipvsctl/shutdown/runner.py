@@ -57,8 +57,14 @@ class Runner:
     under `lock` (shared with whoever may `expire` the barrier from another thread); probes
     and sleeps are not."""
 
-    def __init__(self, barrier: Barrier, probes: Probes, clock: Clock = time.monotonic,
-                 sleep: Sleep = time.sleep, lock: threading.Lock | None = None) -> None:
+    def __init__(
+        self,
+        barrier: Barrier,
+        probes: Probes,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.barrier = barrier
         self.probes = probes
         self.clock = clock
@@ -93,8 +99,12 @@ class Runner:
 
     # Notes are logged under the lock: whoever sees the barrier finished (a caller that
     # expires it from another thread) must find its log lines already written.
-    def _call(self, method: Callable[Concatenate[Barrier, float, P], Action],
-              *args: P.args, **kwargs: P.kwargs) -> Action:
+    def _call(
+        self,
+        method: Callable[Concatenate[Barrier, float, P], Action],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> Action:
         """A barrier method with the time now, under the lock (the clock read there too)."""
         with self.lock:
             action = method(self.barrier, self.clock(), *args, **kwargs)
@@ -110,8 +120,7 @@ class Runner:
 
 def emit(notes: Sequence[Note]) -> None:
     for note in notes:
-        log.log(_LEVELS.get(note.level, logging.INFO), note.message,
-                extra=fields(**note.fields))
+        log.log(_LEVELS.get(note.level, logging.INFO), note.message, extra=fields(**note.fields))
 
 
 class _Run:
@@ -153,8 +162,10 @@ class Ticket:
             later = run.runner.barrier.deadline > self.shared.clock()
             if still_running and later:  # it goes on for a later caller
                 result = run.runner.barrier.result_now(self.shared.clock())
-                log.warning("shutdown caller timed out, barrier goes on for a later caller",
-                            extra=fields(summary=result.message))
+                log.warning(
+                    "shutdown caller timed out, barrier goes on for a later caller",
+                    extra=fields(summary=result.message),
+                )
                 return self._finish(result)
         # Our deadline is the barrier's: a probe is stuck past it.
         self.shared._set(run, run.runner.expire())
@@ -178,8 +189,14 @@ class Ticket:
 class SharedBarrier:
     """The barrier for all callers of `wait()` or `call()`; see the module docstring."""
 
-    def __init__(self, config: BarrierConfig, pod_ips: Sequence[str], probes: Probes,
-                 clock: Clock = time.monotonic, sleep: Sleep = time.sleep) -> None:
+    def __init__(
+        self,
+        config: BarrierConfig,
+        pod_ips: Sequence[str],
+        probes: Probes,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+    ) -> None:
         self.config = config
         self.pod_ips = tuple(pod_ips)
         self.probes = probes
@@ -212,13 +229,15 @@ class SharedBarrier:
             run = self._run
             if run is None or run.done.is_set():
                 # Never a result from before this caller came: a new barrier.
-                runner = Runner(Barrier(self.config, self.pod_ips), self.probes,
-                                self.clock, self.sleep)
+                runner = Runner(
+                    Barrier(self.config, self.pod_ips), self.probes, self.clock, self.sleep
+                )
                 first = runner.start()
                 run = self._run = _Run(runner)
                 self.runs += 1
-                threading.Thread(target=self._drive, args=(run, first),
-                                 name="shutdown-barrier", daemon=True).start()
+                threading.Thread(
+                    target=self._drive, args=(run, first), name="shutdown-barrier", daemon=True
+                ).start()
                 return run
         with run.runner.lock:
             if run.runner.barrier.result is None:
@@ -310,16 +329,28 @@ class SharedBarrier:
             b = run.runner.barrier
             assert b.started_at is not None
             return {
-                "state": "running", "stage": b.stage.value, "pod_ips": list(self.pod_ips),
+                "state": "running",
+                "stage": b.stage.value,
+                "pod_ips": list(self.pod_ips),
                 "elapsed_seconds": round(self.clock() - b.started_at, 3),
                 "timeout_seconds": self.config.timeout,
                 "deadline_in_seconds": round(b.deadline - self.clock(), 3),
-                "daemons": {"total": len(b.daemons), "quiesced": len(b.quiesced),
-                            "not_quiesced": {d: b.problems.get(d, "no answer yet")
-                                             for d in b.daemons if d not in b.quiesced},
-                            "discovery_error": b.discovery_error},
-                "connections": {"established": b.connections,
-                                "min_open_connections": self.config.min_open_connections,
-                                "error": b.connections_error},
-                "waiters": self.waiters, "joins": b.joins, "runs": self.runs,
+                "daemons": {
+                    "total": len(b.daemons),
+                    "quiesced": len(b.quiesced),
+                    "not_quiesced": {
+                        d: b.problems.get(d, "no answer yet")
+                        for d in b.daemons
+                        if d not in b.quiesced
+                    },
+                    "discovery_error": b.discovery_error,
+                },
+                "connections": {
+                    "established": b.connections,
+                    "min_open_connections": self.config.min_open_connections,
+                    "error": b.connections_error,
+                },
+                "waiters": self.waiters,
+                "joins": b.joins,
+                "runs": self.runs,
             }

@@ -51,12 +51,17 @@ KUBE_ROUTER_IGNORED = {
     "kube-router.io/service.skiplbips": "every load-balancer IP is served",
 }
 KUBE_ROUTER_HONOURED = frozenset(
-    {"kube-router.io/service.scheduler", "kube-router.io/service.schedflags"})
+    {"kube-router.io/service.scheduler", "kube-router.io/service.schedflags"}
+)
 SCHED_FLAGS_ANNOTATIONS = ("ipvsctl.io/scheduler-flags", "kube-router.io/service.schedflags")
 # ipvsadm's names for the scheduler flags (flag-1..3 as kube-router's annotation takes them)
 SCHED_FLAG_NAMES = {
-    "flag-1": SCHED_FLAG_1, "sh-fallback": SCHED_FLAG_1, "mh-fallback": SCHED_FLAG_1,
-    "flag-2": SCHED_FLAG_2, "sh-port": SCHED_FLAG_2, "mh-port": SCHED_FLAG_2,
+    "flag-1": SCHED_FLAG_1,
+    "sh-fallback": SCHED_FLAG_1,
+    "mh-fallback": SCHED_FLAG_1,
+    "flag-2": SCHED_FLAG_2,
+    "sh-port": SCHED_FLAG_2,
+    "mh-port": SCHED_FLAG_2,
     "flag-3": SCHED_FLAG_3,
 }
 DEFAULT_AFFINITY_TIMEOUT = 10800  # seconds, as Kubernetes
@@ -65,8 +70,7 @@ SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer", "ExternalNam
 
 # InvalidObject is defined in validate, imported from here by the store; the parsed types
 # live in model (plan reads them) and are imported from here by callers of the parsers.
-__all__ = ["InvalidObject", "ServiceInfo", "ServicePortInfo", "SliceInfo",
-           "SlicePortInfo"]
+__all__ = ["InvalidObject", "ServiceInfo", "ServicePortInfo", "SliceInfo", "SlicePortInfo"]
 
 
 T = TypeVar("T")
@@ -129,7 +133,8 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     # In this order: the first problem found is the one reported, and warnings keep it.
     cluster_ips, families = _cluster_ips(spec)
     external_ips = _dedupe(
-        [ip(a, "spec.externalIPs") for a in items(spec.get("externalIPs"), "spec.externalIPs")])
+        [ip(a, "spec.externalIPs") for a in items(spec.get("externalIPs"), "spec.externalIPs")]
+    )
     lb_ips = _load_balancer_ips(status, warnings) if svc_type == "LoadBalancer" else ()
     ports = _service_ports(spec)
     affinity = _affinity(spec)
@@ -172,8 +177,8 @@ def _cluster_ips(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], set[int]]:
         [spec["clusterIP"]] if spec.get("clusterIP") else []
     )
     headless = any(a == "None" for a in raw_ips)
-    cluster_ips = () if headless else _dedupe(
-        [ip(a, "spec.clusterIPs") for a in raw_ips if a != ""]
+    cluster_ips = (
+        () if headless else _dedupe([ip(a, "spec.clusterIPs") for a in raw_ips if a != ""])
     )
     families = {family_of(a) for a in cluster_ips}
     if not families:
@@ -198,8 +203,10 @@ def _load_balancer_ips(status: Mapping[str, Any], warnings: list[str]) -> tuple[
             # traffic must reach it, not be captured here.
             continue
         if ip_mode not in (None, "VIP"):
-            warnings.append(f"status.loadBalancer.ingress[].ipMode: unknown mode "
-                            f"{ip_mode!r} for {address}, taken as VIP")
+            warnings.append(
+                f"status.loadBalancer.ingress[].ipMode: unknown mode "
+                f"{ip_mode!r} for {address}, taken as VIP"
+            )
         out.append(address)
     return _dedupe(out)
 
@@ -235,8 +242,9 @@ def _affinity(spec: Mapping[str, Any]) -> int:
     return affinity_timeout(timeout, "spec.sessionAffinityConfig.clientIP.timeoutSeconds")
 
 
-def _scheduling(annotations: Mapping[str, Any], default_scheduler: str,
-                warnings: list[str]) -> tuple[str | None, int | None]:
+def _scheduling(
+    annotations: Mapping[str, Any], default_scheduler: str, warnings: list[str]
+) -> tuple[str | None, int | None]:
     """The scheduler and its flags from the annotations (ipvsctl's first, then
     kube-router's); None: the default."""
     scheduler = None
@@ -259,9 +267,11 @@ def _scheduling(annotations: Mapping[str, Any], default_scheduler: str,
         names = [n.strip() for n in str(value).split(",") if n.strip()]
         unknown = [n for n in names if n not in SCHED_FLAG_NAMES]
         if unknown:
-            warnings.append(f"annotation {key}: unknown scheduler flags {unknown!r} "
-                            f"(known: flag-1, flag-2, flag-3, sh-/mh-fallback, sh-/mh-port), "
-                            "ignored")
+            warnings.append(
+                f"annotation {key}: unknown scheduler flags {unknown!r} "
+                f"(known: flag-1, flag-2, flag-3, sh-/mh-fallback, sh-/mh-port), "
+                "ignored"
+            )
         else:
             sched_flags = 0
             for n in names:
@@ -292,8 +302,9 @@ def _drain_timeout(annotations: Mapping[str, Any], warnings: list[str]) -> float
         return None
 
 
-def _source_ranges(spec: Mapping[str, Any], svc_type: str,
-                   warnings: list[str]) -> tuple[str, ...] | None:
+def _source_ranges(
+    spec: Mapping[str, Any], svc_type: str, warnings: list[str]
+) -> tuple[str, ...] | None:
     raw_ranges = items(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
     if svc_type != "LoadBalancer" or not raw_ranges:
         return None
@@ -320,8 +331,9 @@ def _created(meta: Mapping[str, Any], warnings: list[str]) -> float | None:
 _ADDRESS_TYPES = {"IPv4": 4, "IPv6": 6, "FQDN": None}
 
 
-def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
-              warnings: list[str]) -> EndpointInfo:
+def _endpoint(
+    ep: Any, i: int, family: int, address_type: str, namespace: str, warnings: list[str]
+) -> EndpointInfo:
     """One endpoint of a slice. Every check of the general helpers, but the common shapes
     (dicts, strings) take a fast path and the error's location text is built only for an
     error: ~40% of one change's CPU was this loop (bench hot spot 4)."""
@@ -342,7 +354,8 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
         address = ip(first, f"endpoints[{i}].addresses[0]")
     if family_of(address) != family:
         raise InvalidObject(
-            f"endpoints[{i}].addresses[0]: {address} is not an {address_type} address")
+            f"endpoints[{i}].addresses[0]: {address} is not an {address_type} address"
+        )
     conditions = ep.get("conditions")
     if type(conditions) is not dict:
         conditions = mapping(conditions, f"endpoints[{i}].conditions")
@@ -368,16 +381,24 @@ def _endpoint(ep: Any, i: int, family: int, address_type: str, namespace: str,
         hints, warning = parse_hints(raw_hints, f"endpoints[{i}].hints")
         if warning:
             warnings.append(warning)
-    return EndpointInfo(address, ready, condition(conditions, "serving", True),
-                        condition(conditions, "terminating", False),
-                        node_name if isinstance(node_name, str) else None, pod, hints)
+    return EndpointInfo(
+        address,
+        ready,
+        condition(conditions, "serving", True),
+        condition(conditions, "terminating", False),
+        node_name if isinstance(node_name, str) else None,
+        pod,
+        hints,
+    )
 
 
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     namespace, name, meta = object_meta(obj)
     labels = mapping(meta.get("labels"), "metadata.labels")
-    service_name = optional_str(labels.get(SERVICE_NAME_LABEL),
-                                f"metadata.labels.{SERVICE_NAME_LABEL}") or None
+    service_name = (
+        optional_str(labels.get(SERVICE_NAME_LABEL), f"metadata.labels.{SERVICE_NAME_LABEL}")
+        or None
+    )
     address_type = optional_str(obj.get("addressType"), "addressType")
     if address_type not in _ADDRESS_TYPES:
         raise InvalidObject(f"addressType: unknown address type {address_type!r}")
@@ -402,11 +423,15 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
         )
 
     warnings: list[str] = []
-    endpoints = [_endpoint(ep, i, family, address_type, namespace, warnings)
-                 for i, ep in enumerate(items(obj.get("endpoints"), "endpoints"))]
+    endpoints = [
+        _endpoint(ep, i, family, address_type, namespace, warnings)
+        for i, ep in enumerate(items(obj.get("endpoints"), "endpoints"))
+    ]
     has_hints = any(ep.hints is not None for ep in endpoints)
-    return Parsed(SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints),
-                            has_hints), tuple(warnings))
+    return Parsed(
+        SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints), has_hints),
+        tuple(warnings),
+    )
 
 
 def parse_timestamp(value: str) -> float:

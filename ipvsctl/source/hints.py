@@ -39,8 +39,10 @@ def parse_hints(value: Any, where: str) -> tuple[EndpointHints | None, str | Non
     try:
         if not isinstance(value, Mapping):
             raise ValueError(f"{where} is not an object")
-        hints = EndpointHints(_names(value.get("forZones"), f"{where}.forZones"),
-                              _names(value.get("forNodes"), f"{where}.forNodes"))
+        hints = EndpointHints(
+            _names(value.get("forZones"), f"{where}.forZones"),
+            _names(value.get("forNodes"), f"{where}.forNodes"),
+        )
     except ValueError as exc:
         return None, f"{exc}: hints ignored"
     if not hints.zones and not hints.nodes:
@@ -56,5 +58,4 @@ def parse_traffic_distribution(value: Any) -> tuple[bool, str | None]:
     kube-proxy, hints decide, whatever the (valid) value; an unknown value turns them off."""
     if value is None or value in TRAFFIC_DISTRIBUTIONS:
         return True, None
-    return False, (f"spec.trafficDistribution: unknown value {value!r}, "
-                   "topology hints ignored")
+    return False, (f"spec.trafficDistribution: unknown value {value!r}, topology hints ignored")

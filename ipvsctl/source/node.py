@@ -50,7 +50,9 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed[NodeInfo]:
     if taints is not None and not isinstance(taints, list):
         warnings.append("spec.taints is not a list, ignored")
         taints = None
-    tainted = any(isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT
-                  for t in taints or ())
-    return Parsed(NodeInfo(meta["name"], zone, bool(meta.get("deletionTimestamp")), tainted),
-                  tuple(warnings))
+    tainted = any(
+        isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints or ()
+    )
+    return Parsed(
+        NodeInfo(meta["name"], zone, bool(meta.get("deletionTimestamp")), tainted), tuple(warnings)
+    )

@@ -49,8 +49,12 @@ class StoreChange:
 
 
 class ObjectStore:
-    def __init__(self, default_scheduler: str = "rr", node_name: str | None = None,
-                 service_proxy_name: str | None = None) -> None:
+    def __init__(
+        self,
+        default_scheduler: str = "rr",
+        node_name: str | None = None,
+        service_proxy_name: str | None = None,
+    ) -> None:
         self.default_scheduler = default_scheduler
         self.service_proxy_name = service_proxy_name  # --service-proxy-name
         # This node's Node (other Nodes are ignored): None until seen; once seen and then
@@ -118,8 +122,12 @@ class ObjectStore:
                 change.services.add(ref)
         elif kind is ObjectKind.ENDPOINT_SLICE:
             self._drop_slice((namespace, name), change)
-        elif (kind is ObjectKind.NODE and name == self.node_name and self.node is not None
-              and self.node.present):
+        elif (
+            kind is ObjectKind.NODE
+            and name == self.node_name
+            and self.node is not None
+            and self.node.present
+        ):
             self._set_node(NodeInfo(name, present=False), change)
         return change
 
@@ -140,8 +148,11 @@ class ObjectStore:
         elif kind is ObjectKind.ENDPOINT_SLICE:
             gone = [k for k in self.slices if k not in listed]
         elif kind is ObjectKind.NODE:
-            gone = [("default", n) for n in (self.node_name,)
-                    if n and not any(name == n for _, name in listed)]
+            gone = [
+                ("default", n)
+                for n in (self.node_name,)
+                if n and not any(name == n for _, name in listed)
+            ]
         else:
             gone = []
         for namespace, name in list(gone):

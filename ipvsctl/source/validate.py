@@ -44,10 +44,14 @@ def optional_str(value: Any, where: str) -> str | None:
 
 def affinity_timeout(value: Any, where: str) -> int:
     """sessionAffinityConfig.clientIP.timeoutSeconds: 1..86400 as the API server allows."""
-    if (isinstance(value, bool) or not isinstance(value, int)
-            or not 0 < value <= MAX_AFFINITY_TIMEOUT):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 < value <= MAX_AFFINITY_TIMEOUT
+    ):
         raise InvalidObject(
-            f"{where}: {_short(value)} is not an integer from 1 to {MAX_AFFINITY_TIMEOUT}")
+            f"{where}: {_short(value)} is not an integer from 1 to {MAX_AFFINITY_TIMEOUT}"
+        )
     return value
 
 

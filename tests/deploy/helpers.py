@@ -34,8 +34,7 @@ def kubectl() -> str:
 
 @functools.cache
 def _render_cached(path: str) -> tuple[Doc, ...]:
-    r = subprocess.run([kubectl(), "kustomize", path], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([kubectl(), "kustomize", path], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"kubectl kustomize {path}: {r.stderr.strip()}"
     return tuple(d for d in yaml.safe_load_all(r.stdout) if d)
 
@@ -45,14 +44,19 @@ def render(path: Path) -> list[Doc]:
     return copy.deepcopy(list(_render_cached(str(path))))
 
 
-def overlay(kustomization: dict[str, Any] | None = None, *, components: tuple[str, ...] = (),
-            files: dict[str, str] | None = None) -> Path:
+def overlay(
+    kustomization: dict[str, Any] | None = None,
+    *,
+    components: tuple[str, ...] = (),
+    files: dict[str, str] | None = None,
+) -> Path:
     """A throwaway overlay: `resources: [daemonset/]`, the named components of daemonset/,
     the rest of `kustomization`, and `files` beside it."""
     d = Path(tempfile.mkdtemp(prefix="ipvsctl-overlay-"))
     atexit.register(shutil.rmtree, d, True)
     k: dict[str, Any] = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
         "resources": [os.path.relpath(DAEMONSET_DIR, d)],
     }
     if components:

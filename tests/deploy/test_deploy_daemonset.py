@@ -105,8 +105,7 @@ def test_probes_use_the_contract_paths_on_the_listen_port(main):
 
 def test_kube_proxy_health_port_is_served_and_declared(main):
     # Cloud load balancers probe kube-proxy's port on every node (KEP-3836).
-    assert arg_value(main, "--healthz-bind-address", "0.0.0.0:10256") == (
-        f"0.0.0.0:{HEALTHZ_PORT}")
+    assert arg_value(main, "--healthz-bind-address", "0.0.0.0:10256") == (f"0.0.0.0:{HEALTHZ_PORT}")
     (port,) = [p for p in main["ports"] if p["name"] == "healthz"]
     assert port["containerPort"] == HEALTHZ_PORT and port.get("protocol", "TCP") == "TCP"
 

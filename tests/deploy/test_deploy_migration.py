@@ -26,56 +26,160 @@ GUIDES = (KUBE_ROUTER_GUIDE, KUBE_PROXY_GUIDE)
 # 008b3652959c), the logging flags it adds (`logsapi.AddFlags`, k8s.io/component-base/logs),
 # the Windows-only `addOSFlags` (init_windows.go), and the command's --version and --help.
 KUBE_PROXY_FLAGS = (
-    "--config", "--write-config-to", "--cleanup", "--feature-gates", "--kubeconfig", "--master",
-    "--kube-api-content-type", "--kube-api-burst", "--kube-api-qps", "--hostname-override",
-    "--bind-address", "--healthz-bind-address", "--metrics-bind-address",
-    "--bind-address-hard-fail", "--profiling", "--show-hidden-metrics-for-version", "--init-only",
-    "--proxy-mode", "--iptables-masquerade-bit", "--masquerade-all",
-    "--iptables-localhost-nodeports", "--iptables-sync-period", "--iptables-min-sync-period",
-    "--ipvs-sync-period", "--ipvs-min-sync-period", "--ipvs-scheduler", "--ipvs-exclude-cidrs",
-    "--ipvs-strict-arp", "--ipvs-tcp-timeout", "--ipvs-tcpfin-timeout", "--ipvs-udp-timeout",
-    "--detect-local-mode", "--pod-bridge-interface", "--pod-interface-name-prefix",
-    "--cluster-cidr", "--nodeport-addresses", "--oom-score-adj", "--conntrack-max-per-core",
-    "--conntrack-min", "--conntrack-tcp-timeout-established",
-    "--conntrack-tcp-timeout-close-wait", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout",
-    "--conntrack-udp-timeout-stream", "--config-sync-period", "--healthz-port", "--metrics-port",
-    "--logging-format", "--log-flush-frequency", "-v", "--vmodule", "--log-text-split-stream",
-    "--log-text-info-buffer-size", "--log-json-split-stream", "--log-json-info-buffer-size",
-    "--windows-service", "--source-vip", "--network-name", "--enable-dsr", "--version", "--help",
+    "--config",
+    "--write-config-to",
+    "--cleanup",
+    "--feature-gates",
+    "--kubeconfig",
+    "--master",
+    "--kube-api-content-type",
+    "--kube-api-burst",
+    "--kube-api-qps",
+    "--hostname-override",
+    "--bind-address",
+    "--healthz-bind-address",
+    "--metrics-bind-address",
+    "--bind-address-hard-fail",
+    "--profiling",
+    "--show-hidden-metrics-for-version",
+    "--init-only",
+    "--proxy-mode",
+    "--iptables-masquerade-bit",
+    "--masquerade-all",
+    "--iptables-localhost-nodeports",
+    "--iptables-sync-period",
+    "--iptables-min-sync-period",
+    "--ipvs-sync-period",
+    "--ipvs-min-sync-period",
+    "--ipvs-scheduler",
+    "--ipvs-exclude-cidrs",
+    "--ipvs-strict-arp",
+    "--ipvs-tcp-timeout",
+    "--ipvs-tcpfin-timeout",
+    "--ipvs-udp-timeout",
+    "--detect-local-mode",
+    "--pod-bridge-interface",
+    "--pod-interface-name-prefix",
+    "--cluster-cidr",
+    "--nodeport-addresses",
+    "--oom-score-adj",
+    "--conntrack-max-per-core",
+    "--conntrack-min",
+    "--conntrack-tcp-timeout-established",
+    "--conntrack-tcp-timeout-close-wait",
+    "--conntrack-tcp-be-liberal",
+    "--conntrack-udp-timeout",
+    "--conntrack-udp-timeout-stream",
+    "--config-sync-period",
+    "--healthz-port",
+    "--metrics-port",
+    "--logging-format",
+    "--log-flush-frequency",
+    "-v",
+    "--vmodule",
+    "--log-text-split-stream",
+    "--log-text-info-buffer-size",
+    "--log-json-split-stream",
+    "--log-json-info-buffer-size",
+    "--windows-service",
+    "--source-vip",
+    "--network-name",
+    "--enable-dsr",
+    "--version",
+    "--help",
 )
 
 # kube-router's flags: cloudnativelabs/kube-router v2.11 pkg/options/options.go `AddFlags`.
 KUBE_ROUTER_FLAGS = (
-    "--advertise-cluster-ip", "--advertise-external-ip", "--advertise-loadbalancer-ip",
-    "--advertise-pod-cidr", "--auto-mtu", "--bfd-desired-min-tx-interval",
-    "--bfd-detection-multiplier", "--bfd-port", "--bfd-required-min-rx-interval",
-    "--bgp-graceful-restart", "--bgp-graceful-restart-deferral-time",
-    "--bgp-graceful-restart-time", "--bgp-holdtime", "--bgp-port", "--cache-sync-timeout",
-    "--cleanup-config", "--cluster-asn", "--disable-source-dest-check", "--enable-bfd",
-    "--enable-cni", "--enable-ibgp", "--enable-ipv4", "--enable-ipv6", "--enable-overlay",
-    "--enable-pod-egress", "--enable-pprof", "--excluded-cidrs", "--hairpin-mode",
-    "--gobgp-admin-address", "--gobgp-admin-port", "--health-addr", "--health-port", "--help",
-    "--hostname-override", "--injected-routes-sync-period", "--iptables-sync-period",
-    "--ipvs-graceful-period", "--ipvs-graceful-termination", "--ipvs-permit-all",
-    "--ipvs-sync-period", "--kubeconfig", "--loadbalancer-default-class",
-    "--loadbalancer-ip-range", "--loadbalancer-sync-period", "--masquerade-all", "--master",
-    "--metrics-path", "--metrics-port", "--metrics-addr", "--netpol-default-deny",
-    "--nodeport-bindon-all-ip", "--nodes-full-mesh", "--overlay-encap", "--overlay-encap-port",
-    "--overlay-type", "--override-nexthop", "--peer-router-asns", "--peer-router-ips",
-    "--peer-router-multihop-ttl", "--peer-router-passwords", "--peer-router-passwords-file",
-    "--peer-router-ports", "--router-id", "--routes-sync-period", "--run-firewall",
-    "--run-loadbalancer", "--run-router", "--run-service-proxy", "--runtime-endpoint",
-    "--service-cluster-ip-range", "--strict-external-ip-validation",
-    "--service-external-ip-range", "--service-node-port-range", "--service-tcp-timeout",
-    "--service-tcpfin-timeout", "--service-udp-timeout", "-v", "--use-nftables-for-netpol",
+    "--advertise-cluster-ip",
+    "--advertise-external-ip",
+    "--advertise-loadbalancer-ip",
+    "--advertise-pod-cidr",
+    "--auto-mtu",
+    "--bfd-desired-min-tx-interval",
+    "--bfd-detection-multiplier",
+    "--bfd-port",
+    "--bfd-required-min-rx-interval",
+    "--bgp-graceful-restart",
+    "--bgp-graceful-restart-deferral-time",
+    "--bgp-graceful-restart-time",
+    "--bgp-holdtime",
+    "--bgp-port",
+    "--cache-sync-timeout",
+    "--cleanup-config",
+    "--cluster-asn",
+    "--disable-source-dest-check",
+    "--enable-bfd",
+    "--enable-cni",
+    "--enable-ibgp",
+    "--enable-ipv4",
+    "--enable-ipv6",
+    "--enable-overlay",
+    "--enable-pod-egress",
+    "--enable-pprof",
+    "--excluded-cidrs",
+    "--hairpin-mode",
+    "--gobgp-admin-address",
+    "--gobgp-admin-port",
+    "--health-addr",
+    "--health-port",
+    "--help",
+    "--hostname-override",
+    "--injected-routes-sync-period",
+    "--iptables-sync-period",
+    "--ipvs-graceful-period",
+    "--ipvs-graceful-termination",
+    "--ipvs-permit-all",
+    "--ipvs-sync-period",
+    "--kubeconfig",
+    "--loadbalancer-default-class",
+    "--loadbalancer-ip-range",
+    "--loadbalancer-sync-period",
+    "--masquerade-all",
+    "--master",
+    "--metrics-path",
+    "--metrics-port",
+    "--metrics-addr",
+    "--netpol-default-deny",
+    "--nodeport-bindon-all-ip",
+    "--nodes-full-mesh",
+    "--overlay-encap",
+    "--overlay-encap-port",
+    "--overlay-type",
+    "--override-nexthop",
+    "--peer-router-asns",
+    "--peer-router-ips",
+    "--peer-router-multihop-ttl",
+    "--peer-router-passwords",
+    "--peer-router-passwords-file",
+    "--peer-router-ports",
+    "--router-id",
+    "--routes-sync-period",
+    "--run-firewall",
+    "--run-loadbalancer",
+    "--run-router",
+    "--run-service-proxy",
+    "--runtime-endpoint",
+    "--service-cluster-ip-range",
+    "--strict-external-ip-validation",
+    "--service-external-ip-range",
+    "--service-node-port-range",
+    "--service-tcp-timeout",
+    "--service-tcpfin-timeout",
+    "--service-udp-timeout",
+    "-v",
+    "--use-nftables-for-netpol",
     "--version",
 )
 
 # The annotations kube-router's service proxy reads (pkg/controllers/proxy, v2.11).
 KUBE_ROUTER_PROXY_ANNOTATIONS = (
-    "kube-router.io/service.dsr", "kube-router.io/service.scheduler",
-    "kube-router.io/service.hairpin", "kube-router.io/service.hairpin.externalips",
-    "kube-router.io/service.local", "kube-router.io/service.skiplbips",
+    "kube-router.io/service.dsr",
+    "kube-router.io/service.scheduler",
+    "kube-router.io/service.hairpin",
+    "kube-router.io/service.hairpin.externalips",
+    "kube-router.io/service.local",
+    "kube-router.io/service.skiplbips",
     "kube-router.io/service.schedflags",
 )
 
@@ -125,8 +229,11 @@ def unknown_in(cell: str, commands: dict[str, tuple[set[str], set[str]]]) -> lis
     --dry-run`, `ipvsctl --version`), else of `run`; an env var is a span that is only
     `NAME` or `NAME=value`, known to the CLI or set in the node-prep init container."""
     node_prep = (REPO / "daemonset" / "node-prep.sh").read_text()
-    known = set(convert.SCHEDULER_ANNOTATIONS) | set(convert.SCHED_FLAGS_ANNOTATIONS) | {
-        convert.DRAIN_TIMEOUT_ANNOTATION}
+    known = (
+        set(convert.SCHEDULER_ANNOTATIONS)
+        | set(convert.SCHED_FLAGS_ANNOTATIONS)
+        | {convert.DRAIN_TIMEOUT_ANNOTATION}
+    )
     all_envs = set().union(*(envs for _, envs in commands.values()))
     bad: list[str] = []
     for span in re.findall(r"`([^`]+)`", cell):
@@ -168,8 +275,10 @@ def test_the_check_catches_invented_flags_env_vars_and_annotations():
     assert unknown_in("`IPVSCTL_NO_SUCH=1`", commands) == ["IPVSCTL_NO_SUCH"]
     assert unknown_in("`ipvsctl.io/weight`", commands) == ["ipvsctl.io/weight"]
     row = "| `--ipvs-scheduler` | `--schedular` | typo |"
-    assert [unknown_in(r[1], commands) for r in mapping_rows(
-        "| kube-proxy flag | ipvsctl | notes |\n|---|---|---|\n" + row)] == [["--schedular"]]
+    assert [
+        unknown_in(r[1], commands)
+        for r in mapping_rows("| kube-proxy flag | ipvsctl | notes |\n|---|---|---|\n" + row)
+    ] == [["--schedular"]]
 
 
 def first_column(guide) -> str:
@@ -184,35 +293,49 @@ def test_every_kube_proxy_flag_is_in_the_kube_proxy_guide():
 
 def test_every_kube_router_flag_is_in_the_kube_router_guide():
     text = KUBE_ROUTER_GUIDE.read_text()
-    section = text[text.index("## kube-router flags and annotations"):
-                   text.index("## Metrics and dashboards")]
+    section = text[
+        text.index("## kube-router flags and annotations") : text.index("## Metrics and dashboards")
+    ]
     # the proxy's flags in the table; the other controllers' in the paragraph after it
     listed = set(FLAG.findall(first_column(KUBE_ROUTER_GUIDE))) | set(
-        re.findall(r"`(--[a-z][a-z0-9-]*)`", section))
+        re.findall(r"`(--[a-z][a-z0-9-]*)`", section)
+    )
     missing = [f for f in KUBE_ROUTER_FLAGS if f not in listed]
     assert not missing, f"kube-router flags not in {KUBE_ROUTER_GUIDE.name}: {missing}"
 
 
 def test_every_kube_router_annotation_ipvsctl_recognises_is_in_the_guide():
-    recognised = {a for a in (*convert.KUBE_ROUTER_IGNORED, *convert.KUBE_ROUTER_HONOURED,
-                              *convert.SCHEDULER_ANNOTATIONS,
-                              *convert.SCHED_FLAGS_ANNOTATIONS)
-                  if a.startswith("kube-router.io/")}
+    recognised = {
+        a
+        for a in (
+            *convert.KUBE_ROUTER_IGNORED,
+            *convert.KUBE_ROUTER_HONOURED,
+            *convert.SCHEDULER_ANNOTATIONS,
+            *convert.SCHED_FLAGS_ANNOTATIONS,
+        )
+        if a.startswith("kube-router.io/")
+    }
     assert recognised >= {"kube-router.io/service.dsr", "kube-router.io/service.scheduler"}
     listed = first_column(KUBE_ROUTER_GUIDE)
-    missing = sorted(a for a in recognised | set(KUBE_ROUTER_PROXY_ANNOTATIONS)
-                     if f"`{a}" not in listed)
+    missing = sorted(
+        a for a in recognised | set(KUBE_ROUTER_PROXY_ANNOTATIONS) if f"`{a}" not in listed
+    )
     assert not missing, f"not in {KUBE_ROUTER_GUIDE.name}'s table: {missing}"
 
 
 def test_every_label_and_annotation_ipvsctl_reads_is_in_the_kube_proxy_guide():
     text = KUBE_PROXY_GUIDE.read_text()
-    table = text[text.index("## Labels, annotations and Service fields"):
-                 text.index("## Metrics")]
-    for name in (convert.SERVICE_PROXY_NAME_LABEL, convert.HEADLESS_LABEL,
-                 convert.SERVICE_NAME_LABEL, node.ZONE_LABEL, node.TO_BE_DELETED_TAINT,
-                 convert.DRAIN_TIMEOUT_ANNOTATION, *convert.SCHEDULER_ANNOTATIONS[:1],
-                 *convert.SCHED_FLAGS_ANNOTATIONS[:1]):
+    table = text[text.index("## Labels, annotations and Service fields") : text.index("## Metrics")]
+    for name in (
+        convert.SERVICE_PROXY_NAME_LABEL,
+        convert.HEADLESS_LABEL,
+        convert.SERVICE_NAME_LABEL,
+        node.ZONE_LABEL,
+        node.TO_BE_DELETED_TAINT,
+        convert.DRAIN_TIMEOUT_ANNOTATION,
+        *convert.SCHEDULER_ANNOTATIONS[:1],
+        *convert.SCHED_FLAGS_ANNOTATIONS[:1],
+    ):
         assert f"`{name}`" in table, f"{name} not in {KUBE_PROXY_GUIDE.name}'s table"
 
 

@@ -32,8 +32,9 @@ def promtool() -> str:
 
 
 def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([promtool(), *args], capture_output=True, text=True, timeout=120,
-                          cwd=MONITORING)
+    return subprocess.run(
+        [promtool(), *args], capture_output=True, text=True, timeout=120, cwd=MONITORING
+    )
 
 
 def exported_metrics() -> set[str]:
@@ -84,17 +85,27 @@ MUTATIONS = {
     "queue-threshold": ("> 50", "> 40", "IpvsctlDrainQueueHigh"),
     "watch-threshold": ("> 0.1", "> 100", "IpvsctlWatchRestarts"),
     # absent(up) alone misses targets that are there but down
-    "absent-without-up": ('absent(up{job="ipvsctl"} == 1)', 'absent(up{job="ipvsctl"})',
-                          "IpvsctlDown"),
-    "target-never-down": ('(up{job="ipvsctl"}) == 0', '(up{job="ipvsctl"}) < 0',
-                          "IpvsctlTargetDown"),
-    "conflict-threshold": ("(ipvsctl_virtual_server_conflict_losers) > 0",
-                           "(ipvsctl_virtual_server_conflict_losers) > 5",
-                           "IpvsctlVirtualServerConflict"),
+    "absent-without-up": (
+        'absent(up{job="ipvsctl"} == 1)',
+        'absent(up{job="ipvsctl"})',
+        "IpvsctlDown",
+    ),
+    "target-never-down": (
+        '(up{job="ipvsctl"}) == 0',
+        '(up{job="ipvsctl"}) < 0',
+        "IpvsctlTargetDown",
+    ),
+    "conflict-threshold": (
+        "(ipvsctl_virtual_server_conflict_losers) > 0",
+        "(ipvsctl_virtual_server_conflict_losers) > 5",
+        "IpvsctlVirtualServerConflict",
+    ),
     # an aggregation that drops `node`: the alert loses the label the tests expect
-    "node-dropped": ("max by (instance, node) (ipvsctl_virtual_server_conflict_losers)",
-                     "max by (instance) (ipvsctl_virtual_server_conflict_losers)",
-                     "IpvsctlVirtualServerConflict"),
+    "node-dropped": (
+        "max by (instance, node) (ipvsctl_virtual_server_conflict_losers)",
+        "max by (instance) (ipvsctl_virtual_server_conflict_losers)",
+        "IpvsctlVirtualServerConflict",
+    ),
 }
 
 
@@ -105,8 +116,13 @@ def test_promtool_unit_tests_can_fail(tmp_path, old, new, alert):
     assert old in text
     (tmp_path / RULES.name).write_text(text.replace(old, new))
     shutil.copy(RULE_TESTS, tmp_path)
-    r = subprocess.run([promtool(), "test", "rules", RULE_TESTS.name], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [promtool(), "test", "rules", RULE_TESTS.name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode != 0
     assert f"alertname: {alert}," in r.stdout + r.stderr
 
@@ -114,14 +130,15 @@ def test_promtool_unit_tests_can_fail(tmp_path, old, new, alert):
 def test_prometheusrule_carries_the_rule_file():
     cr = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     assert cr["spec"] == yaml.safe_load(RULES.read_text()), (
-        "prometheusrule.yaml's spec must equal ipvsctl.rules.yaml: copy the groups over")
+        "prometheusrule.yaml's spec must equal ipvsctl.rules.yaml: copy the groups over"
+    )
 
 
 def operations_section() -> str:
     ops = (REPO / "docs/operations.md").read_text()
     start = ops.index("## Dashboard and alerts")
     end = ops.find("\n## ", start + 1)
-    return ops[start:end if end > 0 else None]
+    return ops[start : end if end > 0 else None]
 
 
 def test_alerts_are_documented_and_use_real_metrics():
@@ -164,15 +181,17 @@ def test_every_runbook_url_is_a_section_of_operations_md():
 
 
 def test_the_anchor_check_knows_github_slugs():
-    assert github_anchors("# Dashboard and alerts\n## `ipvsctl cleanup`\n### IpvsctlDown\n"
-                          "```\n# not a heading\n```\n### IpvsctlDown\n") == {
-        "dashboard-and-alerts", "ipvsctl-cleanup", "ipvsctldown", "ipvsctldown-1"}
+    assert github_anchors(
+        "# Dashboard and alerts\n## `ipvsctl cleanup`\n### IpvsctlDown\n"
+        "```\n# not a heading\n```\n### IpvsctlDown\n"
+    ) == {"dashboard-and-alerts", "ipvsctl-cleanup", "ipvsctldown", "ipvsctldown-1"}
 
 
 # A PromQL aggregation operator (not the *_over_time functions) and its grouping clause.
 AGGREGATION = re.compile(
     r"\b(?:sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile)"
-    r"\b(?!_)\s*(by|without)?\s*(\([^()]*\))?")
+    r"\b(?!_)\s*(by|without)?\s*(\([^()]*\))?"
+)
 MATCHING = re.compile(r"\b(on|ignoring)\s*\(([^()]*)\)")
 KEPT = {"instance", "node"}
 
@@ -202,11 +221,16 @@ def test_every_aggregation_keeps_instance_and_node():
 
 
 def test_the_aggregation_check_catches_a_dropped_node():
-    for expr, ok in (("sum by (instance, node) (rate(x[5m]))", True),
-                     ("sum by (instance) (rate(x[5m]))", False),
-                     ("max(x)", False), ("min_over_time(x[5m]) > 1", True),
-                     ("sum without (pod) (x)", True), ("sum without (node) (x)", False),
-                     ("a and on (instance, node) b", True), ("a and on (instance) b", False)):
+    for expr, ok in (
+        ("sum by (instance, node) (rate(x[5m]))", True),
+        ("sum by (instance) (rate(x[5m]))", False),
+        ("max(x)", False),
+        ("min_over_time(x[5m]) > 1", True),
+        ("sum without (pod) (x)", True),
+        ("sum without (node) (x)", False),
+        ("a and on (instance, node) b", True),
+        ("a and on (instance) b", False),
+    ):
         assert (not drops_node(expr)) == ok, expr
 
 
@@ -218,8 +242,11 @@ def monitor_jobs() -> dict[str, str]:
     pm = one(render(overlay_with("podmonitor")), "PodMonitor")
     pod_labels = one(render(DAEMONSET_DIR), "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     label = pm["spec"].get("jobLabel")
-    jobs["PodMonitor"] = (pod_labels[label] if label in pod_labels
-                          else f"{pm['metadata']['namespace']}/{pm['metadata']['name']}")
+    jobs["PodMonitor"] = (
+        pod_labels[label]
+        if label in pod_labels
+        else f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"
+    )
     docs = render(overlay_with("servicemonitor"))
     sm = one(docs, "ServiceMonitor")
     svc = one(docs, "Service", "ipvsctl-metrics")
@@ -251,10 +278,16 @@ def test_dashboard_queries_real_metrics_and_covers_the_topics():
             assert names and names <= exported, (p["title"], sorted(names - exported))
             assert 'node=~"$node"' in t["expr"], p["title"]
             used |= names
-    for needed in ("ipvsctl_drain_queue_length", "ipvsctl_real_server_deletions_total",
-                   "ipvsctl_event_to_kernel_seconds_bucket", "ipvsctl_watch_restarts_total",
-                   "ipvsctl_netlink_errors_total", "ipvsctl_nft_errors_total",
-                   "process_resident_memory_bytes", "ipvsctl_build_info"):
+    for needed in (
+        "ipvsctl_drain_queue_length",
+        "ipvsctl_real_server_deletions_total",
+        "ipvsctl_event_to_kernel_seconds_bucket",
+        "ipvsctl_watch_restarts_total",
+        "ipvsctl_netlink_errors_total",
+        "ipvsctl_nft_errors_total",
+        "process_resident_memory_bytes",
+        "ipvsctl_build_info",
+    ):
         assert needed in used, needed
     names = [v["name"] for v in dash["templating"]["list"]]
     assert names == ["datasource", "node"]
@@ -262,8 +295,11 @@ def test_dashboard_queries_real_metrics_and_covers_the_topics():
 
 def test_exported_metrics_include_build_info_and_process_and_no_created():
     names = exported_metrics()
-    assert {"ipvsctl_build_info", "process_resident_memory_bytes",
-            "process_cpu_seconds_total"} <= names
+    assert {
+        "ipvsctl_build_info",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+    } <= names
     assert not [n for n in names if n.endswith("_created")]
 
 
@@ -305,9 +341,10 @@ def test_servicemonitor_scrapes_the_metrics_service():
     for key, value in sm["spec"]["selector"]["matchLabels"].items():
         assert svc["metadata"]["labels"].get(key) == value
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
-    assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in
-                                                            svc["spec"]["ports"]]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     # the same node label as the PodMonitor's, which the dashboard and alerts expect
     pm = yaml.safe_load((DAEMONSET_DIR / "podmonitor" / "podmonitor.yaml").read_text())
-    assert (sm["spec"]["endpoints"][0]["relabelings"]
-            == pm["spec"]["podMetricsEndpoints"][0]["relabelings"])
+    assert (
+        sm["spec"]["endpoints"][0]["relabelings"]
+        == pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    )

@@ -60,12 +60,14 @@ def test_install_guide_names_every_granted_resource():
     """docs/install.md's RBAC row ("What gets installed") and its RBAC bullet name each
     resource the ClusterRole grants, with its verbs."""
     text = (REPO / "docs" / "install.md").read_text()
-    row = re.search(r"^\| ServiceAccount, ClusterRole, ClusterRoleBinding \|[^|]*\|(.*)\|$",
-                    text, re.M)
+    row = re.search(
+        r"^\| ServiceAccount, ClusterRole, ClusterRoleBinding \|[^|]*\|(.*)\|$", text, re.M
+    )
     bullet = re.search(r"^- \*\*RBAC\*\*:(.*?)(?=^- |^#)", text, re.S | re.M)
     assert row and bullet
     for where in (row.group(1), " ".join(bullet.group(1).split())):
         for p in REQUIRED_PERMISSIONS:
             kind, verbs = p.resource.removesuffix("s"), "/".join(p.verbs)
             assert re.search(rf"\b{kind}", where, re.I) and verbs in where, (
-                f"install.md does not say {verbs} {p.resource}: {where!r}")
+                f"install.md does not say {verbs} {p.resource}: {where!r}"
+            )

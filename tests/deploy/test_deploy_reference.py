@@ -107,7 +107,8 @@ def test_defaults_match_the_cli(name):
             continue
         assert f"`{_shown(default)}`" in doc_defaults[flag], (
             f"ipvsctl {name} {flag}: the code's default is {default!r}, "
-            f"the reference says {doc_defaults[flag]!r}")
+            f"the reference says {doc_defaults[flag]!r}"
+        )
         checked += 1
     if name in ("run", "shutdown-manager"):
         assert checked >= 5
@@ -136,7 +137,7 @@ def _exported() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 def test_metrics_table_matches_the_daemon_both_ways():
     text = REFERENCE.read_text()
-    table = text[text.index("## Metrics"):text.index("## Shell completion")]
+    table = text[text.index("## Metrics") : text.index("## Shell completion")]
     rows = {}
     for line in table.splitlines():
         if not line.startswith("| `ipvsctl_"):
@@ -156,9 +157,24 @@ def test_metrics_table_matches_the_daemon_both_ways():
 def test_plan_json_example_is_what_plan_prints():
     text = REFERENCE.read_text()
     example = re.search(r"`plan -o json`.*?```json\n(.*?)```", text, re.S).group(1)
-    r = subprocess.run([sys.executable, "-m", "ipvsctl", "plan", "-f", "examples/",
-                        "--node-ip", "192.0.2.10", "-o", "json"], capture_output=True,
-                       text=True, timeout=60, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipvsctl",
+            "plan",
+            "-f",
+            "examples/",
+            "--node-ip",
+            "192.0.2.10",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(example) == json.loads(r.stdout)
 
@@ -171,8 +187,7 @@ def relative_links(doc: Path) -> list[str]:
     """The link targets in a Markdown file that are paths (no URL, no anchor alone), code
     blocks aside."""
     text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
-    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text)
-            if not re.match(r"^[a-z]+:|^#", t)]
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"^[a-z]+:|^#", t)]
 
 
 @pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: p.name)
@@ -201,8 +216,13 @@ def test_readme_plan_example_is_what_plan_prints():
     readme = (REPO / "README.md").read_text()
     block = re.search(r"```\n\$ (ipvsctl plan -f examples/ [^\n]*)\n(.*?)```", readme, re.S)
     assert block, "README has no plan example"
-    r = subprocess.run([sys.executable, "-m", *block.group(1).split()], capture_output=True,
-                       text=True, timeout=60, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", *block.group(1).split()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == block.group(2)
 
@@ -216,15 +236,20 @@ def seconds_examples() -> list[str]:
     """The values the reference says a SECONDS flag takes: the code spans of the clause (up
     to a ";" or a sentence's end) that says so."""
     text = REFERENCE.read_text()
-    section = text[text.index("## Durations and exit codes"):]
+    section = text[text.index("## Durations and exit codes") :]
     clause = re.search(r"Every SECONDS flag[^;]*?(?:;|\.\s)", section, re.S)
     assert clause, "the reference does not say what a SECONDS flag takes"
     return re.findall(r"`(\d[^`]*)`", clause.group(0))
 
 
 def run_exit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ipvsctl", "run", *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "ipvsctl", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 def test_seconds_flags_take_what_the_reference_says():
@@ -249,12 +274,23 @@ def section_refs() -> list[tuple[str, str, str]]:
     """(file that cites, Markdown file, section title): each Markdown file's name followed by
     a quoted section title, in the repository's docs, manifests, code and tests (CONTRACT.md,
     outside the repository, aside)."""
-    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "bench").glob("*.md"),
-             *(p for d in ("daemonset", "ipvsctl", "tests", "devkit", "bench")
-               for p in (REPO / d).rglob("*") if p.suffix in (".py", ".yaml", ".md", ".sh"))]
-    return [(str(f.relative_to(REPO)), name, title) for f in sorted(set(files))
-            for name, title in SECTION_REF.findall(f.read_text(errors="replace"))
-            if name != "CONTRACT.md"]
+    files = [
+        REPO / "README.md",
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "bench").glob("*.md"),
+        *(
+            p
+            for d in ("daemonset", "ipvsctl", "tests", "devkit", "bench")
+            for p in (REPO / d).rglob("*")
+            if p.suffix in (".py", ".yaml", ".md", ".sh")
+        ),
+    ]
+    return [
+        (str(f.relative_to(REPO)), name, title)
+        for f in sorted(set(files))
+        for name, title in SECTION_REF.findall(f.read_text(errors="replace"))
+        if name != "CONTRACT.md"
+    ]
 
 
 def test_quoted_sections_exist():
@@ -265,18 +301,24 @@ def test_quoted_sections_exist():
     for cited_in, name, title in refs:
         doc = REPO / name if name == "README.md" else REPO / "docs" / name
         assert doc.exists(), f"{cited_in}: no {name}"
-        headings = [h.replace("`", "") for h in
-                    re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", doc.read_text(),
-                                                   flags=re.S), re.M)]
+        headings = [
+            h.replace("`", "")
+            for h in re.findall(
+                r"^#+ (.+)$", re.sub(r"```.*?```", "", doc.read_text(), flags=re.S), re.M
+            )
+        ]
         assert any(h.startswith(title) for h in headings), (
-            f'{cited_in}: {name} has no section "{title}"')
+            f'{cited_in}: {name} has no section "{title}"'
+        )
 
 
 # What the project's own development leaves in text, and a user cannot follow: its issue
 # numbers, branch names, who shared the machine, its internal contract file.
 INTERNAL = re.compile(
     r"\bissues? \d+|(?<![\w/.-])#\d+\b|\bbranch(es)?\b(?!-)|\bengineers?\b"
-    r"|\bshared \d[- ]cores?|machine (was |is )?shared|\bloaded machine|CONTRACT\.md", re.I)
+    r"|\bshared \d[- ]cores?|machine (was |is )?shared|\bloaded machine|CONTRACT\.md",
+    re.I,
+)
 
 
 @pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: p.name)
@@ -288,11 +330,25 @@ def test_user_docs_cite_nothing_internal(doc):
 
 
 def test_the_internal_check_catches_what_it_should():
-    caught = ["until issue 23", "issue 14, item 3", "branch `perf`", "seven other engineers",
-              "shared 2 cores", "a shared 2-core VM", "the machine was shared",
-              "the loaded machine", "(CONTRACT.md)", "see #12"]
-    fine = ["kubernetes/kubernetes#56374", "shared by concurrent callers", "`#ipvsctldown`",
-            "a branch-free loop", "no mark bit is shared with the CNI"]
+    caught = [
+        "until issue 23",
+        "issue 14, item 3",
+        "branch `perf`",
+        "seven other engineers",
+        "shared 2 cores",
+        "a shared 2-core VM",
+        "the machine was shared",
+        "the loaded machine",
+        "(CONTRACT.md)",
+        "see #12",
+    ]
+    fine = [
+        "kubernetes/kubernetes#56374",
+        "shared by concurrent callers",
+        "`#ipvsctldown`",
+        "a branch-free loop",
+        "no mark bit is shared with the CNI",
+    ]
     assert all(INTERNAL.search(t) for t in caught), [t for t in caught if not INTERNAL.search(t)]
     assert not [t for t in fine if INTERNAL.search(t)]
 

@@ -98,16 +98,22 @@ def yaml_blocks(doc: Path) -> list[dict]:
 
 
 def documented_patches() -> list[tuple[str, dict]]:
-    return [(f"{doc.name}#{i}", block) for doc in sorted((REPO / "docs").glob("*.md"))
-            for i, block in enumerate(yaml_blocks(doc)) if "patches" in block]
+    return [
+        (f"{doc.name}#{i}", block)
+        for doc in sorted((REPO / "docs").glob("*.md"))
+        for i, block in enumerate(yaml_blocks(doc))
+        if "patches" in block
+    ]
 
 
 def lost(base: object, patched: object, where: str = "") -> list[str]:
     """What of `base` is missing or changed in `patched` (lists may grow at the end)."""
     if isinstance(base, dict) and isinstance(patched, dict):
-        return [w for k, v in base.items()
-                for w in (lost(v, patched[k], f"{where}/{k}") if k in patched
-                          else [f"{where}/{k}"])]
+        return [
+            w
+            for k, v in base.items()
+            for w in (lost(v, patched[k], f"{where}/{k}") if k in patched else [f"{where}/{k}"])
+        ]
     if isinstance(base, list) and isinstance(patched, list) and len(patched) >= len(base):
         return [w for i, v in enumerate(base) for w in lost(v, patched[i], f"{where}/{i}")]
     return [] if base == patched else [where or "/"]
@@ -115,10 +121,13 @@ def lost(base: object, patched: object, where: str = "") -> list[str]:
 
 def test_the_loss_check_sees_a_replaced_map():
     base = {"nodeSelector": {"kubernetes.io/os": "linux"}, "args": ["a"]}
-    assert lost(base, {"nodeSelector": {"kubernetes.io/os": "linux", "x": "1"},
-                       "args": ["a", "b"]}) == []
+    assert (
+        lost(base, {"nodeSelector": {"kubernetes.io/os": "linux", "x": "1"}, "args": ["a", "b"]})
+        == []
+    )
     assert lost(base, {"nodeSelector": {"x": "1"}, "args": ["a"]}) == [
-        "/nodeSelector/kubernetes.io/os"]
+        "/nodeSelector/kubernetes.io/os"
+    ]
     assert lost(base, {"nodeSelector": {"kubernetes.io/os": "linux"}, "args": []}) == ["/args"]
 
 
@@ -127,8 +136,9 @@ def test_the_guides_have_patches_to_check():
     assert {"install.md", "migrating-from-kube-router.md"} <= names
 
 
-@pytest.mark.parametrize(("name", "block"), documented_patches(),
-                         ids=[n for n, _ in documented_patches()])
+@pytest.mark.parametrize(
+    ("name", "block"), documented_patches(), ids=[n for n, _ in documented_patches()]
+)
 def test_documented_patches_render_and_only_add(name, block):
     """Each patch the guides show, in an overlay of daemonset/, renders with kubectl and
     keeps everything of the DaemonSet it patches (a JSON-patch `add` on a map replaces it)."""
@@ -142,16 +152,18 @@ def test_kube_router_guide_node_selector_keeps_linux():
     [block] = [b for n, b in documented_patches() if n.startswith("migrating-from-kube-router")]
     ds = one(render(overlay({"patches": block["patches"]})), "DaemonSet")
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
-        "kubernetes.io/os": "linux", "ipvsctl.io/enabled": "true"}
+        "kubernetes.io/os": "linux",
+        "ipvsctl.io/enabled": "true",
+    }
 
 
 def test_install_guide_overlay_example_sets_image_and_api_server():
     """The overlay of install.md, step 2, with its path to daemonset/ made real."""
-    [example] = [b for b in yaml_blocks(REPO / "docs" / "install.md")
-                 if b.get("kind") == "Kustomization"]
+    [example] = [
+        b for b in yaml_blocks(REPO / "docs" / "install.md") if b.get("kind") == "Kustomization"
+    ]
     assert example["resources"] == ["../ipvsctl/daemonset"]
     docs = render(overlay({k: v for k, v in example.items() if k != "resources"}))
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    assert {c["image"] for c in spec["containers"]} == {
-        "registry.mycorp.example/net/ipvsctl:0.1.0"}
+    assert {c["image"] for c in spec["containers"]} == {"registry.mycorp.example/net/ipvsctl:0.1.0"}
     assert one(docs, "ConfigMap")["data"]["IPVSCTL_APISERVER"] == "https://10.0.0.10:6443"

@@ -31,20 +31,26 @@ def kubectl(tmp_path) -> Path:
     return exe
 
 
-def plugin(kubectl: Path, *args: str, pods: str = "") -> tuple[subprocess.CompletedProcess,
-                                                               list[list[str]]]:
+def plugin(
+    kubectl: Path, *args: str, pods: str = ""
+) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     log = kubectl.parent / "log"
     log.write_text("")
-    r = subprocess.run([str(PLUGIN), *args], capture_output=True, text=True, timeout=30,
-                       stdin=subprocess.DEVNULL,
-                       env={"PATH": "/usr/bin:/bin", "KUBECTL": str(kubectl), "LOG": str(log),
-                            "PODS": pods})
+    r = subprocess.run(
+        [str(PLUGIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin", "KUBECTL": str(kubectl), "LOG": str(log), "PODS": pods},
+    )
     return r, [json.loads(line) for line in log.read_text().splitlines()]
 
 
 def test_execs_into_the_pod_on_that_node(kubectl):
-    r, calls = plugin(kubectl, "status", "--node", "worker-2", "-o", "wide",
-                      pods="ipvsctl-abcde\nipvsctl-old\n")
+    r, calls = plugin(
+        kubectl, "status", "--node", "worker-2", "-o", "wide", pods="ipvsctl-abcde\nipvsctl-old\n"
+    )
     assert r.returncode == 0, r.stderr
     get, exe = calls
     assert get[:2] == ["get", "pods"]
@@ -52,7 +58,7 @@ def test_execs_into_the_pod_on_that_node(kubectl):
     assert get[get.index("--namespace") + 1] == NAMESPACE
     assert exe[:2] == ["exec", "--stdin"] and "--tty" not in exe
     assert exe[exe.index("--container") + 1] == "ipvsctl"
-    assert exe[exe.index("--") + 1:] == ["ipvsctl", "status", "-o", "wide"]
+    assert exe[exe.index("--") + 1 :] == ["ipvsctl", "status", "-o", "wide"]
     assert "ipvsctl-abcde" in exe
 
 
@@ -67,15 +73,29 @@ def test_selector_matches_the_daemonsets_pods(kubectl):
 
 
 def test_options_and_defaults(kubectl):
-    r, calls = plugin(kubectl, "--context", "prod", "-n", "kube-system", "--node", "n1",
-                      "--", "plan", "-f", "-", "--node", "x", pods="p1\n")
+    r, calls = plugin(
+        kubectl,
+        "--context",
+        "prod",
+        "-n",
+        "kube-system",
+        "--node",
+        "n1",
+        "--",
+        "plan",
+        "-f",
+        "-",
+        "--node",
+        "x",
+        pods="p1\n",
+    )
     assert r.returncode == 0, r.stderr
     get, exe = calls
     assert get[0] == "--context=prod" and exe[0] == "--context=prod"
     assert get[get.index("--namespace") + 1] == "kube-system"
-    assert exe[exe.index("--") + 1:] == ["ipvsctl", "plan", "-f", "-", "--node", "x"]
+    assert exe[exe.index("--") + 1 :] == ["ipvsctl", "plan", "-f", "-", "--node", "x"]
     _, (_, exe) = plugin(kubectl, "--node", "n1", pods="p1\n")
-    assert exe[exe.index("--") + 1:] == ["ipvsctl", "status"]
+    assert exe[exe.index("--") + 1 :] == ["ipvsctl", "status"]
     _, (_, exe) = plugin(kubectl, "--node", "n1", "status", "--help", pods="p1\n")
     assert exe[-1] == "--help"  # after a command, --help is ipvsctl's
 

@@ -144,11 +144,14 @@ class GoldenKernel:
         return [self._counted(key, s) for s in self.impl.list_real_servers(key)]
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey],
+        self,
+        keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
-        return {k: None if v is None else [self._counted(k, s) for s in v]
-                for k, v in self.impl.read_real_servers(keys, only).items()}
+        return {
+            k: None if v is None else [self._counted(k, s) for s in v]
+            for k, v in self.impl.read_real_servers(keys, only).items()
+        }
 
 
 _: type[IPVSKernel] = GoldenKernel
@@ -185,8 +188,9 @@ def _rs(text: str) -> RealServerKey:
     return RealServerKey(host.strip("[]"), int(port))
 
 
-def parse_kernel_text(text: str) -> tuple[list[tuple[VirtualServer, dict[RealServerKey, int]]],
-                                          set[str]]:
+def parse_kernel_text(
+    text: str,
+) -> tuple[list[tuple[VirtualServer, dict[RealServerKey, int]]], set[str]]:
     """kernel.txt (or kernel-before.txt) back into virtual servers, weights and addresses."""
     out: list[tuple[VirtualServer, dict[RealServerKey, int]]] = []
     addresses: set[str] = set()
@@ -249,18 +253,22 @@ class Case:
         return self.folder.name
 
 
-_ACTIONS = frozenset({"delete", "advance", "connections", "node_ips", "drain_check",
-                      "description"})
+_ACTIONS = frozenset({"delete", "advance", "connections", "node_ips", "drain_check", "description"})
 
 
 def load_case(folder: Path) -> Case:
     spec = yaml.safe_load((folder / "case.yaml").read_text()) or {}
     n = spec.get("node", {})
-    node = NodeContext(n.get("name", "node-a"), tuple(n.get("ips", ["192.0.2.10"])),
-                       n.get("scheduler", "rr"),
-                       service_proxy_name=n.get("service_proxy_name"))
-    numbered = sorted((p for p in folder.iterdir() if p.is_dir() and p.name[:1].isdigit()),
-                      key=lambda p: int(p.name.split("-", 1)[0]))
+    node = NodeContext(
+        n.get("name", "node-a"),
+        tuple(n.get("ips", ["192.0.2.10"])),
+        n.get("scheduler", "rr"),
+        service_proxy_name=n.get("service_proxy_name"),
+    )
+    numbered = sorted(
+        (p for p in folder.iterdir() if p.is_dir() and p.name[:1].isdigit()),
+        key=lambda p: int(p.name.split("-", 1)[0]),
+    )
     steps = []
     for f in numbered or [folder]:
         objects = load_file(f / "objects.yaml").objects if (f / "objects.yaml").exists() else {}
@@ -271,9 +279,16 @@ def load_case(folder: Path) -> Case:
             assert not unknown, f"{f}/step.yaml: unknown actions {sorted(unknown)}"
         steps.append(Step(f, dict(objects), actions))
     before = folder / "kernel-before.txt"
-    return Case(folder, node, float(spec.get("drain_timeout", 30)), steps,
-                before.read_text() if before.exists() else None, spec.get("xfail"),
-                spec.get("lab", True), spec)
+    return Case(
+        folder,
+        node,
+        float(spec.get("drain_timeout", 30)),
+        steps,
+        before.read_text() if before.exists() else None,
+        spec.get("xfail"),
+        spec.get("lab", True),
+        spec,
+    )
 
 
 # --- running one ----------------------------------------------------------------------------
@@ -287,8 +302,14 @@ class Run:
     `addresses` reads the dummy interface's addresses; `faulty`: the kernel fails calls;
     `base`: the kernel under the faults, where kernel-before.txt is loaded."""
 
-    def __init__(self, case: Case, kernel: Any, addresses: Callable[[], Iterable[str]],
-                 faulty: bool = False, base: Any = None) -> None:
+    def __init__(
+        self,
+        case: Case,
+        kernel: Any,
+        addresses: Callable[[], Iterable[str]],
+        faulty: bool = False,
+        base: Any = None,
+    ) -> None:
         self.case = case
         self.kernel = GoldenKernel(kernel)
         self.addresses = addresses
@@ -311,15 +332,16 @@ class Run:
         self.clock.advance(float(a.get("advance", 0)))
         for c in a.get("connections", ()):
             self.kernel.conns[(_key(c["vs"]), _rs(c["rs"]))] = (
-                int(c.get("active", 0)), int(c.get("inactive", 0)))
+                int(c.get("active", 0)),
+                int(c.get("inactive", 0)),
+            )
         if "node_ips" in a:
             self.node = dataclasses.replace(self.node, node_ips=tuple(a["node_ips"]))
             self.engine.set_node_ips(self.node.node_ips)
         now = self.clock.monotonic()
         self.known.update(step.objects)
         if first:
-            for kind in (ObjectKind.NODE, ObjectKind.SERVICE,
-                         ObjectKind.ENDPOINT_SLICE):
+            for kind in (ObjectKind.NODE, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
                 objs = [o for (k, _, _), o in step.objects.items() if k is kind]
                 if objs or kind in (ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
                     self.engine.handle(Replace(kind, objs, now))
@@ -353,8 +375,7 @@ class Run:
     def audit_round(self) -> int:
         """Audit steps enough for a whole round (audit_batch virtual servers a step)."""
         steps = len(self.kernel.list_virtual_servers()) // self.config.audit_batch + 2
-        return sum(f.found for _ in range(steps)
-                   if (f := run_once(self.engine.audit)) is not None)
+        return sum(f.found for _ in range(steps) if (f := run_once(self.engine.audit)) is not None)
 
     def check_drains(self) -> None:
         rounds = MAX_ROUNDS if self.faulty else 1
@@ -369,7 +390,8 @@ class Run:
         plan, problems = plan_objects(self._by_kind(), self.node)
         desired = plan_text(plan, wide=True) + "".join(
             f"{p.kind.value} {p.name} {'skipped' if p.fatal else 'warning'}: {p.reason}\n"
-            for p in problems)
+            for p in problems
+        )
         rows = table(self.kernel)
         doc = join_status(rows, None, engine_status(EngineView(self.engine)), None, "golden")
         return {
@@ -381,8 +403,10 @@ class Run:
 
     def _deletions(self) -> str:
         """Real servers deleted so far, by reason (drained, deadline, udp, ...)."""
-        counts = [(r, self.metrics.value("ipvsctl_real_server_deletions_total",
-                                         {"reason": r.value})) for r in DeletionReason]
+        counts = [
+            (r, self.metrics.value("ipvsctl_real_server_deletions_total", {"reason": r.value}))
+            for r in DeletionReason
+        ]
         return "deletions: " + (", ".join(f"{r} {n:g}" for r, n in counts if n) or "none") + "\n"
 
     def _by_kind(self) -> dict[ObjectKind, list[RawObject]]:
@@ -414,5 +438,8 @@ def compare(folder: Path, got: dict[str, str], names: Iterable[str], write: bool
 def _diff(want: str, got: str, name: str) -> str:
     import difflib
 
-    return "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True),
-                                        f"{name} (expected)", f"{name} (got)"))
+    return "".join(
+        difflib.unified_diff(
+            want.splitlines(True), got.splitlines(True), f"{name} (expected)", f"{name} (got)"
+        )
+    )

@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 ROOTFS = Path(os.environ.get("IPVSCTL_IMAGE_ROOTFS", REPO / "out" / "image" / "rootfs"))
 
 
-
 def _unavailable() -> str | None:
     if not (ROOTFS / "usr" / "local" / "bin" / "ipvsctl").exists():
         return f"no image root filesystem at {ROOTFS} (make image)"
@@ -40,10 +39,19 @@ def image_rootfs() -> None:
 
 def chroot(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     # As the image runs: its PATH and env, nothing of the host's.
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"}
-    return subprocess.run(["chroot", str(ROOTFS), *args], input=stdin, capture_output=True,
-                          text=True, timeout=120, env=env)
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LANG": "C.UTF-8",
+    }
+    return subprocess.run(
+        ["chroot", str(ROOTFS), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_version():
@@ -57,8 +65,14 @@ def test_plan_in_the_image_equals_plan_here():
     args = ["plan", "-f", "-", "--node-ip", "192.0.2.10", "-o", "json"]
     r = chroot("ipvsctl", *args, stdin=manifests)
     assert r.returncode == 0, r.stderr
-    here = subprocess.run([sys.executable, "-m", "ipvsctl", *args], input=manifests,
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    here = subprocess.run(
+        [sys.executable, "-m", "ipvsctl", *args],
+        input=manifests,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert json.loads(r.stdout) == json.loads(here.stdout)
     assert json.loads(r.stdout)["virtual_servers"]
 
@@ -75,19 +89,29 @@ def test_the_image_holds_exactly_the_modules_of_this_tree():
 
 def test_every_ipvsctl_module_imports():
     """Whatever the image leaves out (kubernetes.aio, aiohttp, ...) no ipvsctl module needs."""
-    code = ("import pkgutil, importlib, ipvsctl\n"
-            "for m in pkgutil.walk_packages(ipvsctl.__path__, 'ipvsctl.'):\n"
-            "    if not m.name.endswith('__main__'):\n"
-            "        importlib.import_module(m.name)\n"
-            "import kubernetes.client, kubernetes.config, kubernetes.watch\n"
-            "print('ok')")
+    code = (
+        "import pkgutil, importlib, ipvsctl\n"
+        "for m in pkgutil.walk_packages(ipvsctl.__path__, 'ipvsctl.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "import kubernetes.client, kubernetes.config, kubernetes.watch\n"
+        "print('ok')"
+    )
     r = chroot("python3", "-c", code)
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
 
 
-@pytest.mark.parametrize("tool", [["nft", "--version"], ["conntrack", "--version"],
-                                  ["ipvsadm", "--help"], ["ip", "-V"],
-                                  ["modprobe", "--version"], ["ipvsctl-node-prep", "--help"]])
+@pytest.mark.parametrize(
+    "tool",
+    [
+        ["nft", "--version"],
+        ["conntrack", "--version"],
+        ["ipvsadm", "--help"],
+        ["ip", "-V"],
+        ["modprobe", "--version"],
+        ["ipvsctl-node-prep", "--help"],
+    ],
+)
 def test_node_tools_are_there(tool):
     r = chroot("sh", "-c", f"command -v {tool[0]}")
     assert r.returncode == 0, f"{tool[0]} missing from the image"
@@ -103,10 +127,23 @@ def test_no_build_tools_in_the_image():
         assert chroot("sh", "-c", f"command -v {exe}").returncode != 0, exe
     packages = chroot("dpkg-query", "-W", "-f", "${Package}\\n").stdout.split()
     assert "python3-minimal" in packages  # the query works
-    build = [p for p in packages if p in ("gcc", "cpp", "make", "build-essential", "python3-pip",
-                                          "python3-setuptools", "python3-wheel", "python3-venv")
-             or (p.startswith("gcc-") and not p.endswith("-base"))  # libgcc-s1 needs it
-             or p.endswith("-dev")]
+    build = [
+        p
+        for p in packages
+        if p
+        in (
+            "gcc",
+            "cpp",
+            "make",
+            "build-essential",
+            "python3-pip",
+            "python3-setuptools",
+            "python3-wheel",
+            "python3-venv",
+        )
+        or (p.startswith("gcc-") and not p.endswith("-base"))  # libgcc-s1 needs it
+        or p.endswith("-dev")
+    ]
     assert build == [], f"build packages in the image: {build}"
     site = ROOTFS / "usr/local/lib/python3.11/dist-packages"
     tools = ("pip", "setuptools", "wheel", "_distutils_hack")
@@ -131,8 +168,7 @@ def test_oci_image_config():
 
     manifest = blob(manifest_ref)
     config = blob(manifest["config"])["config"]
-    assert (config["Entrypoint"], config["Cmd"], config["User"]) == (["ipvsctl"], ["run"],
-                                                                     "10001")
+    assert (config["Entrypoint"], config["Cmd"], config["User"]) == (["ipvsctl"], ["run"], "10001")
     assert len(manifest["layers"]) == 1
 
 

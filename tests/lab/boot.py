@@ -55,16 +55,19 @@ def newest_kernel() -> str:
     return max(kernels, key=version)
 
 
-def guest_script(python: str, pytest_args: list[str], out: Path = OUT,
-                 run: str | None = None) -> str:
+def guest_script(
+    python: str, pytest_args: list[str], out: Path = OUT, run: str | None = None
+) -> str:
     args = " ".join(shlex.quote(a) for a in pytest_args)
     out_q = shlex.quote(str(out))
     if run is None:
         what = "starting pytest"
         # the repo is read-only in the guest: no cache provider; -v and durations show
         # progress and where the time goes in CI logs
-        command = (f"{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider -v "
-                   f"--durations=10 tests/lab {args}")
+        command = (
+            f"{shlex.quote(python)} -m pytest -m lab -p no:cacheprovider -v "
+            f"--durations=10 tests/lab {args}"
+        )
     else:
         what = "running: " + run
         bindir = shlex.quote(str(Path(python).parent))
@@ -121,11 +124,20 @@ def main(argv: list[str]) -> int:
 
     kvm = os.environ.get("IPVSCTL_VM_KVM") == "1"
     cmd = [
-        vng, "--run", newest_kernel(), "--user", "root", "--force-9p",
-        "--memory", os.environ.get("IPVSCTL_VM_MEMORY", "2G"),
-        "--cpus", str(min(os.cpu_count() or 2, 4)),
-        "--rwdir", str(out),
-        "--exec", f"bash {shlex.quote(str(script))}",
+        vng,
+        "--run",
+        newest_kernel(),
+        "--user",
+        "root",
+        "--force-9p",
+        "--memory",
+        os.environ.get("IPVSCTL_VM_MEMORY", "2G"),
+        "--cpus",
+        str(min(os.cpu_count() or 2, 4)),
+        "--rwdir",
+        str(out),
+        "--exec",
+        f"bash {shlex.quote(str(script))}",
     ]
     if not kvm:
         cmd.insert(cmd.index("--force-9p"), "--disable-kvm")
@@ -134,9 +146,15 @@ def main(argv: list[str]) -> int:
 
     print(f"lab: {shlex.join(cmd)}", flush=True)
     started = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -164,8 +182,11 @@ def main(argv: list[str]) -> int:
     result = out / "result"
     if timed_out.is_set() or not result.exists():
         why = "timed out" if timed_out.is_set() else f"vng exited {vm_rc}"
-        print(f"lab: FAILED: the guest wrote no result ({why}): boot failure, kernel panic or "
-              "a hung test; see the output above", flush=True)
+        print(
+            f"lab: FAILED: the guest wrote no result ({why}): boot failure, kernel panic or "
+            "a hung test; see the output above",
+            flush=True,
+        )
         return NO_RESULT
     rc = int(result.read_text().strip() or NO_RESULT)
     print(f"lab: guest {'pytest' if run is None else 'command'} exit code {rc}", flush=True)

@@ -43,8 +43,18 @@ from devkit.labkit import Node, Pod
 from ipvsctl.kernel.netlink import configure_host
 
 MODULES = (
-    "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sh",
-    "dummy", "veth", "nf_conntrack", "nf_conntrack_netlink", "nf_tables", "sctp",
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_vs_wrr",
+    "ip_vs_lc",
+    "ip_vs_wlc",
+    "ip_vs_sh",
+    "dummy",
+    "veth",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_tables",
+    "sctp",
 )
 
 

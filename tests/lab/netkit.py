@@ -39,8 +39,9 @@ def serve_peers(pod: Pod, tcp: tuple[int, ...] = (8080,), udp: tuple[int, ...] =
             pod.serve(proto, port, report_peer=True)
 
 
-def ask(client: Pod | Client, address: str, port: int, proto: str = "tcp",
-        attempts: int = 5) -> tuple[str, str]:
+def ask(
+    client: Pod | Client, address: str, port: int, proto: str = "tcp", attempts: int = 5
+) -> tuple[str, str]:
     """(answering pod, peer address it saw) over TCP or UDP (UDP retried: it may drop)."""
     if proto == "tcp":
         with client.connect(address, port) as conn:
@@ -66,8 +67,9 @@ class Client:
         return open_connection(self.netns, address, port, timeout=timeout)
 
     def udp(self, address: str, port: int, timeout: float = 3.0) -> str | None:
-        s = self.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
-                              socket.SOCK_DGRAM)
+        s = self.netns.socket(
+            socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM
+        )
         try:
             s.settimeout(timeout)
             s.sendto(b"ping", (address, port))
@@ -91,20 +93,37 @@ class Outside(Client):
     def __init__(self, node: Node, name: str = "outside") -> None:
         super().__init__(Netns(f"{node.name}-{name}"), name)
         self.ip, self.ip6 = OUTSIDE_IP, OUTSIDE_IP6
-        sh("ip", "-n", node.name, "link", "add", "lan0", "type", "veth",
-           "peer", "name", "eth0", "netns", self.netns.name)
-        node.netns.ip_batch([
-            f"addr add {NODE_LAN}/24 dev lan0",
-            f"addr add {NODE_LAN6}/64 dev lan0 nodad",
-            "link set lan0 up",
-        ])
-        self.netns.ip_batch([
-            f"addr add {OUTSIDE_IP}/24 dev eth0",
-            f"addr add {OUTSIDE_IP6}/64 dev eth0 nodad",
-            "link set eth0 up",
-            f"route add default via {NODE_LAN} dev eth0",
-            f"route add default via {NODE_LAN6} dev eth0",
-        ])
+        sh(
+            "ip",
+            "-n",
+            node.name,
+            "link",
+            "add",
+            "lan0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            self.netns.name,
+        )
+        node.netns.ip_batch(
+            [
+                f"addr add {NODE_LAN}/24 dev lan0",
+                f"addr add {NODE_LAN6}/64 dev lan0 nodad",
+                "link set lan0 up",
+            ]
+        )
+        self.netns.ip_batch(
+            [
+                f"addr add {OUTSIDE_IP}/24 dev eth0",
+                f"addr add {OUTSIDE_IP6}/64 dev eth0 nodad",
+                "link set eth0 up",
+                f"route add default via {NODE_LAN} dev eth0",
+                f"route add default via {NODE_LAN6} dev eth0",
+            ]
+        )
 
     def close(self) -> None:
         self.netns.delete()
@@ -128,10 +147,15 @@ def health_socket_factory(netns: str):
 
 
 @contextlib.contextmanager
-def run_daemon(node: Node, manifests: Path, state_dir: Path, *,
-               node_ips: tuple[str, ...] = (NODE_LAN, NODE_LAN6),
-               cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
-               masquerade_all: bool = False) -> Iterator[Any]:
+def run_daemon(
+    node: Node,
+    manifests: Path,
+    state_dir: Path,
+    *,
+    node_ips: tuple[str, ...] = (NODE_LAN, NODE_LAN6),
+    cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
+    masquerade_all: bool = False,
+) -> Iterator[Any]:
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.healthcheck.server import HealthServer
@@ -140,12 +164,21 @@ def run_daemon(node: Node, manifests: Path, state_dir: Path, *,
     from ipvsctl.netfilter.nft import Nft
 
     opts = DaemonOptions(
-        node=NodeContext("node-a", node_ips), manifests=str(manifests),
-        state_dir=str(state_dir), listen="127.0.0.1:0", drain_check_interval=0.2,
-        cluster_cidrs=cluster_cidrs, masquerade_all=masquerade_all)
-    d = Daemon(opts, node.kernel, ManifestSource(manifests, interval=0.2),
-               nft=Nft(netns=node.name),
-               health=HealthServer("node-a", listen=health_socket_factory(node.name)))
+        node=NodeContext("node-a", node_ips),
+        manifests=str(manifests),
+        state_dir=str(state_dir),
+        listen="127.0.0.1:0",
+        drain_check_interval=0.2,
+        cluster_cidrs=cluster_cidrs,
+        masquerade_all=masquerade_all,
+    )
+    d = Daemon(
+        opts,
+        node.kernel,
+        ManifestSource(manifests, interval=0.2),
+        nft=Nft(netns=node.name),
+        health=HealthServer("node-a", listen=health_socket_factory(node.name)),
+    )
     d.start()
     try:
         yield d

@@ -53,8 +53,11 @@ def dns_pod(node: Node) -> Pod:
 
 
 def to_vip(ct: NetlinkConntrack, client: Pod) -> list[ConntrackEntry]:
-    return [e for e in ct.list_conntrack(Protocol.UDP, False)
-            if e.orig_dst == VIP and e.orig_src == client.ip]
+    return [
+        e
+        for e in ct.list_conntrack(Protocol.UDP, False)
+        if e.orig_dst == VIP and e.orig_src == client.ip
+    ]
 
 
 def stale_entry(ct: NetlinkConntrack, client: Pod, sock: Any) -> ConntrackEntry:
@@ -64,8 +67,9 @@ def stale_entry(ct: NetlinkConntrack, client: Pod, sock: Any) -> ConntrackEntry:
 
     def made() -> ConntrackEntry | None:
         client.udp(VIP, 53, sock, timeout=0.5)
-        return next((e for e in to_vip(ct, client)
-                     if e.orig_sport == port and e.reply_src == VIP), None)
+        return next(
+            (e for e in to_vip(ct, client) if e.orig_sport == port and e.reply_src == VIP), None
+        )
 
     return wait_for(made, what="a conntrack entry answered by the VIP")
 
@@ -111,25 +115,33 @@ def api() -> Iterator[FakeAPIServer]:
 
 
 def dns_service(*protocols: str) -> dict[str, Any]:
-    return service("dns", VIP, ports=[
-        {"name": p.lower(), "port": 53, "protocol": p, "targetPort": 5353} for p in protocols])
+    return service(
+        "dns",
+        VIP,
+        ports=[
+            {"name": p.lower(), "port": 53, "protocol": p, "targetPort": 5353} for p in protocols
+        ],
+    )
 
 
 def dns_slice(pod: Pod, *protocols: str) -> dict[str, Any]:
-    return endpoint_slice("dns", [endpoint(pod.ip, pod=pod.name)], ports=[
-        {"name": p.lower(), "port": 5353, "protocol": p} for p in protocols])
+    return endpoint_slice(
+        "dns",
+        [endpoint(pod.ip, pod=pod.name)],
+        ports=[{"name": p.lower(), "port": 5353, "protocol": p} for p in protocols],
+    )
 
 
 def test_the_daemon_sweeps_when_a_udp_port_gets_endpoints(
-    node: Node, client: Pod, dns_pod: Pod, api: FakeAPIServer,
-    make_daemon: Callable[..., Any]
+    node: Node, client: Pod, dns_pod: Pod, api: FakeAPIServer, make_daemon: Callable[..., Any]
 ) -> None:
     api.add(dns_service("TCP"))
     api.add(dns_slice(dns_pod, "TCP"))
     metrics = Metrics()
     source = KubeSource.from_config(
         apiserver=api.url,
-        settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05))
+        settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05),
+    )
     ct = NetlinkConntrack(netns=node.name)
     d = make_daemon(node, source, metrics=metrics, conntrack=ct)
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")

@@ -45,8 +45,10 @@ BIN = Path(sys.executable).parent
 
 def weights(node: Node) -> dict[str, dict[str, int]]:
     """`ipvsadm -Ln` without the counts: virtual server -> real server -> weight."""
-    return {vs: {name: r.weight for name, r in s.real_servers.items()}
-            for vs, s in node.ipvsadm().items()}
+    return {
+        vs: {name: r.weight for name, r in s.real_servers.items()}
+        for vs, s in node.ipvsadm().items()
+    }
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:
@@ -70,8 +72,10 @@ def held_connection(node: Node, client: Pod, pods: list[Pod]) -> tuple[Any, Pod,
     """A connection held through the VIP, the pod that took it and the other one."""
     held = client.connect(VIP, 80)
     gone = next(p for p in pods if p.name == held.pod)
-    wait_for(lambda: node.ipvsadm()[str(KEY)].real_servers[f"{gone.ip}:8080"].active >= 1,
-             what="ActiveConn")
+    wait_for(
+        lambda: node.ipvsadm()[str(KEY)].real_servers[f"{gone.ip}:8080"].active >= 1,
+        what="ActiveConn",
+    )
     return held, gone, next(p for p in pods if p is not gone)
 
 
@@ -83,8 +87,9 @@ def api() -> Iterator[FakeAPIServer]:
 
 
 @pytest.fixture
-def kube_daemon(api: FakeAPIServer, node: Node,
-                make_daemon: Callable[..., Any]) -> Iterator[tuple[Any, list[Pod]]]:
+def kube_daemon(
+    api: FakeAPIServer, node: Node, make_daemon: Callable[..., Any]
+) -> Iterator[tuple[Any, list[Pod]]]:
     pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
     api.add(service("web"))
     api.add(endpoint_slice("web", eps(*pods)))
@@ -92,7 +97,8 @@ def kube_daemon(api: FakeAPIServer, node: Node,
     source = KubeSource.from_config(
         apiserver=api.url,
         settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05),
-        on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc())
+        on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc(),
+    )
     d = make_daemon(node, source, metrics=metrics)
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
     assert weights(node) == {str(KEY): {f"{p.ip}:8080": 1 for p in pods}}
@@ -107,22 +113,33 @@ def test_terminating_endpoint_drains_with_a_live_connection_until_it_closes(
     # Its Pod is there to be read, overdue: nothing reads it (the whole lab's request log
     # is checked for pods at the end, conftest.py).
     stamp = datetime.datetime.fromtimestamp(time.time() - 300, datetime.UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     api.add(pod(gone.name, deletion_timestamp=stamp))
-    api.update(endpoint_slice("web", [terminating(gone.ip, pod=gone.name),
-                                      endpoint(other.ip, pod=other.name)]))
+    api.update(
+        endpoint_slice(
+            "web", [terminating(gone.ip, pod=gone.name), endpoint(other.ip, pod=other.name)]
+        )
+    )
 
     wait_for(lambda: weights(node)[str(KEY)][f"{gone.ip}:8080"] == 0, what="weight 0")
     e = wait_for(lambda: drain_of(node, d, gone.ip), what="the drain in /status")
     assert (e["address"], e["reason"], e["deadline_source"], e["pod"]) == (
-        gone.ip, "terminating", "pod", f"default/{gone.name}")
+        gone.ip,
+        "terminating",
+        "pod",
+        f"default/{gone.name}",
+    )
     assert e["deadline"] is None and e["time_left"] is None  # until its pod goes
     assert [client.request(VIP, 80) for _ in range(4)] == [other.name] * 4
     assert held.echo("still served while terminating")
 
     held.abort()
-    wait_for(lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)], timeout=90,
-             what="deleted once its connection is gone")
+    wait_for(
+        lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)],
+        timeout=90,
+        what="deleted once its connection is gone",
+    )
     metrics = daemon_get(node, d, "/metrics")[1]
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
@@ -144,27 +161,38 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     d, pods = kube_daemon
     first, other = pods
     overdue = datetime.datetime.fromtimestamp(time.time() - 300, datetime.UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
     # web-0, first incarnation, at `first`: terminating (overdue), then gone.
     api.add(pod("web-0", deletion_timestamp=overdue, uid="uid-1"))
-    api.update(endpoint_slice("web", [terminating(first.ip, pod="web-0", uid="uid-1"),
-                                      endpoint(other.ip, pod=other.name)]))
+    api.update(
+        endpoint_slice(
+            "web",
+            [terminating(first.ip, pod="web-0", uid="uid-1"), endpoint(other.ip, pod=other.name)],
+        )
+    )
     wait_for(lambda: weights(node)[str(KEY)].get(f"{first.ip}:8080") == 0, what="weight 0")
     api.update(endpoint_slice("web", [endpoint(other.ip, pod=other.name)]))
-    wait_for(lambda: f"{first.ip}:8080" not in weights(node)[str(KEY)], timeout=60,
-             what="the first web-0 gone")
+    wait_for(
+        lambda: f"{first.ip}:8080" not in weights(node)[str(KEY)],
+        timeout=60,
+        what="the first web-0 gone",
+    )
     # web-0 again: a new pod (uid-2) at a new address, alone in the Service, then
     # terminating with a client's connection held through the VIP.
     again = node.make_pod("10.244.1.3", name="web-0")
     api.upsert(pod("web-0", uid="uid-2"))
     api.update(endpoint_slice("web", [endpoint(again.ip, pod="web-0", uid="uid-2")]))
-    wait_for(lambda: weights(node)[str(KEY)] == {f"{again.ip}:8080": 1},
-             what="only the new web-0")
+    wait_for(lambda: weights(node)[str(KEY)] == {f"{again.ip}:8080": 1}, what="only the new web-0")
     held = client.connect(VIP, 80)
     assert held.pod == "web-0"
     api.upsert(pod("web-0", deletion_timestamp=overdue, uid="uid-2"))
-    api.update(endpoint_slice("web", [terminating(again.ip, pod="web-0", uid="uid-2"),
-                                      endpoint(other.ip, pod=other.name)]))
+    api.update(
+        endpoint_slice(
+            "web",
+            [terminating(again.ip, pod="web-0", uid="uid-2"), endpoint(other.ip, pod=other.name)],
+        )
+    )
     e = wait_for(lambda: drain_of(node, d, again.ip), what="the new web-0 draining")
     assert e["deadline_source"] == "pod" and e["time_left"] is None
     for _ in range(3):  # drain checks on the real kernel's counts, in this thread
@@ -175,8 +203,11 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     metrics = daemon_get(node, d, "/metrics")[1]
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
     held.abort()
-    wait_for(lambda: f"{again.ip}:8080" not in weights(node)[str(KEY)], timeout=90,
-             what="deleted as drained once its connection is gone")
+    wait_for(
+        lambda: f"{again.ip}:8080" not in weights(node)[str(KEY)],
+        timeout=90,
+        what="deleted as drained once its connection is gone",
+    )
 
 
 def test_relist_after_410_causes_no_kernel_churn(
@@ -191,8 +222,10 @@ def test_relist_after_410_causes_no_kernel_churn(
     lists = {k: api.count("list", k) for k in ("Service", "EndpointSlice")}
 
     api.expire_watches()
-    wait_for(lambda: all(api.count("list", k) > n for k, n in lists.items()),
-             what="a relist of both kinds")
+    wait_for(
+        lambda: all(api.count("list", k) > n for k, n in lists.items()),
+        what="a relist of both kinds",
+    )
     marker = node.make_pod("10.244.1.3", name="web-3")  # a change after the relist
     api.update(endpoint_slice("web", eps(other, marker)))
     wait_for(lambda: f"{marker.ip}:8080" in weights(node)[str(KEY)], what="the marker change")
@@ -217,8 +250,9 @@ def test_api_outage_leaves_the_table_and_traffic_and_catches_up(
     api.reset_watches()
 
     def failed_reconnects() -> float:
-        return metric_sum(daemon_get(node, d, "/metrics")[1], "ipvsctl_watch_restarts_total",
-                          reason="error")
+        return metric_sum(
+            daemon_get(node, d, "/metrics")[1], "ipvsctl_watch_restarts_total", reason="error"
+        )
 
     wait_for(lambda: failed_reconnects() >= 4, what="reconnects failing through the outage")
     assert weights(node) == table
@@ -230,8 +264,11 @@ def test_api_outage_leaves_the_table_and_traffic_and_catches_up(
     kept, removed = pods
     api.update(endpoint_slice("web", eps(kept)))  # changed while the daemon cannot see it
     api.up()
-    wait_for(lambda: weights(node)[str(KEY)].get(f"{removed.ip}:8080", 0) == 0, timeout=90,
-             what="the change caught up after the outage")
+    wait_for(
+        lambda: weights(node)[str(KEY)].get(f"{removed.ip}:8080", 0) == 0,
+        timeout=90,
+        what="the change caught up after the outage",
+    )
     assert weights(node)[str(KEY)][f"{kept.ip}:8080"] == 1
     assert daemon_get(node, d, "/healthz")[0] == 200
 
@@ -245,7 +282,10 @@ class RunCommand:
         self.out = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "run", *args],
-            stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
         if self.proc.poll() is None:
@@ -287,9 +327,22 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
     write_manifests(folder, service("web"), endpoint_slice("web", eps(*pods)))
     port = 19796
     url = f"http://127.0.0.1:{port}"
-    args = ["--manifests", str(folder), "--state-dir", str(tmp_path / "state"),
-            "--listen", f"127.0.0.1:{port}", "--drain-check-interval", "0.2",
-            "--drain-timeout", "600", "--node-name", "node-a", "--node-ip", "192.0.2.10"]
+    args = [
+        "--manifests",
+        str(folder),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--drain-check-interval",
+        "0.2",
+        "--drain-timeout",
+        "600",
+        "--node-name",
+        "node-a",
+        "--node-ip",
+        "192.0.2.10",
+    ]
     runs: list[RunCommand] = []
     t0 = time.monotonic()
 
@@ -320,7 +373,10 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
         wait_for(lambda: weights(node)[str(KEY)][f"{gone.ip}:8080"] == 0, what="weight 0")
         (entry,) = json.loads(http_get(url + "/status", node.name)[1])["drain_queue"]
         assert (entry["address"], entry["reason"], entry["pod"]) == (
-            gone.ip, "removed", f"default/{gone.name}")
+            gone.ip,
+            "removed",
+            f"default/{gone.name}",
+        )
 
         # SIGTERM in the middle of the drain: exit 0, the table exactly as it was
         table = weights(node)
@@ -344,8 +400,11 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
         phase("ipvsctl status checked")
 
         held.abort()
-        wait_for(lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)], timeout=90,
-                 what="deleted once its connection is gone")
+        wait_for(
+            lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)],
+            timeout=90,
+            what="deleted once its connection is gone",
+        )
         metrics = http_get(url + "/metrics", node.name)[1]
         assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
         phase("drained")
@@ -360,9 +419,22 @@ def test_ipvsctl_run_sigterm_mid_drain_leaves_the_table_and_a_restart_resumes_th
 def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
     """`ipvsctl status --json` (the command, in the node's netns) and the text form."""
     t0 = time.monotonic()
-    r = subprocess.run(["ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "status",
-                        "--json", "--endpoint", url],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            node.name,
+            str(BIN / "ipvsctl"),
+            "status",
+            "--json",
+            "--endpoint",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     print(f"ipvsctl status --json took {time.monotonic() - t0:.1f}s")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -372,12 +444,18 @@ def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
     assert (vs["service"], vs["port_name"], vs["scheduler"]) == ("default/web", "http", "rr")
     rss = {r["address"]: r for r in vs["real_servers"]}
     assert (rss[gone.ip]["weight"], rss[gone.ip]["pod"], rss[gone.ip]["state"]) == (
-        0, f"default/{gone.name}", "draining")
+        0,
+        f"default/{gone.name}",
+        "draining",
+    )
     assert rss[gone.ip]["active_conns"] >= 1  # read from the kernel
     drain = rss[gone.ip]["drain"]
     assert drain["reason"] == "removed" and drain["age"] > 0 and 0 < drain["time_left"] <= 600
     assert (rss[other.ip]["weight"], rss[other.ip]["pod"], rss[other.ip]["state"]) == (
-        1, f"default/{other.name}", "active")
+        1,
+        f"default/{other.name}",
+        "active",
+    )
     assert len(doc["drain_queue"]) == 1
 
     # the text form, in-process (one Python start less) but in the node's netns too
@@ -385,14 +463,15 @@ def check_status_command(node: Node, url: str, gone: Pod, other: Pod) -> None:
 
     from ipvsctl.cli.app import app
 
-    result = run_in_netns(node.name, lambda: CliRunner().invoke(
-        app, ["status", "--endpoint", url]))
+    result = run_in_netns(node.name, lambda: CliRunner().invoke(app, ["status", "--endpoint", url]))
     assert result.exit_code == 0, result.output
     text = result.output
     assert "default/web:http" in text and f"default/{other.name}" in text
     (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  -> {gone.ip}:8080")]
-    assert re.search(rf"\s0\s+[1-9]\d*\s+\d+\s+default/{gone.name} DRAINING \(removed, "
-                     r"age [\d.]+s, [\d.]+s left; connections 1 established/0 closing/"
-                     r"0 closed\)", line), line
+    assert re.search(
+        rf"\s0\s+[1-9]\d*\s+\d+\s+default/{gone.name} DRAINING \(removed, "
+        r"age [\d.]+s, [\d.]+s left; connections 1 established/0 closing/"
+        r"0 closed\)",
+        line,
+    ), line
     assert "drain queue: 1" in text
-

@@ -86,8 +86,7 @@ def setup(node: Node, n_pods: int = 2) -> tuple[Harness, list[Pod], list[Streame
     pods = [node.make_pod(f"10.244.1.{i}", tcp=()) for i in range(1, n_pods + 1)]
     servers = [Streamer(p) for p in pods]
     h = Harness(kernel=RecordingKernel(node.kernel), drain_timeout=600.0)
-    h.start([service("web")], [endpoint_slice("web", [endpoint(p.ip, pod=p.name)
-                                                      for p in pods])])
+    h.start([service("web")], [endpoint_slice("web", [endpoint(p.ip, pod=p.name) for p in pods])])
     return h, pods, servers
 
 
@@ -96,8 +95,11 @@ def rs(pod: Pod) -> RealServerKey:
 
 
 def states(node: Node, pod: Pod) -> list[str]:
-    return sorted(c[1] for c in node.ipvs_connections()
-                  if c[0] == "TCP" and c[4] == str(rs(pod)) and not c[2].endswith(":0"))
+    return sorted(
+        c[1]
+        for c in node.ipvs_connections()
+        if c[0] == "TCP" and c[4] == str(rs(pod)) and not c[2].endswith(":0")
+    )
 
 
 def in_kernel(node: Node, pod: Pod) -> bool:
@@ -149,15 +151,22 @@ def test_half_closed_by_the_client_is_kept_while_the_server_still_sends(
         h.check()
         assert in_kernel(node, a)
         assert conn.readline() == "tick"  # data still flows to the client
-    status = next(r for r in engine_status(h.view)["virtual_servers"][0]["real_servers"]
-                  if r["address"] == a.ip)
+    status = next(
+        r
+        for r in engine_status(h.view)["virtual_servers"][0]["real_servers"]
+        if r["address"] == a.ip
+    )
     assert status["drain"]["connections"]["closing"] >= 1
     servers[0].hold.clear()  # the stream ends: the server closes too
     wait_for(lambda: not conn.sock.recv(4096) or False, what="the server's FIN")
     conn.close()
     wait_for(lambda: states(node, a) in (["TIME_WAIT"], ["CLOSE"]), what="closed in IPVS")
-    wait_for(lambda: (h.check(), not in_kernel(node, a))[1], timeout=60, interval=0.5,
-             what="deleted after the stream ended")
+    wait_for(
+        lambda: (h.check(), not in_kernel(node, a))[1],
+        timeout=60,
+        interval=0.5,
+        what="deleted after the stream ended",
+    )
     assert h.deletions("drained") == 1 and h.deletions("deadline") == 0
 
 
@@ -176,6 +185,7 @@ def test_reset_connection_is_drained(node: Node, client: Pod) -> None:
 def closed_connections(client: Pod, n: int) -> None:
     """n connections through the VIP, each closed normally (TIME_WAIT for 2 minutes), made
     from one thread inside the client's netns (a socket per connection, no thread each)."""
+
     def run() -> None:
         for _ in range(n):
             with socket.create_connection((VIP, 80), timeout=20) as s:
@@ -214,8 +224,7 @@ def test_measure_one_table_read_against_per_virtual_server_dumps(node: Node) -> 
     keys = [ServiceKey(Protocol.TCP, f"10.97.{i // 250}.{i % 250 + 1}", 80) for i in range(n)]
     for i, key in enumerate(keys):
         node.kernel.add_virtual_server(VirtualServer(key), False)
-        node.kernel.add_real_server(key, RealServerKey(f"10.245.{i // 250}.{i % 250 + 1}",
-                                                       8080), 1)
+        node.kernel.add_real_server(key, RealServerKey(f"10.245.{i // 250}.{i % 250 + 1}", 8080), 1)
     for wanted in (1, 10, 100, 200):
         t0 = time.perf_counter()
         dumps = {k: node.kernel.list_real_servers(k) for k in keys[:wanted]}
@@ -223,5 +232,8 @@ def test_measure_one_table_read_against_per_virtual_server_dumps(node: Node) -> 
         table = node.kernel.read_real_servers(keys[:wanted])
         t2 = time.perf_counter()
         assert table == dumps
-        print(f"MEASURE vs={n} draining_vs={wanted} dumps_ms={(t1 - t0) * 1000:.1f} "
-              f"table_read_ms={(t2 - t1) * 1000:.1f}", flush=True)
+        print(
+            f"MEASURE vs={n} draining_vs={wanted} dumps_ms={(t1 - t0) * 1000:.1f} "
+            f"table_read_ms={(t2 - t1) * 1000:.1f}",
+            flush=True,
+        )

@@ -58,8 +58,9 @@ def counts(node: Node, key: ServiceKey, server: RealServerKey) -> tuple[int, int
     return s.weight, s.active_conns, s.inactive_conns
 
 
-def held_connection(node: Node, client: Pod, pods: list[Pod], key: ServiceKey = KEY,
-                    vip: str = VIP, family: int = 4) -> tuple[Any, Pod]:
+def held_connection(
+    node: Node, client: Pod, pods: list[Pod], key: ServiceKey = KEY, vip: str = VIP, family: int = 4
+) -> tuple[Any, Pod]:
     """A connection held open through the virtual server, and the pod that took it; waits
     until the kernel counts it as ActiveConn."""
     held = client.connect(vip, key.port)
@@ -68,9 +69,11 @@ def held_connection(node: Node, client: Pod, pods: list[Pod], key: ServiceKey = 
     return held, pod
 
 
-def drained_when(h: Harness, node: Node, key: ServiceKey, server: RealServerKey,
-                 timeout: float = 90.0) -> None:
+def drained_when(
+    h: Harness, node: Node, key: ServiceKey, server: RealServerKey, timeout: float = 90.0
+) -> None:
     """Run drain checks until the real server is gone from the kernel."""
+
     def gone() -> bool:
         h.check()
         return str(server) not in node.ipvsadm()[str(key)].real_servers
@@ -196,8 +199,7 @@ def test_udp_real_server_is_deleted_at_once_and_its_conntrack_entries_go(
     slice_ports = [{"name": "dns", "port": 5353, "protocol": "UDP"}]
     key = ServiceKey(Protocol.UDP, VIP, 53)
     h = harness(node)
-    h.start([service("dns", ports=ports)],
-            [endpoint_slice("dns", eps(*pods), ports=slice_ports)])
+    h.start([service("dns", ports=ports)], [endpoint_slice("dns", eps(*pods), ports=slice_ports)])
     assert weights(node, key) == {f"{p.ip}:5353": 1 for p in pods}
 
     sock = client.udp_socket()  # one source port: every datagram is one flow
@@ -207,14 +209,17 @@ def test_udp_real_server_is_deleted_at_once_and_its_conntrack_entries_go(
 
     def entries() -> list[str]:
         out = node.conntrack("-p", "udp")
-        return [line for line in out.splitlines()
-                if f"dst={VIP} " in line and f"src={gone.ip} " in line]
+        return [
+            line for line in out.splitlines() if f"dst={VIP} " in line and f"src={gone.ip} " in line
+        ]
 
     wait_for(entries, what="conntrack entry for the flow")
     h.ops()
     h.upsert(endpoint_slice("dns", eps(other), ports=slice_ports))
-    assert h.ops() == [f"del-rs {key} -> {gone.ip}:5353",
-                       f"flush-conntrack {key} -> {gone.ip}:5353"]
+    assert h.ops() == [
+        f"del-rs {key} -> {gone.ip}:5353",
+        f"flush-conntrack {key} -> {gone.ip}:5353",
+    ]
     assert weights(node, key) == {f"{other.ip}:5353": 1}  # at once, no drain
     assert entries() == []
     assert len(h.engine.drains.queue) == 0 and h.deletions("udp") == 1
@@ -229,9 +234,10 @@ def test_ipv6_end_to_end_dual_stack_service_drains_one_family(node: Node, client
     pods = [node.make_pod(f"10.244.1.{i}", f"fd00::{i}") for i in (1, 2)]
     h = harness(node)
     v4 = endpoint_slice("web", eps(*pods), name="web-v4")
-    h.start([service("web", cluster_ip=[VIP, VIP6])],
-            [v4, endpoint_slice("web", eps(*pods, family=6), name="web-v6",
-                                address_type="IPv6")])
+    h.start(
+        [service("web", cluster_ip=[VIP, VIP6])],
+        [v4, endpoint_slice("web", eps(*pods, family=6), name="web-v6", address_type="IPv6")],
+    )
     assert weights(node, KEY6) == {f"[{p.ip6}]:8080": 1 for p in pods}
     assert weights(node, KEY) == {f"{p.ip}:8080": 1 for p in pods}
     assert {VIP, VIP6} <= node.interface_addresses()
@@ -257,8 +263,11 @@ def test_ipv6_end_to_end_dual_stack_service_drains_one_family(node: Node, client
 def test_client_ip_affinity_keeps_a_client_on_one_pod(node: Node, client: Pod) -> None:
     pods = [node.make_pod(f"10.244.1.{i}") for i in (1, 2, 3)]
     h = harness(node)
-    svc = service("web", sessionAffinity="ClientIP",
-                  sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}})
+    svc = service(
+        "web",
+        sessionAffinity="ClientIP",
+        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}},
+    )
     h.start([svc], [endpoint_slice("web", eps(*pods))])
     seen = node.ipvsadm()[str(KEY)]
     assert (seen.scheduler, seen.flags) == ("rr", "persistent 300")
@@ -269,8 +278,10 @@ def test_client_ip_affinity_keeps_a_client_on_one_pod(node: Node, client: Pod) -
     # and stay together on one of the others
     pinned = next(p for p in pods if p.name == first)
     h.upsert(endpoint_slice("web", eps(*[p for p in pods if p is not pinned])))
-    moved = wait_for(lambda: (n := client.request(VIP, 80, reset=True)) != first and n,
-                     what="rescheduled away from the draining pod")
+    moved = wait_for(
+        lambda: (n := client.request(VIP, 80, reset=True)) != first and n,
+        what="rescheduled away from the draining pod",
+    )
     assert [client.request(VIP, 80, reset=True) for _ in range(3)] == [moved] * 3
 
 
@@ -305,8 +316,7 @@ def test_drift_audit_repairs_hand_changes_and_leaves_a_draining_real_server_alon
     assert h.ops() == [f"del-rs {KEY} -> 10.244.1.99:8080"]
     seen = node.ipvsadm()[str(KEY)]
     assert seen.scheduler == "rr"
-    assert weights(node, KEY) == {str(rs(changed)): 1, str(rs(deleted)): 1,
-                                  str(rs(draining)): 0}
+    assert weights(node, KEY) == {str(rs(changed)): 1, str(rs(deleted)): 1, str(rs(draining)): 0}
     # the draining real server: not one operation, still queued, connection still served
     assert h.engine.drains.queue.get(KEY, rs(draining)) == entry
     assert seen.real_servers[str(rs(draining))].active >= 1
@@ -333,25 +343,34 @@ class RandomCluster:
         for i in range(services):
             self.specs[i] = self._random_spec()
             for part in ("a", "v6"):
-                self.slices[(i, part)] = {j: self._random_endpoint()
-                                          for j in self.rng.sample(range(1, 9), 2)}
+                self.slices[(i, part)] = {
+                    j: self._random_endpoint() for j in self.rng.sample(range(1, 9), 2)
+                }
 
     def _random_spec(self) -> dict[str, Any]:
         r = self.rng
-        return {"type": r.choice(["ClusterIP", "ClusterIP", "NodePort", "LoadBalancer"]),
-                "port": r.choice([80, 443]), "dual": r.random() < 0.4,
-                "p1": r.choice([None, "UDP", "TCP"]),
-                "external": r.choice([None, None, 1, 2]),
-                "affinity": r.choice([None, None, None, 60, 10800]),
-                "etp_local": r.random() < 0.2, "itp_local": r.random() < 0.1,
-                "scheduler": r.choice([None, None, *self.SCHEDULERS])}
+        return {
+            "type": r.choice(["ClusterIP", "ClusterIP", "NodePort", "LoadBalancer"]),
+            "port": r.choice([80, 443]),
+            "dual": r.random() < 0.4,
+            "p1": r.choice([None, "UDP", "TCP"]),
+            "external": r.choice([None, None, 1, 2]),
+            "affinity": r.choice([None, None, None, 60, 10800]),
+            "etp_local": r.random() < 0.2,
+            "itp_local": r.random() < 0.1,
+            "scheduler": r.choice([None, None, *self.SCHEDULERS]),
+        }
 
     def _random_endpoint(self) -> tuple[bool, bool, bool, str]:
         """(ready, serving, terminating, node)."""
         r = self.rng
         ready = r.random() < 0.75
-        return (ready, ready or r.random() < 0.5, not ready and r.random() < 0.7,
-                r.choice(["node-a", "node-b"]))
+        return (
+            ready,
+            ready or r.random() < 0.5,
+            not ready and r.random() < 0.7,
+            r.choice(["node-a", "node-b"]),
+        )
 
     def _meta(self, name: str) -> dict[str, Any]:
         self.version += 1
@@ -361,11 +380,14 @@ class RandomCluster:
         p = self.specs[i]
         ports = [{"name": "p0", "port": p["port"], "protocol": "TCP", "nodePort": 30000 + i}]
         if p["p1"]:
-            ports.append({"name": "p1", "port": 53, "protocol": p["p1"],
-                          "nodePort": 31000 + i})
+            ports.append({"name": "p1", "port": 53, "protocol": p["p1"], "nodePort": 31000 + i})
         ips = [f"10.96.1.{i + 1}"] + ([f"fd96::1:{i + 1:x}"] if p["dual"] else [])
-        spec: dict[str, Any] = {"clusterIPs": ips, "clusterIP": ips[0], "ports": ports,
-                                "type": p["type"]}
+        spec: dict[str, Any] = {
+            "clusterIPs": ips,
+            "clusterIP": ips[0],
+            "ports": ports,
+            "type": p["type"],
+        }
         if p["external"]:
             spec["externalIPs"] = [f"198.51.100.{p['external']}"]
         if p["affinity"]:
@@ -378,8 +400,12 @@ class RandomCluster:
         meta = self._meta(f"s{i}")
         if p["scheduler"]:
             meta["annotations"] = {"ipvsctl.io/scheduler": p["scheduler"]}
-        obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-                               "spec": spec}
+        obj: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": spec,
+        }
         if p["type"] == "LoadBalancer":
             obj["status"] = {"loadBalancer": {"ingress": [{"ip": f"203.0.113.{i + 1}"}]}}
         return obj
@@ -387,23 +413,38 @@ class RandomCluster:
     def endpoint_slice(self, i: int, part: str) -> dict[str, Any]:
         v6 = part == "v6"
         endpoints = [
-            endpoint(f"fd00::{i + 1:x}:{j}" if v6 else f"10.244.{i}.{j}", ready=ready,
-                     serving=serving, terminating=terminating or None, node=node,
-                     pod=f"s{i}-{j}")
+            endpoint(
+                f"fd00::{i + 1:x}:{j}" if v6 else f"10.244.{i}.{j}",
+                ready=ready,
+                serving=serving,
+                terminating=terminating or None,
+                node=node,
+                pod=f"s{i}-{j}",
+            )
             for j, (ready, serving, terminating, node) in sorted(self.slices[(i, part)].items())
         ]
         p1 = self.specs[i]["p1"] if i in self.specs else None
-        ports = [{"name": "p0", "port": 8080, "protocol": "TCP"},
-                 {"name": "p1", "port": 5353, "protocol": p1 or "UDP"}]
-        return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {**self._meta(f"s{i}-{part}"),
-                             "labels": {"kubernetes.io/service-name": f"s{i}"}},
-                "addressType": "IPv6" if v6 else "IPv4", "ports": ports,
-                "endpoints": endpoints}
+        ports = [
+            {"name": "p0", "port": 8080, "protocol": "TCP"},
+            {"name": "p1", "port": 5353, "protocol": p1 or "UDP"},
+        ]
+        return {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                **self._meta(f"s{i}-{part}"),
+                "labels": {"kubernetes.io/service-name": f"s{i}"},
+            },
+            "addressType": "IPv6" if v6 else "IPv4",
+            "ports": ports,
+            "endpoints": endpoints,
+        }
 
     def initial(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return ([self.service(i) for i in self.specs],
-                [self.endpoint_slice(i, part) for i, part in self.slices])
+        return (
+            [self.service(i) for i in self.specs],
+            [self.endpoint_slice(i, part) for i, part in self.slices],
+        )
 
     def change(self) -> Upsert | Delete:
         r = self.rng
@@ -461,8 +502,10 @@ def test_the_engine_and_the_kernel_agree_after_a_burst_of_1000_random_changes(
 
     table = node.kernel.dump()
     assert table == fake.fake.dump()
-    print(f"1000 changes in {batches} batches: {elapsed:.1f}s; "
-          f"{table.count(chr(10))} lines in the table")
+    print(
+        f"1000 changes in {batches} batches: {elapsed:.1f}s; "
+        f"{table.count(chr(10))} lines in the table"
+    )
     assert table.count("  -> ") > 20 and table.count("/UDP") > 0 and "[fd" in table
     assert node.kernel.bound_addresses() == sorted(fake.fake.bound)
     assert engine_status(real.view) == engine_status(fake.view)

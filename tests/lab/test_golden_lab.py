@@ -19,17 +19,27 @@ CASES = [load_case(ENGINE_CASES / name) for name in case_names(ENGINE_CASES)]
 
 def addresses(node: Node) -> set[str]:
     """The dummy interface's addresses as `ip addr` shows them (link-local ones aside)."""
-    return {a for a in node.interface_addresses(node.kernel.interface)
-            if not a.startswith("fe80:")}
+    return {a for a in node.interface_addresses(node.kernel.interface) if not a.startswith("fe80:")}
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)]
-                 if c.xfail else []) for c in CASES if c.lab])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c, id=c.name, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)] if c.xfail else []
+        )
+        for c in CASES
+        if c.lab
+    ],
+)
 def test_golden_case_on_the_real_kernel(case, node: Node) -> None:
     run = Run(case, node.kernel, lambda: addresses(node))
     problems: list[str] = []
     for step, result in run.steps():
-        problems += [f"real kernel: {p}" for p in compare(
-            step.folder, result.outputs, ("ops.txt", "kernel.txt", "status.txt"), write=False)]
+        problems += [
+            f"real kernel: {p}"
+            for p in compare(
+                step.folder, result.outputs, ("ops.txt", "kernel.txt", "status.txt"), write=False
+            )
+        ]
     assert not problems, "\n".join(problems)

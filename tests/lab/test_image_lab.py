@@ -41,15 +41,20 @@ VIP = "10.96.0.10"
 KEY = ServiceKey(Protocol.TCP, VIP, 80)
 PORT = 19797
 # The image's environment (its OCI config), nothing of the host's or the venv's.
-IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
+IMAGE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "LANG": "C.UTF-8",
+}
 
 
 @pytest.fixture
 def rootfs() -> Path:
     if not IPVSCTL.exists():
-        pytest.skip(f"no image root filesystem at {ROOTFS}: run `make image` (make test-lab "
-                    "builds it)")
+        pytest.skip(
+            f"no image root filesystem at {ROOTFS}: run `make image` (make test-lab builds it)"
+        )
     return ROOTFS
 
 
@@ -74,21 +79,38 @@ class ImageDaemon:
 
     def __init__(self, node: Node, tmp: Path, args: list[str]) -> None:
         r = shlex.quote(str(ROOTFS))
-        script = "\n".join([
-            "set -e",
-            f"mount -t proc proc {r}/proc",
-            f"mount --rbind /sys {r}/sys",
-            f"mount --rbind /dev {r}/dev",
-            f"mount -t tmpfs tmpfs {r}/run",
-            f"mount --bind {shlex.quote(str(tmp))} {r}/tmp",
-            f"exec chroot {r} /usr/local/bin/ipvsctl run {shlex.join(args)}",
-        ])
+        script = "\n".join(
+            [
+                "set -e",
+                f"mount -t proc proc {r}/proc",
+                f"mount --rbind /sys {r}/sys",
+                f"mount --rbind /dev {r}/dev",
+                f"mount -t tmpfs tmpfs {r}/run",
+                f"mount --bind {shlex.quote(str(tmp))} {r}/tmp",
+                f"exec chroot {r} /usr/local/bin/ipvsctl run {shlex.join(args)}",
+            ]
+        )
         self.log = tmp / "ipvsctl-run.log"
         self.out = open(self.log, "w")  # noqa: SIM115 - closed in stop()/kill()
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", node.name, "unshare", "--mount", "--propagation", "private",
-             "sh", "-c", script],
-            stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=IMAGE_ENV)
+            [
+                "ip",
+                "netns",
+                "exec",
+                node.name,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+            ],
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=IMAGE_ENV,
+        )
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text().splitlines()[-40:])
@@ -117,16 +139,37 @@ def test_the_image_runs_the_daemon_on_the_real_kernel_and_drains(
     api.add(endpoint_slice("web", [endpoint(p.ip, pod=p.name) for p in pods]))
     url = f"http://127.0.0.1:{PORT}"
     tmp_path.chmod(0o1777)  # the image's /tmp
-    daemon = ImageDaemon(node, tmp_path, [
-        "--apiserver", api.url, "--node-name", "node-a", "--node-ip", "192.0.2.10",
-        "--state-dir", "/tmp/state", "--listen", f"127.0.0.1:{PORT}",
-        "--healthz-bind-address", "", "--drain-check-interval", "0.2",
-        "--drain-timeout", "600", "--log-level", "debug"])
+    daemon = ImageDaemon(
+        node,
+        tmp_path,
+        [
+            "--apiserver",
+            api.url,
+            "--node-name",
+            "node-a",
+            "--node-ip",
+            "192.0.2.10",
+            "--state-dir",
+            "/tmp/state",
+            "--listen",
+            f"127.0.0.1:{PORT}",
+            "--healthz-bind-address",
+            "",
+            "--drain-check-interval",
+            "0.2",
+            "--drain-timeout",
+            "600",
+            "--log-level",
+            "debug",
+        ],
+    )
     try:
+
         def ready() -> bool:
             if daemon.proc.poll() is not None:
-                raise AssertionError(f"the image's ipvsctl run exited {daemon.proc.returncode}:"
-                                     f"\n{daemon.tail()}")
+                raise AssertionError(
+                    f"the image's ipvsctl run exited {daemon.proc.returncode}:\n{daemon.tail()}"
+                )
             try:
                 return http_get(url + "/readyz", node.name, timeout=10)[0] == 200
             except OSError:
@@ -143,8 +186,9 @@ def test_the_image_runs_the_daemon_on_the_real_kernel_and_drains(
         # IPVS (the host's ipvsadm and the image's), nftables (the image's nft wrote it)
         assert weights(node) == {str(KEY): {f"{p.ip}:8080": 1 for p in pods}}
         image_view = parse_ipvsadm(in_image(node, "ipvsadm", "-Ln"))
-        assert {vs: {rs: r.weight for rs, r in s.real_servers.items()}
-                for vs, s in image_view.items()} == weights(node)
+        assert {
+            vs: {rs: r.weight for rs, r in s.real_servers.items()} for vs, s in image_view.items()
+        } == weights(node)
         table = node.run("nft", "-j", "list", "table", "inet", "ipvsctl")
         assert any("chain" in item for item in json.loads(table)["nftables"])
         assert {client.request(VIP, 80, reset=True) for _ in range(4)} == {p.name for p in pods}
@@ -152,18 +196,25 @@ def test_the_image_runs_the_daemon_on_the_real_kernel_and_drains(
         held, gone, other = held_connection(node, client, pods)
         # the image's conntrack reads the connection through the VIP
         entries = in_image(node, "conntrack", "-L", "-p", "tcp", "--orig-dst", VIP)
-        assert [line for line in entries.splitlines()
-                if "ESTABLISHED" in line and f"src={gone.ip} " in line], entries
+        assert [
+            line
+            for line in entries.splitlines()
+            if "ESTABLISHED" in line and f"src={gone.ip} " in line
+        ], entries
 
         # the drain: weight 0 while the connection lives, deleted once it is gone
         api.update(endpoint_slice("web", [endpoint(other.ip, pod=other.name)]))
-        wait_for(lambda: weights(node)[str(KEY)][f"{gone.ip}:8080"] == 0, timeout=120,
-                 what="weight 0")
+        wait_for(
+            lambda: weights(node)[str(KEY)][f"{gone.ip}:8080"] == 0, timeout=120, what="weight 0"
+        )
         assert held.echo("still served while draining")
         assert client.request(VIP, 80, reset=True) == other.name
         held.abort()
-        wait_for(lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)], timeout=120,
-                 what="deleted once its connection is gone")
+        wait_for(
+            lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)],
+            timeout=120,
+            what="deleted once its connection is gone",
+        )
         metrics = http_get(url + "/metrics", node.name)[1]
         assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
         assert metric_sum(metrics, "ipvsctl_nft_errors_total") == 0

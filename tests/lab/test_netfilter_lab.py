@@ -49,10 +49,14 @@ pytestmark = pytest.mark.lab
 WEB1, WEB1_6 = "10.244.0.11", "fd00:10:244::11"
 OTHER, OTHER6 = "10.244.0.21", "fd00:10:244::21"
 HC_PORT = 32000
-PORTS = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
-         {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]
-SLICE_PORTS = [{"name": "http", "port": 8080, "protocol": "TCP"},
-               {"name": "dns", "port": 5353, "protocol": "UDP"}]
+PORTS = [
+    {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353},
+]
+SLICE_PORTS = [
+    {"name": "http", "port": 8080, "protocol": "TCP"},
+    {"name": "dns", "port": 5353, "protocol": "UDP"},
+]
 
 
 TIMINGS: dict[str, float] = {}  # written to $IPVSCTL_LAB_OUT/netfilter-timings.json
@@ -68,22 +72,39 @@ def timing(name: str, since: float) -> None:
 
 def svc(name: str, n: int, local: bool, **extra: Any) -> dict[str, Any]:
     ports = [dict(PORTS[0], nodePort=30080 + n), dict(PORTS[1], nodePort=30053 + n)]
-    spec: dict[str, Any] = {"type": "LoadBalancer", "externalIPs": [f"203.0.113.{10 + n}"],
-                            "ipFamilies": ["IPv4", "IPv6"],
-                            "ipFamilyPolicy": "RequireDualStack"}
+    spec: dict[str, Any] = {
+        "type": "LoadBalancer",
+        "externalIPs": [f"203.0.113.{10 + n}"],
+        "ipFamilies": ["IPv4", "IPv6"],
+        "ipFamilyPolicy": "RequireDualStack",
+    }
     if local:
         spec.update(externalTrafficPolicy="Local", healthCheckNodePort=HC_PORT)
     spec.update(extra)
-    return service(name, cluster_ip=[f"10.96.0.{10 + n}", f"fd96::{10 + n}"], ports=ports,
-                   lb_ips=[f"198.51.100.{10 + n}"], **spec)
+    return service(
+        name,
+        cluster_ip=[f"10.96.0.{10 + n}", f"fd96::{10 + n}"],
+        ports=ports,
+        lb_ips=[f"198.51.100.{10 + n}"],
+        **spec,
+    )
 
 
 def slices(name: str, ready: bool = True, node: str = "node-a") -> list[dict[str, Any]]:
     return [
-        endpoint_slice(name, [endpoint(WEB1, ready=ready, node=node, pod="web-1")],
-                       name=f"{name}-v4", ports=SLICE_PORTS),
-        endpoint_slice(name, [endpoint(WEB1_6, ready=ready, node=node, pod="web-1")],
-                       name=f"{name}-v6", ports=SLICE_PORTS, address_type="IPv6"),
+        endpoint_slice(
+            name,
+            [endpoint(WEB1, ready=ready, node=node, pod="web-1")],
+            name=f"{name}-v4",
+            ports=SLICE_PORTS,
+        ),
+        endpoint_slice(
+            name,
+            [endpoint(WEB1_6, ready=ready, node=node, pod="web-1")],
+            name=f"{name}-v6",
+            ports=SLICE_PORTS,
+            address_type="IPv6",
+        ),
     ]
 
 
@@ -105,8 +126,9 @@ class World:
     def elements(self) -> dict[str, str]:
         out = {}
         for family in (4, 6):
-            for address, proto, port, target in self.daemon.nft.list_map(
-                    "inet ipvsctl", f"services{family}") or []:
+            for address, proto, port, target in (
+                self.daemon.nft.list_map("inet ipvsctl", f"services{family}") or []
+            ):
                 out[f"{address} {proto} {port}"] = target
         return out
 
@@ -127,11 +149,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         manifests.mkdir()
         netkit.write_manifests(manifests, "web.yaml", svc("web", 0, False), *slices("web"))
         netkit.write_manifests(manifests, "local.yaml", svc("local", 1, True), *slices("local"))
-        node_addresses = {line.split()[3].split("/")[0]
-                          for line in node.run("ip", "-o", "addr", "show").splitlines()}
+        node_addresses = {
+            line.split()[3].split("/")[0]
+            for line in node.run("ip", "-o", "addr", "show").splitlines()
+        }
         t0 = time.monotonic()
-        with netkit.run_daemon(node, manifests, state,
-                               cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56")) as d:
+        with netkit.run_daemon(
+            node, manifests, state, cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56")
+        ) as d:
             w = World(node, web1, other, outside, host, manifests, state, d, node_addresses)
             wait_for(lambda: d.engine.started, timeout=120, what="first sync")
             wait_for(lambda: len(w.elements()) == 24, timeout=120, what="24 nft elements")
@@ -169,19 +194,25 @@ PATHS = [
 ]
 
 
-@pytest.mark.parametrize(("what", "who", "address", "tcp", "udp", "source"), PATHS,
-                         ids=[p[0] for p in PATHS])
-def test_traffic_path_and_source_address(world: World, what: str, who: str, address: str,
-                                         tcp: int, udp: int, source: str) -> None:
+@pytest.mark.parametrize(
+    ("what", "who", "address", "tcp", "udp", "source"), PATHS, ids=[p[0] for p in PATHS]
+)
+def test_traffic_path_and_source_address(
+    world: World, what: str, who: str, address: str, tcp: int, udp: int, source: str
+) -> None:
     check_path(world, what, who, address, tcp, udp, source)
 
 
-def check_path(world: World, what: str, who: str, address: str, tcp: int, udp: int,
-               source: str) -> None:
+def check_path(
+    world: World, what: str, who: str, address: str, tcp: int, udp: int, source: str
+) -> None:
     client: Pod | Client = getattr(world, who)
     v6 = ":" in address
-    own = {"outside": OUTSIDE_IP6 if v6 else OUTSIDE_IP, "other": OTHER6 if v6 else OTHER,
-           "web1": WEB1_6 if v6 else WEB1}.get(who)
+    own = {
+        "outside": OUTSIDE_IP6 if v6 else OUTSIDE_IP,
+        "other": OTHER6 if v6 else OTHER,
+        "web1": WEB1_6 if v6 else WEB1,
+    }.get(who)
     for proto, port in (("tcp", tcp), ("udp", udp)):
         pod, peer = ask(client, address, port, proto)
         assert pod == "web-1", (what, proto)
@@ -189,13 +220,15 @@ def check_path(world: World, what: str, who: str, address: str, tcp: int, udp: i
             assert peer == own, f"{what} {proto}: backend saw {peer}, not the client {own}"
         else:
             assert masqueraded(world, peer), (
-                f"{what} {proto}: backend saw {peer}, not a node address (no masquerade)")
+                f"{what} {proto}: backend saw {peer}, not a node address (no masquerade)"
+            )
             assert peer != own
 
 
 # --- rules follow virtual servers, never endpoints ----------------------------------------
 def test_endpoint_changes_leave_nftables_alone_service_changes_are_element_deltas(
-        world: World) -> None:
+    world: World,
+) -> None:
     d = world.daemon
     before = world.elements()
     assert before["10.96.0.10 tcp 80"] == "cluster-ip"
@@ -206,11 +239,17 @@ def test_endpoint_changes_leave_nftables_alone_service_changes_are_element_delta
     listing = sh("nft", "-t", "list", "table", "inet", "ipvsctl", netns=world.node.name)
 
     # endpoints come and go: IPVS follows, nft is not even run
-    world.write("web.yaml", svc("web", 0, False), *slices("web"),
-                endpoint_slice("web", [endpoint(OTHER, pod="other")], name="web-extra",
-                               ports=SLICE_PORTS))
-    wait_for(lambda: "10.244.0.21:8080" in world.node.ipvsadm()["10.96.0.10:80/TCP"]
-             .real_servers, timeout=60, what="second real server")
+    world.write(
+        "web.yaml",
+        svc("web", 0, False),
+        *slices("web"),
+        endpoint_slice("web", [endpoint(OTHER, pod="other")], name="web-extra", ports=SLICE_PORTS),
+    )
+    wait_for(
+        lambda: "10.244.0.21:8080" in world.node.ipvsadm()["10.96.0.10:80/TCP"].real_servers,
+        timeout=60,
+        what="second real server",
+    )
     world.write("web.yaml", svc("web", 0, False), *slices("web"))
 
     def drained() -> bool:
@@ -225,15 +264,22 @@ def test_endpoint_changes_leave_nftables_alone_service_changes_are_element_delta
     # a policy change: the Service's elements change verdict, in one transaction
     t0 = time.monotonic()
     world.write("web.yaml", svc("web", 0, True, healthCheckNodePort=32001), *slices("web"))
-    wait_for(lambda: world.elements().get("203.0.113.10 tcp 80") == "external-local",
-             timeout=60, what="verdict change")
+    wait_for(
+        lambda: world.elements().get("203.0.113.10 tcp 80") == "external-local",
+        timeout=60,
+        what="verdict change",
+    )
     timing("service_policy_change_to_nft_elements_s", t0)
     assert d.nft.runs > runs
     after = world.elements()
     assert {k for k, v in after.items() if v != before[k]} == {
-        f"{a} {p} {port}" for a in ("203.0.113.10", "198.51.100.10", NODE_LAN, NODE_LAN6)
-        for p, port in (("tcp", 30080 if ":" in a or a == NODE_LAN else 80),
-                        ("udp", 30053 if ":" in a or a == NODE_LAN else 53))}
+        f"{a} {p} {port}"
+        for a in ("203.0.113.10", "198.51.100.10", NODE_LAN, NODE_LAN6)
+        for p, port in (
+            ("tcp", 30080 if ":" in a or a == NODE_LAN else 80),
+            ("udp", 30053 if ":" in a or a == NODE_LAN else 53),
+        )
+    }
     pod, peer = ask(world.outside, NODE_LAN, 30080)
     assert (pod, peer) == ("web-1", OUTSIDE_IP)  # Local now: the client's address is kept
     # the chains were not rewritten: only elements moved
@@ -262,8 +308,7 @@ def test_periodic_check_puts_back_a_flushed_table(world: World) -> None:
 
 
 # --- loadBalancerSourceRanges ---------------------------------------------------------------
-def refused(client: Pod | Client, address: str, tcp: int = 80,
-            udp: int = 53) -> dict[str, bool]:
+def refused(client: Pod | Client, address: str, tcp: int = 80, udp: int = 53) -> dict[str, bool]:
     """Whether new TCP and UDP connections from `client` are dropped: unanswered, or, for
     the node's own traffic (dropped at output), refused to the sender with EPERM."""
     try:
@@ -285,22 +330,36 @@ def test_load_balancer_source_ranges_admit_only_listed_sources(world: World) -> 
     lb = "198.51.100.10"
     # The outside host's LAN is listed, and with it the node's own LAN address: the node
     # may reach the IP too (kube-proxy's allowFromNode).
-    world.write("web.yaml", svc("web", 0, False, loadBalancerSourceRanges=["192.168.50.0/24"]),
-                *slices("web"))
-    wait_for(lambda: "198.51.100.10 . tcp . 80" in sh(
-        "nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name),
-        timeout=60, what="restricted")
+    world.write(
+        "web.yaml",
+        svc("web", 0, False, loadBalancerSourceRanges=["192.168.50.0/24"]),
+        *slices("web"),
+    )
+    wait_for(
+        lambda: (
+            "198.51.100.10 . tcp . 80"
+            in sh("nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name)
+        ),
+        timeout=60,
+        what="restricted",
+    )
     for client in (world.outside, world.host):
         assert ask(client, lb, 80)[0] == "web-1"
         assert ask(client, lb, 53, "udp")[0] == "web-1"
 
     # Only 10/8 now: the outside host and the node are dropped, a pod in 10/8 is not, and
     # the same Service's NodePort and external IP stay open (ranges are for LB IPs).
-    world.write("web.yaml", svc("web", 0, False, loadBalancerSourceRanges=["10.0.0.0/8"]),
-                *slices("web"))
-    wait_for(lambda: "10.0.0.0/8" in sh("nft", "list", "set", "inet", "ipvsctl",
-                                        "firewall-allow4", netns=world.node.name),
-             timeout=60, what="ranges changed")
+    world.write(
+        "web.yaml", svc("web", 0, False, loadBalancerSourceRanges=["10.0.0.0/8"]), *slices("web")
+    )
+    wait_for(
+        lambda: (
+            "10.0.0.0/8"
+            in sh("nft", "list", "set", "inet", "ipvsctl", "firewall-allow4", netns=world.node.name)
+        ),
+        timeout=60,
+        what="ranges changed",
+    )
     assert refused(world.outside, lb) == {"tcp": True, "udp": True}
     assert refused(world.host, lb) == {"tcp": True, "udp": True}
     assert ask(world.other, lb, 80)[0] == "web-1"
@@ -310,9 +369,14 @@ def test_load_balancer_source_ranges_admit_only_listed_sources(world: World) -> 
 
     # No ranges: open to all again.
     world.write("web.yaml", svc("web", 0, False), *slices("web"))
-    wait_for(lambda: "198.51.100.10" not in sh(
-        "nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name),
-        timeout=60, what="open again")
+    wait_for(
+        lambda: (
+            "198.51.100.10"
+            not in sh("nft", "list", "set", "inet", "ipvsctl", "firewall4", netns=world.node.name)
+        ),
+        timeout=60,
+        what="open again",
+    )
     assert ask(world.outside, lb, 80)[0] == "web-1"
     assert ask(world.outside, lb, 53, "udp")[0] == "web-1"
 
@@ -363,7 +427,10 @@ def test_port_filter_hides_node_listeners_behind_service_addresses(world: World)
         assert ask(world.outside, NODE_LAN, 2222, "udp")[0] == "node-sshd"
         assert ask(world.outside, NODE_LAN6, 2222)[0] == "node-sshd"
         clients: list[tuple[str, Pod | Client]] = [
-            ("pod", world.other), ("outside", world.outside), ("node", world.host)]
+            ("pod", world.other),
+            ("outside", world.outside),
+            ("node", world.host),
+        ]
         for who, client in clients:
             for vip in ("10.96.0.10", "fd96::10", "198.51.100.10", "203.0.113.10"):
                 assert tcp_refused(client, vip, 2222), f"{who} reached the node via {vip}"
@@ -373,8 +440,7 @@ def test_port_filter_hides_node_listeners_behind_service_addresses(world: World)
         # the load-balancer IP's healthCheckNodePort is let through (clouds probe it there)
         assert http_get(world.outside, "198.51.100.11", HC_PORT)[0] == 200
         assert icmp_echo(world.outside.netns, "10.96.0.10")  # ICMP is not filtered
-        filter_sets = sh("nft", "list", "set", "inet", "ipvsctl", "vips4",
-                         netns=world.node.name)
+        filter_sets = sh("nft", "list", "set", "inet", "ipvsctl", "vips4", netns=world.node.name)
         assert "10.96.0.10" in filter_sets and NODE_LAN not in filter_sets
     finally:
         for server in servers:
@@ -383,8 +449,9 @@ def test_port_filter_hides_node_listeners_behind_service_addresses(world: World)
 
 # --- healthCheckNodePort --------------------------------------------------------------------
 def http_get(client: Pod, address: str, port: int) -> tuple[int, dict[str, Any]]:
-    s = client.netns.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
-                            socket.SOCK_STREAM)
+    s = client.netns.socket(
+        socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM
+    )
     s.settimeout(20)
     try:
         s.connect((address, port))
@@ -399,15 +466,13 @@ def http_get(client: Pod, address: str, port: int) -> tuple[int, dict[str, Any]]
 
 
 def test_health_check_node_port_answers_with_local_endpoints(world: World) -> None:
-    expect = {"service": {"namespace": "default", "name": "local"},
-              "serviceProxyHealthy": True}
+    expect = {"service": {"namespace": "default", "name": "local"}, "serviceProxyHealthy": True}
     assert http_get(world.outside, NODE_LAN, HC_PORT) == (200, {**expect, "localEndpoints": 1})
     assert http_get(world.outside, NODE_LAN6, HC_PORT)[0] == 200
 
     world.write("local.yaml", svc("local", 1, True), *slices("local", ready=False))
     t0 = time.monotonic()
-    wait_for(lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 503, timeout=60,
-             what="503")
+    wait_for(lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 503, timeout=60, what="503")
     timing("endpoint_not_ready_to_health_503_s", t0)
     assert http_get(world.outside, NODE_LAN, HC_PORT) == (503, {**expect, "localEndpoints": 0})
 
@@ -416,8 +481,9 @@ def test_health_check_node_port_answers_with_local_endpoints(world: World) -> No
     assert http_get(world.outside, NODE_LAN, HC_PORT)[1]["localEndpoints"] == 0
 
     world.write("local.yaml", svc("local", 1, True), *slices("local"))
-    wait_for(lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 200, timeout=60,
-             what="200 again")
+    wait_for(
+        lambda: http_get(world.outside, NODE_LAN, HC_PORT)[0] == 200, timeout=60, what="200 again"
+    )
 
     (world.manifests / "local.yaml").unlink()  # the Service goes: so does its port
 
@@ -442,8 +508,21 @@ def test_cleanup_leaves_no_ipvsctl_virtual_server_address_or_table(world: World)
     node.kernel.add_virtual_server(foreign, bind_address=False)
     ipvsctl = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ipvsctl")
     t0 = time.monotonic()
-    out = sh("ip", "netns", "exec", node.name, ipvsctl, "cleanup", "--node-ip", NODE_LAN,
-             "--node-ip", NODE_LAN6, "--state-dir", str(world.state), timeout=600)
+    out = sh(
+        "ip",
+        "netns",
+        "exec",
+        node.name,
+        ipvsctl,
+        "cleanup",
+        "--node-ip",
+        NODE_LAN,
+        "--node-ip",
+        NODE_LAN6,
+        "--state-dir",
+        str(world.state),
+        timeout=600,
+    )
     timing("ipvsctl_cleanup_process_s", t0)
     assert "deleted nftables table inet ipvsctl" in out
     assert "deleted interface kube-ipvs0" in out
@@ -451,7 +530,18 @@ def test_cleanup_leaves_no_ipvsctl_virtual_server_address_or_table(world: World)
     assert "kube-ipvs0" not in node.run("ip", "-o", "link", "show")
     assert "table inet ipvsctl" not in node.run("nft", "list", "tables").splitlines()
     assert not (world.state / "drain-queue.json").exists()
-    again = sh("ip", "netns", "exec", node.name, ipvsctl, "cleanup", "--node-ip", NODE_LAN,
-               "--state-dir", str(world.state), timeout=600)
+    again = sh(
+        "ip",
+        "netns",
+        "exec",
+        node.name,
+        ipvsctl,
+        "cleanup",
+        "--node-ip",
+        NODE_LAN,
+        "--state-dir",
+        str(world.state),
+        timeout=600,
+    )
     assert "nothing to remove" in again
     assert list(node.ipvsadm()) == ["10.1.2.3:80/TCP"]

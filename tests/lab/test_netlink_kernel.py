@@ -35,8 +35,15 @@ def status(kernel: NetlinkKernel, key: ServiceKey, rs: RealServerKey) -> RealSer
     return next(s for s in kernel.list_real_servers(key) if s.key == rs)
 
 
-def backend(node: Node, key: ServiceKey, *pods: Pod, port: int = 8080, family: int = 4,
-            scheduler: str = "rr", persistent: int = 0) -> VirtualServer:
+def backend(
+    node: Node,
+    key: ServiceKey,
+    *pods: Pod,
+    port: int = 8080,
+    family: int = 4,
+    scheduler: str = "rr",
+    persistent: int = 0,
+) -> VirtualServer:
     vs = VirtualServer(key, scheduler, persistent)
     node.kernel.add_virtual_server(vs, bind_address=True)
     for pod in pods:
@@ -80,7 +87,8 @@ def test_virtual_server_add_set_delete_every_protocol_and_family(node: Node) -> 
         assert node.ipvsadm()[str(vs.key)].flags == "persistent 60"
 
     assert k.list_virtual_servers() == sorted(
-        (VirtualServer(v.key, "wrr", 60) for v in added), key=lambda v: v.key)
+        (VirtualServer(v.key, "wrr", 60) for v in added), key=lambda v: v.key
+    )
     assert k.bound_addresses() == sorted([VIP, VIP6])
 
     for vs in added:
@@ -100,7 +108,8 @@ def test_virtual_server_add_set_delete_every_protocol_and_family(node: Node) -> 
 def test_unknown_scheduler_is_not_found_and_leaves_no_address(node: Node) -> None:
     with pytest.raises(KernelNotFound, match="modprobe ip_vs_nope"):
         node.kernel.add_virtual_server(
-            VirtualServer(ServiceKey(Protocol.TCP, VIP, 80), "nope"), bind_address=True)
+            VirtualServer(ServiceKey(Protocol.TCP, VIP, 80), "nope"), bind_address=True
+        )
     assert node.kernel.list_virtual_servers() == []
     assert node.interface_addresses() == set()
 
@@ -149,7 +158,9 @@ def test_real_server_add_set_delete_and_errors(node: Node) -> None:
     assert k.list_real_servers(key) == [RealServerStatus(rs1, 1), RealServerStatus(rs2, 5)]
     seen = node.ipvsadm()[str(key)].real_servers
     assert {str(rs): (s.forward, s.weight) for rs, s in seen.items()} == {
-        str(rs1): ("Masq", 1), str(rs2): ("Masq", 5)}  # NAT, never pyroute2's default (Route)
+        str(rs1): ("Masq", 1),
+        str(rs2): ("Masq", 5),
+    }  # NAT, never pyroute2's default (Route)
     with pytest.raises(KernelExists):
         k.add_real_server(key, rs1, 1)
 
@@ -229,9 +240,7 @@ def test_ipv6_traffic(node: Node, client: Pod) -> None:
         assert held.echo()
 
 
-def test_persistence_keeps_a_client_and_quiescent_templates_expire(
-    node: Node, client: Pod
-) -> None:
+def test_persistence_keeps_a_client_and_quiescent_templates_expire(node: Node, client: Pod) -> None:
     a, b = node.make_pod("10.244.1.1"), node.make_pod("10.244.1.2")
     key = ServiceKey(Protocol.TCP, VIP, 80)
     backend(node, key, a, b, persistent=300)
@@ -271,8 +280,11 @@ def test_udp_conntrack_flush(node: Node, client: Pod, family: int) -> None:
 
     def entries() -> list[str]:
         out = node.conntrack("-f", "ipv6" if family == 6 else "ipv4", "-p", "udp")
-        return [line for line in out.splitlines()
-                if f"dst={vip} " in line and f"src={rs.address} " in line]
+        return [
+            line
+            for line in out.splitlines()
+            if f"dst={vip} " in line and f"src={rs.address} " in line
+        ]
 
     wait_for(entries, what="conntrack entry")
     assert node.kernel.conntrack_entries(key, rs)  # pyroute2 sees what conntrack -L sees
@@ -295,11 +307,11 @@ def test_configure_host_sysctls_and_timeouts(make_node: Callable[..., Node]) -> 
 
     wanted = wanted_sysctls()
     before = {name: node.netns.sysctl(name) for name in wanted}
-    changed = configure_host(tcp_timeout=600, tcpfin_timeout=30, udp_timeout=0,
-                             kernel=node.kernel)
+    changed = configure_host(tcp_timeout=600, tcpfin_timeout=30, udp_timeout=0, kernel=node.kernel)
     assert changed == {
         **{name: value for name, value in wanted.items() if before[name] != value},
-        "ipvs.timeout.tcp": "600", "ipvs.timeout.tcpfin": "30",
+        "ipvs.timeout.tcp": "600",
+        "ipvs.timeout.tcpfin": "30",
     }
     assert "net.ipv4.vs.conntrack" in changed  # 0 in a fresh namespace
     for name, value in wanted.items():
@@ -319,8 +331,11 @@ def test_permission_denied_without_cap_net_admin(node: Node) -> None:
             _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
         class Data(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                        ("inheritable", ctypes.c_uint32)]
+            _fields_ = [
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            ]
 
         libc = ctypes.CDLL(None, use_errno=True)
         header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3

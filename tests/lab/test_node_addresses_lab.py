@@ -32,8 +32,9 @@ NODE_PORT = 30080
 
 
 def read_in(node: Node) -> Callable[[], list[str]]:
-    return lambda: run_in_netns(node.name, lambda: node_addresses(
-        exclude_interfaces=("kube-ipvs0",)))
+    return lambda: run_in_netns(
+        node.name, lambda: node_addresses(exclude_interfaces=("kube-ipvs0",))
+    )
 
 
 @pytest.fixture
@@ -44,20 +45,44 @@ def daemon(node: Node, tmp_path: Path) -> Iterator[tuple[Daemon, Pod]]:
     pod = node.make_pod("10.244.1.1", name="web-1")
     folder = tmp_path / "m"
     folder.mkdir()
-    objs = [service("web", cluster_ip=VIP, type="NodePort", ports=[
-                {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
-                 "nodePort": NODE_PORT}]),
-            endpoint_slice("web", [endpoint(pod.ip, pod=pod.name)])]
+    objs = [
+        service(
+            "web",
+            cluster_ip=VIP,
+            type="NodePort",
+            ports=[
+                {
+                    "name": "http",
+                    "port": 80,
+                    "protocol": "TCP",
+                    "targetPort": 8080,
+                    "nodePort": NODE_PORT,
+                }
+            ],
+        ),
+        endpoint_slice("web", [endpoint(pod.ip, pod=pod.name)]),
+    ]
     (folder / "web.yaml").write_text(yaml.safe_dump_all(objs))
     read = read_in(node)
     ips = read()
     assert ips == [FIRST]  # link-local (veths), lo and kube-ipvs0 are not node IPs
-    opts = DaemonOptions(node=NodeContext("node-a", tuple(ips)), manifests=str(folder),
-                         state_dir=str(tmp_path / "state"), listen="0.0.0.0:0",
-                         follow_node_ips=True)
-    d: Any = run_in_netns(node.name, lambda: Daemon(
-        opts, node.kernel, ManifestSource(folder, interval=0.2), read_node_ips=read,
-        loop_config=LoopConfig(audit_interval=0.5, idle_wakeup=0.1, node_ips_interval=0.5)))
+    opts = DaemonOptions(
+        node=NodeContext("node-a", tuple(ips)),
+        manifests=str(folder),
+        state_dir=str(tmp_path / "state"),
+        listen="0.0.0.0:0",
+        follow_node_ips=True,
+    )
+    d: Any = run_in_netns(
+        node.name,
+        lambda: Daemon(
+            opts,
+            node.kernel,
+            ManifestSource(folder, interval=0.2),
+            read_node_ips=read,
+            loop_config=LoopConfig(audit_interval=0.5, idle_wakeup=0.1, node_ips_interval=0.5),
+        ),
+    )
     d.start()
     try:
         yield d, pod
@@ -65,8 +90,9 @@ def daemon(node: Node, tmp_path: Path) -> Iterator[tuple[Daemon, Pod]]:
         d.shutdown()
 
 
-def test_node_port_virtual_servers_follow_the_node_addresses(node: Node, client: Pod,
-                                                             daemon: tuple[Daemon, Pod]):
+def test_node_port_virtual_servers_follow_the_node_addresses(
+    node: Node, client: Pod, daemon: tuple[Daemon, Pod]
+):
     d, pod = daemon
     first, second = f"{FIRST}:{NODE_PORT}/TCP", f"{SECOND}:{NODE_PORT}/TCP"
     wait_for(lambda: first in node.ipvsadm(), timeout=180, what="the first sync")

@@ -44,11 +44,14 @@ def test_a_pod_in_zone_a_reaches_only_zone_a_endpoints_and_follows_a_zone_change
     api.add(objects.node("node-a", "zone-a"))
     api.add(objects.node("node-b", "zone-b"))  # not ours: never read
     api.add(service("web", trafficDistribution="PreferClose"))
-    api.add(endpoint_slice("web", [hinted(p, "zone-a") for p in a]
-                           + [hinted(p, "zone-b") for p in b]))
+    api.add(
+        endpoint_slice("web", [hinted(p, "zone-a") for p in a] + [hinted(p, "zone-b") for p in b])
+    )
     source = KubeSource.from_config(
-        apiserver=api.url, node_name="node-a",
-        settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05))
+        apiserver=api.url,
+        node_name="node-a",
+        settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05),
+    )
     d = make_daemon(node, source, node_name="node-a")
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
 
@@ -59,13 +62,20 @@ def test_a_pod_in_zone_a_reaches_only_zone_a_endpoints_and_follows_a_zone_change
 
     held = client.connect(VIP, 80)  # a live connection to a zone-A pod
     api.update(objects.node("node-a", "zone-b"))
-    wait_for(lambda: all(node.ipvsadm()[KEY].real_servers.get(f"{p.ip}:8080") is not None
-                         and node.ipvsadm()[KEY].real_servers[f"{p.ip}:8080"].weight == 1
-                         for p in b), what="zone B's endpoints added")
+    wait_for(
+        lambda: all(
+            node.ipvsadm()[KEY].real_servers.get(f"{p.ip}:8080") is not None
+            and node.ipvsadm()[KEY].real_servers[f"{p.ip}:8080"].weight == 1
+            for p in b
+        ),
+        what="zone B's endpoints added",
+    )
     gone = next(p for p in a if p.name == held.pod)
     assert node.ipvsadm()[KEY].real_servers[f"{gone.ip}:8080"].weight == 0  # draining
     assert {client.request(VIP, 80) for _ in range(8)} == {p.name for p in b}
     assert held.echo("zone A's pod still serves its open connection while it drains")
     held.close()
-    assert all(r.resource != "nodes" or r.query.get("fieldSelector") == "metadata.name=node-a"
-               for r in api.requests)
+    assert all(
+        r.resource != "nodes" or r.query.get("fieldSelector") == "metadata.name=node-a"
+        for r in api.requests
+    )

@@ -27,19 +27,27 @@ CLIENT = "10.244.0.41"
 
 
 def etp_local() -> list[dict[str, Any]]:
-    svc = service("lb", cluster_ip="10.96.0.30", type="LoadBalancer",
-                  externalTrafficPolicy="Local", healthCheckNodePort=32030,
-                  externalIPs=["203.0.113.30"], lb_ips=["198.51.100.30"],
-                  ports=[{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30090}])
-    sl = endpoint_slice("lb", [endpoint(REMOTE, node="node-b", pod="remote-1")],
-                        ports=[{"name": "http", "port": 8080, "protocol": "TCP"}])
+    svc = service(
+        "lb",
+        cluster_ip="10.96.0.30",
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        healthCheckNodePort=32030,
+        externalIPs=["203.0.113.30"],
+        lb_ips=["198.51.100.30"],
+        ports=[{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30090}],
+    )
+    sl = endpoint_slice(
+        "lb",
+        [endpoint(REMOTE, node="node-b", pod="remote-1")],
+        ports=[{"name": "http", "port": 8080, "protocol": "TCP"}],
+    )
     return [svc, sl]
 
 
 def not_ours() -> list[dict[str, Any]]:
     proxied = service("proxied", cluster_ip="10.96.0.31", type="LoadBalancer")
-    proxied["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.31",
-                                                       "ipMode": "Proxy"}]}}
+    proxied["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.31", "ipMode": "Proxy"}]}}
     other = service("other", cluster_ip="10.96.0.32")
     other["metadata"]["labels"] = {"service.kubernetes.io/service-proxy-name": "someone"}
     return [proxied, other]
@@ -60,11 +68,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Node, Any, A
         manifests.mkdir()
         netkit.write_manifests(manifests, "lb.yaml", *etp_local())
         netkit.write_manifests(manifests, "others.yaml", *not_ours())
-        with netkit.run_daemon(node, manifests, tmp / "state",
-                               cluster_cidrs=("10.244.0.0/16",)) as d:
+        with netkit.run_daemon(
+            node, manifests, tmp / "state", cluster_cidrs=("10.244.0.0/16",)
+        ) as d:
             wait_for(lambda: d.engine.started, timeout=120, what="first sync")
-            wait_for(lambda: "198.51.100.30:80/TCP" in {
-                str(k) for k in d.engine.state.owner}, timeout=120, what="LB virtual server")
+            wait_for(
+                lambda: "198.51.100.30:80/TCP" in {str(k) for k in d.engine.state.owner},
+                timeout=120,
+                what="LB virtual server",
+            )
             yield node, d, client, HostClient(node)
     finally:
         if outside is not None:
@@ -72,10 +84,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Node, Any, A
         node.close()
 
 
-@pytest.mark.parametrize(("address", "port"), [
-    ("198.51.100.30", 80), ("203.0.113.30", 80), (NODE_LAN, 30090), ("10.96.0.30", 80)])
+@pytest.mark.parametrize(
+    ("address", "port"),
+    [("198.51.100.30", 80), ("203.0.113.30", 80), (NODE_LAN, 30090), ("10.96.0.30", 80)],
+)
 def test_pod_on_a_node_without_local_endpoints_reaches_its_load_balancer(
-        lab, address: str, port: int) -> None:
+    lab, address: str, port: int
+) -> None:
     node, _, client, host = lab
     table = node.ipvsadm()
     assert list(table[f"{address}:{port}/TCP"].real_servers) == [f"{REMOTE}:8080"]

@@ -90,23 +90,39 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
             return manager.barrier.status()
 
         # the node still sends the pod new connections: the barrier waits for it
-        wait_for(lambda: status().get("stage") == "daemons"
-                 and status()["daemons"]["not_quiesced"], timeout=120,
-                 what="the barrier asking the daemon")
+        wait_for(
+            lambda: status().get("stage") == "daemons" and status()["daemons"]["not_quiesced"],
+            timeout=120,
+            what="the barrier asking the daemon",
+        )
         # reached from the pod's netns, at the node's address: a real answer, not an error
         assert status()["daemons"]["not_quiesced"] == {
-            daemon_url_from_pods(daemon): "1 real server with weight > 0"}
+            daemon_url_from_pods(daemon): "1 real server with weight > 0"
+        }
         assert prestop.answer is None and prestop.error is None
 
         # the pod is being deleted: its endpoint turns terminating, the node drains it
-        write_manifests(folder, service("web"), endpoint_slice("web", [
-            terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
-        wait_for(lambda: node.ipvsadm()[str(KEY)].real_servers[f"{leaving.ip}:8080"].weight
-                 == 0, what="weight 0")
+        write_manifests(
+            folder,
+            service("web"),
+            endpoint_slice(
+                "web",
+                [terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)],
+            ),
+        )
+        wait_for(
+            lambda: node.ipvsadm()[str(KEY)].real_servers[f"{leaving.ip}:8080"].weight == 0,
+            what="weight 0",
+        )
         # quiesced; now the pod's own established connection holds the barrier
-        wait_for(lambda: status().get("stage") == "connections"
-                 and status()["connections"]["established"] == 1, timeout=120,
-                 what="the barrier counting the pod's connection")
+        wait_for(
+            lambda: (
+                status().get("stage") == "connections"
+                and status()["connections"]["established"] == 1
+            ),
+            timeout=120,
+            what="the barrier counting the pod's connection",
+        )
         assert prestop.answer is None and prestop.error is None
         assert held.echo("the pod still serves its client")
         assert client.request(VIP, 80) == staying.name  # new connections go elsewhere
@@ -122,8 +138,9 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
         assert set(doc["stages"]) == {"daemons", "connections"}
         assert doc["daemons"]["quiesced"] == 1 and doc["daemons"]["not_quiesced"] == {}
         assert doc["connections"]["established"] == 0
-        quiesced = http_json(f"http://127.0.0.1:{daemon.http.port}/v1/quiesced?ip={leaving.ip}",
-                             node.name)
+        quiesced = http_json(
+            f"http://127.0.0.1:{daemon.http.port}/v1/quiesced?ip={leaving.ip}", node.name
+        )
         assert quiesced["quiesced"] and quiesced["real_servers_with_weight"] == 0
     finally:
         manager.stop()
@@ -140,8 +157,9 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
     staying = node.make_pod("10.244.1.2", name="web-2")
     folder = tmp_path / "manifests"
     folder.mkdir()
-    write_manifests(folder, service("web"), endpoint_slice("web", [
-        endpoint(staying.ip, pod=staying.name)]))
+    write_manifests(
+        folder, service("web"), endpoint_slice("web", [endpoint(staying.ip, pod=staying.name)])
+    )
     daemon = make_daemon(node, ManifestSource(folder, interval=0.1))
     wait_for(lambda: daemon.engine.started, timeout=120, what="the daemon's first sync")
     from_pod = daemon_url_from_pods(daemon)
@@ -156,12 +174,22 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
         assert stray["outcome"] == "drained"  # nothing to wait for: in no Service yet
 
         # the pod becomes an endpoint; later it is deleted and the kubelet calls preStop
-        write_manifests(folder, service("web"), endpoint_slice("web", [
-            endpoint(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
+        write_manifests(
+            folder,
+            service("web"),
+            endpoint_slice(
+                "web",
+                [endpoint(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)],
+            ),
+        )
+
         def weight() -> int | None:
             table = node.ipvsadm()
-            rs = table[str(KEY)].real_servers.get(f"{leaving.ip}:8080") if str(KEY) in table \
+            rs = (
+                table[str(KEY)].real_servers.get(f"{leaving.ip}:8080")
+                if str(KEY) in table
                 else None
+            )
             return rs.weight if rs is not None else None
 
         wait_for(lambda: weight() == 1, what="weight 1")
@@ -181,15 +209,26 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
         held = run_in_netns(client.netns.name, crowd)
         prestop = PreStop(node, url)
         prestop.start()
-        wait_for(lambda: manager.barrier.status().get("state") == "running"
-                 and manager.barrier.status()["daemons"]["not_quiesced"], timeout=120,
-                 what="the preStop's own barrier asking the daemon")
+        wait_for(
+            lambda: (
+                manager.barrier.status().get("state") == "running"
+                and manager.barrier.status()["daemons"]["not_quiesced"]
+            ),
+            timeout=120,
+            what="the preStop's own barrier asking the daemon",
+        )
         assert prestop.answer is None and prestop.error is None  # not the stray's result
         assert manager.http.server.connections_of(client.ip) <= 16  # the crowd's own slots
 
         terminating_at = time.monotonic()
-        write_manifests(folder, service("web"), endpoint_slice("web", [
-            terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)]))
+        write_manifests(
+            folder,
+            service("web"),
+            endpoint_slice(
+                "web",
+                [terminating(leaving.ip, pod=leaving.name), endpoint(staying.ip, pod=staying.name)],
+            ),
+        )
         # weight 0, then deleted at once: the pod has no connection to hold the drain
         wait_for(lambda: weight() != 1, what="weight 0 (or already drained and deleted)")
         prestop.join(TIMEOUT + 60)
@@ -206,9 +245,12 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
 def start_manager_in(leaving: Pod, daemon_url: str) -> ShutdownManager:
     """A shutdown-manager for `leaving`, started inside its netns (its threads too)."""
     options = ManagerOptions(
-        pod_ips=(leaving.ip,), listen="0.0.0.0:0", daemons=(daemon_url,),
+        pod_ips=(leaving.ip,),
+        listen="0.0.0.0:0",
+        daemons=(daemon_url,),
         proc_net=leaving.proc_net(),
-        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT))
+        barrier=BarrierConfig(check_interval=0.2, timeout=TIMEOUT),
+    )
 
     def start() -> ShutdownManager:
         manager = ShutdownManager(options)

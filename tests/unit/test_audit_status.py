@@ -13,8 +13,10 @@ A, B = "10.244.1.5", "10.244.1.6"
 
 def started(**kw):
     h = Harness(**kw)
-    h.start([service("web")], [endpoint_slice("web", [endpoint(A, pod="web-1"),
-                                                      endpoint(B, pod="web-2")])])
+    h.start(
+        [service("web")],
+        [endpoint_slice("web", [endpoint(A, pod="web-1"), endpoint(B, pod="web-2")])],
+    )
     h.ops()
     return h
 
@@ -86,8 +88,12 @@ def test_status_shows_service_pod_and_drain():
     ra = next(r for r in st["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert (ra["active_conns"], ra["inactive_conns"]) == (2, 0)
 
-    kernel = [VirtualServerStatus(VirtualServer(vs()), (
-        RealServerStatus(rs(A), 0, 2, 0), RealServerStatus(rs(B), 1, 0, 0)))]
+    kernel = [
+        VirtualServerStatus(
+            VirtualServer(vs()),
+            (RealServerStatus(rs(A), 0, 2, 0), RealServerStatus(rs(B), 1, 0, 0)),
+        )
+    ]
     doc = join_status(kernel, None, st, None, "http://x")
     r = doc["virtual_servers"][0]["real_servers"][0]
     assert (r["active_conns"], r["state"], r["drain"]["reason"]) == (2, "draining", "removed")
@@ -106,9 +112,10 @@ def test_status_without_daemon_still_shows_the_kernel():
 def test_quiesced_reports_when_a_pod_ip_stops_getting_new_connections():
     h = Harness()
     svc2 = service("api", cluster_ip="10.96.0.11")
-    h.start([service("web"), svc2],
-            [endpoint_slice("web", [endpoint(A), endpoint(B)]),
-             endpoint_slice("api", [endpoint(A)])])
+    h.start(
+        [service("web"), svc2],
+        [endpoint_slice("web", [endpoint(A), endpoint(B)]), endpoint_slice("api", [endpoint(A)])],
+    )
     assert quiesced_json(h.view, A)["quiesced"] is False
     assert quiesced_json(h.view, A)["real_servers_with_weight"] == 2
     h.fake.set_connections(vs(), rs(A), active=1)
@@ -121,5 +128,11 @@ def test_quiesced_reports_when_a_pod_ip_stops_getting_new_connections():
     h.clock.advance(3)
     assert quiesced_json(h.view, A)["for_seconds"] == 3
     assert quiesced_json(h.view, "10.1.1.1") == {
-        "ip": "10.1.1.1", "node": "node-a", "ready": True, "quiesced": True,
-        "real_servers_with_weight": 0, "since": None, "for_seconds": None}
+        "ip": "10.1.1.1",
+        "node": "node-a",
+        "ready": True,
+        "quiesced": True,
+        "real_servers_with_weight": 0,
+        "since": None,
+        "for_seconds": None,
+    }

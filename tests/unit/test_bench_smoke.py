@@ -66,8 +66,7 @@ def test_bench_daemon_is_built_like_the_daemon_and_does_not_spin():
         w.held.add((key, rs))
         w.expect(key, rs, 0)
         sl = json.loads(json.dumps(slices[0]))
-        sl["endpoints"][0]["conditions"] = {"ready": False, "serving": False,
-                                            "terminating": False}
+        sl["endpoints"][0]["conditions"] = {"ready": False, "serving": False, "terminating": False}
         bd.source.send([(sl, None)])
         assert w.wait([(key, rs, 0)], 60)
         assert len(bd.engine.drains.queue) == 1

@@ -23,8 +23,14 @@ VIP, VIP6, NODE = "10.96.0.10", "fd96::10", "192.0.2.10"
 
 class FakeHost:
     def __init__(self) -> None:
-        self.vs = [key(VIP, 80), key(VIP6, 53, "UDP"), key(NODE, 30080), key(NODE, 22),
-                   key("10.1.2.3", 80), key("192.0.2.99", 30080)]
+        self.vs = [
+            key(VIP, 80),
+            key(VIP6, 53, "UDP"),
+            key(NODE, 30080),
+            key(NODE, 22),
+            key("10.1.2.3", 80),
+            key("192.0.2.99", 30080),
+        ]
         self.iface: tuple[str, list[str]] | None = ("dummy", [VIP, VIP6])
         self.table = True
         self.fail: set[str] = set()
@@ -69,7 +75,9 @@ def state(tmp_path: Path) -> Path:
 def test_owned_is_the_daemons_rule():
     got = owned_virtual_servers(
         [key(VIP, 80), key(NODE, 30080), key(NODE, 22), key(NODE, 32768), key("10.1.2.3", 80)],
-        bound=[VIP], node_ips=[NODE])
+        bound=[VIP],
+        node_ips=[NODE],
+    )
     assert got == [key(VIP, 80), key(NODE, 30080)]
 
 
@@ -91,8 +99,12 @@ def test_removes_ipvsctls_virtual_servers_interface_table_and_state(state):
         f"removed {state / 'drain-queue.json'}",
         f"removed {state / 'drain-queue.json.corrupt-1700000000'}",
     ]
-    assert r.summary == ["3 virtual servers", "interface kube-ipvs0 with 2 addresses",
-                         "nftables table", "drain queue state"]
+    assert r.summary == [
+        "3 virtual servers",
+        "interface kube-ipvs0 with 2 addresses",
+        "nftables table",
+        "drain queue state",
+    ]
     again = cleanup_node(host, "kube-ipvs0", [NODE], state)
     assert (again.lines, again.errors, again.summary) == ([], [], [])
 
@@ -119,8 +131,10 @@ def test_a_non_dummy_interface_is_left_alone():
     host = FakeHost()
     host.iface = ("", ["192.0.2.10"])  # e.g. --interface eth0 by mistake
     r = cleanup_node(host, "eth0", [], None)
-    assert r.errors == ["interface eth0 is a physical interface, not a dummy one: check "
-                        "--interface; it and its addresses are left alone"]
+    assert r.errors == [
+        "interface eth0 is a physical interface, not a dummy one: check "
+        "--interface; it and its addresses are left alone"
+    ]
     assert host.iface is not None and len(host.vs) == 6  # nothing on eth0's address went
     assert host.table is False  # the table is ipvsctl's whatever the interface
 
@@ -134,7 +148,8 @@ def test_command(monkeypatch, state):
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[-1] == (
         "cleanup done: 3 virtual servers, interface kube-ipvs0 with 2 addresses, "
-        "nftables table, drain queue state")
+        "nftables table, drain queue state"
+    )
     r = runner.invoke(app, ["cleanup", "--node-ip", NODE, "--state-dir", str(state)])
     assert r.exit_code == 0 and r.output.strip() == "cleanup done: nothing to remove"
 

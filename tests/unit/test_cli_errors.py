@@ -13,8 +13,13 @@ from ipvsctl.obs.logging import JSONFormatter, TextFormatter, fields
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ipvsctl", *args], capture_output=True,
-                          text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ipvsctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def one_line(r: subprocess.CompletedProcess[str]) -> str:
@@ -25,16 +30,18 @@ def one_line(r: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_unreadable_kubeconfig(tmp_path):
-    line = one_line(cli("run", "--kubeconfig", str(tmp_path / "nope"),
-                        "--state-dir", str(tmp_path / "s")))
+    line = one_line(
+        cli("run", "--kubeconfig", str(tmp_path / "nope"), "--state-dir", str(tmp_path / "s"))
+    )
     assert "kubeconfig" in line and "nope" in line
 
 
 def test_invalid_kubeconfig(tmp_path):
     bad = tmp_path / "config"
     bad.write_text("clusters: [not: a kubeconfig")
-    assert "kubeconfig" in one_line(cli("run", "--kubeconfig", str(bad),
-                                        "--state-dir", str(tmp_path / "s")))
+    assert "kubeconfig" in one_line(
+        cli("run", "--kubeconfig", str(bad), "--state-dir", str(tmp_path / "s"))
+    )
 
 
 def test_no_api_configuration_at_all(tmp_path):
@@ -46,8 +53,17 @@ def test_no_api_configuration_at_all(tmp_path):
 @pytest.mark.skipif(__import__("os").path.exists("/proc/net/ip_vs"), reason="host has IPVS")
 def test_no_ipvs_in_the_kernel(tmp_path):
     (tmp_path / "m").mkdir()
-    line = one_line(cli("run", "--manifests", str(tmp_path / "m"),
-                        "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0"))
+    line = one_line(
+        cli(
+            "run",
+            "--manifests",
+            str(tmp_path / "m"),
+            "--state-dir",
+            str(tmp_path / "s"),
+            "--listen",
+            "127.0.0.1:0",
+        )
+    )
     assert "IPVS" in line and "modprobe" in line
 
 
@@ -58,13 +74,17 @@ def _record(msg: str, **kw: object) -> logging.LogRecord:
 
 
 def test_json_logs_carry_object_and_action():
-    out = json.loads(JSONFormatter().format(_record(
-        "drain started", service="default/web", rs="10.0.0.1:80", deadline_in=30.0)))
+    out = json.loads(
+        JSONFormatter().format(
+            _record("drain started", service="default/web", rs="10.0.0.1:80", deadline_in=30.0)
+        )
+    )
     assert out["msg"] == "drain started" and out["service"] == "default/web"
     assert out["deadline_in"] == 30.0 and out["level"] == "info"
 
 
 def test_text_logs_are_key_value():
-    line = TextFormatter().format(_record("real server deleted", reason="drained",
-                                          service="default/web app"))
+    line = TextFormatter().format(
+        _record("real server deleted", reason="drained", service="default/web app")
+    )
     assert line.endswith('real server deleted reason=drained service="default/web app"')

@@ -13,16 +13,18 @@ ADDRESSES = {"eth0": ["192.0.2.10"], "kube-ipvs0": ["10.96.0.1"], "ipvs-vips": [
 
 
 def fake_node_addresses(exclude_interfaces: tuple[str, ...] = ("kube-ipvs0",)) -> list[str]:
-    return sorted(ip for name, ips in ADDRESSES.items() if name not in exclude_interfaces
-                  for ip in ips)
+    return sorted(
+        ip for name, ips in ADDRESSES.items() if name not in exclude_interfaces for ip in ips
+    )
 
 
 def started_with(monkeypatch, tmp_path, *args: str):
     seen = []
     monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses", fake_node_addresses)
     monkeypatch.setattr(ipvsctl.daemon.wiring, "run", lambda opts: seen.append(opts) or 0)
-    r = CliRunner().invoke(app, ["run", "--manifests", str(tmp_path),
-                                 "--state-dir", str(tmp_path / "state"), *args])
+    r = CliRunner().invoke(
+        app, ["run", "--manifests", str(tmp_path), "--state-dir", str(tmp_path / "state"), *args]
+    )
     assert r.exit_code == 0, r.output
     return seen[0]
 

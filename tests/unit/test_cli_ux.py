@@ -35,12 +35,22 @@ def invoke(*args: str, input: str | None = None):
 @pytest.fixture
 def manifests(tmp_path) -> Path:
     f = tmp_path / "web.yaml"
-    f.write_text(yaml.safe_dump_all([
-        service("web", type="NodePort", cluster_ip="fd00::10", ip_families=["IPv6"],
-                ports=[{"name": "http", "port": 80, "nodePort": 30080}]),
-        endpoint_slice("web", [endpoint(V6_POD, pod="web-1", node="node-b")],
-                       address_type="IPv6"),
-    ]))
+    f.write_text(
+        yaml.safe_dump_all(
+            [
+                service(
+                    "web",
+                    type="NodePort",
+                    cluster_ip="fd00::10",
+                    ip_families=["IPv6"],
+                    ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+                ),
+                endpoint_slice(
+                    "web", [endpoint(V6_POD, pod="web-1", node="node-b")], address_type="IPv6"
+                ),
+            ]
+        )
+    )
     return f
 
 
@@ -102,8 +112,13 @@ def _commands():
 
 @pytest.mark.parametrize("cmd", _commands(), ids=lambda c: " ".join(c) or "ipvsctl")
 def test_help_fits_80_columns_and_names_every_option_whole(cmd):
-    r = subprocess.run([sys.executable, "-m", "ipvsctl", *cmd, "--help"], capture_output=True,
-                       text=True, timeout=60, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [sys.executable, "-m", "ipvsctl", *cmd, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert max(map(len, lines)) <= 80 and "…" not in r.stdout
@@ -136,20 +151,50 @@ def test_status_against_another_machine_does_not_read_this_kernel(monkeypatch):
     assert reads == [] and r.exit_code == 1
     assert "another machine" in r.output
 
-    daemon = {"node": "node-b", "ready": True, "drain_queue": [], "virtual_servers": [{
-        "protocol": "TCP", "address": "10.96.0.10", "port": 80, "scheduler": "rr",
-        "persistent_timeout": 0, "service": "default/web", "port_name": "http",
-        "kind": "ClusterIP", "real_servers": [
-            {"address": "10.244.1.5", "port": 8080, "weight": 0, "pod": "default/web-1",
-             "node": "node-b", "state": "draining", "active_conns": 3, "inactive_conns": 1,
-             "drain": {"reason": "removed", "age": 2.0, "time_left": 28.0,
-                       "deadline_source": "flag"}}]}]}
+    daemon = {
+        "node": "node-b",
+        "ready": True,
+        "drain_queue": [],
+        "virtual_servers": [
+            {
+                "protocol": "TCP",
+                "address": "10.96.0.10",
+                "port": 80,
+                "scheduler": "rr",
+                "persistent_timeout": 0,
+                "service": "default/web",
+                "port_name": "http",
+                "kind": "ClusterIP",
+                "real_servers": [
+                    {
+                        "address": "10.244.1.5",
+                        "port": 8080,
+                        "weight": 0,
+                        "pod": "default/web-1",
+                        "node": "node-b",
+                        "state": "draining",
+                        "active_conns": 3,
+                        "inactive_conns": 1,
+                        "drain": {
+                            "reason": "removed",
+                            "age": 2.0,
+                            "time_left": 28.0,
+                            "deadline_source": "flag",
+                        },
+                    }
+                ],
+            }
+        ],
+    }
     monkeypatch.setattr(status_mod, "fetch_daemon_status", lambda endpoint: (daemon, None))
     r = invoke("status", "--endpoint", "http://192.0.2.1:9796", "-o", "json")
     assert reads == [] and r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    assert doc["kernel"] == {"readable": False, "machine": "remote",
-                             "error": "not read: the daemon is on another machine"}
+    assert doc["kernel"] == {
+        "readable": False,
+        "machine": "remote",
+        "error": "not read: the daemon is on another machine",
+    }
     (rsv,) = doc["virtual_servers"][0]["real_servers"]
     assert (rsv["active_conns"], rsv["inactive_conns"]) == (3, 1)  # the daemon's own counts
     text = invoke("status", "--endpoint", "http://192.0.2.1:9796").output
@@ -165,8 +210,11 @@ def test_status_against_another_machine_does_not_read_this_kernel(monkeypatch):
 
 
 def test_status_table_fits_ipv6():
-    kernel = [VirtualServerStatus(VirtualServer(vs(V6_NODE, 30080)), (
-        RealServerStatus(rs(V6_POD), 1, 12345, 7),))]
+    kernel = [
+        VirtualServerStatus(
+            VirtualServer(vs(V6_NODE, 30080)), (RealServerStatus(rs(V6_POD), 1, 12345, 7),)
+        )
+    ]
     text = render_status(join_status(kernel, None, None, "down", "http://x"))
     (line,) = [ln for ln in text.splitlines() if ln.startswith("  -> [")]
     assert cells(line) == [f"-> [{V6_POD}]:8080", "1", "12345", "7"]
@@ -174,12 +222,23 @@ def test_status_table_fits_ipv6():
 
 def test_shell_completion_completes_commands_and_output_formats():
     def complete(words: str) -> list[str]:
-        env = {"PATH": "/usr/bin:/bin", "_IPVSCTL_COMPLETE": "complete_bash",
-               "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1
-                                                      + words.endswith(" "))}
-        r = subprocess.run([sys.executable, "-c", "from ipvsctl.cli.app import main; "
-                            "import sys; sys.argv[0] = 'ipvsctl'; main()"],
-                           capture_output=True, text=True, timeout=60, env=env)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "_IPVSCTL_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1 + words.endswith(" ")),
+        }
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from ipvsctl.cli.app import main; import sys; sys.argv[0] = 'ipvsctl'; main()",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         return r.stdout.split()
 
     assert complete("ipvsctl st") == ["status"]

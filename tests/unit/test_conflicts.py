@@ -17,8 +17,11 @@ from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.convert import parse_service
 from ipvsctl.source.events import ObjectKind, Upsert
 
-CIP, EXT, LB = (VirtualServerKind.CLUSTER_IP, VirtualServerKind.EXTERNAL_IP,
-                VirtualServerKind.LOAD_BALANCER)
+CIP, EXT, LB = (
+    VirtualServerKind.CLUSTER_IP,
+    VirtualServerKind.EXTERNAL_IP,
+    VirtualServerKind.LOAD_BALANCER,
+)
 K = vs("10.96.0.10", 53, "UDP")
 
 
@@ -28,10 +31,12 @@ def ref(name: str, namespace: str = "default") -> ServiceRef:
 
 # (claims: (service, kind, created), winner)
 CASES = [
-    ("cluster IP beats an older external IP",
-     [("kube-dns", CIP, 2000.0), ("evil", EXT, 1000.0)], "kube-dns"),
-    ("cluster IP beats a load-balancer IP",
-     [("b", LB, 1.0), ("a", CIP, 5.0)], "a"),
+    (
+        "cluster IP beats an older external IP",
+        [("kube-dns", CIP, 2000.0), ("evil", EXT, 1000.0)],
+        "kube-dns",
+    ),
+    ("cluster IP beats a load-balancer IP", [("b", LB, 1.0), ("a", CIP, 5.0)], "a"),
     ("older of two external IPs", [("new", EXT, 200.0), ("old", EXT, 100.0)], "old"),
     ("older of external and load-balancer IP", [("lb", LB, 100.0), ("ext", EXT, 200.0)], "lb"),
     ("same age: namespace/name", [("b", EXT, 100.0), ("a", EXT, 100.0)], "a"),
@@ -91,17 +96,26 @@ def kube_dns() -> dict:
 
 def evil() -> dict:
     # older than kube-dns would be no help: a cluster IP wins whatever the age
-    s = service("evil", cluster_ip="10.96.7.7", namespace="aaa-tenant", ports=DNS_PORTS,
-                externalIPs=["10.96.0.10"])
+    s = service(
+        "evil",
+        cluster_ip="10.96.7.7",
+        namespace="aaa-tenant",
+        ports=DNS_PORTS,
+        externalIPs=["10.96.0.10"],
+    )
     s["metadata"]["creationTimestamp"] = "2023-01-01T00:00:00Z"
     return s
 
 
 def slices() -> list[dict]:
-    return [endpoint_slice("kube-dns", [endpoint("10.244.0.53")], namespace="kube-system",
-                           ports=SLICE_PORTS),
-            endpoint_slice("evil", [endpoint("10.244.6.66")], namespace="aaa-tenant",
-                           ports=SLICE_PORTS)]
+    return [
+        endpoint_slice(
+            "kube-dns", [endpoint("10.244.0.53")], namespace="kube-system", ports=SLICE_PORTS
+        ),
+        endpoint_slice(
+            "evil", [endpoint("10.244.6.66")], namespace="aaa-tenant", ports=SLICE_PORTS
+        ),
+    ]
 
 
 def real_servers(h: Harness) -> set:
@@ -113,8 +127,12 @@ ARRIVALS = list(itertools.permutations(["kube-dns", "evil", "dns-slice", "evil-s
 
 @pytest.mark.parametrize("order", ARRIVALS, ids=["-".join(o) for o in ARRIVALS])
 def test_a_tenant_external_ip_never_takes_the_cluster_dns_in_any_arrival_order(order, caplog):
-    objects = {"kube-dns": kube_dns(), "evil": evil(), "dns-slice": slices()[0],
-               "evil-slice": slices()[1]}
+    objects = {
+        "kube-dns": kube_dns(),
+        "evil": evil(),
+        "dns-slice": slices()[0],
+        "evil-slice": slices()[1],
+    }
     h = Harness()
     h.start([], [])
     with caplog.at_level(logging.WARNING, logger="ipvsctl"):
@@ -125,8 +143,9 @@ def test_a_tenant_external_ip_never_takes_the_cluster_dns_in_any_arrival_order(o
     assert real_servers_of(h, vs("10.96.7.7", 53, "UDP")) == {rs("10.244.6.66", 53)}
     assert h.metrics.value("ipvsctl_virtual_server_conflict_losers") == 1
     assert h.metrics.value("ipvsctl_virtual_server_conflicts_total") == 1  # logged once
-    lines = [r for r in caplog.records if r.getMessage() == "virtual server claimed by "
-             "another service"]
+    lines = [
+        r for r in caplog.records if r.getMessage() == "virtual server claimed by another service"
+    ]
     assert len(lines) == 1 and lines[0].fields["service"] == ref("evil", "aaa-tenant")
     assert lines[0].fields["winner"] == ref("kube-dns", "kube-system")
 
@@ -162,8 +181,13 @@ def test_older_of_two_external_ip_claims_wins_even_when_it_arrives_second():
     old = service("zzz", cluster_ip="10.96.1.2", externalIPs=["203.0.113.5"], ports=DNS_PORTS)
     old["metadata"]["creationTimestamp"] = "2020-01-01T00:00:00Z"
     h = Harness()
-    h.start([new], [endpoint_slice("aaa", [endpoint("10.244.1.1")], ports=SLICE_PORTS),
-                    endpoint_slice("zzz", [endpoint("10.244.2.2")], ports=SLICE_PORTS)])
+    h.start(
+        [new],
+        [
+            endpoint_slice("aaa", [endpoint("10.244.1.1")], ports=SLICE_PORTS),
+            endpoint_slice("zzz", [endpoint("10.244.2.2")], ports=SLICE_PORTS),
+        ],
+    )
     key = vs("203.0.113.5", 53, "UDP")
     assert real_servers_of(h, key) == {rs("10.244.1.1", 53)}
     h.engine.handle(Upsert(ObjectKind.SERVICE, old, 0.0))

@@ -12,14 +12,17 @@ from bench import control_plane
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    return control_plane.measure(services=30, endpoints_per_service=10, rollout=12,
-                                 steady_updates=15)
+    return control_plane.measure(
+        services=30, endpoints_per_service=10, rollout=12, steady_updates=15
+    )
 
 
 def test_startup_is_one_list_and_one_watch_per_resource(measured) -> None:
     assert measured["startup"]["requests"] == {
-        "list services": 1, "list endpointslices": 1,
-        "watch services": 1, "watch endpointslices": 1,
+        "list services": 1,
+        "list endpointslices": 1,
+        "watch services": 1,
+        "watch endpointslices": 1,
     }
 
 
@@ -45,8 +48,13 @@ def test_recovery_after_a_long_outage_is_one_relist_per_resource(measured) -> No
     assert req.get("list services") == 1 and req.get("list endpointslices") == 1
     # The resumed watch that got 410, then the watch after the relist.
     assert req.get("watch services") == 2 and req.get("watch endpointslices") == 2
-    assert set(req) <= {"list services", "list endpointslices", "watch services",
-                        "watch endpointslices", "get /readyz"}
+    assert set(req) <= {
+        "list services",
+        "list endpointslices",
+        "watch services",
+        "watch endpointslices",
+        "get /readyz",
+    }
 
 
 def test_model_orders_of_magnitude(measured) -> None:

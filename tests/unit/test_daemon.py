@@ -48,19 +48,31 @@ def write(folder: Path, name: str, *objs: dict) -> None:
 
 def make(tmp_path: Path, kernel: FakeKernel, drain_timeout: float = 30.0) -> Daemon:
     opts = DaemonOptions(
-        node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
-        drain_timeout=drain_timeout, drain_check_interval=0.05)
-    d = Daemon(opts, kernel, ManifestSource(tmp_path / "m", interval=0.05),
-               loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
+        node=NodeContext("node-a", ("192.0.2.10",)),
+        manifests=str(tmp_path / "m"),
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        drain_timeout=drain_timeout,
+        drain_check_interval=0.05,
+    )
+    d = Daemon(
+        opts,
+        kernel,
+        ManifestSource(tmp_path / "m", interval=0.05),
+        loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05),
+    )
     return d
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     (tmp_path / "m").mkdir()
-    write(tmp_path / "m", "web.yaml", service("web"),
-          endpoint_slice("web", [endpoint(A, pod="web-1"), endpoint(B, pod="web-2")]))
+    write(
+        tmp_path / "m",
+        "web.yaml",
+        service("web"),
+        endpoint_slice("web", [endpoint(A, pod="web-1"), endpoint(B, pod="web-2")]),
+    )
     return tmp_path / "m"
 
 
@@ -91,16 +103,18 @@ def test_daemon_programs_follows_drains_and_leaves_the_table_on_exit(tmp_path, f
         with d.loop.lock:
             kernel.set_connections(vs(), rs(A), active=0)
         wait_for(lambda: kernel.weight(vs(), rs(A)) is None)
-        assert 'ipvsctl_real_server_deletions_total{reason="drained"} 1.0' in get(
-            base + "/metrics")[1]
+        assert (
+            'ipvsctl_real_server_deletions_total{reason="drained"} 1.0' in get(base + "/metrics")[1]
+        )
     finally:
         before = kernel.dump()
         d.shutdown()
     assert kernel.dump() == before != ""  # never flushed on exit
 
 
-def drained_then_stopped(tmp_path: Path, folder: Path, kernel: FakeKernel,
-                         drain_timeout: float = 30.0) -> DrainEntry:
+def drained_then_stopped(
+    tmp_path: Path, folder: Path, kernel: FakeKernel, drain_timeout: float = 30.0
+) -> DrainEntry:
     """A daemon that drains A (with a connection open) and is stopped mid-drain."""
     d = make(tmp_path, kernel, drain_timeout=drain_timeout)
     d.start()
@@ -155,8 +169,12 @@ def test_readyz_waits_for_the_first_full_list(tmp_path):
         def run(self, sink, stop):  # never lists
             stop.wait()
 
-    opts = DaemonOptions(node=NodeContext("n"), manifests=str(tmp_path / "m"),
-                         state_dir=str(tmp_path / "s"), listen="127.0.0.1:0")
+    opts = DaemonOptions(
+        node=NodeContext("n"),
+        manifests=str(tmp_path / "m"),
+        state_dir=str(tmp_path / "s"),
+        listen="127.0.0.1:0",
+    )
     d = Daemon(opts, FakeKernel(), Silent(tmp_path / "m"))
     try:
         d.start()
@@ -169,8 +187,9 @@ def test_readyz_waits_for_the_first_full_list(tmp_path):
 
 def test_unwritable_state_dir_is_a_startup_error(tmp_path):
     (tmp_path / "file").write_text("")
-    opts = DaemonOptions(node=NodeContext("n"), state_dir=str(tmp_path / "file" / "sub"),
-                         listen="127.0.0.1:0")
+    opts = DaemonOptions(
+        node=NodeContext("n"), state_dir=str(tmp_path / "file" / "sub"), listen="127.0.0.1:0"
+    )
     (tmp_path / "m").mkdir()
     with pytest.raises(StartupError, match="--state-dir"):
         Daemon(opts, FakeKernel(), ManifestSource(tmp_path / "m"))
@@ -179,9 +198,13 @@ def test_unwritable_state_dir_is_a_startup_error(tmp_path):
 def test_the_daemon_takes_its_loop_configuration(tmp_path):
     # Issue 12: tests used to rewrite d.loop.config after construction, too late for what
     # the loop derives from it when built (its first audit time, its retry delay).
-    opts = DaemonOptions(node=NodeContext("node-a", ("192.0.2.10",)),
-                         manifests=str(tmp_path / "m"), state_dir=str(tmp_path / "state"),
-                         listen="127.0.0.1:0", drain_check_interval=0.25)
+    opts = DaemonOptions(
+        node=NodeContext("node-a", ("192.0.2.10",)),
+        manifests=str(tmp_path / "m"),
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        drain_check_interval=0.25,
+    )
     (tmp_path / "m").mkdir()
     source = ManifestSource(tmp_path / "m", interval=0.05)
     cfg = LoopConfig(audit_interval=7.0, retry_min=0.125)

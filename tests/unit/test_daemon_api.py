@@ -35,15 +35,27 @@ def api() -> Iterator[FakeAPIServer]:
 
 def start_daemon(api: FakeAPIServer, tmp_path, kernel: FakeKernel) -> Daemon:
     settings = KubeSettings(backoff_initial=0.05, backoff_max=0.2, healthy_watch_seconds=0.05)
-    opts = DaemonOptions(node=NodeContext("node-a"), apiserver=api.url,
-                         state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
-                         drain_timeout=300, drain_check_interval=0.05)
+    opts = DaemonOptions(
+        node=NodeContext("node-a"),
+        apiserver=api.url,
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        drain_timeout=300,
+        drain_check_interval=0.05,
+    )
     metrics = Metrics()
     source = KubeSource.from_config(
-        apiserver=api.url, settings=settings,
-        on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc())
-    d = Daemon(opts, kernel, source, metrics=metrics,
-               loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05))
+        apiserver=api.url,
+        settings=settings,
+        on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc(),
+    )
+    d = Daemon(
+        opts,
+        kernel,
+        source,
+        metrics=metrics,
+        loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05),
+    )
     d.start()
     wait_for(lambda: d.engine.started)
     return d
@@ -61,8 +73,11 @@ def test_terminating_endpoint_drains_until_its_pod_goes_with_no_pod_read(api, tm
             kernel.set_connections(vs(), rs(A), active=1)
         # The pod is there to be read, with a deletionTimestamp long past: nothing reads it.
         api.add(pod("web-1", deletion_timestamp=_stamp(time.time() - 300), uid="u-web-1"))
-        api.update(endpoint_slice("web", [terminating(A, pod="web-1", uid="u-web-1"),
-                                          endpoint(B, pod="web-2")]))
+        api.update(
+            endpoint_slice(
+                "web", [terminating(A, pod="web-1", uid="u-web-1"), endpoint(B, pod="web-2")]
+            )
+        )
         wait_for(lambda: d.engine.drains.queue.get(vs(), rs(A)) is not None)
         with d.loop.lock:
             run_once(d.engine.drain_check)
@@ -85,13 +100,17 @@ def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_pa
     try:
         # First incarnation: terminating with a connection, overdue, then gone.
         api.add(pod("web-0", deletion_timestamp=_stamp(time.time() - 300), uid="uid-1"))
-        api.update(endpoint_slice("web", [endpoint(A, pod="web-0", uid="uid-1"),
-                                          endpoint(B, pod="web-2")]))
+        api.update(
+            endpoint_slice("web", [endpoint(A, pod="web-0", uid="uid-1"), endpoint(B, pod="web-2")])
+        )
         wait_for(lambda: kernel.weight(vs(), rs(A)) == 1)
         with d.loop.lock:
             kernel.set_connections(vs(), rs(A), active=1)
-        api.update(endpoint_slice("web", [terminating(A, pod="web-0", uid="uid-1"),
-                                          endpoint(B, pod="web-2")]))
+        api.update(
+            endpoint_slice(
+                "web", [terminating(A, pod="web-0", uid="uid-1"), endpoint(B, pod="web-2")]
+            )
+        )
         wait_for(lambda: kernel.weight(vs(), rs(A)) == 0)
         api.update(endpoint_slice("web", [endpoint(B, pod="web-2")]))
         wait_for(lambda: kernel.weight(vs(), rs(A)) is None, timeout=20)
@@ -99,13 +118,17 @@ def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_pa
         # (the StatefulSet controller made the new pod as soon as the old one was gone).
         api.upsert(pod("web-0", deletion_timestamp=_stamp(time.time() + 30), uid="uid-2"))
         C = "10.244.1.7"
-        api.update(endpoint_slice("web", [endpoint(C, pod="web-0", uid="uid-2"),
-                                          endpoint(B, pod="web-2")]))
+        api.update(
+            endpoint_slice("web", [endpoint(C, pod="web-0", uid="uid-2"), endpoint(B, pod="web-2")])
+        )
         wait_for(lambda: kernel.weight(vs(), rs(C)) == 1)
         with d.loop.lock:
             kernel.set_connections(vs(), rs(C), active=5)
-        api.update(endpoint_slice("web", [terminating(C, pod="web-0", uid="uid-2"),
-                                          endpoint(B, pod="web-2")]))
+        api.update(
+            endpoint_slice(
+                "web", [terminating(C, pod="web-0", uid="uid-2"), endpoint(B, pod="web-2")]
+            )
+        )
         wait_for(lambda: kernel.weight(vs(), rs(C)) != 1)  # drained (0) or cut (None)
         with d.loop.lock:
             for _ in range(3):
@@ -114,10 +137,10 @@ def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_pa
         assert kernel.weight(vs(), rs(C)) == 0  # still there, draining
         assert entry is not None and entry.pod == PodRef("default", "web-0", "uid-2")
         assert not entry.has_deadline
-        assert d.metrics.value("ipvsctl_real_server_deletions_total",
-                               {"reason": "deadline"}) == 0
-        assert d.metrics.value("ipvsctl_real_server_deletions_total",
-                               {"reason": "pod_gone"}) == 1  # the first incarnation
+        assert d.metrics.value("ipvsctl_real_server_deletions_total", {"reason": "deadline"}) == 0
+        assert (
+            d.metrics.value("ipvsctl_real_server_deletions_total", {"reason": "pod_gone"}) == 1
+        )  # the first incarnation
     finally:
         d.shutdown()
 
@@ -135,8 +158,12 @@ def test_relist_after_410_causes_no_kernel_changes(api, tmp_path):
         api.update(endpoint_slice("web", [endpoint(B, pod="web-2")]))  # a marker change
         wait_for(lambda: kernel.weight(vs(), rs(A)) in (0, None))
         assert kernel.take_ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0"]
-        assert d.metrics.value("ipvsctl_watch_restarts_total",
-                               {"resource": "endpointslices", "reason": "expired"}) >= 1
+        assert (
+            d.metrics.value(
+                "ipvsctl_watch_restarts_total", {"resource": "endpointslices", "reason": "expired"}
+            )
+            >= 1
+        )
     finally:
         d.shutdown()
 
@@ -152,9 +179,10 @@ def test_api_outage_leaves_the_table_and_catches_up(api, tmp_path):
         api.reset_watches()
 
         def failed_reconnects() -> float:
-            return sum(d.metrics.value("ipvsctl_watch_restarts_total",
-                                       {"resource": r, "reason": "error"})
-                       for r in ("services", "endpointslices"))
+            return sum(
+                d.metrics.value("ipvsctl_watch_restarts_total", {"resource": r, "reason": "error"})
+                for r in ("services", "endpointslices")
+            )
 
         wait_for(lambda: failed_reconnects() >= 4, timeout=20)  # retried through the outage
         assert kernel.dump() == before and kernel.take_ops() == []
@@ -176,16 +204,24 @@ def test_status_command_against_the_daemon(api, tmp_path):
     d = start_daemon(api, tmp_path, kernel)
     try:
         url = f"http://127.0.0.1:{d.http.port}"
-        r = subprocess.run([sys.executable, "-m", "ipvsctl", "status", "--json",
-                            "--endpoint", url], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "ipvsctl", "status", "--json", "--endpoint", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         doc = json.loads(r.stdout)
         assert doc["daemon"]["reachable"] is True
         # No IPVS on the test host: the daemon's view is shown, and the kernel's absence said.
         if not doc["kernel"]["readable"]:
             (v,) = doc["virtual_servers"]
             assert v["service"] == "default/web"
-        r = subprocess.run([sys.executable, "-m", "ipvsctl", "status", "--endpoint", url],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "ipvsctl", "status", "--endpoint", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "default/web:http" in r.stdout
     finally:
         d.shutdown()

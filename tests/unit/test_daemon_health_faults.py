@@ -91,12 +91,19 @@ def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
         for name, obj in HOSTILE.items():
             write(m, f"bad-{name}.yaml", obj)
         (m / "deep.yaml").write_text("[" * 100_000 + "]" * 100_000)
-        (m / "bomb.yaml").write_text("".join(
-            f"l{i}: &l{i} [{','.join([f'*l{i - 1}' if i else 'x'] * 9)}]\n" for i in range(10)))
+        (m / "bomb.yaml").write_text(
+            "".join(
+                f"l{i}: &l{i} [{','.join([f'*l{i - 1}' if i else 'x'] * 9)}]\n" for i in range(10)
+            )
+        )
         (m / "items.json").write_text('{"kind": "List", "items": 5}')
         # a change after them all still reaches the kernel: both threads are alive
-        write(m, "web2.yaml", service("web2", cluster_ip="10.96.0.11"),
-              endpoint_slice("web2", [endpoint("10.244.1.7")]))
+        write(
+            m,
+            "web2.yaml",
+            service("web2", cluster_ip="10.96.0.11"),
+            endpoint_slice("web2", [endpoint("10.244.1.7")]),
+        )
         wait_for(lambda: kernel.weight(vs("10.96.0.11"), rs("10.244.1.7")) == 1)
         assert get(base + "/healthz")[0] == 200
         assert all(t.is_alive() for t in d.threads)

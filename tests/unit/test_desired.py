@@ -15,7 +15,8 @@ NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 
 def vs_map(services, slices, node=NODE):
     plan, problems = plan_objects(
-        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices)}, node)
+        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices)}, node
+    )
     out = {}
     for v in plan_json(plan)["virtual_servers"]:
         key = f"{v['protocol']} {v['address']}:{v['port']}"
@@ -25,31 +26,48 @@ def vs_map(services, slices, node=NODE):
 
 def test_cluster_ip_with_ready_endpoints():
     got, js, problems = vs_map(
-        [service("web")], [endpoint_slice("web", [endpoint("10.244.1.5"), endpoint("10.244.2.6")])])
+        [service("web")], [endpoint_slice("web", [endpoint("10.244.1.5"), endpoint("10.244.2.6")])]
+    )
     assert got == {"TCP 10.96.0.10:80": ["10.244.1.5:8080", "10.244.2.6:8080"]}
     v = js["virtual_servers"][0]
     assert (v["service"], v["port_name"], v["scheduler"], v["persistent_timeout"]) == (
-        "default/web", "http", "rr", 0)
+        "default/web",
+        "http",
+        "rr",
+        0,
+    )
     assert all(r["weight"] == 1 for r in v["real_servers"])
     assert problems == []
 
 
 def test_headless_and_external_name_give_nothing():
     got, _, _ = vs_map(
-        [service("headless", cluster_ip="None"),
-         service("ext", cluster_ip=None, type="ExternalName", externalName="example.org")],
-        [endpoint_slice("headless", [endpoint("10.244.1.5")])])
+        [
+            service("headless", cluster_ip="None"),
+            service("ext", cluster_ip=None, type="ExternalName", externalName="example.org"),
+        ],
+        [endpoint_slice("headless", [endpoint("10.244.1.5")])],
+    )
     assert got == {}
 
 
 def test_every_address_kind_and_nodeports():
     svc = service(
-        "web", cluster_ip="10.96.0.10", type="LoadBalancer", externalIPs=["203.0.113.7"],
+        "web",
+        cluster_ip="10.96.0.10",
+        type="LoadBalancer",
+        externalIPs=["203.0.113.7"],
         lb_ips=["198.51.100.9"],
-        ports=[{"name": "http", "port": 80, "nodePort": 30080},
-               {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}])
-    sl = endpoint_slice("web", [endpoint("10.244.1.5")], ports=[
-        {"name": "http", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"}])
+        ports=[
+            {"name": "http", "port": 80, "nodePort": 30080},
+            {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
+        ],
+    )
+    sl = endpoint_slice(
+        "web",
+        [endpoint("10.244.1.5")],
+        ports=[{"name": "http", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"}],
+    )
     got, _, _ = vs_map([svc], [sl])
     assert got == {
         "TCP 10.96.0.10:80": ["10.244.1.5:8080"],
@@ -69,8 +87,12 @@ def test_lb_ips_ignored_unless_type_load_balancer():
 
 
 def test_dual_stack_gets_real_servers_of_its_own_family():
-    svc = service("web", cluster_ip=["10.96.0.10", "fd00::0010"], type="NodePort",
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    svc = service(
+        "web",
+        cluster_ip=["10.96.0.10", "fd00::0010"],
+        type="NodePort",
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     v4 = endpoint_slice("web", [endpoint("10.244.1.5")], name="web-v4")
     v6 = endpoint_slice("web", [endpoint("fd00:244::5")], name="web-v6", address_type="IPv6")
     got, _, _ = vs_map([svc], [v4, v6])
@@ -84,9 +106,15 @@ def test_dual_stack_gets_real_servers_of_its_own_family():
 
 def test_named_ports_and_protocol_must_match():
     svc = service("web", ports=[{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}])
-    sl = endpoint_slice("web", [endpoint("10.244.1.5")], ports=[
-        {"name": "http", "port": 8080}, {"name": "metrics", "port": 9100, "protocol": "UDP"},
-        {"name": "other", "port": 1}])
+    sl = endpoint_slice(
+        "web",
+        [endpoint("10.244.1.5")],
+        ports=[
+            {"name": "http", "port": 8080},
+            {"name": "metrics", "port": 9100, "protocol": "UDP"},
+            {"name": "other", "port": 1},
+        ],
+    )
     got, _, _ = vs_map([svc], [sl])
     assert got == {"TCP 10.96.0.10:80": ["10.244.1.5:8080"], "TCP 10.96.0.10:9090": []}
 
@@ -118,17 +146,24 @@ def test_conditions_absent_mean_ready_and_serving():
 
 def test_session_affinity_is_persistence():
     default = service("a", cluster_ip="10.96.0.1", sessionAffinity="ClientIP")
-    custom = service("b", cluster_ip="10.96.0.2", sessionAffinity="ClientIP",
-                     sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}})
+    custom = service(
+        "b",
+        cluster_ip="10.96.0.2",
+        sessionAffinity="ClientIP",
+        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
+    )
     _, js, _ = vs_map([default, custom], [])
     assert [v["persistent_timeout"] for v in js["virtual_servers"]] == [10800, 60]
 
 
-@pytest.mark.parametrize(("annotations", "scheduler"), [
-    ({}, "rr"),
-    ({"kube-router.io/service.scheduler": "lc"}, "lc"),
-    ({"ipvsctl.io/scheduler": "sh", "kube-router.io/service.scheduler": "lc"}, "sh"),
-])
+@pytest.mark.parametrize(
+    ("annotations", "scheduler"),
+    [
+        ({}, "rr"),
+        ({"kube-router.io/service.scheduler": "lc"}, "lc"),
+        ({"ipvsctl.io/scheduler": "sh", "kube-router.io/service.scheduler": "lc"}, "sh"),
+    ],
+)
 def test_scheduler_annotations(annotations, scheduler):
     _, js, _ = vs_map([service("web", annotations=annotations)], [])
     assert js["virtual_servers"][0]["scheduler"] == scheduler
@@ -146,18 +181,21 @@ def test_unknown_scheduler_annotation_falls_back_with_a_warning():
     assert len(problems) == 1 and not problems[0].fatal and "bogus" in problems[0].reason
 
 
-@pytest.mark.parametrize(("bad", "why"), [
-    (service("bad", cluster_ip="10.96.0.300"), "not an IP address"),
-    (service("bad", ports=[{"port": 70000}]), "not a port number"),
-    (service("bad", ports=[{"port": 80, "protocol": "ICMP"}]), "unknown protocol"),
-    (service("bad", type="Weird"), "unknown type"),
-    (service("bad", externalIPs=["nope"]), "not an IP address"),
-    ({"kind": "Service", "metadata": {}, "spec": {}}, "metadata.name"),
-    (endpoint_slice("web", [endpoint("fd00::1")]), "not an IPv4 address"),
-    (endpoint_slice("web", [endpoint("10.0.0.1")], address_type="IPX"), "unknown address type"),
-    (endpoint_slice("web", [{"addresses": []}]), "addresses is empty"),
-    (endpoint_slice("web", [endpoint("10.0.0.1")], ports=[{"port": "x"}]), "not a port"),
-])
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (service("bad", cluster_ip="10.96.0.300"), "not an IP address"),
+        (service("bad", ports=[{"port": 70000}]), "not a port number"),
+        (service("bad", ports=[{"port": 80, "protocol": "ICMP"}]), "unknown protocol"),
+        (service("bad", type="Weird"), "unknown type"),
+        (service("bad", externalIPs=["nope"]), "not an IP address"),
+        ({"kind": "Service", "metadata": {}, "spec": {}}, "metadata.name"),
+        (endpoint_slice("web", [endpoint("fd00::1")]), "not an IPv4 address"),
+        (endpoint_slice("web", [endpoint("10.0.0.1")], address_type="IPX"), "unknown address type"),
+        (endpoint_slice("web", [{"addresses": []}]), "addresses is empty"),
+        (endpoint_slice("web", [endpoint("10.0.0.1")], ports=[{"port": "x"}]), "not a port"),
+    ],
+)
 def test_bad_objects_are_skipped_and_the_rest_is_planned(bad, why):
     good_svc = service("good", cluster_ip="10.96.0.99")
     good_slice = endpoint_slice("good", [endpoint("10.244.7.7")])
@@ -174,40 +212,72 @@ def test_bad_objects_are_skipped_and_the_rest_is_planned(bad, why):
 # hints, ProxyTerminatingEndpoints on as it is GA), ported: which endpoints a cluster IP
 # (internal policy) and a NodePort (external policy) get. ------------------------------
 def _ep(n, ready=True, serving=None, term=None, local=True):
-    return endpoint(f"10.0.0.{n}", ready=ready, serving=serving, terminating=term,
-                    node="node-a" if local else "node-b")
+    return endpoint(
+        f"10.0.0.{n}",
+        ready=ready,
+        serving=serving,
+        terminating=term,
+        node="node-a" if local else "node-b",
+    )
 
 
-@pytest.mark.parametrize(("itp", "etp", "eps", "cluster", "external"), [
-    # "internalTrafficPolicy: Local, but all endpoints are remote"
-    ("Local", "Cluster", [_ep(0, local=False), _ep(1, local=False)], [], [0, 1]),
-    # "internalTrafficPolicy: Local, some endpoints are local"
-    ("Local", "Cluster", [_ep(0), _ep(1, local=False)], [0], [0, 1]),
-    # "Cluster traffic policy, endpoints not Ready"
-    ("Cluster", "Cluster", [_ep(0, ready=False), _ep(1, ready=False)], [], []),
-    # "Cluster traffic policy, some endpoints are Ready"
-    ("Cluster", "Cluster", [_ep(0, ready=False), _ep(1)], [1], [1]),
-    # "Cluster traffic policy, PTE enabled, all endpoints are terminating"
-    ("Cluster", "Cluster", [_ep(0, False, True, True), _ep(1, False, True, True, local=False)],
-     [0, 1], [0, 1]),
-    # "iTP: Cluster, eTP: Local, some endpoints local"
-    ("Cluster", "Local", [_ep(0), _ep(1, local=False)], [0, 1], [0]),
-    # "iTP: Local, eTP: Local, all endpoints remote": kube-proxy's IPVS mode (#97081, and
-    # CONTRACT.md) gives the external addresses the cluster-wide endpoints instead
-    ("Local", "Local", [_ep(0, local=False), _ep(1, local=False)], [], [0, 1]),
-    # "iTP: Local, eTP: Local, PTE enabled, all endpoints remote and terminating"
-    ("Local", "Local", [_ep(0, False, True, True, False), _ep(1, False, True, True, False)],
-     [], [0, 1]),
-    # "iTP: Cluster, eTP: Local, PTE enabled, with terminating endpoints"
-    ("Cluster", "Local", [_ep(0, local=False), _ep(1, False, False, None),
-                          _ep(2, False, True, True), _ep(3, False, True, True, False)],
-     [0], [2]),
-    # terminating but not serving is never a fallback
-    ("Cluster", "Cluster", [_ep(0, False, False, True)], [], []),
-])
+@pytest.mark.parametrize(
+    ("itp", "etp", "eps", "cluster", "external"),
+    [
+        # "internalTrafficPolicy: Local, but all endpoints are remote"
+        ("Local", "Cluster", [_ep(0, local=False), _ep(1, local=False)], [], [0, 1]),
+        # "internalTrafficPolicy: Local, some endpoints are local"
+        ("Local", "Cluster", [_ep(0), _ep(1, local=False)], [0], [0, 1]),
+        # "Cluster traffic policy, endpoints not Ready"
+        ("Cluster", "Cluster", [_ep(0, ready=False), _ep(1, ready=False)], [], []),
+        # "Cluster traffic policy, some endpoints are Ready"
+        ("Cluster", "Cluster", [_ep(0, ready=False), _ep(1)], [1], [1]),
+        # "Cluster traffic policy, PTE enabled, all endpoints are terminating"
+        (
+            "Cluster",
+            "Cluster",
+            [_ep(0, False, True, True), _ep(1, False, True, True, local=False)],
+            [0, 1],
+            [0, 1],
+        ),
+        # "iTP: Cluster, eTP: Local, some endpoints local"
+        ("Cluster", "Local", [_ep(0), _ep(1, local=False)], [0, 1], [0]),
+        # "iTP: Local, eTP: Local, all endpoints remote": kube-proxy's IPVS mode (#97081, and
+        # CONTRACT.md) gives the external addresses the cluster-wide endpoints instead
+        ("Local", "Local", [_ep(0, local=False), _ep(1, local=False)], [], [0, 1]),
+        # "iTP: Local, eTP: Local, PTE enabled, all endpoints remote and terminating"
+        (
+            "Local",
+            "Local",
+            [_ep(0, False, True, True, False), _ep(1, False, True, True, False)],
+            [],
+            [0, 1],
+        ),
+        # "iTP: Cluster, eTP: Local, PTE enabled, with terminating endpoints"
+        (
+            "Cluster",
+            "Local",
+            [
+                _ep(0, local=False),
+                _ep(1, False, False, None),
+                _ep(2, False, True, True),
+                _ep(3, False, True, True, False),
+            ],
+            [0],
+            [2],
+        ),
+        # terminating but not serving is never a fallback
+        ("Cluster", "Cluster", [_ep(0, False, False, True)], [], []),
+    ],
+)
 def test_kube_proxy_categorize_endpoints(itp, etp, eps, cluster, external):
-    svc = service("web", type="NodePort", internalTrafficPolicy=itp, externalTrafficPolicy=etp,
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    svc = service(
+        "web",
+        type="NodePort",
+        internalTrafficPolicy=itp,
+        externalTrafficPolicy=etp,
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     sl = endpoint_slice("web", eps, ports=[{"name": "http", "port": 80}])
     got, _, _ = vs_map([svc], [sl], node=NodeContext("node-a", ("192.0.2.10",)))
     assert got["TCP 10.96.0.10:80"] == [f"10.0.0.{n}:80" for n in cluster]
@@ -223,8 +293,10 @@ def test_external_ips_follow_external_policy():
     svc = service("web", externalIPs=["203.0.113.7"], externalTrafficPolicy="Local")
     sl = endpoint_slice("web", [endpoint("10.244.1.5"), endpoint("10.244.2.6", node="node-b")])
     got, _, _ = vs_map([svc], [sl])
-    assert got == {"TCP 10.96.0.10:80": ["10.244.1.5:8080", "10.244.2.6:8080"],
-                   "TCP 203.0.113.7:80": ["10.244.1.5:8080"]}
+    assert got == {
+        "TCP 10.96.0.10:80": ["10.244.1.5:8080", "10.244.2.6:8080"],
+        "TCP 203.0.113.7:80": ["10.244.1.5:8080"],
+    }
 
 
 def test_virtual_server_wanted_twice_goes_to_first_service():
@@ -245,12 +317,20 @@ def test_plan_json_is_sorted():
 
 
 def test_health_check_node_port_and_local_flags():
-    svc = service("lb", type="LoadBalancer", externalTrafficPolicy="Local",
-                  healthCheckNodePort=32000, lb_ips=["198.51.100.9"],
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    svc = service(
+        "lb",
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        healthCheckNodePort=32000,
+        lb_ips=["198.51.100.9"],
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     plan, _ = plan_objects({ObjectKind.SERVICE: [svc]}, NODE)
     desired = plan[0][0]
     assert desired.health_check_node_port == 32000
     local = {str(dvs.key): dvs.local_only for _, dvs in plan}
-    assert local == {"10.96.0.10:80/TCP": False, "192.0.2.10:30080/TCP": True,
-                     "198.51.100.9:80/TCP": True}
+    assert local == {
+        "10.96.0.10:80/TCP": False,
+        "192.0.2.10:30080/TCP": True,
+        "198.51.100.9:80/TCP": True,
+    }

@@ -13,8 +13,9 @@ from devkit.harness import rs, vs
 from ipvsctl.model import NO_DEADLINE, DeadlineSource, DrainEntry, DrainReason, PodRef
 from ipvsctl.persist.drain_state import FILE_NAME, DrainStateFile
 
-GOOD = DrainEntry(vs(), rs("10.244.1.6"), None, DrainReason.TERMINATING, 1000.0, 1600.0,
-                  DeadlineSource.ANNOTATION)
+GOOD = DrainEntry(
+    vs(), rs("10.244.1.6"), None, DrainReason.TERMINATING, 1000.0, 1600.0, DeadlineSource.ANNOTATION
+)
 
 
 def _doc(**over: object) -> dict:
@@ -29,14 +30,23 @@ def _load(tmp_path: Path, raw: bytes) -> tuple[list[DrainEntry], DrainStateFile]
 
 
 def _set_aside(tmp_path: Path) -> bool:
-    return (not os.path.lexists(tmp_path / FILE_NAME)
-            and any(p.name.startswith(f"{FILE_NAME}.corrupt-") for p in tmp_path.iterdir()))
+    return not os.path.lexists(tmp_path / FILE_NAME) and any(
+        p.name.startswith(f"{FILE_NAME}.corrupt-") for p in tmp_path.iterdir()
+    )
 
 
 def test_a_good_file_round_trips(tmp_path: Path) -> None:
     state = DrainStateFile(tmp_path)
-    bounded_by_pod = DrainEntry(vs(), rs("10.244.1.7"), None, DrainReason.TERMINATING, 1000.0,
-                                NO_DEADLINE, DeadlineSource.POD, PodRef("default", "web-0", "u1"))
+    bounded_by_pod = DrainEntry(
+        vs(),
+        rs("10.244.1.7"),
+        None,
+        DrainReason.TERMINATING,
+        1000.0,
+        NO_DEADLINE,
+        DeadlineSource.POD,
+        PodRef("default", "web-0", "u1"),
+    )
     state.save([GOOD, bounded_by_pod])
     assert state.load() == [GOOD, bounded_by_pod] and state.load_error is None
     saved = json.loads((tmp_path / FILE_NAME).read_text())["entries"][1]
@@ -54,32 +64,55 @@ def test_a_file_of_the_version_that_read_pods_loads(tmp_path: Path) -> None:
     assert pod.deadline_source is DeadlineSource.POD and not pod.has_deadline
     assert pod.pod == PodRef("default", "web-0") and pod.pod.uid == ""
     assert (default.deadline_source, default.deadline) == (DeadlineSource.DEFAULT, 1700000030.0)
-    assert (annotation.deadline_source, annotation.deadline) == (DeadlineSource.ANNOTATION,
-                                                                 1700000090.0)
+    assert (annotation.deadline_source, annotation.deadline) == (
+        DeadlineSource.ANNOTATION,
+        1700000090.0,
+    )
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"version":1,"entries":[\xff\xfe]}',  # not UTF-8
-    json.dumps(_doc(vport=None)).replace("null", "1e999").encode(),  # inf in a port
-    json.dumps(_doc(port=None)).replace("null", "1e999").encode(),
-    json.dumps(_doc(deadline=None)).replace("null", "NaN").encode(),
-    json.dumps(_doc(deadline=None)).replace("null", "Infinity").encode(),
-    json.dumps(_doc(since=None)).replace("null", "1e999").encode(),  # inf via overflow
-    b'{"version":1,"entries":' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
-    json.dumps(_doc(vport=70000)).encode(),
-    json.dumps(_doc(vport=True)).encode(),
-    json.dumps(_doc(vip="fe80::1%eth0")).encode(),
-    json.dumps(_doc(address=["10.0.0.1"])).encode(),
-    json.dumps(_doc(service={"a": 1})).encode(),
-    json.dumps(_doc(pod="nopodslash")).encode(),
-    json.dumps(_doc(reason="gone")).encode(),
-    json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
-    json.dumps([1, 2]).encode(),
-    json.dumps(_doc(deadline=None)).encode(),  # only a drain its pod bounds has none
-    json.dumps(_doc(deadline_source="pod", pod_uid=["u"])).encode(),
-], ids=["non-utf8", "inf-vport", "inf-port", "nan-deadline", "infinity-deadline",
-        "overflow-since", "deep", "big-port", "bool-port", "zone-id", "list-ip", "dict-service",
-        "bad-pod", "bad-reason", "entries-dict", "top-list", "null-deadline", "list-uid"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"version":1,"entries":[\xff\xfe]}',  # not UTF-8
+        json.dumps(_doc(vport=None)).replace("null", "1e999").encode(),  # inf in a port
+        json.dumps(_doc(port=None)).replace("null", "1e999").encode(),
+        json.dumps(_doc(deadline=None)).replace("null", "NaN").encode(),
+        json.dumps(_doc(deadline=None)).replace("null", "Infinity").encode(),
+        json.dumps(_doc(since=None)).replace("null", "1e999").encode(),  # inf via overflow
+        b'{"version":1,"entries":' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
+        json.dumps(_doc(vport=70000)).encode(),
+        json.dumps(_doc(vport=True)).encode(),
+        json.dumps(_doc(vip="fe80::1%eth0")).encode(),
+        json.dumps(_doc(address=["10.0.0.1"])).encode(),
+        json.dumps(_doc(service={"a": 1})).encode(),
+        json.dumps(_doc(pod="nopodslash")).encode(),
+        json.dumps(_doc(reason="gone")).encode(),
+        json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
+        json.dumps([1, 2]).encode(),
+        json.dumps(_doc(deadline=None)).encode(),  # only a drain its pod bounds has none
+        json.dumps(_doc(deadline_source="pod", pod_uid=["u"])).encode(),
+    ],
+    ids=[
+        "non-utf8",
+        "inf-vport",
+        "inf-port",
+        "nan-deadline",
+        "infinity-deadline",
+        "overflow-since",
+        "deep",
+        "big-port",
+        "bool-port",
+        "zone-id",
+        "list-ip",
+        "dict-service",
+        "bad-pod",
+        "bad-reason",
+        "entries-dict",
+        "top-list",
+        "null-deadline",
+        "list-uid",
+    ],
+)
 def test_a_bad_file_is_set_aside_and_start_up_goes_on(tmp_path: Path, raw: bytes) -> None:
     entries, state = _load(tmp_path, raw)
     assert entries == []

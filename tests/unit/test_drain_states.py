@@ -50,8 +50,10 @@ def test_all_time_wait_and_close_is_drained_at_the_next_check():
     assert h.metrics.value("ipvsctl_conn_table_reads_total", {"result": "ok"}) == 1
 
 
-@pytest.mark.parametrize("state", ["SYN_RECV", "SYN_SENT", "FIN_WAIT", "CLOSE_WAIT",
-                                   "LAST_ACK", "ESTABLISHED", "SOMETHING_NEW"])
+@pytest.mark.parametrize(
+    "state",
+    ["SYN_RECV", "SYN_SENT", "FIN_WAIT", "CLOSE_WAIT", "LAST_ACK", "ESTABLISHED", "SOMETHING_NEW"],
+)
 def test_any_other_state_holds_until_the_deadline(state):
     h = draining_a(2, ["TIME_WAIT", state], drain_timeout=30)
     h.check(1)
@@ -94,7 +96,8 @@ def test_unreadable_connection_table_falls_back_to_counts_with_one_log_line(capl
             h.check(1)
     assert h.ops() == [] and h.fake.weight(vs(), rs(A)) == 0  # never an early delete
     assert [r.getMessage() for r in caplog.records if r.name == "ipvsctl.drain"] == [
-        "ipvs connection table unreadable, draining by counts only"]
+        "ipvs connection table unreadable, draining by counts only"
+    ]
     assert h.metrics.value("ipvsctl_conn_table_reads_total", {"result": "unavailable"}) >= 1
     h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
     h.check(1)
@@ -125,7 +128,8 @@ def test_a_reading_from_before_the_endpoint_came_back_never_deletes_it():
     h = draining_a(0, [])  # idle: the next reading says "delete"
     reading = h.engine.drain_check.read(h.engine.drain_check.snapshot())
     assert [str(op) for _, judged in reading.ops for _, op in judged] == [
-        "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 reason drained"]
+        "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 reason drained"
+    ]
     h.upsert(slice_of(endpoint(A, pod="pod-a"), endpoint(B)))  # A is back (weight 1)
     assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
     h.engine.drain_check.apply(reading)
@@ -153,8 +157,9 @@ def test_status_shows_connections_by_state_for_draining_real_servers():
     # not read (ActiveConn > 0): established is ActiveConn, the rest unknown
     h.fake.set_connections(vs(), rs(A), active=2, inactive=1)
     h.check(1)
-    a = next(r for r in engine_status(h.view)["virtual_servers"][0]["real_servers"]
-             if r["address"] == A)
+    a = next(
+        r for r in engine_status(h.view)["virtual_servers"][0]["real_servers"] if r["address"] == A
+    )
     assert a["drain"]["connections"] == {"established": 2, "closing": None, "closed": None}
 
 
@@ -188,8 +193,11 @@ def test_events_are_applied_while_a_drain_read_is_in_progress():
     try:
         assert kernel.reading.wait(10)
         # the reader is inside its kernel read: an event goes through the loop now
-        events.put(Upsert(ObjectKind.ENDPOINT_SLICE,
-                          slice_of(endpoint(A), endpoint(B)), h.clock.monotonic()))
+        events.put(
+            Upsert(
+                ObjectKind.ENDPOINT_SLICE, slice_of(endpoint(A), endpoint(B)), h.clock.monotonic()
+            )
+        )
         loop.step()
         assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 1"]
     finally:
@@ -202,8 +210,10 @@ def test_events_are_applied_while_a_drain_read_is_in_progress():
 def test_ipvsctl_status_shows_the_connection_states():
     h = draining_a(3, ["TIME_WAIT", "TIME_WAIT", "FIN_WAIT"])
     h.check(1)
-    table = [VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
-             for v in h.fake.list_virtual_servers()]
+    table = [
+        VirtualServerStatus(v, tuple(h.fake.list_real_servers(v.key)))
+        for v in h.fake.list_virtual_servers()
+    ]
     doc = join_status(table, None, engine_status(h.view), None, "http://x")
     a = next(r for r in doc["virtual_servers"][0]["real_servers"] if r["address"] == A)
     assert a["drain"]["connections"] == {"established": 0, "closing": 1, "closed": 2}
@@ -212,8 +222,9 @@ def test_ipvsctl_status_shows_the_connection_states():
 
 def test_a_restart_over_an_unchanged_table_reads_it_once_and_writes_nothing():
     services = [service(f"s{i}", cluster_ip=f"10.96.1.{i}") for i in range(1, 51)]
-    slices = [endpoint_slice(f"s{i}", [endpoint(f"10.244.2.{i}")], name=f"s{i}-a")
-              for i in range(1, 51)]
+    slices = [
+        endpoint_slice(f"s{i}", [endpoint(f"10.244.2.{i}")], name=f"s{i}-a") for i in range(1, 51)
+    ]
     first = Harness()
     first.start(services, slices)
     again = Harness(kernel=first.fake)
@@ -261,7 +272,8 @@ def test_without_the_table_file_counts_come_from_dumps_with_one_log_line(caplog)
             h.check(1)
     assert h.fake.weight(vs(), rs(A)) == 0 and h.fake.dumps >= 3
     assert [r.getMessage() for r in caplog.records if r.name == "ipvsctl.drain"] == [
-        "ipvs table file unreadable, reading per virtual server"]
+        "ipvs table file unreadable, reading per virtual server"
+    ]
     h.fake.set_connections(vs(), rs(A), active=0)
     h.check(1)
     assert h.deletions("drained") == 1

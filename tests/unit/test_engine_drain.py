@@ -43,7 +43,8 @@ def test_nothing_touches_the_kernel_before_both_lists():
     h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, [slice_of(endpoint(A))], 0.0))
     h.engine.sync()
     assert h.fake.dump() == (
-        "10.96.0.10:80/TCP rr\n  -> 10.244.1.5:8080 weight 1 active 0 inactive 0\n")
+        "10.96.0.10:80/TCP rr\n  -> 10.244.1.5:8080 weight 1 active 0 inactive 0\n"
+    )
 
 
 def test_removed_endpoint_goes_to_weight_0_then_is_deleted_when_idle():
@@ -86,8 +87,10 @@ def test_idle_real_server_is_deleted_at_the_first_check():
     h = started(A, B)
     h.upsert(slice_of(endpoint(B)))
     h.check(0)
-    assert h.ops() == ["set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
-                       "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080"]
+    assert h.ops() == [
+        "set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
+        "del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080",
+    ]
 
 
 def test_annotation_deadline_wins():
@@ -140,7 +143,10 @@ def test_endpoint_removed_without_terminating_keeps_the_flag_deadline():
     h.upsert(slice_of(endpoint(B)))
     e = h.engine.drains.queue.get(vs(), rs(A))
     assert (e.reason, e.deadline_source, e.deadline - e.since) == (
-        DrainReason.REMOVED, DeadlineSource.DEFAULT, 30)
+        DrainReason.REMOVED,
+        DeadlineSource.DEFAULT,
+        30,
+    )
 
 
 def _repacked(h, first, second):
@@ -238,8 +244,10 @@ def test_udp_real_server_deleted_at_once_with_conntrack():
     h.start([svc], [endpoint_slice("dns", [endpoint(A), endpoint(B)], ports=ports)])
     h.ops()
     h.upsert(endpoint_slice("dns", [endpoint(B)], ports=ports))
-    assert h.ops() == ["del-rs 10.96.0.10:53/UDP -> 10.244.1.5:5353",
-                       "flush-conntrack 10.96.0.10:53/UDP -> 10.244.1.5:5353"]
+    assert h.ops() == [
+        "del-rs 10.96.0.10:53/UDP -> 10.244.1.5:5353",
+        "flush-conntrack 10.96.0.10:53/UDP -> 10.244.1.5:5353",
+    ]
     assert len(h.engine.drains.queue) == 0 and h.deletions("udp") == 1
 
 
@@ -310,8 +318,13 @@ def test_queue_entry_forgotten_when_real_server_vanishes():
 def test_relist_of_unchanged_objects_causes_no_work():
     h = started(A, B)
     h.engine.handle(Replace(ObjectKind.SERVICE, [service("web")], 0.0))
-    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE,
-                            [slice_of(endpoint(A, pod="pod-5"), endpoint(B, pod="pod-6"))], 0.0))
+    h.engine.handle(
+        Replace(
+            ObjectKind.ENDPOINT_SLICE,
+            [slice_of(endpoint(A, pod="pod-5"), endpoint(B, pod="pod-6"))],
+            0.0,
+        )
+    )
     assert h.engine.dirty == set()
     h.engine.sync()
     assert h.ops() == []
@@ -352,8 +365,15 @@ def test_restart_adopts_unwanted_weight_0_real_server_without_touching_it():
 def test_restart_keeps_the_persisted_deadline():
     k = _kernel_with({A: 1, B: 0}, conns={B: 2})
     h0 = Harness()
-    saved = DrainEntry(vs(), rs(B), None, DrainReason.REMOVED, h0.clock.wall() - 20,
-                       h0.clock.wall() + 7, DeadlineSource.DEFAULT)
+    saved = DrainEntry(
+        vs(),
+        rs(B),
+        None,
+        DrainReason.REMOVED,
+        h0.clock.wall() - 20,
+        h0.clock.wall() + 7,
+        DeadlineSource.DEFAULT,
+    )
     h = Harness(kernel=k, restored=[saved], drain_timeout=300)
     h.start([SVC], [slice_of(endpoint(A))])
     assert h.engine.drains.queue.get(vs(), rs(B)) == saved
@@ -365,8 +385,16 @@ def test_restart_judges_a_drain_its_pod_bounded_from_the_slices():
     # Saved while web-6 was listed as terminating; gone by the time the daemon is back.
     k = _kernel_with({A: 1, B: 0}, conns={B: 2})
     h0 = Harness()
-    saved = DrainEntry(vs(), rs(B), None, DrainReason.TERMINATING, h0.clock.wall() - 20,
-                       NO_DEADLINE, DeadlineSource.POD, PodRef("default", "pod-6", "u6"))
+    saved = DrainEntry(
+        vs(),
+        rs(B),
+        None,
+        DrainReason.TERMINATING,
+        h0.clock.wall() - 20,
+        NO_DEADLINE,
+        DeadlineSource.POD,
+        PodRef("default", "pod-6", "u6"),
+    )
     h = Harness(kernel=k, restored=[saved], drain_timeout=300)
     h.start([SVC], [slice_of(endpoint(A))])
     assert h.engine.drains.queue.get(vs(), rs(B)).deadline_source is DeadlineSource.POD_GONE
@@ -388,8 +416,10 @@ def test_restart_drains_unwanted_live_real_server_and_deletes_orphan_virtual_ser
     k.take_ops()
     h = Harness(kernel=k)
     h.start([SVC], [slice_of(endpoint(A))])
-    assert h.ops() == ["del-vs 10.96.0.77:80/TCP",
-                       "set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0"]
+    assert h.ops() == [
+        "del-vs 10.96.0.77:80/TCP",
+        "set-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 0",
+    ]
 
 
 def test_restart_with_unchanged_kernel_makes_no_changes():
@@ -402,8 +432,7 @@ def test_restart_with_unchanged_kernel_makes_no_changes():
 def test_restart_fixes_scheduler_in_place():
     k = _kernel_with({A: 1})
     h = Harness(kernel=k)
-    h.start([service("web", annotations={"ipvsctl.io/scheduler": "lc"})],
-            [slice_of(endpoint(A))])
+    h.start([service("web", annotations={"ipvsctl.io/scheduler": "lc"})], [slice_of(endpoint(A))])
     assert h.ops() == ["set-vs 10.96.0.10:80/TCP lc"]
 
 
@@ -454,10 +483,14 @@ def test_service_listeners_see_each_applied_change_once():
     seen = []
     h = Harness()
     h.engine.service_listeners.append(
-        lambda ref, old, new: seen.append((str(ref), old is None, new is None)))
+        lambda ref, old, new: seen.append((str(ref), old is None, new is None))
+    )
     h.start([SVC], [slice_of(endpoint(A))])
     h.upsert(slice_of(endpoint(A)))  # no change: no call
     h.upsert(slice_of(endpoint(A), endpoint(B)))
     h.delete(SVC)
-    assert seen == [("default/web", True, False), ("default/web", False, False),
-                    ("default/web", False, True)]
+    assert seen == [
+        ("default/web", True, False),
+        ("default/web", False, False),
+        ("default/web", False, True),
+    ]

@@ -39,23 +39,35 @@ def test_every_op_type_is_applied():
     a, b = rs("10.244.1.5"), rs("10.244.1.6")
 
     def entry(r, deadline=30.0):
-        return DrainEntry(key, r, ref, DrainReason.REMOVED, 0.0, deadline,
-                          DeadlineSource.DEFAULT)
+        return DrainEntry(key, r, ref, DrainReason.REMOVED, 0.0, deadline, DeadlineSource.DEFAULT)
 
-    ops = [AddVirtualServer(VirtualServer(key), VirtualServerKind.CLUSTER_IP, ref),
-           AddRealServer(key, a), AddRealServer(key, b),
-           UpdateVirtualServer(VirtualServer(key, "wrr")),
-           DrainRealServer(entry(a)), RestoreRealServer(key, a), DrainRealServer(entry(b)),
-           RetimeDrain(entry(b, 60.0)), ForgetDrain(key, b),
-           DeleteRealServer(key, a, DeletionReason.DRAINED),
-           DeleteVirtualServer(key, True, 1)]
+    ops = [
+        AddVirtualServer(VirtualServer(key), VirtualServerKind.CLUSTER_IP, ref),
+        AddRealServer(key, a),
+        AddRealServer(key, b),
+        UpdateVirtualServer(VirtualServer(key, "wrr")),
+        DrainRealServer(entry(a)),
+        RestoreRealServer(key, a),
+        DrainRealServer(entry(b)),
+        RetimeDrain(entry(b, 60.0)),
+        ForgetDrain(key, b),
+        DeleteRealServer(key, a, DeletionReason.DRAINED),
+        DeleteVirtualServer(key, True, 1),
+    ]
     assert {type(op) for op in ops} == set(typing.get_args(Op))
     applied = h.engine.applier.apply(ref, ops)
     assert applied.ops == len(ops) and not applied.failed
     assert h.ops() == [
-        f"add-vs {key} rr", f"add-rs {key} -> {a} weight 1", f"add-rs {key} -> {b} weight 1",
-        f"set-vs {key} wrr", f"set-rs {key} -> {a} weight 0", f"set-rs {key} -> {a} weight 1",
-        f"set-rs {key} -> {b} weight 0", f"del-rs {key} -> {a}", f"del-vs {key}"]
+        f"add-vs {key} rr",
+        f"add-rs {key} -> {a} weight 1",
+        f"add-rs {key} -> {b} weight 1",
+        f"set-vs {key} wrr",
+        f"set-rs {key} -> {a} weight 0",
+        f"set-rs {key} -> {a} weight 1",
+        f"set-rs {key} -> {b} weight 0",
+        f"del-rs {key} -> {a}",
+        f"del-vs {key}",
+    ]
 
 
 def test_a_sync_meeting_an_unknown_kernel_entry_finishes_it_and_fails_nothing():
@@ -98,6 +110,7 @@ def _start(h: Harness):
     from ipvsctl.source.events import ObjectKind, Replace
 
     h.engine.handle(Replace(ObjectKind.SERVICE, [service("web")], 0))
-    h.engine.handle(Replace(ObjectKind.ENDPOINT_SLICE,
-                            [endpoint_slice("web", [endpoint("10.0.0.1")])], 0))
+    h.engine.handle(
+        Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])], 0)
+    )
     return h.engine.sync()

@@ -33,8 +33,10 @@ def test_engine_is_started_only_once_the_first_sync_is_in_the_kernel() -> None:
     kernel = ReadinessSpy()
     h = Harness(kernel=kernel)
     kernel.engine = h.engine
-    h.start([service("web"), service("db", cluster_ip="10.96.0.11")],
-            [endpoint_slice("web", [endpoint("10.244.1.5")])])
+    h.start(
+        [service("web"), service("db", cluster_ip="10.96.0.11")],
+        [endpoint_slice("web", [endpoint("10.244.1.5")])],
+    )
     assert kernel.started_when_adding == [False, False]
     assert h.engine.started
     assert quiesced_json(h.view, "10.244.1.5")["ready"]

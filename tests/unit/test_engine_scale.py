@@ -22,8 +22,10 @@ def pod_ip(i: int, j: int) -> str:
 
 def test_one_endpoint_change_among_10000_services_touches_only_its_service(monkeypatch):
     services = [service(f"s{i}", cluster_ip=cluster_ip(i)) for i in range(N_SERVICES)]
-    slices = [endpoint_slice(f"s{i}", [endpoint(pod_ip(i, j)) for j in range(10)])
-              for i in range(N_SERVICES)]
+    slices = [
+        endpoint_slice(f"s{i}", [endpoint(pod_ip(i, j)) for j in range(10)])
+        for i in range(N_SERVICES)
+    ]
     h = Harness()
     h.start(services, slices)
     assert len(h.fake.services) == N_SERVICES
@@ -32,8 +34,11 @@ def test_one_endpoint_change_among_10000_services_touches_only_its_service(monke
 
     built = []
     real_build = engine_module.build_desired_service
-    monkeypatch.setattr(engine_module, "build_desired_service",
-                        lambda svc, *a: built.append(svc.ref) or real_build(svc, *a))
+    monkeypatch.setattr(
+        engine_module,
+        "build_desired_service",
+        lambda svc, *a: built.append(svc.ref) or real_build(svc, *a),
+    )
     h.fake.dumps = h.fake.table_reads = 0
     i = 4321
     eps = [endpoint(pod_ip(i, j)) for j in range(1, 10)] + [endpoint("10.200.0.1")]
@@ -60,8 +65,11 @@ def test_random_changes_with_kernel_failures_converge_to_the_same_table():
     for _ in range(300):
         i = rng.randrange(n)
         if rng.random() < 0.1:
-            obj = service(f"s{i}", cluster_ip=cluster_ip(i),
-                          ports=[{"name": "http", "port": rng.choice([80, 81])}])
+            obj = service(
+                f"s{i}",
+                cluster_ip=cluster_ip(i),
+                ports=[{"name": "http", "port": rng.choice([80, 81])}],
+            )
         else:
             eps = [endpoint(pod_ip(i, j)) for j in rng.sample(range(10), rng.randrange(4))]
             obj = endpoint_slice(f"s{i}", eps)
@@ -75,5 +83,6 @@ def test_random_changes_with_kernel_failures_converge_to_the_same_table():
         faulty.check(0)
     assert faulty.kernel.failures > 0
     assert faulty.fake.dump() == clean.fake.dump()
-    assert faulty.metrics.value("ipvsctl_netlink_errors_total",
-                                {"operation": "add_real_server"}) > 0
+    assert (
+        faulty.metrics.value("ipvsctl_netlink_errors_total", {"operation": "add_real_server"}) > 0
+    )

@@ -10,8 +10,7 @@ log = logging.getLogger("ipvsctl.test.streaks")
 
 
 def _lines(caplog) -> list[tuple[str, str, dict]]:
-    return [(r.levelname, r.getMessage(), r.fields) for r in caplog.records
-            if r.name == log.name]
+    return [(r.levelname, r.getMessage(), r.fields) for r in caplog.records if r.name == log.name]
 
 
 def test_a_streak_logs_its_first_failure_and_its_end_once(caplog) -> None:
@@ -24,8 +23,11 @@ def test_a_streak_logs_its_first_failure_and_its_end_once(caplog) -> None:
     assert s.recovered("back", n=2)
     assert not s.recovered("back")
     assert s.failed(logging.WARNING, "down", error="e3")  # a new streak
-    assert _lines(caplog) == [("ERROR", "down", {"error": "e1"}), ("INFO", "back", {"n": 2}),
-                              ("WARNING", "down", {"error": "e3"})]
+    assert _lines(caplog) == [
+        ("ERROR", "down", {"error": "e1"}),
+        ("INFO", "back", {"n": 2}),
+        ("WARNING", "down", {"error": "e3"}),
+    ]
 
 
 def test_keys_have_streaks_of_their_own_and_can_end_silently(caplog) -> None:

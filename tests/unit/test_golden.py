@@ -29,8 +29,12 @@ SEEDS = tuple(range(1, 9))
 
 
 def params() -> list:
-    return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)]
-                         if c.xfail else []) for c in CASES]
+    return [
+        pytest.param(
+            c, id=c.name, marks=[pytest.mark.xfail(reason=c.xfail, strict=True)] if c.xfail else []
+        )
+        for c in CASES
+    ]
 
 
 def run_clean(case: Case) -> list[str]:
@@ -49,8 +53,10 @@ def run_faulty(case: Case, seed: int) -> tuple[list[str], int]:
     run = Run(case, faulty, lambda: fake.bound, faulty=True, base=fake)
     problems: list[str] = []
     for step, result in run.steps():
-        problems += [f"under faults (seed {seed}): {p}" for p in compare(
-            step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)]
+        problems += [
+            f"under faults (seed {seed}): {p}"
+            for p in compare(step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)
+        ]
     return problems, faulty.failures
 
 
@@ -100,8 +106,11 @@ def test_orphan_deleted_by_the_audit_counts_its_real_servers() -> None:
     case = next(c for c in CASES if c.name == "restart-adoption")
     kernel = FailsFirstDeletion()
     run = Run(case, kernel, lambda: kernel.bound, faulty=True)
-    problems = [p for step, result in run.steps()
-                for p in compare(step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)]
+    problems = [
+        p
+        for step, result in run.steps()
+        for p in compare(step.folder, result.outputs, SAME_UNDER_FAULTS, write=False)
+    ]
     assert kernel.failed
     assert not problems, "\n".join(problems)
 
@@ -117,8 +126,9 @@ def test_the_apply_order_is_part_of_the_golden_files(monkeypatch) -> None:
 
     def drains_first(*args, **kwargs):
         ops = diff_service(*args, **kwargs)
-        return ([op for op in ops if isinstance(op, DrainRealServer)]
-                + [op for op in ops if not isinstance(op, DrainRealServer)])
+        return [op for op in ops if isinstance(op, DrainRealServer)] + [
+            op for op in ops if not isinstance(op, DrainRealServer)
+        ]
 
     monkeypatch.setattr(engine, "diff_service", drains_first)
     caught: dict[str, list[str]] = {}
@@ -130,8 +140,7 @@ def test_the_apply_order_is_part_of_the_golden_files(monkeypatch) -> None:
                 if want != result.outputs[name]:
                     # the same ops, another order: what a sorted comparison let through
                     assert name == "ops.txt", f"{step.folder}/{name}"
-                    assert sorted(want.splitlines()) == sorted(
-                        result.outputs[name].splitlines())
+                    assert sorted(want.splitlines()) == sorted(result.outputs[name].splitlines())
                     caught.setdefault(case.name, []).append(step.name)
     assert caught == {
         "external-traffic-policy-local": ["2-no-local-endpoint", "3-local-again"],

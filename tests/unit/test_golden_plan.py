@@ -32,8 +32,9 @@ def run_plan(folder: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden_plan(case: str) -> None:
-    problems = compare(PLAN_CASES / case, run_plan(PLAN_CASES / case),
-                       ("plan.json", "warnings.txt"), updating())
+    problems = compare(
+        PLAN_CASES / case, run_plan(PLAN_CASES / case), ("plan.json", "warnings.txt"), updating()
+    )
     assert not problems, "\n".join(problems)
 
 

@@ -55,8 +55,13 @@ def wait(pred: Callable[[], object], timeout: float = 5.0) -> None:
 
 def lb(hc: int = 32000, local: bool = True):
     spec = {"externalTrafficPolicy": "Local"} if local else {}
-    return service("lb", type="LoadBalancer", healthCheckNodePort=hc,
-                   ports=[{"name": "http", "port": 80, "nodePort": 30080}], **spec)
+    return service(
+        "lb",
+        type="LoadBalancer",
+        healthCheckNodePort=hc,
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+        **spec,
+    )
 
 
 @pytest.fixture
@@ -64,8 +69,9 @@ def running():
     ports = Ports()
     m = Metrics()
     healthy = {"ok": True}
-    hs = HealthServer("node-a", metrics=m, listen=ports, proxy_healthy=lambda: healthy["ok"],
-                      retry_interval=0.05)
+    hs = HealthServer(
+        "node-a", metrics=m, listen=ports, proxy_healthy=lambda: healthy["ok"], retry_interval=0.05
+    )
     h = Harness()
     h.engine.service_listeners.append(hs.on_service)
     stop = threading.Event()
@@ -85,8 +91,11 @@ def test_ports_follow_services_and_answers_follow_local_endpoints(running):
     code, head, body = get(ports.actual[32000])
     assert code == 200
     assert "Content-Type: application/json" in head and "X-Content-Type-Options: nosniff" in head
-    assert body == {"service": {"namespace": "default", "name": "lb"}, "localEndpoints": 1,
-                    "serviceProxyHealthy": True}
+    assert body == {
+        "service": {"namespace": "default", "name": "lb"},
+        "localEndpoints": 1,
+        "serviceProxyHealthy": True,
+    }
 
     h.upsert(endpoint_slice("lb", [endpoint("10.244.1.5", pod="a", ready=False)]))
     code, _, body = get(ports.actual[32000], b"GET / HTTP/1.0\r\n\r\n")  # any path
@@ -123,7 +132,8 @@ def test_a_port_in_use_is_retried_until_it_opens(running, caplog):
     assert hs.ports() == []
     wait(lambda: m.value("ipvsctl_health_check_node_port_errors_total") >= 3)
     assert [r.getMessage() for r in caplog.records].count(
-        "health check port not opened, retrying") == 1
+        "health check port not opened, retrying"
+    ) == 1
     ports.refuse.clear()
     wait(lambda: hs.ports() == [32000])
     assert get(ports.actual[32000])[0] == 200
@@ -151,8 +161,11 @@ def test_response_headers(running):
     h.start([lb()], [endpoint_slice("lb", [endpoint("10.244.1.5")])])
     code, head, _ = get(ports.actual[32000])
     assert code == 200
-    for line in ("Content-Type: application/json", "X-Content-Type-Options: nosniff",
-                 "Connection: close"):
+    for line in (
+        "Content-Type: application/json",
+        "X-Content-Type-Options: nosniff",
+        "Connection: close",
+    ):
         assert line in head.split("\r\n")
 
 
@@ -163,13 +176,18 @@ def test_idle_flood_and_slow_clients_are_bounded(running):
     hs.http.trusted = lambda peer: False  # the flood and the probe are strangers here
     h.start([lb()], [endpoint_slice("lb", [endpoint("10.244.1.5")])])
     before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", ports.actual[32000]),
-                                     source_address=("127.0.0.2", 0)) for _ in range(500)]
+    idle = [
+        socket.create_connection(
+            ("127.0.0.1", ports.actual[32000]), source_address=("127.0.0.2", 0)
+        )
+        for _ in range(500)
+    ]
     try:
         assert get(ports.actual[32000])[0] == 200  # from 127.0.0.1: another peer
         assert threading.active_count() <= before + 2  # the worker pool
-        assert m.value("ipvsctl_http_refused_total",
-                       {"server": "health", "reason": "evicted"}) >= 400
+        assert (
+            m.value("ipvsctl_http_refused_total", {"server": "health", "reason": "evicted"}) >= 400
+        )
     finally:
         for s in idle:
             s.close()

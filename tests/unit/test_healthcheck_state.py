@@ -30,20 +30,25 @@ def lb(name: str = "lb", hc: int | None = 32000, local: bool = True, type: str =
 
 
 def desired(svc, *eps, address_type="IPv4", more=()):
-    slices = [endpoint_slice(svc["metadata"]["name"], list(eps), address_type=address_type),
-              *more]
-    return build_desired_service(parse_service(svc).value,
-                                 [parse_endpoint_slice(s).value for s in slices], NODE)
+    slices = [endpoint_slice(svc["metadata"]["name"], list(eps), address_type=address_type), *more]
+    return build_desired_service(
+        parse_service(svc).value, [parse_endpoint_slice(s).value for s in slices], NODE
+    )
 
 
 def test_local_ready_endpoints_counts_this_nodes_ready_pods_once():
-    d = desired(lb(), endpoint("10.244.1.5", pod="a"), endpoint("10.244.1.6", pod="b"),
-                endpoint("10.244.1.7", pod="c", ready=False),
-                endpoint("10.244.1.8", pod="d", node="node-b"),
-                endpoint("10.244.1.9", pod=None),
-                endpoint("10.244.1.10", pod="e", ready=False, serving=True, terminating=True),
-                more=[endpoint_slice("lb", [endpoint("fd00::5", pod="a")], name="lb-v6",
-                                     address_type="IPv6")])
+    d = desired(
+        lb(),
+        endpoint("10.244.1.5", pod="a"),
+        endpoint("10.244.1.6", pod="b"),
+        endpoint("10.244.1.7", pod="c", ready=False),
+        endpoint("10.244.1.8", pod="d", node="node-b"),
+        endpoint("10.244.1.9", pod=None),
+        endpoint("10.244.1.10", pod="e", ready=False, serving=True, terminating=True),
+        more=[
+            endpoint_slice("lb", [endpoint("fd00::5", pod="a")], name="lb-v6", address_type="IPv6")
+        ],
+    )
     # a (v4 and v6: one pod), b, and the pod-less 10.244.1.9; not the not-ready, terminating
     # or remote ones
     assert local_ready_endpoints(d, "node-a") == 3
@@ -58,7 +63,8 @@ def test_ports_open_follow_close_and_move():
     assert st.update(REF, desired(lb())) == PortChanges()
     assert st.answer(32000)[0] == 503
     assert st.update(REF, desired(lb(hc=32001), endpoint("10.244.1.5"))) == PortChanges(
-        open=(32001,), close=(32000,))
+        open=(32001,), close=(32000,)
+    )
     assert st.answer(32000) is None and st.answer(32001)[0] == 200
     # Cluster policy: kube-proxy serves no health check for it
     assert st.update(REF, desired(lb(local=False))) == PortChanges(close=(32001,))
@@ -83,8 +89,10 @@ def test_two_services_one_port_the_first_keeps_it_the_second_takes_over():
 def test_answer_is_kube_proxys_json():
     code, body = answer(HealthCheck(REF, 32000, 2))
     assert code == 200
-    assert body == (b'{\n\t"service": {\n\t\t"namespace": "default",\n\t\t"name": "lb"\n\t},'
-                    b'\n\t"localEndpoints": 2,\n\t"serviceProxyHealthy": true\n}')
+    assert body == (
+        b'{\n\t"service": {\n\t\t"namespace": "default",\n\t\t"name": "lb"\n\t},'
+        b'\n\t"localEndpoints": 2,\n\t"serviceProxyHealthy": true\n}'
+    )
     assert answer(HealthCheck(REF, 32000, 0))[0] == 503
     code, body = answer(HealthCheck(REF, 32000, 2), proxy_healthy=False)
     assert code == 503 and json.loads(body)["serviceProxyHealthy"] is False

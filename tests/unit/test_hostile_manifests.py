@@ -70,11 +70,14 @@ HOSTILE = {
     "labels-list": _slice(labels=["good"]),
     "targetref-name-list": _slice(target={"kind": "Pod", "name": ["p"]}),
     "targetref-namespace-map": _slice(target={"kind": "Pod", "name": "p", "namespace": {}}),
-    "affinity-above-u32": _svc(spec__sessionAffinity="ClientIP",
-                               spec__sessionAffinityConfig={"clientIP": {"timeoutSeconds": 2**32}}),
+    "affinity-above-u32": _svc(
+        spec__sessionAffinity="ClientIP",
+        spec__sessionAffinityConfig={"clientIP": {"timeoutSeconds": 2**32}},
+    ),
     "affinity-above-kube-max": _svc(
         spec__sessionAffinity="ClientIP",
-        spec__sessionAffinityConfig={"clientIP": {"timeoutSeconds": 86401}}),
+        spec__sessionAffinityConfig={"clientIP": {"timeoutSeconds": 86401}},
+    ),
     "zone-id-cluster-ip": _svc(spec__clusterIP="fe80::1%eth0", spec__clusterIPs=["fe80::1%eth0"]),
     "zone-id-external-ip": _svc(spec__externalIPs=["fe80::1%eth0"]),
     "zone-id-endpoint": _slice(endpoints=[{"addresses": ["fe80::1%eth0"]}]),
@@ -82,8 +85,7 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_a_hostile_object_is_one_line_and_the_others_still_plan(
-        tmp_path: Path, name: str) -> None:
+def test_a_hostile_object_is_one_line_and_the_others_still_plan(tmp_path: Path, name: str) -> None:
     f = tmp_path / "m.json"
     f.write_text(json.dumps({"kind": "List", "items": [HOSTILE[name], GOOD_SVC, GOOD_SLICE]}))
     result, problems = plan_objects(load_paths([f]), NODE)
@@ -95,16 +97,25 @@ def test_a_hostile_object_is_one_line_and_the_others_still_plan(
     assert all("\n" not in p.reason and p.name for p in problems)
 
 
-@pytest.mark.parametrize("text, why", [
-    ("[" * 100_000 + "]" * 100_000, "nested deeper"),
-    ("a: " + "[" * 100_000 + "]" * 100_000, "nested deeper"),
-    ("".join(f"l{i}: &l{i} [{','.join([f'*l{i-1}' if i else 'x'] * 9)}]\n" for i in range(10)),
-     "aliases expand"),
-    ("kind: List\nitems: 5\n", "items is not a list"),
-    ("kind: List\nitems: {a: 1}\n", "items is not a list"),
-], ids=["deep-flow", "deep-in-map", "alias-bomb", "items-int", "items-map"])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested deeper"),
+        ("a: " + "[" * 100_000 + "]" * 100_000, "nested deeper"),
+        (
+            "".join(
+                f"l{i}: &l{i} [{','.join([f'*l{i - 1}' if i else 'x'] * 9)}]\n" for i in range(10)
+            ),
+            "aliases expand",
+        ),
+        ("kind: List\nitems: 5\n", "items is not a list"),
+        ("kind: List\nitems: {a: 1}\n", "items is not a list"),
+    ],
+    ids=["deep-flow", "deep-in-map", "alias-bomb", "items-int", "items-map"],
+)
 def test_a_hostile_yaml_file_is_one_clear_error_in_bounded_time(
-        tmp_path: Path, text: str, why: str) -> None:
+    tmp_path: Path, text: str, why: str
+) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(text)
     t0 = time.monotonic()
@@ -123,33 +134,102 @@ def test_deep_json_is_one_clear_error(tmp_path: Path) -> None:
 
 def test_aliases_within_the_limit_still_load(tmp_path: Path) -> None:
     f = tmp_path / "m.yaml"
-    f.write_text("kind: Service\nmetadata: &m {name: a}\nspec: {clusterIP: 10.96.0.1, "
-                 "ports: [{port: 80}]}\nstatus: {x: *m}\n")
+    f.write_text(
+        "kind: Service\nmetadata: &m {name: a}\nspec: {clusterIP: 10.96.0.1, "
+        "ports: [{port: 80}]}\nstatus: {x: *m}\n"
+    )
     assert len(load_file(f).objects) == 1
 
 
 # --- fuzz: any JSON shape through the converters and the store ----------------------
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
-                     st.text(max_size=8), st.sampled_from(
-                         ["Service", "TCP", "UDP", "IPv4", "IPv6", "ClientIP", "Pod", "10.0.0.1",
-                          "fe80::1%eth0", "None", "LoadBalancer", "rr", "Local"]))
-_json = st.recursive(_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(
-        ["kind", "metadata", "name", "namespace", "spec", "type", "ports", "port", "protocol",
-         "clusterIP", "clusterIPs", "labels", "annotations", "addressType", "endpoints",
-         "addresses", "targetRef", "conditions", "sessionAffinity", "sessionAffinityConfig",
-         "clientIP", "timeoutSeconds", "nodePort", "externalIPs", "status", "loadBalancer",
-         "ingress", "ip", "items", "kubernetes.io/service-name", "ipvsctl.io/scheduler",
-         "deletionTimestamp", "nodeName", "uid", "hints", "forZones", "forNodes",
-         "trafficDistribution", "topology.kubernetes.io/zone"]), inner, max_size=6)),
-    max_leaves=30)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "Service",
+            "TCP",
+            "UDP",
+            "IPv4",
+            "IPv6",
+            "ClientIP",
+            "Pod",
+            "10.0.0.1",
+            "fe80::1%eth0",
+            "None",
+            "LoadBalancer",
+            "rr",
+            "Local",
+        ]
+    ),
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "kind",
+                    "metadata",
+                    "name",
+                    "namespace",
+                    "spec",
+                    "type",
+                    "ports",
+                    "port",
+                    "protocol",
+                    "clusterIP",
+                    "clusterIPs",
+                    "labels",
+                    "annotations",
+                    "addressType",
+                    "endpoints",
+                    "addresses",
+                    "targetRef",
+                    "conditions",
+                    "sessionAffinity",
+                    "sessionAffinityConfig",
+                    "clientIP",
+                    "timeoutSeconds",
+                    "nodePort",
+                    "externalIPs",
+                    "status",
+                    "loadBalancer",
+                    "ingress",
+                    "ip",
+                    "items",
+                    "kubernetes.io/service-name",
+                    "ipvsctl.io/scheduler",
+                    "deletionTimestamp",
+                    "nodeName",
+                    "uid",
+                    "hints",
+                    "forZones",
+                    "forNodes",
+                    "trafficDistribution",
+                    "topology.kubernetes.io/zone",
+                ]
+            ),
+            inner,
+            max_size=6,
+        ),
+    ),
+    max_leaves=30,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(list(ObjectKind)), _json)
 def test_fuzz_any_shape_is_parsed_or_invalid_never_a_crash(kind: ObjectKind, obj: Any) -> None:
-    parse = {ObjectKind.SERVICE: parse_service, ObjectKind.ENDPOINT_SLICE: parse_endpoint_slice,
-             ObjectKind.NODE: parse_node}.get(kind)
+    parse = {
+        ObjectKind.SERVICE: parse_service,
+        ObjectKind.ENDPOINT_SLICE: parse_endpoint_slice,
+        ObjectKind.NODE: parse_node,
+    }.get(kind)
     if parse is not None:
         with contextlib.suppress(InvalidObject):
             parse(obj)
@@ -174,8 +254,9 @@ def test_fuzz_any_file_loads_or_is_one_manifest_error(docs: list[Any]) -> None:
 
 
 def test_a_zone_id_in_a_source_range_is_ignored_not_sent_to_nft() -> None:
-    svc = _svc(spec__type="LoadBalancer", spec__loadBalancerSourceRanges=["fe80::%eth0/64",
-                                                                          "10.0.0.0/8"])
+    svc = _svc(
+        spec__type="LoadBalancer", spec__loadBalancerSourceRanges=["fe80::%eth0/64", "10.0.0.0/8"]
+    )
     parsed = parse_service(svc)
     assert parsed.value.source_ranges == ("10.0.0.0/8",)
     assert any("fe80::%eth0/64" in w for w in parsed.warnings)

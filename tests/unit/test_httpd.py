@@ -35,12 +35,18 @@ def _raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 @pytest.fixture
 def server() -> Iterator[tuple[HTTPServer, list[str]]]:
     refused: list[str] = []
-    srv = HTTPServer("127.0.0.1:0", {
-        "/ok": lambda q: text(200, "ok\n"),
-        "/stream": lambda q: (200, "text/plain", (b"line %d\n" % i for i in range(1000))),
-        "/secret": lambda q: text(200, "secret\n"),
-    }, limits=Limits(max_connections=20, workers=2, header_timeout=1.0),
-        on_refused=refused.append, local_only={"/secret"}, is_local=lambda peer: False)
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {
+            "/ok": lambda q: text(200, "ok\n"),
+            "/stream": lambda q: (200, "text/plain", (b"line %d\n" % i for i in range(1000))),
+            "/secret": lambda q: text(200, "secret\n"),
+        },
+        limits=Limits(max_connections=20, workers=2, header_timeout=1.0),
+        on_refused=refused.append,
+        local_only={"/secret"},
+        is_local=lambda peer: False,
+    )
     srv.start()
     yield srv, refused
     srv.stop()
@@ -114,8 +120,7 @@ def test_slowloris_is_cut(server: tuple[HTTPServer, list[str]]) -> None:
     assert refused == ["timeout"]
 
 
-def test_idle_flood_keeps_threads_bounded_and_serves(
-        server: tuple[HTTPServer, list[str]]) -> None:
+def test_idle_flood_keeps_threads_bounded_and_serves(server: tuple[HTTPServer, list[str]]) -> None:
     srv, refused = server
     # In batches the accept backlog can hold, each taken by the server before the next (a
     # client whose SYN meets a full backlog waits seconds for its retry).
@@ -124,15 +129,16 @@ def test_idle_flood_keeps_threads_bounded_and_serves(
         for _ in range(10):
             idle += [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(50)]
             deadline = time.monotonic() + 30
-            while (refused.count("evicted") + srv.server.open_connections() < len(idle)
-                   and time.monotonic() < deadline):
+            while (
+                refused.count("evicted") + srv.server.open_connections() < len(idle)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
         assert refused.count("evicted") >= 480
         assert srv.server.open_connections() <= 20
         assert _get(srv.port) == (200, b"ok\n")  # a real client still gets in
         # This server's threads only: other tests' threads may still be ending meanwhile.
-        mine = [t for t in threading.enumerate()
-                if t.name.startswith(f"{srv.server.name}-worker")]
+        mine = [t for t in threading.enumerate() if t.name.startswith(f"{srv.server.name}-worker")]
         assert 0 < len(mine) <= srv.server.limits.workers
         assert srv.server.open_connections() <= 20
     finally:
@@ -150,13 +156,20 @@ def test_busy_workers_refuse_new_connections_with_503() -> None:
         return text(200, "slow\n")
 
     refused: list[str] = []
-    srv = HTTPServer("127.0.0.1:0", {"/slow": slow}, is_local=lambda peer: False,
-                     limits=Limits(max_connections=2, workers=2), on_refused=refused.append)
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {"/slow": slow},
+        is_local=lambda peer: False,
+        limits=Limits(max_connections=2, workers=2),
+        on_refused=refused.append,
+    )
     srv.start()
     try:
         results: list[tuple[int, bytes]] = []
-        clients = [threading.Thread(target=lambda: results.append(_get(srv.port, "/slow")))
-                   for _ in range(2)]
+        clients = [
+            threading.Thread(target=lambda: results.append(_get(srv.port, "/slow")))
+            for _ in range(2)
+        ]
         for c in clients:
             c.start()
         assert started.acquire(timeout=5) and started.acquire(timeout=5)
@@ -217,10 +230,13 @@ def test_a_flood_from_one_peer_never_refuses_or_evicts_another_peers_probes() ->
     kubelet's probes failed 1-4 of 10-25). Bounds are per peer now: 127.0.0.3 floods,
     127.0.0.2 probes as the kubelet does (connect, then send), neither trusted."""
     refused: list[str] = []
-    srv = HTTPServer("127.0.0.1:0", {"/healthz": lambda q: text(200, "ok\n")},
-                     is_local=lambda peer: peer == "127.0.0.1",
-                     limits=Limits(max_connections=64, max_per_peer=16, workers=2),
-                     on_refused=refused.append)
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {"/healthz": lambda q: text(200, "ok\n")},
+        is_local=lambda peer: peer == "127.0.0.1",
+        limits=Limits(max_connections=64, max_per_peer=16, workers=2),
+        on_refused=refused.append,
+    )
     srv.start()
     flood: list[socket.socket] = []
     try:
@@ -245,9 +261,12 @@ def test_a_flood_from_one_peer_never_refuses_or_evicts_another_peers_probes() ->
 
 
 def test_the_cap_makes_room_from_the_heaviest_peer_only() -> None:
-    srv = HTTPServer("127.0.0.1:0", {"/healthz": lambda q: text(200, "ok\n")},
-                     is_local=lambda peer: False,
-                     limits=Limits(max_connections=8, max_per_peer=8, workers=1))
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {"/healthz": lambda q: text(200, "ok\n")},
+        is_local=lambda peer: False,
+        limits=Limits(max_connections=8, max_per_peer=8, workers=1),
+    )
     srv.start()
     try:
         early = _connect(srv.port, "127.0.0.2")
@@ -264,19 +283,34 @@ def test_the_cap_makes_room_from_the_heaviest_peer_only() -> None:
 
 
 # --- the pure part: a request head framed from a connection's bytes --------------------------
-@pytest.mark.parametrize(("data", "expected"), [
-    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", None),  # not complete yet
-    (b"GET /v1/quiesced?ip=10.0.0.1 HTTP/1.1\r\nHost: x\r\n\r\n",
-     ("GET", "/v1/quiesced", {"ip": ["10.0.0.1"]}, {"host": "x"})),
-    (b"HEAD / HTTP/1.0\r\n\r\n", ("HEAD", "/", {}, {})),
-    (b"POST / HTTP/1.1\r\n\r\n", ("method", 405)),
-    (b"GET /\r\n\r\n", ("bad_request", 400)),
-    (b"GET / HTTP/1.1\r\n bad: header\r\n\r\n", ("bad_request", 400)),
-    (b"GET /" + b"a" * 100 + b" HTTP/1.1\r\n\r\n", ("too_large", 414)),
-    (b"GET /" + b"a" * 100, ("too_large", 414)),  # no line end yet, already too long
-    (b"GET / HTTP/1.1\r\nX: " + b"a" * 300 + b"\r\n\r\n", ("too_large", 431)),
-], ids=["incomplete", "query", "head", "post", "no-version", "header-space", "long-line",
-        "long-partial-line", "long-head"])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", None),  # not complete yet
+        (
+            b"GET /v1/quiesced?ip=10.0.0.1 HTTP/1.1\r\nHost: x\r\n\r\n",
+            ("GET", "/v1/quiesced", {"ip": ["10.0.0.1"]}, {"host": "x"}),
+        ),
+        (b"HEAD / HTTP/1.0\r\n\r\n", ("HEAD", "/", {}, {})),
+        (b"POST / HTTP/1.1\r\n\r\n", ("method", 405)),
+        (b"GET /\r\n\r\n", ("bad_request", 400)),
+        (b"GET / HTTP/1.1\r\n bad: header\r\n\r\n", ("bad_request", 400)),
+        (b"GET /" + b"a" * 100 + b" HTTP/1.1\r\n\r\n", ("too_large", 414)),
+        (b"GET /" + b"a" * 100, ("too_large", 414)),  # no line end yet, already too long
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * 300 + b"\r\n\r\n", ("too_large", 431)),
+    ],
+    ids=[
+        "incomplete",
+        "query",
+        "head",
+        "post",
+        "no-version",
+        "header-space",
+        "long-line",
+        "long-partial-line",
+        "long-head",
+    ],
+)
 def test_frame_request(data: bytes, expected: object) -> None:
     from ipvsctl.httpd.request import Refusal, Request, frame_request
 

@@ -16,9 +16,14 @@ pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter not ins
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(LINT), "--config", str(REPO / ".importlinter")], cwd=root,
-                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT), "--config", str(REPO / ".importlinter")],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_tree_keeps_every_contract() -> None:
@@ -31,36 +36,41 @@ FLOORS = "every package on a floor"
 
 def _copy(tmp_path: Path) -> None:
     for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
-        shutil.copytree(REPO / package, tmp_path / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "results", "golden"))
+        shutil.copytree(
+            REPO / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__", "results", "golden"),
+        )
 
 
-@pytest.mark.parametrize(("module", "line", "contract"), [
-    ("model/keys.py", "import typer", "only cli/ imports typer"),
-    ("daemon/wiring.py", "import typer", "only cli/ imports typer"),
-    ("httpd/server.py", "import kubernetes", "only kube/ imports the Kubernetes client"),
-    ("kernel/netns.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
-    ("cli/app.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
-    ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
-    ("source/convert.py", "import ipvsctl.reconcile.engine", FLOORS),
-    ("source/convert.py", "import ipvsctl.manifests.files", FLOORS),
-    ("plan/desired.py", "import ipvsctl.source.convert", FLOORS),
-    # the adapters: nothing above them, and none knows another
-    ("kernel/table.py", "import ipvsctl.reconcile.engine", FLOORS),
-    ("netfilter/nft.py", "import ipvsctl.daemon.wiring", FLOORS),
-    ("kube/backoff.py", "import ipvsctl.kernel.port", FLOORS),
-    ("httpd/request.py", "import ipvsctl.healthcheck.state", FLOORS),
-    ("daemon/api.py", "import ipvsctl.cli.output", FLOORS),
-    ("kernel/table.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
-    ("kernel/procfs/ipvs.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
-    ("kernel/fake.py", "import ipvsctl.kernel.netlink.wire", "know nothing of netlink"),
-    ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
-    ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
-    ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
-    ("../devkit/builders.py", "import tests.unit", "nothing outside tests/ imports tests/"),
-])
-def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str,
-                                   contract: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("model/keys.py", "import typer", "only cli/ imports typer"),
+        ("daemon/wiring.py", "import typer", "only cli/ imports typer"),
+        ("httpd/server.py", "import kubernetes", "only kube/ imports the Kubernetes client"),
+        ("kernel/netns.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
+        ("cli/app.py", "import prometheus_client", "only obs/ and daemon/ import prometheus"),
+        ("plan/diff.py", "import ipvsctl.kernel.netlink", "the pure core does no I/O"),
+        ("source/convert.py", "import ipvsctl.reconcile.engine", FLOORS),
+        ("source/convert.py", "import ipvsctl.manifests.files", FLOORS),
+        ("plan/desired.py", "import ipvsctl.source.convert", FLOORS),
+        # the adapters: nothing above them, and none knows another
+        ("kernel/table.py", "import ipvsctl.reconcile.engine", FLOORS),
+        ("netfilter/nft.py", "import ipvsctl.daemon.wiring", FLOORS),
+        ("kube/backoff.py", "import ipvsctl.kernel.port", FLOORS),
+        ("httpd/request.py", "import ipvsctl.healthcheck.state", FLOORS),
+        ("daemon/api.py", "import ipvsctl.cli.output", FLOORS),
+        ("kernel/table.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
+        ("kernel/procfs/ipvs.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
+        ("kernel/fake.py", "import ipvsctl.kernel.netlink.wire", "know nothing of netlink"),
+        ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
+        ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
+        ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
+        ("../devkit/builders.py", "import tests.unit", "nothing outside tests/ imports tests/"),
+    ],
+)
+def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str, contract: str) -> None:
     _copy(tmp_path)
     target = tmp_path / "ipvsctl" / module
     target.write_text(target.read_text() + f"\n{line}  # planted\n")

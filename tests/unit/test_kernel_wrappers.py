@@ -32,15 +32,19 @@ def test_recording_kernel_logs_what_the_fake_logs() -> None:
     rec = RecordingKernel(inner)
     program(fake)
     program(rec)
-    assert rec.take_ops() == fake.take_ops() == [
-        "add-vs 10.96.0.10:80/TCP rr",
-        "add-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 1",
-        "set-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 0",
-        "flush-conntrack 10.96.0.10:80/TCP -> 10.244.1.1:8080",
-        "del-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080",
-        "set-vs 10.96.0.10:80/TCP wrr",
-        "del-vs 10.96.0.10:80/TCP",
-    ]
+    assert (
+        rec.take_ops()
+        == fake.take_ops()
+        == [
+            "add-vs 10.96.0.10:80/TCP rr",
+            "add-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 1",
+            "set-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080 weight 0",
+            "flush-conntrack 10.96.0.10:80/TCP -> 10.244.1.1:8080",
+            "del-rs 10.96.0.10:80/TCP -> 10.244.1.1:8080",
+            "set-vs 10.96.0.10:80/TCP wrr",
+            "del-vs 10.96.0.10:80/TCP",
+        ]
+    )
     assert rec.ops == []
 
 
@@ -57,8 +61,9 @@ def test_faulty_kernel_fails_a_seeded_fraction_of_writes_only() -> None:
         results = []
         for port in range(40):
             try:
-                faulty.add_virtual_server(VirtualServer(ServiceKey(Protocol.TCP, "10.0.0.1",
-                                                                   port + 1), "rr"), False)
+                faulty.add_virtual_server(
+                    VirtualServer(ServiceKey(Protocol.TCP, "10.0.0.1", port + 1), "rr"), False
+                )
                 results.append("ok")
             except KernelTransient as exc:
                 assert exc.operation == "add_virtual_server"
@@ -85,10 +90,15 @@ def test_table_reads_through_the_port_and_prints_like_the_fake() -> None:
     k.set_connections(KEY, RS, 3, 1)
     other = ServiceKey(Protocol.UDP, "10.96.0.11", 53)
     k.add_virtual_server(VirtualServer(other, "rr"), False)
-    assert table.dump(k) == k.dump() == (
-        "10.96.0.10:80/TCP rr\n"
-        "  -> 10.244.1.1:8080 weight 1 active 3 inactive 1\n"
-        "10.96.0.11:53/UDP rr\n")
+    assert (
+        table.dump(k)
+        == k.dump()
+        == (
+            "10.96.0.10:80/TCP rr\n"
+            "  -> 10.244.1.1:8080 weight 1 active 3 inactive 1\n"
+            "10.96.0.11:53/UDP rr\n"
+        )
+    )
     assert k.table_reads == 1 and k.dumps == 0  # one table read, no per-service dumps
     assert table.format_table([]) == ""
 

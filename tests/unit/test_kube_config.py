@@ -98,9 +98,7 @@ def test_apiserver_overrides_the_kubeconfig_server(api: FakeAPIServer, tmp_path:
     assert first_replace(source).objects
 
 
-def test_in_cluster_credentials_with_apiserver_override(
-    api: FakeAPIServer, tmp_path: Path
-) -> None:
+def test_in_cluster_credentials_with_apiserver_override(api: FakeAPIServer, tmp_path: Path) -> None:
     token_file, ca_file = tmp_path / "token", tmp_path / "ca.crt"
     token_file.write_text(TOKEN)
     ca_file.write_text("not used over http")

@@ -18,19 +18,35 @@ def ident(obj):
 
 def test_same_items_and_metadata_as_json_loads() -> None:
     items = [o for o in objects.cluster(20, 3) if o["kind"] == "EndpointSlice"]
-    doc = {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
-           "metadata": {"resourceVersion": "77", "continue": "abc"}, "items": items}
-    for text in (json.dumps(doc), json.dumps(doc, indent=2),
-                 json.dumps({"items": items, "metadata": doc["metadata"]})):  # any key order
+    doc = {
+        "kind": "EndpointSliceList",
+        "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"resourceVersion": "77", "continue": "abc"},
+        "items": items,
+    }
+    for text in (
+        json.dumps(doc),
+        json.dumps(doc, indent=2),
+        json.dumps({"items": items, "metadata": doc["metadata"]}),
+    ):  # any key order
         got, meta = decode_list(text.encode(), trim_endpoint_slice)
         assert got == [trim_endpoint_slice(i) for i in items]
         assert meta == doc["metadata"]
 
 
-@pytest.mark.parametrize("body", [
-    b"", b"[]", b"null", b'{"items": 5}', b'{"items": [1, 2', b'{"items": [] "x": 1}',
-    b'{"metadata": {}', b'{"items": [{}], }',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[]",
+        b"null",
+        b'{"items": 5}',
+        b'{"items": [1, 2',
+        b'{"items": [] "x": 1}',
+        b'{"metadata": {}',
+        b'{"items": [{}], }',
+    ],
+)
 def test_bad_input_is_a_value_error(body: bytes) -> None:
     with pytest.raises(ValueError):
         decode_list(body, ident)
@@ -38,7 +54,9 @@ def test_bad_input_is_a_value_error(body: bytes) -> None:
 
 def test_empty_and_null_items() -> None:
     assert decode_list(b'{"items": null, "metadata": {"resourceVersion": "1"}}', ident) == (
-        [], {"resourceVersion": "1"})
+        [],
+        {"resourceVersion": "1"},
+    )
     assert decode_list(b" { } ", ident) == ([], {})
     assert decode_list(b'{"items": [ ], "metadata": 3}', ident) == ([], {})
     # Items that are not objects are skipped, as before.

@@ -104,8 +104,14 @@ def test_watch_replays_from_resource_version_then_streams(api: FakeAPIServer) ->
     assert deleted["object"]["metadata"]["resourceVersion"] == str(api.resource_version)
     api.bookmark()
     mark = s.next()
-    assert mark == {"type": "BOOKMARK", "object": {"kind": "Service", "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(api.resource_version)}}}
+    assert mark == {
+        "type": "BOOKMARK",
+        "object": {
+            "kind": "Service",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(api.resource_version)},
+        },
+    }
     api.expire_watches()
     err = s.next()
     assert err["type"] == "ERROR" and err["object"]["code"] == 410

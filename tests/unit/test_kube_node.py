@@ -17,22 +17,29 @@ from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upse
 from tests.unit.test_kube_source import FAST, WAIT, api, logs  # noqa: F401
 
 NODE = ObjectKind.NODE
-TAINT = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000",
-         "effect": "NoSchedule"}
+TAINT = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"}
 
 
 class Source:
     def __init__(self, server: FakeAPIServer, node_name: str = "node-a") -> None:
         self.events: dict[ObjectKind, queue.Queue[SourceEvent]] = {
-            k: queue.Queue() for k in ObjectKind}
+            k: queue.Queue() for k in ObjectKind
+        }
         self.restarts: queue.Queue[tuple[str, str]] = queue.Queue()
         self.source = KubeSource.from_config(
-            None, server.url, environ={}, settings=FAST, node_name=node_name,
-            on_watch_restart=lambda res, reason: self.restarts.put((res, reason)))
+            None,
+            server.url,
+            environ={},
+            settings=FAST,
+            node_name=node_name,
+            on_watch_restart=lambda res, reason: self.restarts.put((res, reason)),
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(
-            target=self.source.run, args=(lambda e: self.events[e.kind].put(e), self.stop),
-            daemon=True)
+            target=self.source.run,
+            args=(lambda e: self.events[e.kind].put(e), self.stop),
+            daemon=True,
+        )
         self.thread.start()
 
     def next(self, kind: ObjectKind = NODE) -> SourceEvent:
@@ -62,9 +69,13 @@ def test_only_this_nodes_node_is_listed_and_watched(api, source) -> None:  # noq
     s = source()
     first = s.next()
     assert isinstance(first, Replace)
-    assert first.objects == [{
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}}}]
+    assert first.objects == [
+        {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        }
+    ]
     assert s.source.emits_node
     assert api.wait_for(lambda: api.open_watches("Node") == 1, WAIT)
     node_requests = [r for r in api.requests if r.resource == "nodes"]
@@ -91,8 +102,7 @@ def test_a_missing_node_lists_empty(api, source) -> None:  # noqa: F811
     assert isinstance(s.next(), Upsert)
 
 
-def test_forbidden_node_is_one_line_an_empty_replace_and_retries(
-        api, source, logs) -> None:  # noqa: F811
+def test_forbidden_node_is_one_line_an_empty_replace_and_retries(api, source, logs) -> None:  # noqa: F811
     api.add(objects.service("web", cluster_ip="10.96.0.10"))
     api.add(objects.node("node-a", "zone-a"))
     api.fail_next("list", "Node", status=403, times=3)
@@ -100,16 +110,21 @@ def test_forbidden_node_is_one_line_an_empty_replace_and_retries(
     first = s.next()
     assert isinstance(first, Replace) and first.objects == []  # the daemon goes on
     assert isinstance(s.next(ObjectKind.SERVICE), Replace)
-    rec = logs.next("node object not readable: no zone for topology hints, node counted "
-                    "eligible; retrying")
+    rec = logs.next(
+        "node object not readable: no zone for topology hints, node counted eligible; retrying"
+    )
     assert "403" in rec.fields["error"]
     # The fault passes (RBAC fixed): the Node is listed and used.
     listed = s.next()
     assert isinstance(listed, Replace) and len(listed.objects) == 1
     assert s.events[NODE].empty()
     msgs = [r.getMessage() for r in logs.all()]
-    assert msgs.count("node object not readable: no zone for topology hints, node counted "
-                      "eligible; retrying") == 1
+    assert (
+        msgs.count(
+            "node object not readable: no zone for topology hints, node counted eligible; retrying"
+        )
+        == 1
+    )
     reasons = set()
     while not s.restarts.empty():
         reasons.add(s.restarts.get())
@@ -117,13 +132,20 @@ def test_forbidden_node_is_one_line_an_empty_replace_and_retries(
 
 
 def test_trim_node_keeps_zone_deletion_and_the_autoscaler_taint_only() -> None:
-    obj = objects.node("node-a", "zone-a", taints=[
-        TAINT, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}])
+    obj = objects.node(
+        "node-a",
+        "zone-a",
+        taints=[TAINT, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+    )
     obj["metadata"]["deletionTimestamp"] = "2026-11-23T00:00:00Z"
     obj["metadata"]["resourceVersion"] = "7"
     assert trim_node(obj) == {
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": {"name": "node-a", "deletionTimestamp": "2026-11-23T00:00:00Z",
-                     "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "node-a",
+            "deletionTimestamp": "2026-11-23T00:00:00Z",
+            "labels": {"topology.kubernetes.io/zone": "zone-a"},
+        },
         "spec": {"taints": [TAINT]},
     }

@@ -25,8 +25,9 @@ from tests.unit.test_kube_source import (  # noqa: F401  (fixtures)
 
 # A server that must be seen working for 5 s before the backoff resets (the time criterion
 # must not hide what the event criterion does).
-STRICT = _with(FAST, backoff_initial=0.02, backoff_max=0.64, healthy_watch_seconds=5.0,
-               probe_interval=0.0)
+STRICT = _with(
+    FAST, backoff_initial=0.02, backoff_max=0.64, healthy_watch_seconds=5.0, probe_interval=0.0
+)
 
 
 def restart_fields(logs, n: int) -> list[dict]:
@@ -98,8 +99,14 @@ def test_a_watch_that_delivered_resets_the_backoff(api, harness, logs) -> None:
 def test_after_an_outage_a_change_arrives_soon_after_the_server_returns(api, harness) -> None:
     # The backoff has grown to 30 s; the /readyz probe ends the pause once the server is
     # back. Regression: the change waited out the whole backoff.
-    settings = _with(FAST, backoff_initial=30.0, backoff_max=30.0, probe_interval=0.05,
-                     recovery_spread=0.05, healthy_watch_seconds=5.0)
+    settings = _with(
+        FAST,
+        backoff_initial=30.0,
+        backoff_max=30.0,
+        probe_interval=0.05,
+        recovery_spread=0.05,
+        healthy_watch_seconds=5.0,
+    )
     h = harness(settings).start()
     h.synced()
     api.down()
@@ -121,8 +128,14 @@ def test_probe_does_not_raise_the_retry_rate_of_a_server_that_answers_but_fails(
 ) -> None:
     # /readyz answers while every list fails with 503: retries keep the backoff's pace
     # (0.4 s, >= 0.32 s with jitter), not the probe's (every ~0.02 s).
-    settings = _with(FAST, backoff_initial=0.4, backoff_max=0.4, probe_interval=0.02,
-                     recovery_spread=0.0, healthy_watch_seconds=5.0)
+    settings = _with(
+        FAST,
+        backoff_initial=0.4,
+        backoff_max=0.4,
+        probe_interval=0.02,
+        recovery_spread=0.0,
+        healthy_watch_seconds=5.0,
+    )
     h = harness(settings).start()
     h.synced()
     api.fail_next("list", "Service", status=503, times=1000)
@@ -154,8 +167,11 @@ def test_empty_service_list_is_refused_and_retried_with_backoff(api, harness, lo
     refused = [r for r in logs.all() if r.getMessage() == "list refused, table kept"]
     assert len(refused) == 1 and "default/kubernetes" in refused[0].fields["problem"]
     assert [r for r in logs.all() if r.getMessage() == "list accepted again"]
-    suspect = [r.fields for r in logs.all() if r.getMessage() == "watch restart"
-               and r.fields.get("reason") == "suspect"]
+    suspect = [
+        r.fields
+        for r in logs.all()
+        if r.getMessage() == "watch restart" and r.fields.get("reason") == "suspect"
+    ]
     assert suspect[2]["backoff"] > suspect[0]["backoff"]  # backed off
     h.close()
 
@@ -168,8 +184,13 @@ def test_initial_list_without_default_kubernetes_is_not_applied() -> None:
             assert hh.restart("services") == "suspect"
             assert isinstance(hh.next(EPS), Replace)  # slices are not held back
             assert hh.empty(SVC)  # no Service Replace: the daemon stays unready
-            bare.add({"kind": "Service", "metadata": {"name": "kubernetes"},
-                      "spec": {"clusterIP": "None"}})
+            bare.add(
+                {
+                    "kind": "Service",
+                    "metadata": {"name": "kubernetes"},
+                    "spec": {"clusterIP": "None"},
+                }
+            )
             assert names(hh.replace(SVC)) == ["web"]
         finally:
             hh.close()
@@ -193,9 +214,7 @@ def test_lists_are_served_from_the_watch_cache(api, harness) -> None:
     h.close()
 
 
-def test_relist_falls_back_to_a_consistent_read_when_the_cache_cannot_serve(
-    api, harness
-) -> None:
+def test_relist_falls_back_to_a_consistent_read_when_the_cache_cannot_serve(api, harness) -> None:
     h = harness().start()
     h.synced()
     api.fail_next("list", "Service", status=504)  # "Too large resource version"
@@ -222,8 +241,9 @@ def test_cache_lists_with_and_without_pagination(cache_pagination: bool) -> None
         try:
             services, _ = h.synced()
             assert names(services) == [f"s{i}" for i in range(7)]
-            pages = [r.query for r in server.requests
-                     if r.verb == "list" and r.resource == "services"]
+            pages = [
+                r.query for r in server.requests if r.verb == "list" and r.resource == "services"
+            ]
             assert len(pages) == (3 if cache_pagination else 1)
             # Later pages carry the continue token and no resourceVersion (400 otherwise).
             assert all("resourceVersion" not in q for q in pages[1:])
@@ -257,9 +277,15 @@ def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None
             assert server.wait_for(lambda: server.open_watches("Service") == 1)
             server.serve_empty_lists("Service", times=2)
             server.expire_watches("Service")
-            wait_for(lambda: d.metrics.value(
-                "ipvsctl_watch_restarts_total",
-                {"resource": "services", "reason": "suspect"}) >= 2)
+            wait_for(
+                lambda: (
+                    d.metrics.value(
+                        "ipvsctl_watch_restarts_total",
+                        {"resource": "services", "reason": "suspect"},
+                    )
+                    >= 2
+                )
+            )
             server.add(service("marker", cluster_ip="10.96.0.99"))  # seen once relisted
             wait_for(lambda: any("10.96.0.99" in op for op in list(kernel.ops)))
             assert not [op for op in list(kernel.ops) if op.startswith("del")]
@@ -268,13 +294,15 @@ def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None
             d.shutdown()
 
 
-
 # ---- 17.4: relists after a long outage are spread by cluster size --------------------------
 
 
 def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs) -> None:
-    api.add(objects.endpoint_slice("web-1", "web", [
-        objects.endpoint(f"10.244.{n}.5", node=f"node-{n}") for n in range(3)]))
+    api.add(
+        objects.endpoint_slice(
+            "web-1", "web", [objects.endpoint(f"10.244.{n}.5", node=f"node-{n}") for n in range(3)]
+        )
+    )
     h = harness(_with(FAST, relist_spread_per_node=0.05, probe_interval=0.0)).start()
     h.synced()
     assert h.source.cluster_nodes == 3
@@ -293,8 +321,11 @@ def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs
 
 
 def _watch_list_requests(server: FakeAPIServer, plural: str) -> list[dict]:
-    return [dict(r.query) for r in server.requests if r.resource == plural
-            and r.verb == "watch" and r.query.get("sendInitialEvents") == "true"]
+    return [
+        dict(r.query)
+        for r in server.requests
+        if r.resource == plural and r.verb == "watch" and r.query.get("sendInitialEvents") == "true"
+    ]
 
 
 def test_watch_list_streams_the_initial_state_without_a_list() -> None:
@@ -329,8 +360,12 @@ def test_watch_list_falls_back_to_lists_for_good(mode: str, logs) -> None:
             logs.next("watch-list not offered, listing instead", resource="services")
             # The regular watch is open (an ignored watch-list stream may linger on the
             # server until its timeout, so open watches are not counted exactly).
-            assert server.wait_for(lambda: server.count("watch", "Service") > len(
-                _watch_list_requests(server, "services")) and server.open_watches("Service"))
+            assert server.wait_for(
+                lambda: (
+                    server.count("watch", "Service") > len(_watch_list_requests(server, "services"))
+                    and server.open_watches("Service")
+                )
+            )
             server.expire_watches("Service")
             assert names(h.replace(SVC)) == ["web"]
             assert server.count("list", "Service") == 2

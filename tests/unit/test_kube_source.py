@@ -45,8 +45,11 @@ def _with(settings: KubeSettings, **changes: Any) -> KubeSettings:
 
 def assert_permitted(api: FakeAPIServer) -> None:
     allowed = {(p.api_group, p.resource, v) for p in REQUIRED_PERMISSIONS for v in p.verbs}
-    seen = {(r.group, r.resource, r.verb) for r in api.requests
-            if not (r.resource is None and r.path in PUBLIC_PATHS and r.verb == "get")}
+    seen = {
+        (r.group, r.resource, r.verb)
+        for r in api.requests
+        if not (r.resource is None and r.path in PUBLIC_PATHS and r.verb == "get")
+    }
     assert seen <= allowed, f"calls outside REQUIRED_PERMISSIONS: {seen - allowed}"
 
 
@@ -181,9 +184,11 @@ def harness(api: FakeAPIServer) -> Iterator[Any]:
 
 def names(event: Replace) -> list[str]:
     """Names of a Replace's objects, without the fake server's `default/kubernetes`."""
-    return sorted(o["metadata"]["name"] for o in event.objects
-                  if (o["metadata"].get("namespace"), o["metadata"]["name"])
-                  != ("default", "kubernetes"))
+    return sorted(
+        o["metadata"]["name"]
+        for o in event.objects
+        if (o["metadata"].get("namespace"), o["metadata"]["name"]) != ("default", "kubernetes")
+    )
 
 
 def watch_requests(api: FakeAPIServer, kind: str) -> list[dict[str, str]]:
@@ -258,8 +263,12 @@ def test_bookmark_advances_resource_version_and_rewatch_needs_no_relist(api, har
     assert h.restart("services") == "closed"
     # The old stream may still count as open for a moment: wait for the new request itself.
     assert api.wait_for(
-        lambda: len(watch_requests(api, "Service")) >= 2
-        and watch_requests(api, "Service")[-1]["resourceVersion"] == rv, WAIT)
+        lambda: (
+            len(watch_requests(api, "Service")) >= 2
+            and watch_requests(api, "Service")[-1]["resourceVersion"] == rv
+        ),
+        WAIT,
+    )
     assert api.count("list", "Service") == lists_before
     assert h.empty(SVC)
     h.close()
@@ -413,9 +422,16 @@ def test_stop_is_prompt_even_with_a_hung_stream(api, harness) -> None:
 
 def test_only_permitted_calls(api, harness) -> None:
     api.add(objects.service("web", cluster_ip="10.96.0.10"))
-    api.add(objects.endpoint_slice("web-1", "web", [
-        objects.endpoint("10.244.1.5", pod="web-1"),
-        objects.endpoint("10.244.1.6", pod="web-2", ready=False, terminating=True)]))
+    api.add(
+        objects.endpoint_slice(
+            "web-1",
+            "web",
+            [
+                objects.endpoint("10.244.1.5", pod="web-1"),
+                objects.endpoint("10.244.1.6", pod="web-2", ready=False, terminating=True),
+            ],
+        )
+    )
     api.add(objects.pod("web-1"))
     h = harness().start()
     h.synced()
@@ -424,11 +440,12 @@ def test_only_permitted_calls(api, harness) -> None:
     h.close()
     verbs = {(r.resource, r.verb) for r in api.requests}
     assert verbs == {
-        ("services", "list"), ("services", "watch"),
-        ("endpointslices", "list"), ("endpointslices", "watch"),
+        ("services", "list"),
+        ("services", "watch"),
+        ("endpointslices", "list"),
+        ("endpointslices", "watch"),
     }  # no pod, even with a terminating endpoint listed (CONTRACT.md "Draining")
     assert_permitted(api)
-
 
 
 def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loop(
@@ -436,13 +453,13 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
 ) -> None:
     # Regression: the backoff was reset by every successful list, so this relisted the
     # whole resource every backoff_initial seconds.
-    h = harness(_with(FAST, backoff_initial=0.01, backoff_max=0.64,
-                      healthy_watch_seconds=5.0)).start()
+    h = harness(
+        _with(FAST, backoff_initial=0.01, backoff_max=0.64, healthy_watch_seconds=5.0)
+    ).start()
     h.synced()
     api.fail_next("watch", "Service", status=500, times=6)
     api.close_watches("Service")
-    delays = [logs.next("watch restart", resource="services").fields["backoff"]
-              for _ in range(6)]
+    delays = [logs.next("watch restart", resource="services").fields["backoff"] for _ in range(6)]
     assert delays[5] > 4 * delays[1], delays  # growing, not stuck at the initial value
     h.close()
 
@@ -461,7 +478,6 @@ def test_a_crashed_reflector_is_a_dead_thread_for_healthz(api, harness, monkeypa
     monkeypatch.setattr(watch.Reflector, "run", run)
     h = harness().start()
     h.replace(SVC)
-    assert api.wait_for(lambda: h.source.dead_threads() == ["ipvsctl-kube-endpointslices"],
-                        WAIT)
+    assert api.wait_for(lambda: h.source.dead_threads() == ["ipvsctl-kube-endpointslices"], WAIT)
     h.close()
     assert h.source.dead_threads() == []  # stopped on purpose: nothing to report

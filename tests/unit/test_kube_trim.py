@@ -69,18 +69,25 @@ def test_trim_service_keeps_what_the_engine_reads() -> None:
                 "kube-router.io/service.scheduler": "lc",
             },
         },
-        "spec": {k: v for k, v in obj["spec"].items()
-                 if k not in ("ipFamilyPolicy", "selector", "allocateLoadBalancerNodePorts")},
+        "spec": {
+            k: v
+            for k, v in obj["spec"].items()
+            if k not in ("ipFamilyPolicy", "selector", "allocateLoadBalancerNodePorts")
+        },
         "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}},
     }
 
 
 def test_trim_service_minimal_and_equal_across_resource_versions() -> None:
     a = trim_service({"metadata": {"name": "x", "resourceVersion": "1"}, "spec": {}})
-    b = trim_service({"metadata": {"name": "x", "resourceVersion": "2",
-                                   "managedFields": MANAGED}, "spec": {}, "status": {}})
-    assert a == b == {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "x"},
-                      "spec": {}}
+    b = trim_service(
+        {
+            "metadata": {"name": "x", "resourceVersion": "2", "managedFields": MANAGED},
+            "spec": {},
+            "status": {},
+        }
+    )
+    assert a == b == {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "x"}, "spec": {}}
 
 
 def test_trim_endpoint_slice() -> None:
@@ -103,8 +110,13 @@ def test_trim_endpoint_slice() -> None:
                 "zone": "a",
                 "hostname": "h",
                 "hints": {"forZones": [{"name": "a"}]},
-                "targetRef": {"kind": "Pod", "namespace": "prod", "name": "web-1", "uid": "u",
-                              "resourceVersion": "77"},
+                "targetRef": {
+                    "kind": "Pod",
+                    "namespace": "prod",
+                    "name": "web-1",
+                    "uid": "u",
+                    "resourceVersion": "77",
+                },
             },
             {"addresses": ["10.244.1.6"]},
         ],
@@ -112,8 +124,11 @@ def test_trim_endpoint_slice() -> None:
     assert trim_endpoint_slice(obj) == {
         "kind": "EndpointSlice",
         "apiVersion": "discovery.k8s.io/v1",
-        "metadata": {"name": "web-abc", "namespace": "prod",
-                     "labels": {"kubernetes.io/service-name": "web"}},
+        "metadata": {
+            "name": "web-abc",
+            "namespace": "prod",
+            "labels": {"kubernetes.io/service-name": "web"},
+        },
         "addressType": "IPv4",
         "ports": obj["ports"],
         "endpoints": [
@@ -130,16 +145,22 @@ def test_trim_endpoint_slice() -> None:
 
 
 def test_trim_endpoint_slice_shares_repeated_values() -> None:
-    eps = [{"addresses": [f"10.0.0.{i}"], "nodeName": "node-" + "1" * (i // 10 + 1),
-            "conditions": {"ready": True, "serving": True, "terminating": False}}
-           for i in range(3)]
+    eps = [
+        {
+            "addresses": [f"10.0.0.{i}"],
+            "nodeName": "node-" + "1" * (i // 10 + 1),
+            "conditions": {"ready": True, "serving": True, "terminating": False},
+        }
+        for i in range(3)
+    ]
     out = trim_endpoint_slice({"metadata": {"name": "s"}, "endpoints": eps})["endpoints"]
     assert out[0]["conditions"] is out[1]["conditions"] is out[2]["conditions"]
     assert out[0]["conditions"] == {"ready": True, "serving": True, "terminating": False}
     assert out[0]["nodeName"] is out[2]["nodeName"]
     odd = {"ready": True, "serving": [1]}  # unhashable: passed through, not shared
-    out = trim_endpoint_slice({"metadata": {"name": "s"},
-                               "endpoints": [{"conditions": odd}]})["endpoints"]
+    out = trim_endpoint_slice({"metadata": {"name": "s"}, "endpoints": [{"conditions": odd}]})[
+        "endpoints"
+    ]
     assert out[0]["conditions"] is odd
 
 
@@ -169,7 +190,11 @@ def test_backoff_rejects_nonsense() -> None:
 def test_iter_lines_splits_across_chunks() -> None:
     chunks = [b'{"a":1}\n{"b"', b":2}\n\n", b'{"c":3}\n{"d":4}\n', b"", b'{"e":5}']
     assert list(iter_lines(iter(chunks))) == [
-        b'{"a":1}', b'{"b":2}', b'{"c":3}', b'{"d":4}', b'{"e":5}'
+        b'{"a":1}',
+        b'{"b":2}',
+        b'{"c":3}',
+        b'{"d":4}',
+        b'{"e":5}',
     ]
 
 

@@ -34,15 +34,18 @@ def make(kernel=None):
 def test_kernel_error_at_start_up_is_retried_with_backoff_not_fatal():
     h, events, loop = make(FlakyListKernel(failures=2))
     events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
-    events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])],
-                       0))
+    events.put(
+        Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])], 0)
+    )
     loop.step()
     assert not h.engine.started
-    assert h.metrics.value("ipvsctl_netlink_errors_total",
-                           {"operation": "list_virtual_servers"}) == 1
+    assert (
+        h.metrics.value("ipvsctl_netlink_errors_total", {"operation": "list_virtual_servers"}) == 1
+    )
     loop.step()  # the retry is not due yet
-    assert h.metrics.value("ipvsctl_netlink_errors_total",
-                           {"operation": "list_virtual_servers"}) == 1
+    assert (
+        h.metrics.value("ipvsctl_netlink_errors_total", {"operation": "list_virtual_servers"}) == 1
+    )
     h.clock.advance(1)
     loop.step()  # second failure: the delay doubles
     h.clock.advance(1)
@@ -60,8 +63,13 @@ def test_a_burst_of_events_is_one_sync():
     loop.step()
     syncs = h.metrics.value("ipvsctl_sync_duration_seconds_count")
     for i in range(50):
-        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice(
-            "web", [endpoint(f"10.0.0.{j + 1}") for j in range(i + 1)]), 0))
+        events.put(
+            Upsert(
+                ObjectKind.ENDPOINT_SLICE,
+                endpoint_slice("web", [endpoint(f"10.0.0.{j + 1}") for j in range(i + 1)]),
+                0,
+            )
+        )
     loop.step()
     assert h.metrics.value("ipvsctl_sync_duration_seconds_count") == syncs + 1
     assert len(h.fake.services[next(iter(h.fake.services))].dests) == 50
@@ -100,8 +108,13 @@ def _persisting_loop(h: Harness, saved: list[int], locked: list[bool]) -> tuple[
         saved.append(len(entries))
         locked.append(holder[0].lock.locked())
 
-    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0, drain_check_interval=1.0),
-                clock=h.clock, save_queue=save)
+    loop = Loop(
+        h.engine,
+        events,
+        LoopConfig(persist_interval=2.0, drain_check_interval=1.0),
+        clock=h.clock,
+        save_queue=save,
+    )
     holder.append(loop)
     return events, loop
 
@@ -184,8 +197,7 @@ def test_a_failing_state_write_is_retried_per_interval_not_per_step():
         calls.append(len(entries))
         raise OSError(28, "No space left on device")
 
-    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0), clock=h.clock,
-                save_queue=save)
+    loop = Loop(h.engine, events, LoopConfig(persist_interval=2.0), clock=h.clock, save_queue=save)
     eps = [endpoint(f"10.0.0.{i}") for i in range(1, 6)]
     events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
     events.put(Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", eps)], 0))
@@ -217,8 +229,7 @@ def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
     h.fake.add_virtual_server(VirtualServer(vs()), True)
     h.fake.add_real_server(vs(), rs("10.9.9.9"), 1)
     events.put(Upsert(ObjectKind.SERVICE, service("web"), 0))
-    events.put(Upsert(ObjectKind.ENDPOINT_SLICE,
-                      endpoint_slice("web", [endpoint("10.0.0.1")]), 0))
+    events.put(Upsert(ObjectKind.ENDPOINT_SLICE, endpoint_slice("web", [endpoint("10.0.0.1")]), 0))
     caplog.set_level("DEBUG", logger="ipvsctl")
     loop.step()
     assert "sync incomplete, retrying" not in caplog.text
@@ -243,8 +254,9 @@ def test_the_gc_is_off_from_the_start_until_the_first_sync_then_frozen():
         loop.step()  # nothing listed yet: still off
         assert not gc.isenabled()
         events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
-        events.put(Replace(ObjectKind.ENDPOINT_SLICE,
-                           [endpoint_slice("web", [endpoint("10.0.0.1")])], 0))
+        events.put(
+            Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])], 0)
+        )
         loop.step()
         assert h.engine.started and gc.isenabled() and gc.get_freeze_count() > 0
     finally:

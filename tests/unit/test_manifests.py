@@ -16,12 +16,21 @@ from ipvsctl.source.events import Delete, ObjectKind, Upsert
 
 
 def test_multi_document_yaml_lists_and_json(tmp_path):
-    (tmp_path / "a.yaml").write_text(yaml.safe_dump_all([
-        service("a"), {"kind": "ConfigMap", "metadata": {"name": "x"}},
-        {"kind": "List", "items": [service("b", cluster_ip="10.96.0.11"), pod("p")]}]))
+    (tmp_path / "a.yaml").write_text(
+        yaml.safe_dump_all(
+            [
+                service("a"),
+                {"kind": "ConfigMap", "metadata": {"name": "x"}},
+                {"kind": "List", "items": [service("b", cluster_ip="10.96.0.11"), pod("p")]},
+            ]
+        )
+    )
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "b.json").write_text(json.dumps(
-        {"kind": "EndpointSliceList", "items": [endpoint_slice("a", [endpoint("10.0.0.1")])]}))
+    (tmp_path / "sub" / "b.json").write_text(
+        json.dumps(
+            {"kind": "EndpointSliceList", "items": [endpoint_slice("a", [endpoint("10.0.0.1")])]}
+        )
+    )
     (tmp_path / "ignored.txt").write_text("not a manifest")
     objs = load_paths([tmp_path])
     assert sorted(o["metadata"]["name"] for o in objs[ObjectKind.SERVICE]) == ["a", "b"]
@@ -37,8 +46,11 @@ def test_unparseable_file_names_the_file(tmp_path):
 
 def test_following_a_folder_emits_only_the_changed_files_objects(tmp_path):
     (tmp_path / "a.yaml").write_text(yaml.safe_dump_all([service("a", cluster_ip="10.96.0.1")]))
-    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([service("b", cluster_ip="10.96.0.2"),
-                                                         service("c", cluster_ip="10.96.0.3")]))
+    (tmp_path / "b.yaml").write_text(
+        yaml.safe_dump_all(
+            [service("b", cluster_ip="10.96.0.2"), service("c", cluster_ip="10.96.0.3")]
+        )
+    )
     src = ManifestSource(tmp_path, interval=0)
     replaces = {r.kind: r for r in src.initial()}
     assert len(replaces[ObjectKind.SERVICE].objects) == 3
@@ -47,8 +59,9 @@ def test_following_a_folder_emits_only_the_changed_files_objects(tmp_path):
     (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([service("b", cluster_ip="10.96.0.9")]))
     os.utime(tmp_path / "b.yaml", (1, 1))
     events = src.poll()
-    assert [(type(e), e.name if isinstance(e, Delete) else e.obj["metadata"]["name"])
-            for e in events] == [(Delete, "c"), (Upsert, "b")]
+    assert [
+        (type(e), e.name if isinstance(e, Delete) else e.obj["metadata"]["name"]) for e in events
+    ] == [(Delete, "c"), (Upsert, "b")]
 
     (tmp_path / "a.yaml").write_text("{{{")  # broken: its objects stay
     os.utime(tmp_path / "a.yaml", (2, 2))
@@ -58,22 +71,32 @@ def test_following_a_folder_emits_only_the_changed_files_objects(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ipvsctl", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ipvsctl", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_plan_cli_json_table_and_errors(tmp_path):
-    (tmp_path / "web.yaml").write_text(yaml.safe_dump_all([
-        service("web", type="NodePort", ports=[{"name": "http", "port": 80, "nodePort": 30080}]),
-        endpoint_slice("web", [endpoint("10.244.1.5"), {"addresses": ["nope"]}], name="bad"),
-        endpoint_slice("web", [endpoint("10.244.1.6")], name="good"),
-    ]))
+    (tmp_path / "web.yaml").write_text(
+        yaml.safe_dump_all(
+            [
+                service(
+                    "web", type="NodePort", ports=[{"name": "http", "port": 80, "nodePort": 30080}]
+                ),
+                endpoint_slice(
+                    "web", [endpoint("10.244.1.5"), {"addresses": ["nope"]}], name="bad"
+                ),
+                endpoint_slice("web", [endpoint("10.244.1.6")], name="good"),
+            ]
+        )
+    )
     r = _cli("plan", "-f", str(tmp_path), "--node-ip", "192.0.2.10", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [(v["address"], v["port"], [x["address"] for x in v["real_servers"]])
-            for v in doc["virtual_servers"]] == [
-        ("10.96.0.10", 80, ["10.244.1.6"]), ("192.0.2.10", 30080, ["10.244.1.6"])]
+    assert [
+        (v["address"], v["port"], [x["address"] for x in v["real_servers"]])
+        for v in doc["virtual_servers"]
+    ] == [("10.96.0.10", 80, ["10.244.1.6"]), ("192.0.2.10", 30080, ["10.244.1.6"])]
     assert "default/bad" in r.stderr and "not an IP address" in r.stderr
 
     r = _cli("plan", "-f", str(tmp_path / "web.yaml"), "--node-ip", "192.0.2.10")
@@ -93,7 +116,14 @@ def test_daemon_flag_errors_exit_2():
 
 
 def test_missing_manifests_folder_is_exit_1_with_one_line(tmp_path):
-    r = _cli("run", "--manifests", str(tmp_path / "none"), "--state-dir", str(tmp_path / "s"),
-             "--listen", "127.0.0.1:0")
+    r = _cli(
+        "run",
+        "--manifests",
+        str(tmp_path / "none"),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--listen",
+        "127.0.0.1:0",
+    )
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("ipvsctl: ")

@@ -25,18 +25,32 @@ from tests.unit.test_netfilter_sync import FakeNft
 
 def lb(local: bool = True):
     spec = {"externalTrafficPolicy": "Local"} if local else {}
-    return service("lb", cluster_ip="10.96.0.10", type="LoadBalancer", healthCheckNodePort=32000,
-                   ports=[{"name": "http", "port": 80, "nodePort": 30080}], **spec)
+    return service(
+        "lb",
+        cluster_ip="10.96.0.10",
+        type="LoadBalancer",
+        healthCheckNodePort=32000,
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+        **spec,
+    )
 
 
 def make(tmp_path: Path, nft: FakeNft, ports: Ports) -> Daemon:
     opts = DaemonOptions(
-        node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"), listen="127.0.0.1:0",
-        cluster_cidrs=("10.244.0.0/16",))
-    d = Daemon(opts, FakeKernel(), ManifestSource(tmp_path / "m", interval=0.05), nft=nft,
-               health=HealthServer("node-a", listen=ports),
-               loop_config=LoopConfig(idle_wakeup=0.05))
+        node=NodeContext("node-a", ("192.0.2.10",)),
+        manifests=str(tmp_path / "m"),
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        cluster_cidrs=("10.244.0.0/16",),
+    )
+    d = Daemon(
+        opts,
+        FakeKernel(),
+        ManifestSource(tmp_path / "m", interval=0.05),
+        nft=nft,
+        health=HealthServer("node-a", listen=ports),
+        loop_config=LoopConfig(idle_wakeup=0.05),
+    )
     return d
 
 
@@ -49,15 +63,26 @@ def test_daemon_keeps_the_table_and_serves_health_checks(tmp_path):
         d.start()
         assert nft.scripts[0][0] == "base"
         assert "ip saddr != { 10.244.0.0/16 }" in nft.scripts[0][1]  # --cluster-cidr
-        wait_for(lambda: nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
-                                            "192.0.2.10 . tcp . 30080": "external-local"})
+        wait_for(
+            lambda: (
+                nft.elements()
+                == {
+                    "10.96.0.10 . tcp . 80": "cluster-ip",
+                    "192.0.2.10 . tcp . 30080": "external-local",
+                }
+            )
+        )
         assert [op for op, _ in nft.scripts] == ["base", "replace"]
         wait_for(lambda: 32000 in ports.actual)
         code, _, body = get(ports.actual[32000])
         assert (code, body["localEndpoints"], body["serviceProxyHealthy"]) == (200, 1, True)
 
-        write(tmp_path / "m", "lb.yaml", lb(local=False),
-              endpoint_slice("lb", [endpoint("10.244.1.5")]))
+        write(
+            tmp_path / "m",
+            "lb.yaml",
+            lb(local=False),
+            endpoint_slice("lb", [endpoint("10.244.1.5")]),
+        )
         wait_for(lambda: nft.elements().get("192.0.2.10 . tcp . 30080") == "external")
         assert [op for op, _ in nft.scripts][-1] == "elements"
         wait_for(lambda: d.health.ports() == [])
@@ -71,8 +96,9 @@ def test_nft_unavailable_runs_degraded_and_says_so(tmp_path, caplog):
     # IPVS alone still carries pod-to-Service traffic: a node without nft keeps its proxy.
     class NoNft(FakeNft):
         def apply(self, script, operation):
-            raise NftUnavailable("nft base: nft not found: install nftables (the `nft` "
-                                 "command)", operation)
+            raise NftUnavailable(
+                "nft base: nft not found: install nftables (the `nft` command)", operation
+            )
 
     (tmp_path / "m").mkdir()
     d = make(tmp_path, NoNft(), Ports())
@@ -109,7 +135,10 @@ def test_json_body_over_a_plain_socket_matches_kube_proxy(tmp_path):
                 data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 Service Unavailable")
-        assert json.loads(body) == {"service": {"namespace": "default", "name": "lb"},
-                                    "localEndpoints": 0, "serviceProxyHealthy": True}
+        assert json.loads(body) == {
+            "service": {"namespace": "default", "name": "lb"},
+            "localEndpoints": 0,
+            "serviceProxyHealthy": True,
+        }
     finally:
         d.shutdown()

@@ -46,19 +46,29 @@ delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 }
 def test_error_line_keeps_the_message_and_the_statement():
     assert error_line(STDERR) == (
         "Could not process rule: No such file or directory "
-        "(in: delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 })")
+        "(in: delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 })"
+    )
     assert error_line("Error: syntax error, unexpected '}'\n  ^\n") == (
-        "syntax error, unexpected '}'")
+        "syntax error, unexpected '}'"
+    )
     assert error_line("") == "failed with no message"
 
 
-@pytest.mark.parametrize(("stderr", "cls"), [
-    (STDERR, NftNotFound),
-    ("Error: Could not process rule: Operation not permitted\nadd table inet x\n",
-     NftPermissionDenied),
-    ("Error: Could not process rule: Protocol not supported\nadd table inet x\n", NftUnavailable),
-    ("Error: syntax error\n", NftError),
-])
+@pytest.mark.parametrize(
+    ("stderr", "cls"),
+    [
+        (STDERR, NftNotFound),
+        (
+            "Error: Could not process rule: Operation not permitted\nadd table inet x\n",
+            NftPermissionDenied,
+        ),
+        (
+            "Error: Could not process rule: Protocol not supported\nadd table inet x\n",
+            NftUnavailable,
+        ),
+        ("Error: syntax error\n", NftError),
+    ],
+)
 def test_translate(stderr, cls):
     err = translate(1, stderr, "elements")
     assert type(err) is cls
@@ -76,16 +86,30 @@ def test_missing_binary_is_unavailable_counted_and_logged_once(caplog):
 
 
 def test_parse_map_elements():
-    doc = {"nftables": [
-        {"metainfo": {"version": "1.0.6"}},
-        {"map": {"name": "services6", "elem": [
-            [{"concat": ["fd00::10", "sctp", 80]}, {"goto": {"target": "external-local"}}],
-            [{"elem": {"val": {"concat": ["fd00::11", "udp", 53]}, "timeout": 5}},
-             {"goto": {"target": "cluster-ip"}}],
-        ]}},
-    ]}
-    assert parse_map_elements(doc) == [("fd00::10", "sctp", 80, "external-local"),
-                                       ("fd00::11", "udp", 53, "cluster-ip")]
+    doc = {
+        "nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {
+                "map": {
+                    "name": "services6",
+                    "elem": [
+                        [
+                            {"concat": ["fd00::10", "sctp", 80]},
+                            {"goto": {"target": "external-local"}},
+                        ],
+                        [
+                            {"elem": {"val": {"concat": ["fd00::11", "udp", 53]}, "timeout": 5}},
+                            {"goto": {"target": "cluster-ip"}},
+                        ],
+                    ],
+                }
+            },
+        ]
+    }
+    assert parse_map_elements(doc) == [
+        ("fd00::10", "sctp", 80, "external-local"),
+        ("fd00::11", "udp", 53, "cluster-ip"),
+    ]
     assert parse_map_elements({"nftables": [{"map": {"name": "services4"}}]}) == []
 
 
@@ -98,8 +122,11 @@ def netns():
     if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
         pytest.skip("cannot create a network namespace here")
     try:
-        probe = subprocess.run(["ip", "netns", "exec", name, "nft", "add", "table", "inet", "p"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            ["ip", "netns", "exec", name, "nft", "add", "table", "inet", "p"],
+            capture_output=True,
+            text=True,
+        )
         if probe.returncode != 0:
             pytest.skip(f"no nf_tables here: {probe.stderr.strip()}")
         yield name
@@ -114,14 +141,25 @@ def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
 def test_generated_texts_are_accepted_by_nft(netns):
     cfg = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
     nft = Nft(netns=netns, metrics=Metrics())
-    elements = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP),
-                key("fd96::10", 53, "UDP"): Element(Verdict.EXTERNAL_LOCAL),
-                key("192.0.2.10", 30080, "SCTP"): Element(Verdict.EXTERNAL)}
+    elements = {
+        key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP),
+        key("fd96::10", 53, "UDP"): Element(Verdict.EXTERNAL_LOCAL),
+        key("192.0.2.10", 30080, "SCTP"): Element(Verdict.EXTERNAL),
+    }
     assert nft.list_table(cfg.target) is None
     assert nft.list_declarations(cfg.target) is None
     nft.apply(base_ruleset(cfg), "base")
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "add table inet other; add chain "
-                    "inet other c { type filter hook input priority 0 ; }"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "nft",
+            "add table inet other; add chain inet other c { type filter hook input priority 0 ; }",
+        ],
+        check=True,
+    )
     decl = nft.list_declarations(cfg.target)
     assert decl is not None and decl.startswith("table inet ipvsctl {")
     assert "chain nat-postrouting" in decl and "map services4" in decl and "hairpin4" in decl
@@ -133,9 +171,11 @@ def test_generated_texts_are_accepted_by_nft(netns):
 
     nft.apply(replace_elements_ruleset(cfg, elements), "replace")
     got = nft.list_map(cfg.target, "services4") + nft.list_map(cfg.target, "services6")
-    assert sorted(got) == [("10.96.0.10", "tcp", 80, "cluster-ip"),
-                           ("192.0.2.10", "sctp", 30080, "external"),
-                           ("fd96::10", "udp", 53, "external-local")]
+    assert sorted(got) == [
+        ("10.96.0.10", "tcp", 80, "cluster-ip"),
+        ("192.0.2.10", "sctp", 30080, "external"),
+        ("fd96::10", "udp", 53, "external-local"),
+    ]
     assert nft.list_table(cfg.target) == listing  # -t: elements never change the listing
     assert nft.list_declarations(cfg.target) == decl
 
@@ -144,8 +184,10 @@ def test_generated_texts_are_accepted_by_nft(netns):
     del wanted[key("10.96.0.10", 80)]
     nft.apply(delta_ruleset(cfg, element_delta(elements, wanted)), "elements")
     got = nft.list_map(cfg.target, "services4") + nft.list_map(cfg.target, "services6")
-    assert sorted(got) == [("192.0.2.10", "sctp", 30080, "external"),
-                           ("fd96::10", "udp", 53, "external")]
+    assert sorted(got) == [
+        ("192.0.2.10", "sctp", 30080, "external"),
+        ("fd96::10", "udp", 53, "external"),
+    ]
 
     # a failed transaction changes nothing (deleting an element that is not there)
     with pytest.raises(NftNotFound, match="in: delete element"):
@@ -170,21 +212,40 @@ def test_sync_repairs_a_real_table(netns):
     sync.desired = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP)}
     assert sync.flush()
     assert sync.check() and sync.audit()
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "rule", "inet", "ipvsctl",
-                    "external", "counter"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "nft",
+            "add",
+            "rule",
+            "inet",
+            "ipvsctl",
+            "external",
+            "counter",
+        ],
+        check=True,
+    )
     assert sync.check()  # rules are the audit's
     assert not sync.audit()
     assert sync.flush() and sync.check() and sync.audit()
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "add", "chain", "inet", "ipvsctl",
-                    "extra"], check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", "add", "chain", "inet", "ipvsctl", "extra"],
+        check=True,
+    )
     assert not sync.check()
     assert sync.flush() and sync.check() and sync.audit()
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "map", "inet", "ipvsctl",
-                    "services4"], check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", "flush", "map", "inet", "ipvsctl", "services4"],
+        check=True,
+    )
     assert not sync.audit()
     assert sync.flush() and sync.audit()
-    assert nft.list_map(cfg.ruleset.target, "services4") == [("10.96.0.10", "tcp", 80,
-                                                               "cluster-ip")]
+    assert nft.list_map(cfg.ruleset.target, "services4") == [
+        ("10.96.0.10", "tcp", 80, "cluster-ip")
+    ]
 
     # the source-range sets, as nft lists them (a /32 comes back as a bare address)
     lb = key("203.0.113.7", 80)
@@ -192,19 +253,26 @@ def test_sync_repairs_a_real_table(netns):
     sync.touched.add(lb)
     assert sync.flush() and sync.audit()
     assert sorted(nft.list_set(cfg.ruleset.target, "firewall-allow4")) == [
-        ("203.0.113.7", "tcp", "80", "198.51.100.0/24"), ("203.0.113.7", "tcp", "80",
-                                                         "203.0.113.7")]
+        ("203.0.113.7", "tcp", "80", "198.51.100.0/24"),
+        ("203.0.113.7", "tcp", "80", "203.0.113.7"),
+    ]
     for name in ("firewall4", "firewall-allow4"):
-        subprocess.run(["ip", "netns", "exec", netns, "nft", "flush", "set", "inet", "ipvsctl",
-                        name], check=True)
+        subprocess.run(
+            ["ip", "netns", "exec", netns, "nft", "flush", "set", "inet", "ipvsctl", name],
+            check=True,
+        )
         assert not sync.audit()
         assert sync.flush() and sync.audit()
     assert nft.list_set(cfg.ruleset.target, "firewall4") == [("203.0.113.7", "tcp", "80")]
 
 
 def _set(netns: str, name: str) -> str:
-    r = subprocess.run(["ip", "netns", "exec", netns, "nft", "list", "set", "inet", "ipvsctl",
-                        name], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["ip", "netns", "exec", netns, "nft", "list", "set", "inet", "ipvsctl", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return " ".join(r.stdout.split())
 
 
@@ -215,9 +283,11 @@ def test_source_range_elements_are_accepted_changed_and_removed_by_nft(netns):
     lb4, lb6 = key("203.0.113.7", 80), key("2001:db8:7::1", 443)
     # overlapping and duplicate ranges are collapsed: nft refuses overlapping intervals
     ranges = ("192.168.2.0/24", "192.168.2.128/25", "10.0.0.0/8", "fd00::/64")
-    before = {lb4: element_for_ranges(Verdict.EXTERNAL, ranges),
-              lb6: element_for_ranges(Verdict.EXTERNAL_LOCAL, ranges),
-              key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP)}
+    before = {
+        lb4: element_for_ranges(Verdict.EXTERNAL, ranges),
+        lb6: element_for_ranges(Verdict.EXTERNAL_LOCAL, ranges),
+        key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP),
+    }
     nft.apply(replace_elements_ruleset(cfg, before), "replace")
     assert "203.0.113.7 . tcp . 80" in _set(netns, "firewall4")
     allow4 = _set(netns, "firewall-allow4")
@@ -259,8 +329,12 @@ def _connect(netns: str, address: str, port: int, proto: str = "tcp") -> str:
         "except ConnectionRefusedError: print('refused')\n"
         "except TimeoutError: print('timeout')\n"
     )
-    r = subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code],
-                       capture_output=True, text=True, timeout=20)
+    r = subprocess.run(
+        ["ip", "netns", "exec", netns, "python3", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     return r.stdout.strip() or r.stderr.strip()
 
 
@@ -269,6 +343,7 @@ def test_port_filter_refuses_host_listeners_behind_virtual_ips(netns):
     node's own connection to a bound address at a port that is no virtual server is refused;
     at a virtual server's port, at a node address, and once the address is unbound, it is
     not. (tests/lab/test_netfilter_lab.py does the same through IPVS, from pods and outside.)"""
+
     def sh(*cmd: str) -> None:
         subprocess.run(["ip", "netns", "exec", netns, *cmd], check=True, capture_output=True)
 
@@ -279,17 +354,30 @@ def test_port_filter_refuses_host_listeners_behind_virtual_ips(netns):
     sh("ip", "addr", "add", "192.0.2.10/32", "dev", "lo")  # a node address
     # "sshd": one listener on every address at a port that is no Service port; "the service":
     # a listener at the virtual server's port (IPVS would take it; here the host answers)
-    listeners = [subprocess.Popen(
-        ["ip", "netns", "exec", netns, "python3", "-c",
-         "import socket,time\n"
-         f"s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-         f"s.bind(('0.0.0.0', {port})); s.listen(8)\n"
-         "while True:\n c,_=s.accept(); c.close()\n"]) for port in (2222, 80)]
+    listeners = [
+        subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                netns,
+                "python3",
+                "-c",
+                "import socket,time\n"
+                f"s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                f"s.bind(('0.0.0.0', {port})); s.listen(8)\n"
+                "while True:\n c,_=s.accept(); c.close()\n",
+            ]
+        )
+        for port in (2222, 80)
+    ]
     try:
         cfg = RulesetConfig()
         nft = Nft(netns=netns)
-        vip = {key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP, vip=True),
-               key("192.0.2.10", 30080): Element(Verdict.EXTERNAL)}
+        vip = {
+            key("10.96.0.10", 80): Element(Verdict.CLUSTER_IP, vip=True),
+            key("192.0.2.10", 30080): Element(Verdict.EXTERNAL),
+        }
         for _ in range(100):  # the listeners are up once the plain host port answers
             if _connect(netns, "192.0.2.10", 2222) == "open":
                 break

@@ -30,8 +30,11 @@ from ipvsctl.source.convert import parse_endpoint_slice, parse_service
 NODE = NodeContext("node-a", ("192.0.2.10", "2001:db8::10"), "rr")
 CONFIG = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"))
 # Map elements without source ranges, by verdict
-CIP, EXT, EXT_LOCAL = (Element(Verdict.CLUSTER_IP), Element(Verdict.EXTERNAL),
-                       Element(Verdict.EXTERNAL_LOCAL))
+CIP, EXT, EXT_LOCAL = (
+    Element(Verdict.CLUSTER_IP),
+    Element(Verdict.EXTERNAL),
+    Element(Verdict.EXTERNAL_LOCAL),
+)
 # ... on an address of the dummy interface (the port filter covers it)
 VCIP, VEXT = Element(Verdict.CLUSTER_IP, vip=True), Element(Verdict.EXTERNAL, vip=True)
 
@@ -89,8 +92,9 @@ add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } 
 
 
 def desired(svc: dict, slices: list[dict] = ()):
-    return build_desired_service(parse_service(svc).value,
-                                 [parse_endpoint_slice(s).value for s in slices], NODE)
+    return build_desired_service(
+        parse_service(svc).value, [parse_endpoint_slice(s).value for s in slices], NODE
+    )
 
 
 def key(address: str, port: int, proto: str = "TCP") -> ServiceKey:
@@ -120,17 +124,26 @@ def test_masquerade_all_masquerades_every_cluster_ip_connection_and_nothing_more
 
 def test_parse_cidrs_normalizes_and_rejects():
     assert parse_cidrs(["10.244.1.7/16", "10.244.0.0/16", "FD00::1/64"]) == (
-        "10.244.0.0/16", "fd00::/64")
+        "10.244.0.0/16",
+        "fd00::/64",
+    )
     with pytest.raises(ValueError, match=r"10\.300\.0\.0/16: not a CIDR"):
         parse_cidrs(["10.300.0.0/16"])
 
 
 def test_elements_per_address_kind_and_traffic_policy():
-    svc = service("web", cluster_ip=["10.96.0.10", "fd96::10"], type="LoadBalancer",
-                  ipFamilies=["IPv4", "IPv6"],
-                  externalIPs=["203.0.113.7"], lb_ips=["198.51.100.9"],
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080},
-                         {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}])
+    svc = service(
+        "web",
+        cluster_ip=["10.96.0.10", "fd96::10"],
+        type="LoadBalancer",
+        ipFamilies=["IPv4", "IPv6"],
+        externalIPs=["203.0.113.7"],
+        lb_ips=["198.51.100.9"],
+        ports=[
+            {"name": "http", "port": 80, "nodePort": 30080},
+            {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
+        ],
+    )
     got = service_elements(desired(svc))
     assert got == {
         key("10.96.0.10", 80): VCIP,
@@ -146,9 +159,13 @@ def test_elements_per_address_kind_and_traffic_policy():
         key("192.0.2.10", 30053, "UDP"): EXT,
         key("2001:db8::10", 30053, "UDP"): EXT,
     }
-    local = service("web", type="NodePort", externalTrafficPolicy="Local",
-                    internalTrafficPolicy="Local",
-                    ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    local = service(
+        "web",
+        type="NodePort",
+        externalTrafficPolicy="Local",
+        internalTrafficPolicy="Local",
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     assert service_elements(desired(local)) == {
         key("10.96.0.10", 80): VCIP,  # internal policy changes endpoints only
         key("192.0.2.10", 30080): EXT_LOCAL,
@@ -159,8 +176,14 @@ def test_elements_per_address_kind_and_traffic_policy():
 def test_endpoint_changes_leave_the_elements_equal():
     svc = service("web", type="NodePort", ports=[{"name": "http", "port": 80, "nodePort": 30080}])
     before = desired(svc, [endpoint_slice("web", [endpoint("10.244.1.5")])])
-    after = desired(svc, [endpoint_slice("web", [endpoint("10.244.1.6", ready=False),
-                                                 endpoint("10.244.2.7", node="node-b")])])
+    after = desired(
+        svc,
+        [
+            endpoint_slice(
+                "web", [endpoint("10.244.1.6", ready=False), endpoint("10.244.2.7", node="node-b")]
+            )
+        ],
+    )
     assert before != after
     assert service_elements(before) == service_elements(after)
     assert not element_delta(service_elements(before), service_elements(after))
@@ -185,29 +208,43 @@ def test_element_delta_per_service_change_and_its_text():
     assert not element_delta(applied, dict(applied))
 
 
-FLUSH_SETS = "".join(f"flush set inet ipvsctl {name}\n" for name in (
-    "firewall4", "firewall6", "firewall-allow4", "firewall-allow6",
-    "vips4", "vips6", "vip-ports4", "vip-ports6"))
+FLUSH_SETS = "".join(
+    f"flush set inet ipvsctl {name}\n"
+    for name in (
+        "firewall4",
+        "firewall6",
+        "firewall-allow4",
+        "firewall-allow6",
+        "vips4",
+        "vips6",
+        "vip-ports4",
+        "vip-ports6",
+    )
+)
 
 
 def test_full_replacements_are_one_transaction_each():
-    elements = {key("10.96.0.10", 80): CIP,
-                key("192.0.2.10", 30080, "SCTP"): EXT,
-                key("fd96::10", 80): CIP}
+    elements = {
+        key("10.96.0.10", 80): CIP,
+        key("192.0.2.10", 30080, "SCTP"): EXT,
+        key("fd96::10", 80): CIP,
+    }
     assert replace_elements_ruleset(CONFIG, elements) == (
         "flush map inet ipvsctl services4\n"
         "flush map inet ipvsctl services6\n"
-        + FLUSH_SETS +
-        "add element inet ipvsctl services4 { 192.0.2.10 . sctp . 30080 : goto external, "
+        + FLUSH_SETS
+        + "add element inet ipvsctl services4 { 192.0.2.10 . sctp . 30080 : goto external, "
         "10.96.0.10 . tcp . 80 : goto cluster-ip }\n"
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
     )
     table = replace_table_ruleset(CONFIG, elements)
     assert table.startswith("add table inet ipvsctl\ndelete table inet ipvsctl\n" + GOLDEN_BASE)
     assert table.endswith(
-        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n")
+        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
+    )
     assert replace_elements_ruleset(CONFIG, {}) == (
-        "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n" + FLUSH_SETS)
+        "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n" + FLUSH_SETS
+    )
     assert delete_table_ruleset(CONFIG) == "add table inet ipvsctl\ndelete table inet ipvsctl\n"
 
 
@@ -220,47 +257,68 @@ def test_service_ref_is_not_in_the_text():
 
 
 def test_port_filter_elements_for_every_bound_address_and_health_check_port():
-    svc = service("web", type="LoadBalancer", externalIPs=["203.0.113.7"],
-                  lb_ips=["198.51.100.9"], externalTrafficPolicy="Local",
-                  healthCheckNodePort=32000,
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    svc = service(
+        "web",
+        type="LoadBalancer",
+        externalIPs=["203.0.113.7"],
+        lb_ips=["198.51.100.9"],
+        externalTrafficPolicy="Local",
+        healthCheckNodePort=32000,
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     elements = service_elements(desired(svc))
     assert filter_counts(elements.items()) == {
-        ("vips4", "10.96.0.10"): 1, ("vip-ports4", "10.96.0.10", "tcp", "80"): 1,
-        ("vips4", "203.0.113.7"): 1, ("vip-ports4", "203.0.113.7", "tcp", "80"): 1,
-        ("vips4", "198.51.100.9"): 1, ("vip-ports4", "198.51.100.9", "tcp", "80"): 1,
+        ("vips4", "10.96.0.10"): 1,
+        ("vip-ports4", "10.96.0.10", "tcp", "80"): 1,
+        ("vips4", "203.0.113.7"): 1,
+        ("vip-ports4", "203.0.113.7", "tcp", "80"): 1,
+        ("vips4", "198.51.100.9"): 1,
+        ("vip-ports4", "198.51.100.9", "tcp", "80"): 1,
         # cloud load balancers may probe the health check at the load-balancer IP
         ("vip-ports4", "198.51.100.9", "tcp", "32000"): 1,
     }  # nothing for the NodePort on 192.0.2.10: node addresses are not filtered
     text = replace_elements_ruleset(CONFIG, elements)
-    assert ("add element inet ipvsctl vips4 { 10.96.0.10, 198.51.100.9, 203.0.113.7 }\n"
-            in text)
-    assert ("add element inet ipvsctl vip-ports4 { 10.96.0.10 . tcp . 80, 198.51.100.9 . tcp "
-            ". 32000, 198.51.100.9 . tcp . 80, 203.0.113.7 . tcp . 80 }\n") in text
+    assert "add element inet ipvsctl vips4 { 10.96.0.10, 198.51.100.9, 203.0.113.7 }\n" in text
+    assert (
+        "add element inet ipvsctl vip-ports4 { 10.96.0.10 . tcp . 80, 198.51.100.9 . tcp "
+        ". 32000, 198.51.100.9 . tcp . 80, 203.0.113.7 . tcp . 80 }\n"
+    ) in text
 
 
 def test_a_shared_address_leaves_the_vips_set_with_its_last_virtual_server():
-    http, dns, dns_tcp = (key("10.96.0.10", 80), key("10.96.0.10", 53, "UDP"),
-                          key("10.96.0.10", 53))
+    http, dns, dns_tcp = (
+        key("10.96.0.10", 80),
+        key("10.96.0.10", 53, "UDP"),
+        key("10.96.0.10", 53),
+    )
     applied = {http: VCIP, dns: VCIP}
     # one of two virtual servers on the address goes: only its port leaves
-    delta = element_delta(applied, {http: VCIP}, keys=[dns],
-                          applied_counts=filter_counts(applied.items()),
-                          desired_counts=filter_counts({http: VCIP}.items()))
+    delta = element_delta(
+        applied,
+        {http: VCIP},
+        keys=[dns],
+        applied_counts=filter_counts(applied.items()),
+        desired_counts=filter_counts({http: VCIP}.items()),
+    )
     assert delta.filter_delete == (("vip-ports4", "10.96.0.10", "udp", "53"),)
     assert delta.filter_add == ()
     assert delta_ruleset(CONFIG, delta) == (
         "delete element inet ipvsctl services4 { 10.96.0.10 . udp . 53 }\n"
-        "delete element inet ipvsctl vip-ports4 { 10.96.0.10 . udp . 53 }\n")
+        "delete element inet ipvsctl vip-ports4 { 10.96.0.10 . udp . 53 }\n"
+    )
     # the last one goes: the address leaves too
     delta = element_delta({http: VCIP}, {})
-    assert delta.filter_delete == (("vip-ports4", "10.96.0.10", "tcp", "80"),
-                                   ("vips4", "10.96.0.10"))
+    assert delta.filter_delete == (
+        ("vip-ports4", "10.96.0.10", "tcp", "80"),
+        ("vips4", "10.96.0.10"),
+    )
     # a first virtual server on a new address brings it; a second only its port
     delta = element_delta({}, {dns_tcp: VCIP, dns: VCIP})
-    assert delta.filter_add == (("vip-ports4", "10.96.0.10", "tcp", "53"),
-                                ("vip-ports4", "10.96.0.10", "udp", "53"),
-                                ("vips4", "10.96.0.10"))
+    assert delta.filter_add == (
+        ("vip-ports4", "10.96.0.10", "tcp", "53"),
+        ("vip-ports4", "10.96.0.10", "udp", "53"),
+        ("vips4", "10.96.0.10"),
+    )
     # a verdict change on a bound address leaves the filter sets alone
     delta = element_delta({http: VCIP}, {http: VEXT})
     assert delta.delete and delta.add and not (delta.filter_add or delta.filter_delete)

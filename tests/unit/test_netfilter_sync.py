@@ -16,14 +16,26 @@ from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
 from tests.unit.test_netfilter_ruleset import desired
 
-CONFIG = SyncConfig(RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10,
-                    audit_interval=100)
+CONFIG = SyncConfig(
+    RulesetConfig(cluster_cidrs=("10.244.0.0/16",)), check_interval=10, audit_interval=100
+)
 _ELEMENTS = re.compile(
     r"^(add|delete) element inet ipvsctl "
     r"(services[46]|firewall[46]|firewall-allow[46]|vips[46]|vip-ports[46]) "
-    r"\{ (.*) \}$")
-_NAMES = ("services4", "services6", "firewall4", "firewall6", "firewall-allow4",
-          "firewall-allow6", "vips4", "vips6", "vip-ports4", "vip-ports6")
+    r"\{ (.*) \}$"
+)
+_NAMES = (
+    "services4",
+    "services6",
+    "firewall4",
+    "firewall6",
+    "firewall-allow4",
+    "firewall-allow6",
+    "vips4",
+    "vips6",
+    "vip-ports4",
+    "vip-ports6",
+)
 
 
 class FakeNft:
@@ -95,8 +107,13 @@ class FakeNft:
 
 def nodeport(name: str = "web", local: bool = False, port: int = 30080, ip: str = "10.96.0.10"):
     spec = {"externalTrafficPolicy": "Local"} if local else {}
-    return service(name, cluster_ip=ip, type="NodePort",
-                   ports=[{"name": "http", "port": 80, "nodePort": port}], **spec)
+    return service(
+        name,
+        cluster_ip=ip,
+        type="NodePort",
+        ports=[{"name": "http", "port": 80, "nodePort": port}],
+        **spec,
+    )
 
 
 @pytest.fixture
@@ -117,8 +134,10 @@ def test_start_writes_the_chains_and_the_first_push_replaces_every_element(setup
     assert nft.elements() == {"10.96.9.9 . tcp . 80": "cluster-ip"}  # kept until the push
     assert sync.flush() and nft.ops() == []  # engine not ready: nothing yet
 
-    h.start([nodeport(), service("db", cluster_ip="10.96.0.20")],
-            [endpoint_slice("web", [endpoint("10.244.1.5")])])
+    h.start(
+        [nodeport(), service("db", cluster_ip="10.96.0.20")],
+        [endpoint_slice("web", [endpoint("10.244.1.5")])],
+    )
     assert sync.flush()
     assert nft.ops() == ["replace"]
     assert nft.elements() == {
@@ -135,8 +154,12 @@ def test_endpoint_events_never_touch_nftables(setup):
     h.start([nodeport()], [endpoint_slice("web", [endpoint("10.244.1.5")])])
     sync.flush()
     nft.ops()
-    for eps in ([endpoint("10.244.1.5"), endpoint("10.244.1.6")], [endpoint("10.244.1.6")],
-                [endpoint("10.244.1.6", ready=False)], []):
+    for eps in (
+        [endpoint("10.244.1.5"), endpoint("10.244.1.6")],
+        [endpoint("10.244.1.6")],
+        [endpoint("10.244.1.6", ready=False)],
+        [],
+    ):
         h.upsert(endpoint_slice("web", eps))
         assert sync.flush()
     assert h.fake.dump() != ""  # IPVS followed the endpoints...
@@ -155,7 +178,7 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
     h.upsert(nodeport(local=True), sync=False)
     h.engine.sync()
     assert sync.flush()
-    (op, script), = nft.scripts
+    ((op, script),) = nft.scripts
     assert op == "elements"
     assert script == (
         "delete element inet ipvsctl services4 { 192.0.2.10 . tcp . 30080 }\n"
@@ -171,11 +194,16 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
     assert nft.scripts[-1][1] == (
         "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
         "delete element inet ipvsctl vip-ports4 { 10.96.0.20 . tcp . 80 }\n"
-        "delete element inet ipvsctl vips4 { 10.96.0.20 }\n")
-    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
-                              "192.0.2.10 . tcp . 30080": "external-local"}
-    assert sync.applied == {vs(): Element(Verdict.CLUSTER_IP, vip=True),
-                            vs("192.0.2.10", 30080): Element(Verdict.EXTERNAL_LOCAL)}
+        "delete element inet ipvsctl vips4 { 10.96.0.20 }\n"
+    )
+    assert nft.elements() == {
+        "10.96.0.10 . tcp . 80": "cluster-ip",
+        "192.0.2.10 . tcp . 30080": "external-local",
+    }
+    assert sync.applied == {
+        vs(): Element(Verdict.CLUSTER_IP, vip=True),
+        vs("192.0.2.10", 30080): Element(Verdict.EXTERNAL_LOCAL),
+    }
 
 
 def test_a_service_removed_and_added_back_in_one_batch_costs_nothing(setup):
@@ -222,8 +250,10 @@ def test_periodic_check_rewrites_a_missing_or_changed_table_with_its_elements(se
     assert not sync.audit()  # ...the audit sees rules
     assert sync.flush()
     assert nft.ops() == ["table"]
-    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
-                              "192.0.2.10 . tcp . 30080": "external"}
+    assert nft.elements() == {
+        "10.96.0.10 . tcp . 80": "cluster-ip",
+        "192.0.2.10 . tcp . 30080": "external",
+    }
     assert sync.check() and sync.audit()  # the new listing is the baseline
     nft.declarations = "chains v1 and one more chain"
     assert not sync.check()
@@ -248,20 +278,34 @@ def test_audit_puts_back_elements_someone_removed(setup):
     h.clock.advance(CONFIG.audit_interval)
     sync.step()
     assert nft.ops() == ["replace"]
-    assert nft.elements() == {"10.96.0.10 . tcp . 80": "cluster-ip",
-                              "192.0.2.10 . tcp . 30080": "external"}
+    assert nft.elements() == {
+        "10.96.0.10 . tcp . 80": "cluster-ip",
+        "192.0.2.10 . tcp . 30080": "external",
+    }
 
 
 def test_audit_puts_back_source_ranges_someone_removed(setup):
     h, nft, sync = setup
     sync.start()
-    h.start([service("lb", cluster_ip="10.96.0.30", type="LoadBalancer", lb_ips=["203.0.113.7"],
-                     loadBalancerSourceRanges=["198.51.100.0/24"],
-                     ports=[{"name": "http", "port": 80}])], [])
+    h.start(
+        [
+            service(
+                "lb",
+                cluster_ip="10.96.0.30",
+                type="LoadBalancer",
+                lb_ips=["203.0.113.7"],
+                loadBalancerSourceRanges=["198.51.100.0/24"],
+                ports=[{"name": "http", "port": 80}],
+            )
+        ],
+        [],
+    )
     sync.flush()
     nft.ops()
-    restricted = {"firewall4": {"203.0.113.7 . tcp . 80": ""},
-                  "firewall-allow4": {"203.0.113.7 . tcp . 80 . 198.51.100.0/24": ""}}
+    restricted = {
+        "firewall4": {"203.0.113.7 . tcp . 80": ""},
+        "firewall-allow4": {"203.0.113.7 . tcp . 80 . 198.51.100.0/24": ""},
+    }
     assert {n: nft.maps[n] for n in restricted} == restricted
     assert sync.audit()
     nft.maps["firewall-allow4"].clear()  # e.g. `nft flush set`: the LB IP would be closed
@@ -337,21 +381,36 @@ def test_port_filter_sets_follow_services_sharing_an_address(setup):
     h, nft, sync = setup
     sync.start()
     # two Services on one external IP, at different ports
-    web = service("web", cluster_ip="10.96.0.10", externalIPs=["203.0.113.7"],
-                  ports=[{"name": "http", "port": 80}])
-    dns = service("dns", cluster_ip="10.96.0.53", externalIPs=["203.0.113.7"],
-                  ports=[{"name": "dns", "port": 53, "protocol": "UDP"}])
+    web = service(
+        "web",
+        cluster_ip="10.96.0.10",
+        externalIPs=["203.0.113.7"],
+        ports=[{"name": "http", "port": 80}],
+    )
+    dns = service(
+        "dns",
+        cluster_ip="10.96.0.53",
+        externalIPs=["203.0.113.7"],
+        ports=[{"name": "dns", "port": 53, "protocol": "UDP"}],
+    )
     h.start([web, dns], [])
     assert sync.flush()
     assert _filter(nft) == {
         "vips4": {"10.96.0.10", "10.96.0.53", "203.0.113.7"},
-        "vip-ports4": {"10.96.0.10 . tcp . 80", "203.0.113.7 . tcp . 80",
-                       "10.96.0.53 . udp . 53", "203.0.113.7 . udp . 53"}}
+        "vip-ports4": {
+            "10.96.0.10 . tcp . 80",
+            "203.0.113.7 . tcp . 80",
+            "10.96.0.53 . udp . 53",
+            "203.0.113.7 . udp . 53",
+        },
+    }
     nft.ops()
     h.delete(web)  # the shared address stays for dns; only web's ports leave
     assert sync.flush() and nft.ops() == ["elements"]
-    assert _filter(nft) == {"vips4": {"10.96.0.53", "203.0.113.7"},
-                            "vip-ports4": {"10.96.0.53 . udp . 53", "203.0.113.7 . udp . 53"}}
+    assert _filter(nft) == {
+        "vips4": {"10.96.0.53", "203.0.113.7"},
+        "vip-ports4": {"10.96.0.53 . udp . 53", "203.0.113.7 . udp . 53"},
+    }
     h.delete(dns)
     assert sync.flush() and _filter(nft) == {}
     assert +sync.applied_counts == {} and +sync.desired_counts == {}
@@ -379,12 +438,16 @@ def test_audit_puts_back_port_filter_elements_someone_removed(setup):
 def test_the_daemon_s_node_addresses_are_never_filtered():
     h = Harness()
     nft = FakeNft()
-    sync = NetfilterSync(nft, CONFIG, ready=lambda: h.engine.started, clock=h.clock.monotonic,
-                         node_ips=lambda: h.engine.config.node.node_ips)
+    sync = NetfilterSync(
+        nft,
+        CONFIG,
+        ready=lambda: h.engine.started,
+        clock=h.clock.monotonic,
+        node_ips=lambda: h.engine.config.node.node_ips,
+    )
     h.engine.service_listeners.append(sync.on_service)
     sync.start()
-    h.start([service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])],
-            [])
+    h.start([service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])], [])
     assert sync.flush()
     assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 80"}}
     assert nft.elements()["192.0.2.10 . tcp . 80"] == "external"  # still masqueraded

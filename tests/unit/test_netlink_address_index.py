@@ -28,7 +28,8 @@ def vs(address: str, port: int, proto: Protocol = Protocol.TCP) -> VirtualServer
 
 
 def test_deleting_virtual_servers_reads_the_table_once_not_once_each(
-    model: IPVSModel, kernel: NetlinkKernel,
+    model: IPVSModel,
+    kernel: NetlinkKernel,
 ) -> None:
     # The lab's burst of 1,000 changes spent over half its time in `ipvsadm -Ln`-sized
     # dumps: each deletion asked the kernel whether its address was still in use. At
@@ -46,7 +47,8 @@ def test_deleting_virtual_servers_reads_the_table_once_not_once_each(
 
 
 def test_the_address_index_follows_changes_made_by_others(
-    model: IPVSModel, kernel: NetlinkKernel,
+    model: IPVSModel,
+    kernel: NetlinkKernel,
 ) -> None:
     tcp, udp = vs("10.96.0.10", 80), vs("10.96.0.10", 53, Protocol.UDP)
     kernel.add_virtual_server(tcp, bind_address=True)

@@ -48,15 +48,18 @@ def attrs(spec: Any) -> dict[str, Any]:
 
 
 # --- errors ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("code", "cls"), [
-    (errno.ENOENT, KernelNotFound),
-    (errno.ESRCH, KernelNotFound),
-    (errno.EEXIST, KernelExists),
-    (errno.EPERM, KernelPermissionDenied),
-    (errno.EACCES, KernelPermissionDenied),
-    (errno.EINVAL, KernelTransient),
-    (errno.ENOBUFS, KernelTransient),
-])
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (errno.ENOENT, KernelNotFound),
+        (errno.ESRCH, KernelNotFound),
+        (errno.EEXIST, KernelExists),
+        (errno.EPERM, KernelPermissionDenied),
+        (errno.EACCES, KernelPermissionDenied),
+        (errno.EINVAL, KernelTransient),
+        (errno.ENOBUFS, KernelTransient),
+    ],
+)
 def test_netlink_errors_are_translated(code: int, cls: type[KernelError]) -> None:
     err = translate_error(NetlinkError(code), "add_real_server", "10.0.0.1:80/TCP -> x")
     assert type(err) is cls
@@ -71,8 +74,10 @@ def test_os_errors_are_translated_too() -> None:
 
 
 def test_unknown_scheduler_message_says_which_module() -> None:
-    with pytest.raises(KernelNotFound, match="modprobe ip_vs_mh"), \
-            errors("add_virtual_server", "x", scheduler="mh"):
+    with (
+        pytest.raises(KernelNotFound, match="modprobe ip_vs_mh"),
+        errors("add_virtual_server", "x", scheduler="mh"),
+    ):
         raise NetlinkError(errno.ENOENT)
 
 
@@ -107,17 +112,27 @@ def test_scheduler_flags_in_the_spec_and_back() -> None:
     assert attrs(service_spec(vs))["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0x10, "mask": 0x39}
     vs = VirtualServer(ServiceKey(Protocol.TCP, "10.96.0.10", 80), "sh", 60, 0x08 | 0x20)
     assert attrs(service_spec(vs))["IPVS_SVC_ATTR_FLAGS"] == {"flags": 0x29, "mask": 0x39}
-    m = service_message(af=2, protocol=6, addr="10.96.0.10", port=80, sched_name="mh",
-                        flags={"flags": 0x2 | 0x10 | 0x40, "mask": 0xFFFFFFFF}, timeout=0)
+    m = service_message(
+        af=2,
+        protocol=6,
+        addr="10.96.0.10",
+        port=80,
+        sched_name="mh",
+        flags={"flags": 0x2 | 0x10 | 0x40, "mask": 0xFFFFFFFF},
+        timeout=0,
+    )
     assert virtual_server_from_message(m) == VirtualServer(
-        ServiceKey(Protocol.TCP, "10.96.0.10", 80), "mh", 0, 0x10)
+        ServiceKey(Protocol.TCP, "10.96.0.10", 80), "mh", 0, 0x10
+    )
 
 
 def test_service_key_spec_carries_only_the_identity() -> None:
     key = ServiceKey(Protocol.TCP, "10.96.0.10", 80)
     assert dict(service_key_spec(key).dump_key()["attrs"]) == {
-        "IPVS_SVC_ATTR_AF": socket.AF_INET, "IPVS_SVC_ATTR_PROTOCOL": 6,
-        "IPVS_SVC_ATTR_ADDR": "10.96.0.10", "IPVS_SVC_ATTR_PORT": 80,
+        "IPVS_SVC_ATTR_AF": socket.AF_INET,
+        "IPVS_SVC_ATTR_PROTOCOL": 6,
+        "IPVS_SVC_ATTR_ADDR": "10.96.0.10",
+        "IPVS_SVC_ATTR_PORT": 80,
     }
 
 
@@ -145,9 +160,13 @@ def test_timeouts_message_sets_only_non_zero_values() -> None:
 
 def test_get_config_reply_as_pyroute2_decodes_it() -> None:
     # pyroute2's ipvsmsg types the timeouts as "hex": what a 6.1 kernel's defaults look like
-    reply = Stub(attrs={"IPVS_CMD_ATTR_TIMEOUT_TCP": "84:03:00:00",
-                        "IPVS_CMD_ATTR_TIMEOUT_TCP_FIN": "78:00:00:00",
-                        "IPVS_CMD_ATTR_TIMEOUT_UDP": "2c:01:00:00"})
+    reply = Stub(
+        attrs={
+            "IPVS_CMD_ATTR_TIMEOUT_TCP": "84:03:00:00",
+            "IPVS_CMD_ATTR_TIMEOUT_TCP_FIN": "78:00:00:00",
+            "IPVS_CMD_ATTR_TIMEOUT_UDP": "2c:01:00:00",
+        }
+    )
     if struct.pack("=I", 1) == b"\x01\x00\x00\x00":
         assert timeouts_from_message(reply) == IPVSTimeouts(tcp=900, tcpfin=120, udp=300)
     assert decode_u32(17) == 17
@@ -158,8 +177,9 @@ class Stub:
     """A netlink message for the read API the codec uses: m.get((nla, field)) for IPVS
     dumps, m.get_attr(name) for config messages."""
 
-    def __init__(self, fields: dict[tuple[str, str], Any] | None = None,
-                 attrs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, fields: dict[tuple[str, str], Any] | None = None, attrs: dict[str, Any] | None = None
+    ) -> None:
         self.fields, self.attrs = fields or {}, attrs or {}
 
     def get(self, key: tuple[str, str]) -> Any:
@@ -174,40 +194,70 @@ def service_message(**fields: Any) -> Stub:
 
 
 def test_virtual_server_from_dump() -> None:
-    m = service_message(af=10, protocol=6, addr="fd96:0:0::10", port=80, sched_name="sh",
-                        flags={"flags": 3, "mask": 0xFFFFFFFF}, timeout=300)
+    m = service_message(
+        af=10,
+        protocol=6,
+        addr="fd96:0:0::10",
+        port=80,
+        sched_name="sh",
+        flags={"flags": 3, "mask": 0xFFFFFFFF},
+        timeout=300,
+    )
     assert virtual_server_from_message(m) == VirtualServer(
-        ServiceKey(Protocol.TCP, "fd96::10", 80), "sh", 300)
+        ServiceKey(Protocol.TCP, "fd96::10", 80), "sh", 300
+    )
     # flag 2 is IP_VS_SVC_F_HASHED, always set by the kernel; the timeout counts only with
     # the persistent flag
-    m = service_message(af=2, protocol=17, addr="10.96.0.10", port=53, sched_name="rr",
-                        flags={"flags": 2, "mask": 0xFFFFFFFF}, timeout=300)
+    m = service_message(
+        af=2,
+        protocol=17,
+        addr="10.96.0.10",
+        port=53,
+        sched_name="rr",
+        flags={"flags": 2, "mask": 0xFFFFFFFF},
+        timeout=300,
+    )
     assert virtual_server_from_message(m) == VirtualServer(
-        ServiceKey(Protocol.UDP, "10.96.0.10", 53), "rr", 0)
+        ServiceKey(Protocol.UDP, "10.96.0.10", 53), "rr", 0
+    )
 
 
 def test_fwmark_and_unknown_protocol_services_are_not_ours() -> None:
     assert virtual_server_from_message(service_message(af=2, fwmark=5, sched_name="rr")) is None
-    assert virtual_server_from_message(
-        service_message(af=2, protocol=33, addr="10.0.0.1", port=1)) is None
+    assert (
+        virtual_server_from_message(service_message(af=2, protocol=33, addr="10.0.0.1", port=1))
+        is None
+    )
 
 
 def test_real_server_from_dump() -> None:
-    m = Stub({("dest", "addr"): "10.244.1.5", ("dest", "port"): 8080, ("dest", "weight"): 0,
-              ("dest", "active_conns"): 2, ("dest", "inact_conns"): 7,
-              ("dest", "fwd_method"): 0})
+    m = Stub(
+        {
+            ("dest", "addr"): "10.244.1.5",
+            ("dest", "port"): 8080,
+            ("dest", "weight"): 0,
+            ("dest", "active_conns"): 2,
+            ("dest", "inact_conns"): 7,
+            ("dest", "fwd_method"): 0,
+        }
+    )
     assert real_server_from_message(m) == RealServerStatus(
-        RealServerKey("10.244.1.5", 8080), 0, 2, 7)
+        RealServerKey("10.244.1.5", 8080), 0, 2, 7
+    )
 
 
 # --- constructor errors ---------------------------------------------------------------------
-@pytest.mark.parametrize(("loaded", "code", "cls", "text"), [
-    (False, None, KernelUnavailable, "modprobe ip_vs"),  # no IPVS family: open says ENOENT
-    (True, errno.EPERM, KernelPermissionDenied, "CAP_NET_ADMIN"),
-    (True, errno.EIO, KernelTransient, "open IPVS"),
-])
-def test_constructor_errors(loaded: bool, code: int | None, cls: type[KernelError],
-                            text: str) -> None:
+@pytest.mark.parametrize(
+    ("loaded", "code", "cls", "text"),
+    [
+        (False, None, KernelUnavailable, "modprobe ip_vs"),  # no IPVS family: open says ENOENT
+        (True, errno.EPERM, KernelPermissionDenied, "CAP_NET_ADMIN"),
+        (True, errno.EIO, KernelTransient, "open IPVS"),
+    ],
+)
+def test_constructor_errors(
+    loaded: bool, code: int | None, cls: type[KernelError], text: str
+) -> None:
     model = IPVSModel()
     model.loaded, model.config_error = loaded, code
     with pytest.raises(cls, match=text):

@@ -46,8 +46,7 @@ def pyroute2_bytes(kind: str, command: str, **kw: Any) -> bytes:
         sent.append(bytes(msg.data))
         return []
 
-    coro = getattr(AsyncIPVS, kind)(types.SimpleNamespace(_do_request=do_request),
-                                    command, **kw)
+    coro = getattr(AsyncIPVS, kind)(types.SimpleNamespace(_do_request=do_request), command, **kw)
     with pytest.raises(StopIteration):
         coro.send(None)
     (data,) = sent
@@ -59,34 +58,46 @@ def ours(request: wire.Request) -> bytes:
 
 
 ADDRESSES = {4: ("10.96.0.10", "10.244.1.1"), 6: ("fd00:96::10", "fd00:244::1:1")}
-KEYS = [ServiceKey(proto, ADDRESSES[fam][0], port)
-        for fam, proto, port in itertools.product((4, 6), Protocol, (1, 80, 65535))]
+KEYS = [
+    ServiceKey(proto, ADDRESSES[fam][0], port)
+    for fam, proto, port in itertools.product((4, 6), Protocol, (1, 80, 65535))
+]
 VIRTUAL_SERVERS = [
     VirtualServer(key, scheduler, timeout, flags)
     for key in KEYS
-    for scheduler, timeout, flags in (("rr", 0, 0), ("wrr", 10800, 0), ("sh", 0, 0x18),
-                                      ("mh", 60, 0x38), ("lblcr", 1, 0x8), ("twos", 0, 0))
+    for scheduler, timeout, flags in (
+        ("rr", 0, 0),
+        ("wrr", 10800, 0),
+        ("sh", 0, 0x18),
+        ("mh", 60, 0x38),
+        ("lblcr", 1, 0x8),
+        ("twos", 0, 0),
+    )
 ]
-DESTS = [(key, RealServerKey(ADDRESSES[key.family][1], port), weight)
-         for key in KEYS for port, weight in ((8080, 1), (1, 0), (65535, 65535))]
+DESTS = [
+    (key, RealServerKey(ADDRESSES[key.family][1], port), weight)
+    for key in KEYS
+    for port, weight in ((8080, 1), (1, 0), (65535, 65535))
+]
 
 
 @pytest.mark.parametrize("vs", VIRTUAL_SERVERS, ids=str)
 def test_service_add_and_set(vs: VirtualServer) -> None:
-    assert ours(wire.new_service(vs)) == pyroute2_bytes("service", "add",
-                                                        service=service_spec(vs))
-    assert ours(wire.set_service(vs)) == pyroute2_bytes("service", "set",
-                                                        service=service_spec(vs))
+    assert ours(wire.new_service(vs)) == pyroute2_bytes("service", "add", service=service_spec(vs))
+    assert ours(wire.set_service(vs)) == pyroute2_bytes("service", "set", service=service_spec(vs))
 
 
 @pytest.mark.parametrize("key", KEYS, ids=str)
 def test_service_del_get_and_the_dumps(key: ServiceKey) -> None:
-    assert ours(wire.del_service(key)) == pyroute2_bytes("service", "del",
-                                                         service=service_key_spec(key))
-    assert ours(wire.get_service(key)) == pyroute2_bytes("service", "get",
-                                                         service=service_key_spec(key))
-    assert ours(wire.dump_dests(key)) == pyroute2_bytes("dest", "dump",
-                                                        service=service_key_spec(key))
+    assert ours(wire.del_service(key)) == pyroute2_bytes(
+        "service", "del", service=service_key_spec(key)
+    )
+    assert ours(wire.get_service(key)) == pyroute2_bytes(
+        "service", "get", service=service_key_spec(key)
+    )
+    assert ours(wire.dump_dests(key)) == pyroute2_bytes(
+        "dest", "dump", service=service_key_spec(key)
+    )
     assert ours(wire.dump_services()) == pyroute2_bytes("service", "dump")
 
 
@@ -94,29 +105,36 @@ def test_service_del_get_and_the_dumps(key: ServiceKey) -> None:
 def test_dest_add_set_del(key: ServiceKey, rs: RealServerKey, weight: int) -> None:
     spec = service_key_spec(key)
     assert ours(wire.new_dest(key, rs, weight)) == pyroute2_bytes(
-        "dest", "add", service=spec, dest=dest_spec(rs, weight))
+        "dest", "add", service=spec, dest=dest_spec(rs, weight)
+    )
     assert ours(wire.set_dest(key, rs, weight)) == pyroute2_bytes(
-        "dest", "set", service=spec, dest=dest_spec(rs, weight))
+        "dest", "set", service=spec, dest=dest_spec(rs, weight)
+    )
     assert ours(wire.del_dest(key, rs)) == pyroute2_bytes(
-        "dest", "del", service=spec, dest=dest_spec(rs))
+        "dest", "del", service=spec, dest=dest_spec(rs)
+    )
 
 
 def test_the_oracle_sees_a_difference() -> None:
     # the comparison is of real bytes: a changed weight or scheduler shows
     key, rs, _ = DESTS[0]
     assert ours(wire.set_dest(key, rs, 2)) != pyroute2_bytes(
-        "dest", "set", service=service_key_spec(key), dest=dest_spec(rs, 1))
+        "dest", "set", service=service_key_spec(key), dest=dest_spec(rs, 1)
+    )
     vs = VIRTUAL_SERVERS[0]
     other = VirtualServer(vs.key, "wrr")
-    assert ours(wire.new_service(other)) != pyroute2_bytes("service", "add",
-                                                           service=service_spec(vs))
+    assert ours(wire.new_service(other)) != pyroute2_bytes(
+        "service", "add", service=service_spec(vs)
+    )
 
 
 def test_answers_are_split_and_errors_read() -> None:
-    ack = wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ, 0) + (0).to_bytes(4, "little") + \
-        bytes(16)
-    err = wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ + 1, 0) + \
-        (-17).to_bytes(4, "little", signed=True) + bytes(16)
+    ack = wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ, 0) + (0).to_bytes(4, "little") + bytes(16)
+    err = (
+        wire._HEADER.pack(36, wire.NLMSG_ERROR, 0, SEQ + 1, 0)
+        + (-17).to_bytes(4, "little", signed=True)
+        + bytes(16)
+    )
     (a, b) = wire.split(ack + err)
     assert (a[0], a[2], wire.error_code(a[3])) == (wire.NLMSG_ERROR, SEQ, 0)
     assert (b[2], wire.error_code(b[3])) == (SEQ + 1, 17)
@@ -133,9 +151,12 @@ def calls_on(answer: Answer) -> tuple[IPVSCalls, ModelKernelSocket]:
 def test_writes_go_out_as_packed_and_acks_and_errors_come_back_translated() -> None:
     key, rs, _ = DESTS[0]
     codes = {wire.NEW_DEST: 0, wire.SET_DEST: 17, wire.DEL_DEST: 2}
-    calls, model = calls_on(lambda req: [
-        error(req.seq + 1, 0),  # a stray answer (another sequence number) is skipped
-        error(req.seq, codes[req.cmd])])
+    calls, model = calls_on(
+        lambda req: [
+            error(req.seq + 1, 0),  # a stray answer (another sequence number) is skipped
+            error(req.seq, codes[req.cmd]),
+        ]
+    )
     calls.add_dest(key, rs, 1)
     with pytest.raises(KernelExists, match=r"set_real_server_weight .*File exists"):
         calls.set_dest(key, rs, 0)
@@ -143,25 +164,32 @@ def test_writes_go_out_as_packed_and_acks_and_errors_come_back_translated() -> N
         calls.delete_dest(key, rs)
     seqs = [wire.split(d)[0][2] for d in model.sent]
     assert [d[20:] for d in model.sent] == [
-        ours(wire.new_dest(key, rs, 1))[20:], ours(wire.set_dest(key, rs, 0))[20:],
-        ours(wire.del_dest(key, rs))[20:]]  # pid aside (ours is 0), the packed bytes
+        ours(wire.new_dest(key, rs, 1))[20:],
+        ours(wire.set_dest(key, rs, 0))[20:],
+        ours(wire.del_dest(key, rs))[20:],
+    ]  # pid aside (ours is 0), the packed bytes
     assert len(set(seqs)) == 3 and all(s > 0xFFFF for s in seqs)  # never pyroute2's
 
 
 def test_a_dest_dump_is_read_to_its_end_and_decoded() -> None:
     key = KEYS[0]
     a, b = RealServerKey("10.244.1.1", 8080), RealServerKey("10.244.1.2", 8080)
-    calls, model = calls_on(lambda req: [
-        dest_message(b.address, b.port, 0, 3, 0, seq=req.seq)
-        + dest_message(a.address, a.port, 1, 0, 0, seq=req.seq), done(req.seq)])
+    calls, model = calls_on(
+        lambda req: [
+            dest_message(b.address, b.port, 0, 3, 0, seq=req.seq)
+            + dest_message(a.address, a.port, 1, 0, 0, seq=req.seq),
+            done(req.seq),
+        ]
+    )
     got = calls.list_real_servers(key)
     assert [(r.key, r.weight, r.active_conns) for r in got] == [(a, 1, 0), (b, 0, 3)]
     assert model.sent[0][20:] == ours(wire.dump_dests(key))[20:]
 
 
 def test_an_empty_dest_dump_asks_whether_the_service_exists() -> None:
-    calls, model = calls_on(lambda req: [
-        done(req.seq) if req.cmd == wire.GET_DEST else error(req.seq, 3)])  # ESRCH
+    calls, model = calls_on(
+        lambda req: [done(req.seq) if req.cmd == wire.GET_DEST else error(req.seq, 3)]
+    )  # ESRCH
     with pytest.raises(KernelNotFound, match="list_real_servers"):
         calls.list_real_servers(KEYS[0])
     assert [d[16] for d in model.sent] == [wire.GET_DEST, wire.GET_SERVICE]
@@ -219,11 +247,24 @@ def pyroute2_addr_bytes(command: str, index: int, address: str) -> tuple[int, by
     return kind, struct.pack("=IHHII", length, kind, flags, SEQ, PID) + data[16:]
 
 
-@pytest.mark.parametrize("address", ["10.96.0.10", "0.0.0.1", "255.255.255.255", "fd00::10",
-                                     "2001:db8::1:0:0:1", "::ffff:10.1.2.3"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.96.0.10",
+        "0.0.0.1",
+        "255.255.255.255",
+        "fd00::10",
+        "2001:db8::1:0:0:1",
+        "::ffff:10.1.2.3",
+    ],
+)
 @pytest.mark.parametrize("index", [1, 7, 2**31 + 5])
 def test_address_add_and_del(address: str, index: int) -> None:
-    for command, kind, request in (("add", wire.RTM_NEWADDR, wire.new_addr(index, address)),
-                                   ("del", wire.RTM_DELADDR, wire.del_addr(index, address))):
+    for command, kind, request in (
+        ("add", wire.RTM_NEWADDR, wire.new_addr(index, address)),
+        ("del", wire.RTM_DELADDR, wire.del_addr(index, address)),
+    ):
         assert pyroute2_addr_bytes(command, index, address) == (
-            kind, wire.message(kind, request, SEQ, PID))
+            kind,
+            wire.message(kind, request, SEQ, PID),
+        )

@@ -28,14 +28,35 @@ def pyroute2_decoded(data: bytes) -> ipvsmsg:
 
 
 SERVICES = [
-    dict(address=address, port=port, proto=proto, sched=sched, flags=flags, timeout=timeout,
-         nested_flag=nested)
+    dict(
+        address=address,
+        port=port,
+        proto=proto,
+        sched=sched,
+        flags=flags,
+        timeout=timeout,
+        nested_flag=nested,
+    )
     for (address, port), proto, (sched, flags, timeout), nested in itertools.product(
-        [("10.96.0.10", 80), ("0.0.0.1", 1), ("255.255.255.255", 65535), ("fd00::a", 443),
-         ("2001:db8::1:0:0:1", 8080), ("::ffff:10.1.2.3", 53), ("fe80::1", 0)],
+        [
+            ("10.96.0.10", 80),
+            ("0.0.0.1", 1),
+            ("255.255.255.255", 65535),
+            ("fd00::a", 443),
+            ("2001:db8::1:0:0:1", 8080),
+            ("::ffff:10.1.2.3", 53),
+            ("fe80::1", 0),
+        ],
         ["TCP", "UDP", "SCTP"],
-        [("rr", 0, 0), ("wlc", 0, 0), ("mh", 0x10, 0), ("sh", 0x18, 0), ("rr", 0x1, 10800),
-         ("lc", 0x1 | 0x8, 1), ("", 0, 0)],
+        [
+            ("rr", 0, 0),
+            ("wlc", 0, 0),
+            ("mh", 0x10, 0),
+            ("sh", 0x18, 0),
+            ("rr", 0x1, 10800),
+            ("lc", 0x1 | 0x8, 1),
+            ("", 0, 0),
+        ],
         [False, True],
     )
 ]
@@ -48,11 +69,14 @@ def test_a_service_parses_as_pyroute2_decodes_it(case):
     assert wire.parse_service(data) is not None
 
 
-@pytest.mark.parametrize("case", [
-    dict(address=None, port=0, proto="TCP", sched="rr", flags=0, timeout=0, fwmark=7),
-    dict(address="10.0.0.1", port=80, proto=47, sched="rr", flags=0, timeout=0),  # GRE
-    dict(address="10.0.0.1", port=80, proto="TCP", sched="rr", flags=0, timeout=0, pe="sip"),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(address=None, port=0, proto="TCP", sched="rr", flags=0, timeout=0, fwmark=7),
+        dict(address="10.0.0.1", port=80, proto=47, sched="rr", flags=0, timeout=0),  # GRE
+        dict(address="10.0.0.1", port=80, proto="TCP", sched="rr", flags=0, timeout=0, pe="sip"),
+    ],
+)
 def test_what_ipvsctl_never_programs_parses_as_pyroute2_decodes_it(case):
     data = service_message(**case)
     expected = virtual_server_from_message(pyroute2_decoded(data))
@@ -60,17 +84,27 @@ def test_what_ipvsctl_never_programs_parses_as_pyroute2_decodes_it(case):
     assert (expected is None) == (case.get("pe") is None)
 
 
-@pytest.mark.parametrize("address, port, weight, active, inactive, nested", [
-    (address, port, weight, active, inactive, nested)
-    for address, (port, weight, (active, inactive)), nested in itertools.product(
-        ["10.244.1.5", "0.0.0.0", "255.255.255.254", "fd00::5", "2001:db8:0:0:1::1",
-         "::ffff:10.1.2.3"],
-        [(8080, 1, (0, 0)), (1, 0, (1, 0)), (65535, 2**31, (2**32 - 1, 2**32 - 1))],
-        [False, True],
-    )
-])
-def test_a_real_server_parses_as_pyroute2_decodes_it(address, port, weight, active, inactive,
-                                                      nested):
+@pytest.mark.parametrize(
+    "address, port, weight, active, inactive, nested",
+    [
+        (address, port, weight, active, inactive, nested)
+        for address, (port, weight, (active, inactive)), nested in itertools.product(
+            [
+                "10.244.1.5",
+                "0.0.0.0",
+                "255.255.255.254",
+                "fd00::5",
+                "2001:db8:0:0:1::1",
+                "::ffff:10.1.2.3",
+            ],
+            [(8080, 1, (0, 0)), (1, 0, (1, 0)), (65535, 2**31, (2**32 - 1, 2**32 - 1))],
+            [False, True],
+        )
+    ],
+)
+def test_a_real_server_parses_as_pyroute2_decodes_it(
+    address, port, weight, active, inactive, nested
+):
     data = dest_message(address, port, weight, active, inactive, nested)
     key = ServiceKey(Protocol.TCP, "fd00::1" if ":" in address else "10.96.0.1", 80)
     assert wire.parse_dest(data, key) == real_server_from_message(pyroute2_decoded(data))
@@ -81,26 +115,36 @@ def test_a_real_server_without_its_family_takes_the_virtual_servers():
     a = nla(1, raw) + nla(2, struct.pack("!H", 8080)) + nla(4, u32(1)) + nla(7, u32(2))
     rs = wire.parse_dest(message(5, 2, a, False), ServiceKey(Protocol.TCP, "10.96.0.1", 80))
     assert (str(rs.key), rs.weight, rs.active_conns, rs.inactive_conns) == (
-        "10.244.1.5:8080", 1, 2, 0)
+        "10.244.1.5:8080",
+        1,
+        2,
+        0,
+    )
 
 
-@pytest.mark.parametrize("data", [
-    message(5, 2, b"", False),  # no attributes
-    message(5, 2, nla(1, b"\x0a\x00"), False),  # a short address, no port
-    message(5, 2, nla(1, inet("10.0.0.1")[1]) + nla(11, u16(99)) + nla(2, b"\0\x50"), False),
-    message(5, 2, nla(1, inet("10.0.0.1")[1])[:10], False),  # truncated attribute
-    b"\0" * 20,
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        message(5, 2, b"", False),  # no attributes
+        message(5, 2, nla(1, b"\x0a\x00"), False),  # a short address, no port
+        message(5, 2, nla(1, inet("10.0.0.1")[1]) + nla(11, u16(99)) + nla(2, b"\0\x50"), False),
+        message(5, 2, nla(1, inet("10.0.0.1")[1])[:10], False),  # truncated attribute
+        b"\0" * 20,
+    ],
+)
 def test_a_malformed_real_server_is_a_transient_kernel_error(data):
     with pytest.raises(KernelTransient, match="list_real_servers"), errors("list_real_servers"):
         wire.parse_dest(data, ServiceKey(Protocol.TCP, "10.96.0.1", 80))
 
 
-@pytest.mark.parametrize("data", [
-    message(1, 1, b"", False),
-    message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, b"\x0a"), False),  # short address
-    message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, inet("10.0.0.1")[1]), False),
-    b"\0" * 20,
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        message(1, 1, b"", False),
+        message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, b"\x0a"), False),  # short address
+        message(1, 1, nla(1, u16(2)) + nla(2, u16(6)) + nla(3, inet("10.0.0.1")[1]), False),
+        b"\0" * 20,
+    ],
+)
 def test_a_service_the_parser_cannot_read_is_skipped(data):
     assert wire.parse_service(data) is None

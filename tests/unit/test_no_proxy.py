@@ -38,12 +38,17 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
 
 @pytest.fixture
 def daemon() -> Iterator[str]:
-    srv = HTTPServer("127.0.0.1:0", {
-        "/status": lambda q: as_json(200, {"node": "n", "ready": True, "virtual_servers": [],
-                                           "drain_queue": []}),
-        "/v1/quiesced": lambda q: as_json(200, {"ip": q["ip"][0], "ready": True,
-                                                "quiesced": True}),
-    })
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {
+            "/status": lambda q: as_json(
+                200, {"node": "n", "ready": True, "virtual_servers": [], "drain_queue": []}
+            ),
+            "/v1/quiesced": lambda q: as_json(
+                200, {"ip": q["ip"][0], "ready": True, "quiesced": True}
+            ),
+        },
+    )
     srv.start()
     yield f"http://127.0.0.1:{srv.port}"
     srv.stop()

@@ -28,11 +28,24 @@ A, B, C = "10.244.1.5", "10.244.1.6", "10.244.1.7"
 WEB, LB, DB = ServiceRef("default", "web"), ServiceRef("default", "lb"), ServiceRef("default", "db")
 
 
-def node_port(name: str, cluster_ip: str, node_port: int, type: str = "NodePort",
-              **spec: object) -> dict:
-    return service(name, cluster_ip=cluster_ip, type=type, ports=[
-        {"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080,
-         "nodePort": node_port}], **spec)
+def node_port(
+    name: str, cluster_ip: str, node_port: int, type: str = "NodePort", **spec: object
+) -> dict:
+    return service(
+        name,
+        cluster_ip=cluster_ip,
+        type=type,
+        ports=[
+            {
+                "name": "http",
+                "port": 80,
+                "protocol": "TCP",
+                "targetPort": 8080,
+                "nodePort": node_port,
+            }
+        ],
+        **spec,
+    )
 
 
 def cluster() -> tuple[list[dict], list[dict]]:
@@ -42,8 +55,11 @@ def cluster() -> tuple[list[dict], list[dict]]:
         node_port("lb", "10.96.0.12", 30443, type="LoadBalancer", lb_ips=["198.51.100.9"]),
         service("db", cluster_ip="10.96.0.11"),
     ]
-    slices = [endpoint_slice("web", [endpoint(A)]), endpoint_slice("lb", [endpoint(B)]),
-              endpoint_slice("db", [endpoint(C)])]
+    slices = [
+        endpoint_slice("web", [endpoint(A)]),
+        endpoint_slice("lb", [endpoint(B)]),
+        endpoint_slice("db", [endpoint(C)]),
+    ]
     return services, slices
 
 
@@ -62,12 +78,16 @@ def test_an_address_change_resyncs_only_node_port_services():
     result = h.engine.sync()
     assert result.services == 2 and not result.failed
     ops = h.ops()
-    assert sorted(ops) == sorted([
-        f"add-vs {NEW}:30080/TCP rr", f"add-rs {NEW}:30080/TCP -> {A}:8080 weight 1",
-        f"del-vs {OLD}:30080/TCP",
-        f"add-vs {NEW}:30443/TCP rr", f"add-rs {NEW}:30443/TCP -> {B}:8080 weight 1",
-        f"del-vs {OLD}:30443/TCP",
-    ])
+    assert sorted(ops) == sorted(
+        [
+            f"add-vs {NEW}:30080/TCP rr",
+            f"add-rs {NEW}:30080/TCP -> {A}:8080 weight 1",
+            f"del-vs {OLD}:30080/TCP",
+            f"add-vs {NEW}:30443/TCP rr",
+            f"add-rs {NEW}:30443/TCP -> {B}:8080 weight 1",
+            f"del-vs {OLD}:30443/TCP",
+        ]
+    )
     # The new address's virtual server comes before the old one goes: no window without.
     assert ops.index(f"add-vs {NEW}:30080/TCP rr") < ops.index(f"del-vs {OLD}:30080/TCP")
     assert vs(OLD, 30080) not in h.fake.services and vs(OLD, 30443) not in h.fake.services
@@ -84,10 +104,14 @@ def test_an_added_address_adds_and_keeps_the_old_one():
     h = started()
     assert h.engine.set_node_ips([OLD, NEW])
     h.engine.sync()
-    assert sorted(h.ops()) == sorted([
-        f"add-vs {NEW}:30080/TCP rr", f"add-rs {NEW}:30080/TCP -> {A}:8080 weight 1",
-        f"add-vs {NEW}:30443/TCP rr", f"add-rs {NEW}:30443/TCP -> {B}:8080 weight 1",
-    ])
+    assert sorted(h.ops()) == sorted(
+        [
+            f"add-vs {NEW}:30080/TCP rr",
+            f"add-rs {NEW}:30080/TCP -> {A}:8080 weight 1",
+            f"add-vs {NEW}:30443/TCP rr",
+            f"add-rs {NEW}:30443/TCP -> {B}:8080 weight 1",
+        ]
+    )
     assert h.fake.weight(vs(OLD, 30080), rs(A)) == 1
 
 
@@ -109,9 +133,13 @@ def test_the_index_follows_services_becoming_and_leaving_node_port():
     assert h.engine.set_node_ips([NEW])
     assert h.engine.dirty == {DB}
     h.engine.sync()
-    assert sorted(h.ops()) == sorted([
-        f"add-vs {NEW}:30053/TCP rr", f"add-rs {NEW}:30053/TCP -> {C}:8080 weight 1",
-        f"del-vs {OLD}:30053/TCP"])
+    assert sorted(h.ops()) == sorted(
+        [
+            f"add-vs {NEW}:30053/TCP rr",
+            f"add-rs {NEW}:30053/TCP -> {C}:8080 weight 1",
+            f"del-vs {OLD}:30053/TCP",
+        ]
+    )
 
 
 def test_node_port_listeners_see_the_move():
@@ -125,8 +153,9 @@ def test_node_port_listeners_see_the_move():
     assert sorted(ref for ref, _, _ in seen) == [LB, WEB]
     for _, old, new in seen:
         assert old is not None and new is not None
-        assert {k.address for k in old.virtual_servers} - {k.address for k in
-                                                          new.virtual_servers} == {OLD}
+        assert {k.address for k in old.virtual_servers} - {
+            k.address for k in new.virtual_servers
+        } == {OLD}
         assert NEW in {k.address for k in new.virtual_servers}
 
 
@@ -168,8 +197,9 @@ class Reader:
 def make_loop(read: Reader | None) -> tuple[Harness, Loop]:
     h = Harness()
     events: queue.Queue = queue.Queue()
-    loop = Loop(h.engine, events, LoopConfig(node_ips_interval=10), clock=h.clock,
-                read_node_ips=read)
+    loop = Loop(
+        h.engine, events, LoopConfig(node_ips_interval=10), clock=h.clock, read_node_ips=read
+    )
     services, slices = cluster()
     events.put(Replace(ObjectKind.SERVICE, services, 0))
     events.put(Replace(ObjectKind.ENDPOINT_SLICE, slices, 0))
@@ -211,7 +241,8 @@ def test_a_failed_read_keeps_the_addresses_and_is_logged_once(caplog):
     assert read.calls == 3
     assert h.metrics.value("ipvsctl_node_address_errors_total") == 3
     assert [r.message for r in caplog.records if r.name == "ipvsctl.loop"] == [
-        "node addresses unreadable, keeping the current ones"]
+        "node addresses unreadable, keeping the current ones"
+    ]
     assert h.engine.config.node.node_ips == (OLD,)
     assert h.ops() == [] and vs(OLD, 30080) in h.fake.services
     read.error, read.ips = None, [NEW]
@@ -246,11 +277,20 @@ def daemon(tmp_path: Path):
     write(folder, "all.yaml", *services, *slices)
     read = Reader([OLD])
     opts = DaemonOptions(
-        node=NodeContext("node-a", (OLD,)), manifests=str(folder),
-        state_dir=str(tmp_path / "state"), listen="127.0.0.1:0", follow_node_ips=True)
+        node=NodeContext("node-a", (OLD,)),
+        manifests=str(folder),
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        follow_node_ips=True,
+    )
     kernel = FakeKernel()
-    d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), read_node_ips=read,
-               loop_config=LoopConfig(idle_wakeup=0.05, node_ips_interval=0.05))
+    d = Daemon(
+        opts,
+        kernel,
+        ManifestSource(folder, interval=0.05),
+        read_node_ips=read,
+        loop_config=LoopConfig(idle_wakeup=0.05, node_ips_interval=0.05),
+    )
     d.start()
     try:
         yield d, kernel, read

@@ -18,8 +18,12 @@ from ipvsctl.source.events import Delete, ObjectKind, Replace, Upsert
 NODE_KIND = ObjectKind.NODE
 
 
-def node(zone: str | None = "zone-a", name: str = "node-a", taint: str | None = None,
-         deleting: bool = False) -> dict[str, Any]:
+def node(
+    zone: str | None = "zone-a",
+    name: str = "node-a",
+    taint: str | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": {}}
     if zone:
         meta["labels"]["topology.kubernetes.io/zone"] = zone
@@ -39,9 +43,10 @@ def hinted(address: str, zone: str) -> dict[str, Any]:
 
 def two_services() -> tuple[list[dict], list[dict]]:
     services = [service("web"), service("plain", cluster_ip="10.96.0.11")]
-    slices = [endpoint_slice("web", [hinted("10.244.1.1", "zone-a"),
-                                     hinted("10.244.2.1", "zone-b")]),
-              endpoint_slice("plain", [endpoint("10.244.3.1"), endpoint("10.244.3.2")])]
+    slices = [
+        endpoint_slice("web", [hinted("10.244.1.1", "zone-a"), hinted("10.244.2.1", "zone-b")]),
+        endpoint_slice("plain", [endpoint("10.244.3.1"), endpoint("10.244.3.2")]),
+    ]
     return services, slices
 
 
@@ -115,8 +120,9 @@ def test_relist_without_our_node_means_it_was_deleted() -> None:
 
 def test_first_sync_waits_for_the_node_when_the_source_sends_one() -> None:
     kernel = FakeKernel()
-    engine = Engine(kernel, EngineConfig(NODE, wait_for_node=True), clock=ManualClock(),
-                    metrics=Metrics())
+    engine = Engine(
+        kernel, EngineConfig(NODE, wait_for_node=True), clock=ManualClock(), metrics=Metrics()
+    )
     services, slices = two_services()
     engine.handle(Replace(ObjectKind.SERVICE, services, 0.0))
     engine.handle(Replace(ObjectKind.ENDPOINT_SLICE, slices, 0.0))

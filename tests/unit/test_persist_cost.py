@@ -16,9 +16,15 @@ from ipvsctl.reconcile.writer import StateWriter
 
 
 def _entry(i: int) -> DrainEntry:
-    return DrainEntry(ServiceKey(Protocol.TCP, "10.96.0.1", 80 + i // 250),
-                      RealServerKey(f"10.244.{i // 250}.{i % 250}", 8080), None,
-                      DrainReason.TERMINATING, 1000.0, 1600.0, DeadlineSource.DEFAULT)
+    return DrainEntry(
+        ServiceKey(Protocol.TCP, "10.96.0.1", 80 + i // 250),
+        RealServerKey(f"10.244.{i // 250}.{i % 250}", 8080),
+        None,
+        DrainReason.TERMINATING,
+        1000.0,
+        1600.0,
+        DeadlineSource.DEFAULT,
+    )
 
 
 class _Counting:
@@ -36,8 +42,9 @@ class _Counting:
 def _loop(h: Harness, save) -> Loop:
     for i in range(1000):
         h.engine.drains.queue.add(_entry(i))
-    return Loop(h.engine, queue.Queue(), LoopConfig(persist_interval=2.0), clock=h.clock,
-                save_queue=save)
+    return Loop(
+        h.engine, queue.Queue(), LoopConfig(persist_interval=2.0), clock=h.clock, save_queue=save
+    )
 
 
 def test_steps_that_change_the_queue_copy_nothing_until_the_writer_reads():
@@ -114,7 +121,8 @@ def test_the_state_file_is_encoded_entry_by_entry_and_reads_as_one_json_document
     text = (tmp_path / "drain-queue.json").read_text()
     assert 0 < f.longest_encoded < 1000  # one entry at a time, never the queue
     assert len(text) > 300 * f.longest_encoded // 2
-    assert text == json.dumps({"version": FORMAT_VERSION,
-                               "entries": [e.to_json() for e in entries]},
-                              separators=(",", ":"))
+    assert text == json.dumps(
+        {"version": FORMAT_VERSION, "entries": [e.to_json() for e in entries]},
+        separators=(",", ":"),
+    )
     assert f.load() == entries

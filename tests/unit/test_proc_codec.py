@@ -19,16 +19,23 @@ VS6 = ServiceKey(Protocol.TCP, "fd96::10", 80)
 A6 = RealServerKey("fd00::5", 8080)
 
 
-def v4(state: str, dest: str = "0AF40105", cport: str = "9C40", vip: str = "0A60000A",
-       expires: int = 118) -> str:
+def v4(
+    state: str,
+    dest: str = "0AF40105",
+    cport: str = "9C40",
+    vip: str = "0A60000A",
+    expires: int = 118,
+) -> str:
     # the kernel's "%-3s %08X %04X %08X %04X %s %04X %-11s %7u%s\n"
     return f"TCP 0A000064 {cport} {vip} 0050 {dest} 1F90 {state:<11} {expires:>7}\n"
 
 
 def v6(state: str, cport: str = "9C40") -> str:
-    return (f"TCP fd01:0000:0000:0000:0000:0000:0000:0100 {cport} "
-            f"fd96:0000:0000:0000:0000:0000:0000:0010 0050 "
-            f"fd00:0000:0000:0000:0000:0000:0000:0005 1F90 {state:<11} {60:>7}\n")
+    return (
+        f"TCP fd01:0000:0000:0000:0000:0000:0000:0100 {cport} "
+        f"fd96:0000:0000:0000:0000:0000:0000:0010 0050 "
+        f"fd00:0000:0000:0000:0000:0000:0000:0005 1F90 {state:<11} {60:>7}\n"
+    )
 
 
 def test_ipv4_line_parses_to_model_keys():
@@ -45,16 +52,29 @@ def test_ipv6_line_parses_and_the_cheap_token_is_what_the_kernel_prints():
 
 
 def test_states_are_sorted_into_established_closing_and_closed():
-    lines = [HEADER, v4("ESTABLISHED"), v4("SYN_RECV"), v4("FIN_WAIT"), v4("CLOSE_WAIT"),
-             v4("LAST_ACK"), v4("TIME_WAIT"), v4("CLOSE"), v4("TIME_WAIT")]
+    lines = [
+        HEADER,
+        v4("ESTABLISHED"),
+        v4("SYN_RECV"),
+        v4("FIN_WAIT"),
+        v4("CLOSE_WAIT"),
+        v4("LAST_ACK"),
+        v4("TIME_WAIT"),
+        v4("CLOSE"),
+        v4("TIME_WAIT"),
+    ]
     scan = scan_connections(lines, [(VS, A)])
     assert scan.counts == {(VS, A): ConnCounts(established=1, closing=4, closed=3)}
     assert (scan.lines, scan.matched, scan.slow) == (9, 8, 0)
 
 
 def test_persistence_templates_are_not_connections():
-    lines = [HEADER, v4("NONE", cport="0000", expires=10790), v4("ASSURED", cport="0000"),
-             v4("TIME_WAIT")]
+    lines = [
+        HEADER,
+        v4("NONE", cport="0000", expires=10790),
+        v4("ASSURED", cport="0000"),
+        v4("TIME_WAIT"),
+    ]
     assert scan_connections(lines, [(VS, A)]).counts[(VS, A)] == ConnCounts(closed=1)
 
 
@@ -92,8 +112,13 @@ def test_truncated_lines_hold_never_count_as_closed():
 
 
 def test_garbage_never_raises():
-    junk = ["TCP zz 0 0 0 0 0 0 0\n", "TCP " + "F" * 300 + "\n", "\n", "TCP\n",
-            "TCP 0A000064 FFFFF 0A60000A 0050 0AF40105 1F90 CLOSE 1\n"]
+    junk = [
+        "TCP zz 0 0 0 0 0 0 0\n",
+        "TCP " + "F" * 300 + "\n",
+        "\n",
+        "TCP\n",
+        "TCP 0A000064 FFFFF 0A60000A 0050 0AF40105 1F90 CLOSE 1\n",
+    ]
     scan = scan_connections([HEADER, *junk], [(VS, A)])
     assert scan.counts == {(VS, A): ConnCounts()} and not scan.trustworthy
 
@@ -123,7 +148,8 @@ def test_table_lists_every_virtual_server_with_counts():
     assert scan.complete and scan.bad == 0
     assert scan.real_servers[VS] == [RealServerStatus(A, 0, 0, 3), RealServerStatus(B, 1, 2, 0)]
     assert scan.real_servers[ServiceKey(Protocol.TCP, "10.96.0.11", 80)] == [
-        RealServerStatus(A, 0, 1, 0)]
+        RealServerStatus(A, 0, 1, 0)
+    ]
     assert scan.real_servers[ServiceKey(Protocol.UDP, "10.96.0.10", 53)] == []
     assert scan.real_servers[VS6] == [RealServerStatus(A6, 1, 0, 7)]
     assert len(scan.real_servers) == 4  # the fwmark service is not ipvsctl's
@@ -136,8 +162,9 @@ def test_table_reads_only_the_wanted_virtual_servers():
 
 
 def test_table_with_an_unreadable_real_server_line_is_not_known_for_that_virtual_server():
-    broken = TABLE.replace("  -> 0AF40106:1F90      Masq    1      2          0",
-                           "  -> 0AF40106:1F90      Masq    1")
+    broken = TABLE.replace(
+        "  -> 0AF40106:1F90      Masq    1      2          0", "  -> 0AF40106:1F90      Masq    1"
+    )
     scan = scan_table(broken.splitlines(True), [VS, VS6])
     assert scan.unreadable == {VS} and VS not in scan.real_servers and VS6 in scan.real_servers
     assert not scan_table(["garbage\n"]).complete
@@ -146,8 +173,10 @@ def test_table_with_an_unreadable_real_server_line_is_not_known_for_that_virtual
 def test_with_only_a_virtual_servers_chosen_real_servers_are_parsed_and_reported():
     gone = RealServerKey("10.244.9.9", 8080)
     scan = scan_table(TABLE.splitlines(True), [VS, VS6], {VS: [B, gone], VS6: [A6]})
-    assert scan.real_servers == {VS: [RealServerStatus(B, 1, 2, 0)],
-                                 VS6: [RealServerStatus(A6, 1, 0, 7)]}
+    assert scan.real_servers == {
+        VS: [RealServerStatus(B, 1, 2, 0)],
+        VS6: [RealServerStatus(A6, 1, 0, 7)],
+    }
     assert rs_token(A6) == "[fd00:0000:0000:0000:0000:0000:0000:0005]:1F90"
     assert rs_token(B) == "0AF40106:1F90"
 
@@ -155,11 +184,12 @@ def test_with_only_a_virtual_servers_chosen_real_servers_are_parsed_and_reported
 def test_with_only_an_unreadable_line_still_makes_its_virtual_server_unknown():
     """A line left out by `only` is not parsed, but one that does not look like a real
     server (it might be the drained one, mangled) still makes the drain wait."""
-    for broken_line in ("  -> 0AF40105:1F90      Masq    0      0",
-                        "  -> 0AF4010:1F90      Masq    0      0          3",
-                        "  -> [fd00::5]]:1F90      Masq    0      0          3"):
-        broken = TABLE.replace("  -> 0AF40105:1F90      Masq    0      0          3",
-                               broken_line)
+    for broken_line in (
+        "  -> 0AF40105:1F90      Masq    0      0",
+        "  -> 0AF4010:1F90      Masq    0      0          3",
+        "  -> [fd00::5]]:1F90      Masq    0      0          3",
+    ):
+        broken = TABLE.replace("  -> 0AF40105:1F90      Masq    0      0          3", broken_line)
         scan = scan_table(broken.splitlines(True), [VS], {VS: [B]})
         assert scan.unreadable == {VS} and VS not in scan.real_servers, broken_line
 

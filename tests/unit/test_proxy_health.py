@@ -26,8 +26,15 @@ NOW = 1_700_000_000.0
 
 
 def state(**kw: Any) -> ProxyState:
-    base = dict(now=NOW, monotonic=100.0, heartbeat=99.5, pending_since=None,
-                last_updated=NOW - 300, node_eligible=True, timeout=60.0)
+    base = dict(
+        now=NOW,
+        monotonic=100.0,
+        heartbeat=99.5,
+        pending_since=None,
+        last_updated=NOW - 300,
+        node_eligible=True,
+        timeout=60.0,
+    )
     base.update(kw)
     return ProxyState(**base)
 
@@ -36,15 +43,18 @@ def parse(t: str) -> float:
     return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
 
 
-@pytest.mark.parametrize(("name", "kw", "healthz", "livez"), [
-    ("synced", {}, 200, 200),
-    ("never synced yet, nothing queued", {"last_updated": None}, 200, 200),
-    ("update queued, not late", {"pending_since": 50.0}, 200, 200),
-    ("update queued too long", {"pending_since": 39.0}, 503, 503),
-    ("loop stuck", {"heartbeat": 30.0}, 503, 503),
-    ("node not eligible", {"node_eligible": False}, 503, 200),
-    ("stale and not eligible", {"pending_since": 0.0, "node_eligible": False}, 503, 503),
-])
+@pytest.mark.parametrize(
+    ("name", "kw", "healthz", "livez"),
+    [
+        ("synced", {}, 200, 200),
+        ("never synced yet, nothing queued", {"last_updated": None}, 200, 200),
+        ("update queued, not late", {"pending_since": 50.0}, 200, 200),
+        ("update queued too long", {"pending_since": 39.0}, 503, 503),
+        ("loop stuck", {"heartbeat": 30.0}, 503, 503),
+        ("node not eligible", {"node_eligible": False}, 503, 200),
+        ("stale and not eligible", {"pending_since": 0.0, "node_eligible": False}, 503, 503),
+    ],
+)
 def test_codes(name: str, kw: dict, healthz: int, livez: int) -> None:
     assert answer("/healthz", state(**kw))[0] == healthz
     assert answer("/livez", state(**kw))[0] == livez
@@ -68,27 +78,41 @@ def test_json_as_kube_proxy() -> None:
 
 # --- a real daemon ------------------------------------------------------------------------
 
+
 def node(**meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "z"},
-                         **meta}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "z"}, **meta},
+    }
 
 
 def tainted() -> dict[str, Any]:
     n = node()
-    n["spec"] = {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000",
-                             "effect": "NoSchedule"}]}
+    n["spec"] = {
+        "taints": [
+            {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"}
+        ]
+    }
     return n
 
 
 def daemon(tmp_path: Path, healthz: str = "127.0.0.1:0", stale_after: float = 60.0) -> Daemon:
     folder = tmp_path / "m"
     opts = DaemonOptions(
-        node=NodeContext("node-a", ("192.0.2.10",)), manifests=str(folder),
-        state_dir=str(tmp_path / "state"), listen="127.0.0.1:0", stale_after=stale_after,
-        healthz_bind_address=healthz)
-    d = Daemon(opts, FakeKernel(), ManifestSource(folder, interval=0.05),
-               loop_config=LoopConfig(idle_wakeup=0.05))
+        node=NodeContext("node-a", ("192.0.2.10",)),
+        manifests=str(folder),
+        state_dir=str(tmp_path / "state"),
+        listen="127.0.0.1:0",
+        stale_after=stale_after,
+        healthz_bind_address=healthz,
+    )
+    d = Daemon(
+        opts,
+        FakeKernel(),
+        ManifestSource(folder, interval=0.05),
+        loop_config=LoopConfig(idle_wakeup=0.05),
+    )
     assert d.proxy_health is not None
     d.proxy_health.retry_interval = 0.05
     return d
@@ -163,7 +187,8 @@ def test_stuck_loop_is_stale(tmp_path: Path, folder: Path) -> None:
 
 
 def test_port_taken_is_one_error_line_a_metric_and_a_retry(
-        tmp_path: Path, folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen(1)
@@ -177,7 +202,8 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
         assert get(f"http://127.0.0.1:{d.http.port}/readyz")[0] == 200
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert [r.getMessage() for r in errors] == [
-            "health server port not opened (kube-proxy still running?), retrying"]
+            "health server port not opened (kube-proxy still running?), retrying"
+        ]
         assert not any(r.exc_info for r in caplog.records)
         blocker.close()  # kube-proxy goes away: the port is taken over
         wait_for(lambda: d.proxy_health.port == port)
@@ -187,10 +213,18 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
         d.shutdown()
 
 
-@pytest.mark.parametrize(("value", "want"), [
-    ("0.0.0.0:10256", "0.0.0.0:10256"), ("", ""), ("  ", ""), ("0.0.0.0", "0.0.0.0:10256"),
-    ("::", "[::]:10256"), ("[::]:10256", "[::]:10256"), ("127.0.0.1:0", "127.0.0.1:0"),
-])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("0.0.0.0:10256", "0.0.0.0:10256"),
+        ("", ""),
+        ("  ", ""),
+        ("0.0.0.0", "0.0.0.0:10256"),
+        ("::", "[::]:10256"),
+        ("[::]:10256", "[::]:10256"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+    ],
+)
 def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
     from ipvsctl.cli.app import _healthz_address
 

@@ -24,8 +24,13 @@ def test_an_audit_round_sorts_no_keys_and_reads_each_once():
     h = Harness()
     h.engine.audit.batch = 40
     # named in the reverse order of their addresses: the state holds them in sync order
-    h.start([service(f"s{i:03}", cluster_ip=f"10.96.{(399 - i) // 200}.{(399 - i) % 200 + 1}")
-             for i in range(400)], [])
+    h.start(
+        [
+            service(f"s{i:03}", cluster_ip=f"10.96.{(399 - i) // 200}.{(399 - i) % 200 + 1}")
+            for i in range(400)
+        ],
+        [],
+    )
     in_state = list(h.engine.state.owner)
     assert in_state != sorted(in_state)
     h.fake.dumps = 0
@@ -52,8 +57,10 @@ def test_a_drain_check_judges_off_the_lock_and_applies_only_its_deletions(monkey
 
     h = Harness(drain_timeout=600)
     n = 300
-    h.start([service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}") for i in range(n)],
-            [endpoint_slice(f"s{i}", [endpoint(A), endpoint(B)]) for i in range(n)])
+    h.start(
+        [service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}") for i in range(n)],
+        [endpoint_slice(f"s{i}", [endpoint(A), endpoint(B)]) for i in range(n)],
+    )
     keys = [ServiceKey(vs().protocol, f"10.96.{i // 200}.{i % 200 + 1}", 80) for i in range(n)]
     for i, key in enumerate(keys):
         h.fake.set_connections(key, rs(A), active=1)
@@ -106,8 +113,12 @@ class BlockingDumpKernel(FakeKernel):
 def test_a_drain_check_is_not_held_up_by_the_audits_full_dump():
     kernel = BlockingDumpKernel()
     h = Harness(kernel=kernel, drain_timeout=600)
-    loop = Loop(h.engine, queue.Queue(), LoopConfig(drain_check_interval=0.05,
-                                                    audit_interval=0.05), clock=h.clock)
+    loop = Loop(
+        h.engine,
+        queue.Queue(),
+        LoopConfig(drain_check_interval=0.05, audit_interval=0.05),
+        clock=h.clock,
+    )
     h.start([service("web")], [endpoint_slice("web", [endpoint(A), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
     h.upsert(endpoint_slice("web", [endpoint(B)]))  # A drains, held by its connection
@@ -229,8 +240,9 @@ def test_a_round_start_compares_the_virtual_servers_off_the_lock():
     from ipvsctl.model import VirtualServer
 
     h = Harness()
-    h.start([service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}")
-             for i in range(300)], [])
+    h.start(
+        [service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}") for i in range(300)], []
+    )
     changed = ServiceKey(vs().protocol, "10.96.0.7", 80)
     h.fake.update_virtual_server(VirtualServer(changed, "wlc"))  # an operator's ipvsadm -E
     auditor = h.engine.audit
@@ -270,14 +282,24 @@ def test_a_drain_snapshot_is_one_shallow_copy_and_later_changes_leave_it_alone()
     a, b = RealServerKey(A, 8080), RealServerKey(B, 8080)
     for key in keys:
         for rs_ in (a, b):
-            q.add(DrainEntry(key, rs_, None, DrainReason.REMOVED, 0.0, 60.0,
-                             DeadlineSource.DEFAULT))
+            q.add(
+                DrainEntry(key, rs_, None, DrainReason.REMOVED, 0.0, 60.0, DeadlineSource.DEFAULT)
+            )
     snap = q.snapshot()
     assert all(snap[k] is q.for_vs(k) for k in keys)  # shared, not copied
     q.remove(keys[0], a)
     q.remove_vs(keys[1])
-    q.add(DrainEntry(keys[2], RealServerKey("10.244.9.9", 8080), None, DrainReason.REMOVED,
-                     0.0, 60.0, DeadlineSource.DEFAULT))
+    q.add(
+        DrainEntry(
+            keys[2],
+            RealServerKey("10.244.9.9", 8080),
+            None,
+            DrainReason.REMOVED,
+            0.0,
+            60.0,
+            DeadlineSource.DEFAULT,
+        )
+    )
     assert set(snap[keys[0]]) == {a, b} and set(snap[keys[1]]) == {a, b}
     assert len(snap[keys[2]]) == 2 and len(q.for_vs(keys[2])) == 3
     assert set(q.for_vs(keys[0])) == {b} and not q.for_vs(keys[1]) and len(q) == 98

@@ -18,20 +18,32 @@ def invoke(monkeypatch, tmp_path, *args: str):
     """Run `ipvsctl run` up to the daemon; the daemon is replaced by a recorder."""
     seen = []
     levels = []
-    monkeypatch.setattr(ipvsctl.kernel.netlink.addresses, "node_addresses",
-                        lambda exclude_interfaces=(): ["192.0.2.10"])
+    monkeypatch.setattr(
+        ipvsctl.kernel.netlink.addresses,
+        "node_addresses",
+        lambda exclude_interfaces=(): ["192.0.2.10"],
+    )
     monkeypatch.setattr(ipvsctl.daemon.wiring, "run", lambda opts: seen.append(opts) or 0)
-    monkeypatch.setattr(ipvsctl.obs.logging, "setup",
-                        lambda fmt="text", level=logging.INFO: levels.append(level))
-    r = CliRunner().invoke(app, ["run", "--manifests", str(tmp_path),
-                                 "--state-dir", str(tmp_path / "state"), *args])
+    monkeypatch.setattr(
+        ipvsctl.obs.logging, "setup", lambda fmt="text", level=logging.INFO: levels.append(level)
+    )
+    r = CliRunner().invoke(
+        app, ["run", "--manifests", str(tmp_path), "--state-dir", str(tmp_path / "state"), *args]
+    )
     return r, (seen[0] if seen else None), (levels[0] if levels else None)
 
 
-@pytest.mark.parametrize(("flag", "level"), [
-    (None, logging.INFO), ("debug", logging.DEBUG), ("info", logging.INFO),
-    ("warning", logging.WARNING), ("error", logging.ERROR), ("WARNING", logging.WARNING),
-])
+@pytest.mark.parametrize(
+    ("flag", "level"),
+    [
+        (None, logging.INFO),
+        ("debug", logging.DEBUG),
+        ("info", logging.INFO),
+        ("warning", logging.WARNING),
+        ("error", logging.ERROR),
+        ("WARNING", logging.WARNING),
+    ],
+)
 def test_log_level(monkeypatch, tmp_path, flag, level):
     r, _, got = invoke(monkeypatch, tmp_path, *(["--log-level", flag] if flag else []))
     assert r.exit_code == 0, r.output
@@ -60,50 +72,107 @@ def test_setup_applies_the_level():
 
 # --- durations -----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30", 30.0), ("2.5", 2.5), ("0", 0.0), (".5", 0.5), (" 7 ", 7.0),
-    ("30s", 30.0), ("5m", 300.0), ("1m30s", 90.0), ("1h", 3600.0), ("500ms", 0.5),
-    ("1.5m", 90.0), ("1h2m3s", 3723.0), ("250us", 0.00025), ("0s", 0.0), (45, 45.0),
-    (2.5, 2.5),
-])
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30.0),
+        ("2.5", 2.5),
+        ("0", 0.0),
+        (".5", 0.5),
+        (" 7 ", 7.0),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1m30s", 90.0),
+        ("1h", 3600.0),
+        ("500ms", 0.5),
+        ("1.5m", 90.0),
+        ("1h2m3s", 3723.0),
+        ("250us", 0.00025),
+        ("0s", 0.0),
+        (45, 45.0),
+        (2.5, 2.5),
+    ],
+)
 def test_durations_accepted(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", [
-    "", " ", "s", "-1", "-5s", "+5s", "nan", "NaN", "inf", "-inf", "1e3", "1d", "1w", "1y",
-    "5 m", "1m30", "30sec", "1h-5m", "0x10", "\uff11\uff10", "9" * 400, "9" * 400 + "h", "1e400",
-    f"{MAX_SECONDS + 1:g}", "169h", True, None, float("nan"), float("inf"), -3,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " ",
+        "s",
+        "-1",
+        "-5s",
+        "+5s",
+        "nan",
+        "NaN",
+        "inf",
+        "-inf",
+        "1e3",
+        "1d",
+        "1w",
+        "1y",
+        "5 m",
+        "1m30",
+        "30sec",
+        "1h-5m",
+        "0x10",
+        "\uff11\uff10",
+        "9" * 400,
+        "9" * 400 + "h",
+        "1e400",
+        f"{MAX_SECONDS + 1:g}",
+        "169h",
+        True,
+        None,
+        float("nan"),
+        float("inf"),
+        -3,
+    ],
+)
 def test_durations_rejected(text):
     with pytest.raises(ValueError):
         parse_duration(text)
 
 
-@pytest.mark.parametrize(("args", "field", "value"), [
-    (["--drain-timeout", "5m"], "drain_timeout", 300.0),
-    (["--drain-timeout", "2.5"], "drain_timeout", 2.5),
-    (["--drain-check-interval", "500ms"], "drain_check_interval", 0.5),
-    (["--ipvs-tcp-timeout", "15m"], "tcp_timeout", 900),
-    (["--ipvs-tcpfin-timeout", "1m30s"], "tcpfin_timeout", 90),
-    (["--ipvs-udp-timeout", "300"], "udp_timeout", 300),
-    (["--ipvs-udp-timeout", "500ms"], "udp_timeout", 1),  # whole seconds, never "kernel's"
-    ([], "drain_timeout", 30.0),
-    ([], "drain_check_interval", 1.0),
-    ([], "tcp_timeout", 0),
-])
+@pytest.mark.parametrize(
+    ("args", "field", "value"),
+    [
+        (["--drain-timeout", "5m"], "drain_timeout", 300.0),
+        (["--drain-timeout", "2.5"], "drain_timeout", 2.5),
+        (["--drain-check-interval", "500ms"], "drain_check_interval", 0.5),
+        (["--ipvs-tcp-timeout", "15m"], "tcp_timeout", 900),
+        (["--ipvs-tcpfin-timeout", "1m30s"], "tcpfin_timeout", 90),
+        (["--ipvs-udp-timeout", "300"], "udp_timeout", 300),
+        (["--ipvs-udp-timeout", "500ms"], "udp_timeout", 1),  # whole seconds, never "kernel's"
+        ([], "drain_timeout", 30.0),
+        ([], "drain_check_interval", 1.0),
+        ([], "tcp_timeout", 0),
+    ],
+)
 def test_run_seconds_flags_take_durations(monkeypatch, tmp_path, args, field, value):
     r, opts, _ = invoke(monkeypatch, tmp_path, *args)
     assert r.exit_code == 0, r.output
     assert getattr(opts, field) == value
 
 
-@pytest.mark.parametrize("args", [
-    ["--drain-timeout", "5 minutes"], ["--drain-timeout", "-1"], ["--drain-timeout", "nan"],
-    ["--drain-timeout", "inf"], ["--drain-timeout", "99999999h"],
-    ["--drain-check-interval", "0"], ["--drain-check-interval", "10ms"],
-    ["--ipvs-tcp-timeout", "1d"], ["--ipvs-udp-timeout", "-5s"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--drain-timeout", "5 minutes"],
+        ["--drain-timeout", "-1"],
+        ["--drain-timeout", "nan"],
+        ["--drain-timeout", "inf"],
+        ["--drain-timeout", "99999999h"],
+        ["--drain-check-interval", "0"],
+        ["--drain-check-interval", "10ms"],
+        ["--ipvs-tcp-timeout", "1d"],
+        ["--ipvs-udp-timeout", "-5s"],
+    ],
+)
 def test_bad_seconds_flag_is_exit_2_with_one_line(monkeypatch, tmp_path, args):
     r, opts, _ = invoke(monkeypatch, tmp_path, *args)
     assert r.exit_code == 2 and opts is None, r.output
@@ -114,15 +183,19 @@ def test_bad_seconds_flag_is_exit_2_with_one_line(monkeypatch, tmp_path, args):
 def test_help_names_seconds_flags_sensibly():
     r = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    for flag in ("--drain-timeout", "--drain-check-interval", "--ipvs-tcp-timeout",
-                 "--log-level"):
+    for flag in ("--drain-timeout", "--drain-check-interval", "--ipvs-tcp-timeout", "--log-level"):
         assert flag in r.output
     assert "SECONDS" in r.output and "30s" in r.output
 
 
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--timeout", "1m"), ("--check-interval", "250ms"), ("--check-delay", "1.5"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--timeout", "1m"),
+        ("--check-interval", "250ms"),
+        ("--check-delay", "1.5"),
+    ],
+)
 def test_shutdown_manager_flags_take_durations_and_reject_garbage(flag, value):
     from ipvsctl.cli import shutdown_manager as sm
 
@@ -141,7 +214,7 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
     from ipvsctl.obs.metrics import Metrics
 
     options = ipvsctl.daemon.wiring.DaemonOptions(
-        node=NodeContext("node-a", service_proxy_name=proxy_name),
-        apiserver="http://127.0.0.1:9")
+        node=NodeContext("node-a", service_proxy_name=proxy_name), apiserver="http://127.0.0.1:9"
+    )
     source = ipvsctl.daemon.wiring.open_source(options, Metrics())
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)

@@ -21,11 +21,13 @@ A, B = "10.244.1.5", "10.244.1.6"
 
 def plan(services, slices=(), node=NODE):
     result, problems = plan_objects(
-        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices)}, node)
+        {ObjectKind.SERVICE: list(services), ObjectKind.ENDPOINT_SLICE: list(slices)}, node
+    )
     got = {}
     for v in plan_json(result)["virtual_servers"]:
         got[f"{v['protocol']} {v['address']}:{v['port']}"] = sorted(
-            f"{r['address']}:{r['port']}" for r in v["real_servers"])
+            f"{r['address']}:{r['port']}" for r in v["real_servers"]
+        )
     return got, problems
 
 
@@ -36,21 +38,25 @@ def labelled(svc, **labels):
 
 # --- ipvsctl.io/drain-timeout: durations ----------------------------------------------
 
-@pytest.mark.parametrize(("value", "deadline", "source", "warned"), [
-    ("5", 5, DeadlineSource.ANNOTATION, False),
-    ("2.5", 2.5, DeadlineSource.ANNOTATION, False),
-    ("5m", 300, DeadlineSource.ANNOTATION, False),
-    ("1m30s", 90, DeadlineSource.ANNOTATION, False),
-    ("1h", 3600, DeadlineSource.ANNOTATION, False),
-    ("500ms", 0.5, DeadlineSource.ANNOTATION, False),
-    # Invalid: one warning, counted, and the next rule: the endpoint is listed as
-    # terminating, so its pod's lifetime bounds it (no deadline of its own).
-    ("5 minutes", math.inf, DeadlineSource.POD, True),
-    ("-5s", math.inf, DeadlineSource.POD, True),
-    ("nan", math.inf, DeadlineSource.POD, True),
-    ("1d", math.inf, DeadlineSource.POD, True),
-    ("99999999h", math.inf, DeadlineSource.POD, True),
-])
+
+@pytest.mark.parametrize(
+    ("value", "deadline", "source", "warned"),
+    [
+        ("5", 5, DeadlineSource.ANNOTATION, False),
+        ("2.5", 2.5, DeadlineSource.ANNOTATION, False),
+        ("5m", 300, DeadlineSource.ANNOTATION, False),
+        ("1m30s", 90, DeadlineSource.ANNOTATION, False),
+        ("1h", 3600, DeadlineSource.ANNOTATION, False),
+        ("500ms", 0.5, DeadlineSource.ANNOTATION, False),
+        # Invalid: one warning, counted, and the next rule: the endpoint is listed as
+        # terminating, so its pod's lifetime bounds it (no deadline of its own).
+        ("5 minutes", math.inf, DeadlineSource.POD, True),
+        ("-5s", math.inf, DeadlineSource.POD, True),
+        ("nan", math.inf, DeadlineSource.POD, True),
+        ("1d", math.inf, DeadlineSource.POD, True),
+        ("99999999h", math.inf, DeadlineSource.POD, True),
+    ],
+)
 def test_drain_timeout_annotation(value, deadline, source, warned):
     svc = service("web", annotations={"ipvsctl.io/drain-timeout": value})
     h = Harness(drain_timeout=300)
@@ -86,22 +92,26 @@ PROXY = "service.kubernetes.io/service-proxy-name"
 HEADLESS = "service.kubernetes.io/headless"
 
 
-@pytest.mark.parametrize(("proxy_name", "labels", "served"), [
-    (None, {}, True),
-    (None, {"app": "web"}, True),
-    (None, {PROXY: "cilium"}, False),
-    (None, {PROXY: ""}, False),  # labelled at all: another proxy's, as kube-proxy
-    (None, {HEADLESS: ""}, False),
-    (None, {HEADLESS: "true"}, False),
-    ("ipvsctl", {}, False),
-    ("ipvsctl", {PROXY: "ipvsctl"}, True),
-    ("ipvsctl", {PROXY: "cilium"}, False),
-    ("ipvsctl", {PROXY: "ipvsctl", HEADLESS: ""}, False),
-])
+@pytest.mark.parametrize(
+    ("proxy_name", "labels", "served"),
+    [
+        (None, {}, True),
+        (None, {"app": "web"}, True),
+        (None, {PROXY: "cilium"}, False),
+        (None, {PROXY: ""}, False),  # labelled at all: another proxy's, as kube-proxy
+        (None, {HEADLESS: ""}, False),
+        (None, {HEADLESS: "true"}, False),
+        ("ipvsctl", {}, False),
+        ("ipvsctl", {PROXY: "ipvsctl"}, True),
+        ("ipvsctl", {PROXY: "cilium"}, False),
+        ("ipvsctl", {PROXY: "ipvsctl", HEADLESS: ""}, False),
+    ],
+)
 def test_service_labels(proxy_name, labels, served):
     node = NodeContext("node-a", ("192.0.2.10",), "rr", service_proxy_name=proxy_name)
-    got, problems = plan([labelled(service("web"), **labels)],
-                         [endpoint_slice("web", [endpoint(A)])], node)
+    got, problems = plan(
+        [labelled(service("web"), **labels)], [endpoint_slice("web", [endpoint(A)])], node
+    )
     assert got == ({"TCP 10.96.0.10:80": [f"{A}:8080"]} if served else {})
     assert problems == []  # another proxy's Service is no problem of ours
 
@@ -128,12 +138,18 @@ def test_relist_drops_a_service_that_is_no_longer_ours():
     from ipvsctl.source.events import Replace
 
     h = Harness()
-    h.start([service("web"), service("db", cluster_ip="10.96.0.11")],
-            [endpoint_slice("web", [endpoint(A)])])
+    h.start(
+        [service("web"), service("db", cluster_ip="10.96.0.11")],
+        [endpoint_slice("web", [endpoint(A)])],
+    )
     h.ops()
-    h.engine.handle(Replace(ObjectKind.SERVICE, [
-        service("web"), labelled(service("db", cluster_ip="10.96.0.11"), **{HEADLESS: ""})],
-        h.clock.monotonic()))
+    h.engine.handle(
+        Replace(
+            ObjectKind.SERVICE,
+            [service("web"), labelled(service("db", cluster_ip="10.96.0.11"), **{HEADLESS: ""})],
+            h.clock.monotonic(),
+        )
+    )
     h.engine.sync()
     assert h.ops() == ["del-vs 10.96.0.11:80/TCP"]
 
@@ -158,14 +174,19 @@ def test_plan_cli_takes_service_proxy_name(tmp_path):
 
     from ipvsctl.cli.app import app
 
-    docs = [labelled(service("mine"), **{PROXY: "ipvsctl"}),
-            service("theirs", cluster_ip="10.96.0.11"),
-            labelled(service("headless", cluster_ip="10.96.0.12"), **{HEADLESS: ""}),
-            endpoint_slice("mine", [endpoint(A)]), endpoint_slice("theirs", [endpoint(B)])]
+    docs = [
+        labelled(service("mine"), **{PROXY: "ipvsctl"}),
+        service("theirs", cluster_ip="10.96.0.11"),
+        labelled(service("headless", cluster_ip="10.96.0.12"), **{HEADLESS: ""}),
+        endpoint_slice("mine", [endpoint(A)]),
+        endpoint_slice("theirs", [endpoint(B)]),
+    ]
     (tmp_path / "all.yaml").write_text(yaml.safe_dump_all(docs))
     base = ["plan", "-f", str(tmp_path), "--node-ip", "192.0.2.10", "--json"]
-    for extra, want in (([], ["default/theirs"]),
-                        (["--service-proxy-name", "ipvsctl"], ["default/mine"])):
+    for extra, want in (
+        ([], ["default/theirs"]),
+        (["--service-proxy-name", "ipvsctl"], ["default/mine"]),
+    ):
         r = CliRunner().invoke(app, base + extra)
         assert r.exit_code == 0, r.output
         js = json.loads(r.stdout)
@@ -192,35 +213,64 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
         t = threading.Thread(target=source.run, args=(events.put, stop), daemon=True)
         t.start()
         # Services and EndpointSlices (this node's Node is watched too, at its own pace)
-        assert api.wait_for(lambda: api.open_watches("Service") == 1
-                            and api.open_watches("EndpointSlice") == 1, 10.0)
+        assert api.wait_for(
+            lambda: api.open_watches("Service") == 1 and api.open_watches("EndpointSlice") == 1,
+            10.0,
+        )
         stop.set()
         t.join(10.0)
         selector = service_label_selector(proxy_name)
-        calls = {(r.resource, r.verb): r.query.get("labelSelector") for r in api.requests
-                 if r.resource in ("services", "endpointslices")}
-        assert calls == {("services", "list"): selector, ("services", "watch"): selector,
-                         ("endpointslices", "list"): None, ("endpointslices", "watch"): None}
+        calls = {
+            (r.resource, r.verb): r.query.get("labelSelector")
+            for r in api.requests
+            if r.resource in ("services", "endpointslices")
+        }
+        assert calls == {
+            ("services", "list"): selector,
+            ("services", "watch"): selector,
+            ("endpointslices", "list"): None,
+            ("endpointslices", "watch"): None,
+        }
     finally:
         api.stop()
 
 
 # --- --service-node-port-range --------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "ports"), [
-    ("30000-32767", range(30000, 32768)), ("20000-22767", range(20000, 22768)),
-    ("80", range(80, 81)), ("1-65535", range(1, 65536)), (" 100 - 200 ", range(100, 201)),
-])
+
+@pytest.mark.parametrize(
+    ("text", "ports"),
+    [
+        ("30000-32767", range(30000, 32768)),
+        ("20000-22767", range(20000, 22768)),
+        ("80", range(80, 81)),
+        ("1-65535", range(1, 65536)),
+        (" 100 - 200 ", range(100, 201)),
+    ],
+)
 def test_node_port_range_accepted(text, ports):
     from ipvsctl.model.portrange import parse_port_range
 
     assert parse_port_range(text) == ports
 
 
-@pytest.mark.parametrize("text", [
-    "", "-", "32767-30000", "0-100", "1-65536", "a-b", "30000:32767", "30000-", "-32767",
-    "1-2-3", "99999999999-1", "\uff11-\uff12",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "-",
+        "32767-30000",
+        "0-100",
+        "1-65536",
+        "a-b",
+        "30000:32767",
+        "30000-",
+        "-32767",
+        "1-2-3",
+        "99999999999-1",
+        "\uff11-\uff12",
+    ],
+)
 def test_node_port_range_rejected(text):
     from ipvsctl.model.portrange import parse_port_range
 
@@ -234,16 +284,20 @@ def _keys(*pairs):
     return [ServiceKey(Protocol.TCP, ip, port) for ip, port in pairs]
 
 
-@pytest.mark.parametrize(("ports", "owned"), [
-    (None, [("192.0.2.10", 30080)]),  # the default range
-    (range(20000, 22768), [("192.0.2.10", 20080)]),
-    (range(20000, 32768), [("192.0.2.10", 20080), ("192.0.2.10", 30080)]),
-])
+@pytest.mark.parametrize(
+    ("ports", "owned"),
+    [
+        (None, [("192.0.2.10", 30080)]),  # the default range
+        (range(20000, 22768), [("192.0.2.10", 20080)]),
+        (range(20000, 32768), [("192.0.2.10", 20080), ("192.0.2.10", 30080)]),
+    ],
+)
 def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
     from ipvsctl.plan.ownership import owned_virtual_servers
 
-    candidates = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("192.0.2.10", 22),
-                       ("192.0.2.99", 20080))
+    candidates = _keys(
+        ("192.0.2.10", 20080), ("192.0.2.10", 30080), ("192.0.2.10", 22), ("192.0.2.99", 20080)
+    )
     args = () if ports is None else (ports,)
     assert owned_virtual_servers(candidates, [], ["192.0.2.10"], *args) == _keys(*owned)
 
@@ -264,8 +318,7 @@ def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     monkeypatch.setattr(netlink, "NetlinkKernel", Kernel)
     monkeypatch.setattr(netlink, "configure_host", lambda **kw: None)
     node = NodeContext("node-a", ("192.0.2.10",))
-    k20080, k30080, kvip = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080),
-                                 ("10.96.0.10", 80))
+    k20080, k30080, kvip = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("10.96.0.10", 80))
     _, default = open_kernel(DaemonOptions(node=node))
     assert (default(k20080), default(k30080), default(kvip)) == (False, True, True)
     _, custom = open_kernel(DaemonOptions(node=node, node_port_range=range(20000, 22768)))
@@ -278,8 +331,10 @@ def test_bad_node_port_range_is_exit_2(bad, tmp_path):
 
     from ipvsctl.cli.app import app
 
-    for cmd in (["run", "--manifests", str(tmp_path)],
-                ["cleanup", "--node-ip", "192.0.2.10", "--dry-run"]):
+    for cmd in (
+        ["run", "--manifests", str(tmp_path)],
+        ["cleanup", "--node-ip", "192.0.2.10", "--dry-run"],
+    ):
         r = CliRunner().invoke(app, [*cmd, "--service-node-port-range", bad])
         assert r.exit_code == 2, r.output
         assert "--service-node-port-range" in r.output.strip().splitlines()[-1]
@@ -298,35 +353,51 @@ def test_cleanup_removes_node_ports_of_a_custom_range(tmp_path):
 
 # --- externalTrafficPolicy: Local with no local endpoint (kube-proxy IPVS, #97081) -----
 
+
 def _etp_local(itp="Cluster"):
-    return service("web", type="LoadBalancer", externalTrafficPolicy="Local",
-                   internalTrafficPolicy=itp, externalIPs=["203.0.113.7"],
-                   lb_ips=["198.51.100.9"], healthCheckNodePort=32000,
-                   ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    return service(
+        "web",
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        internalTrafficPolicy=itp,
+        externalIPs=["203.0.113.7"],
+        lb_ips=["198.51.100.9"],
+        healthCheckNodePort=32000,
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
 
 
 LOCAL, REMOTE, REMOTE2 = "10.244.1.5", "10.244.2.6", "10.244.3.7"
 EXTERNAL = ("TCP 192.0.2.10:30080", "TCP 198.51.100.9:80", "TCP 203.0.113.7:80")
 
 
-@pytest.mark.parametrize(("itp", "eps", "cluster", "external"), [
-    # a local endpoint: external addresses use only it
-    ("Cluster", [endpoint(LOCAL), endpoint(REMOTE, node="node-b")],
-     [LOCAL, REMOTE], [LOCAL]),
-    # none local: the cluster-wide endpoints instead of none
-    ("Cluster", [endpoint(REMOTE, node="node-b"), endpoint(REMOTE2, node="node-c")],
-     [REMOTE, REMOTE2], [REMOTE, REMOTE2]),
-    # a local one that is not ready: KEP-1669 first (a serving, terminating local one)
-    ("Cluster", [terminating(LOCAL), endpoint(REMOTE, node="node-b")],
-     [REMOTE], [LOCAL]),
-    # local but neither ready nor serving: no local endpoint, so cluster-wide
-    ("Cluster", [terminating(LOCAL, serving=False), endpoint(REMOTE, node="node-b")],
-     [REMOTE], [REMOTE]),
-    # internalTrafficPolicy Local has no such fallback (kube-proxy drops, as here)
-    ("Local", [endpoint(REMOTE, node="node-b")], [], [REMOTE]),
-    # no endpoint anywhere: nothing
-    ("Cluster", [], [], []),
-])
+@pytest.mark.parametrize(
+    ("itp", "eps", "cluster", "external"),
+    [
+        # a local endpoint: external addresses use only it
+        ("Cluster", [endpoint(LOCAL), endpoint(REMOTE, node="node-b")], [LOCAL, REMOTE], [LOCAL]),
+        # none local: the cluster-wide endpoints instead of none
+        (
+            "Cluster",
+            [endpoint(REMOTE, node="node-b"), endpoint(REMOTE2, node="node-c")],
+            [REMOTE, REMOTE2],
+            [REMOTE, REMOTE2],
+        ),
+        # a local one that is not ready: KEP-1669 first (a serving, terminating local one)
+        ("Cluster", [terminating(LOCAL), endpoint(REMOTE, node="node-b")], [REMOTE], [LOCAL]),
+        # local but neither ready nor serving: no local endpoint, so cluster-wide
+        (
+            "Cluster",
+            [terminating(LOCAL, serving=False), endpoint(REMOTE, node="node-b")],
+            [REMOTE],
+            [REMOTE],
+        ),
+        # internalTrafficPolicy Local has no such fallback (kube-proxy drops, as here)
+        ("Local", [endpoint(REMOTE, node="node-b")], [], [REMOTE]),
+        # no endpoint anywhere: nothing
+        ("Cluster", [], [], []),
+    ],
+)
 def test_external_local_without_local_endpoints(itp, eps, cluster, external):
     got, _ = plan([_etp_local(itp)], [endpoint_slice("web", eps)])
     assert got["TCP 10.96.0.10:80"] == [f"{a}:8080" for a in cluster]
@@ -339,9 +410,12 @@ def test_fallback_keeps_the_health_check_at_503():
     from ipvsctl.healthcheck.state import local_ready_endpoints
 
     result, _ = plan_objects(
-        {ObjectKind.SERVICE: [_etp_local()],
-         ObjectKind.ENDPOINT_SLICE: [endpoint_slice("web", [endpoint(REMOTE, node="node-b")])]},
-        NODE)
+        {
+            ObjectKind.SERVICE: [_etp_local()],
+            ObjectKind.ENDPOINT_SLICE: [endpoint_slice("web", [endpoint(REMOTE, node="node-b")])],
+        },
+        NODE,
+    )
     desired = result[0][0]
     assert local_ready_endpoints(desired, "node-a") == 0
     assert desired.health_check_node_port == 32000
@@ -349,23 +423,31 @@ def test_fallback_keeps_the_health_check_at_503():
 
 # --- LoadBalancer ingress ipMode (KEP-1860) -------------------------------------------
 
-@pytest.mark.parametrize(("ingress", "vips", "warned"), [
-    ([{"ip": "198.51.100.9"}], ["198.51.100.9"], False),
-    ([{"ip": "198.51.100.9", "ipMode": "VIP"}], ["198.51.100.9"], False),
-    ([{"ip": "198.51.100.9", "ipMode": "Proxy"}], [], False),
-    ([{"ip": "198.51.100.9", "ipMode": "Proxy"}, {"ip": "198.51.100.10", "ipMode": "VIP"}],
-     ["198.51.100.10"], False),
-    ([{"ip": "198.51.100.9", "ipMode": "proxy"}], ["198.51.100.9"], True),  # case matters
-    ([{"ip": "198.51.100.9", "ipMode": "Tunnel"}], ["198.51.100.9"], True),
-    ([{"ip": "198.51.100.9", "ipMode": 7}], ["198.51.100.9"], True),
-    ([{"hostname": "lb.example.org", "ipMode": "Proxy"}], [], False),
-])
+
+@pytest.mark.parametrize(
+    ("ingress", "vips", "warned"),
+    [
+        ([{"ip": "198.51.100.9"}], ["198.51.100.9"], False),
+        ([{"ip": "198.51.100.9", "ipMode": "VIP"}], ["198.51.100.9"], False),
+        ([{"ip": "198.51.100.9", "ipMode": "Proxy"}], [], False),
+        (
+            [{"ip": "198.51.100.9", "ipMode": "Proxy"}, {"ip": "198.51.100.10", "ipMode": "VIP"}],
+            ["198.51.100.10"],
+            False,
+        ),
+        ([{"ip": "198.51.100.9", "ipMode": "proxy"}], ["198.51.100.9"], True),  # case matters
+        ([{"ip": "198.51.100.9", "ipMode": "Tunnel"}], ["198.51.100.9"], True),
+        ([{"ip": "198.51.100.9", "ipMode": 7}], ["198.51.100.9"], True),
+        ([{"hostname": "lb.example.org", "ipMode": "Proxy"}], [], False),
+    ],
+)
 def test_load_balancer_ip_mode(ingress, vips, warned):
     svc = service("web", type="LoadBalancer")
     svc["status"] = {"loadBalancer": {"ingress": ingress}}
     got, problems = plan([svc], [endpoint_slice("web", [endpoint(A)])])
     assert sorted(k.split()[1] for k in got if not k.startswith("TCP 10.96.")) == [
-        f"{ip}:80" for ip in vips]
+        f"{ip}:80" for ip in vips
+    ]
     assert "TCP 10.96.0.10:80" in got  # the Service itself is never skipped
     assert [p.fatal for p in problems] == ([False] if warned else [])
     if warned:
@@ -383,32 +465,51 @@ def test_unknown_ip_mode_is_counted():
 
 # --- kube-router annotations with no ipvsctl meaning ----------------------------------
 
-LOCAL_IGNORED = ("kube-router.io/service.local"
-                 " (use internalTrafficPolicy/externalTrafficPolicy: Local)")
+LOCAL_IGNORED = (
+    "kube-router.io/service.local (use internalTrafficPolicy/externalTrafficPolicy: Local)"
+)
 
 
-@pytest.mark.parametrize(("annotations", "named"), [
-    ({"kube-router.io/service.dsr": "tunnel"},
-     ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)"]),
-    ({"kube-router.io/service.local": "true"},
-     [LOCAL_IGNORED]),
-    ({"kube-router.io/service.hairpin": ""},
-     ["kube-router.io/service.hairpin (hairpin is always on)"]),
-    ({"kube-router.io/service.hairpin.externalips": ""},
-     ["kube-router.io/service.hairpin.externalips (hairpin is always on)"]),
-    ({"kube-router.io/service.skiplbips": "true"},
-     ["kube-router.io/service.skiplbips (every load-balancer IP is served)"]),
-    ({"kube-router.io/service.dsr": "tunnel", "kube-router.io/service.local": "true",
-      "kube-router.io/service.hairpin": ""},
-     ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)",
-      "kube-router.io/service.hairpin (hairpin is always on)",
-      LOCAL_IGNORED]),
-    ({"kube-router.io/service.scheduler": "lc"}, []),  # honoured: no warning
-    ({"kube-router.io/other": "x", "ipvsctl.io/scheduler": "rr"}, []),
-])
+@pytest.mark.parametrize(
+    ("annotations", "named"),
+    [
+        (
+            {"kube-router.io/service.dsr": "tunnel"},
+            ["kube-router.io/service.dsr (ipvsctl forwards with NAT only)"],
+        ),
+        ({"kube-router.io/service.local": "true"}, [LOCAL_IGNORED]),
+        (
+            {"kube-router.io/service.hairpin": ""},
+            ["kube-router.io/service.hairpin (hairpin is always on)"],
+        ),
+        (
+            {"kube-router.io/service.hairpin.externalips": ""},
+            ["kube-router.io/service.hairpin.externalips (hairpin is always on)"],
+        ),
+        (
+            {"kube-router.io/service.skiplbips": "true"},
+            ["kube-router.io/service.skiplbips (every load-balancer IP is served)"],
+        ),
+        (
+            {
+                "kube-router.io/service.dsr": "tunnel",
+                "kube-router.io/service.local": "true",
+                "kube-router.io/service.hairpin": "",
+            },
+            [
+                "kube-router.io/service.dsr (ipvsctl forwards with NAT only)",
+                "kube-router.io/service.hairpin (hairpin is always on)",
+                LOCAL_IGNORED,
+            ],
+        ),
+        ({"kube-router.io/service.scheduler": "lc"}, []),  # honoured: no warning
+        ({"kube-router.io/other": "x", "ipvsctl.io/scheduler": "rr"}, []),
+    ],
+)
 def test_kube_router_annotations_warn_once_per_service(annotations, named):
-    got, problems = plan([service("web", annotations=annotations)],
-                         [endpoint_slice("web", [endpoint(A)])])
+    got, problems = plan(
+        [service("web", annotations=annotations)], [endpoint_slice("web", [endpoint(A)])]
+    )
     assert got == {"TCP 10.96.0.10:80": [f"{A}:8080"]}  # the Service is still served
     if not named:
         assert problems == []
@@ -423,8 +524,9 @@ def test_plan_prints_the_kube_router_warning(tmp_path):
 
     from ipvsctl.cli.app import app
 
-    (tmp_path / "svc.yaml").write_text(yaml.safe_dump(
-        service("web", annotations={"kube-router.io/service.dsr": "tunnel"})))
+    (tmp_path / "svc.yaml").write_text(
+        yaml.safe_dump(service("web", annotations={"kube-router.io/service.dsr": "tunnel"}))
+    )
     r = CliRunner().invoke(app, ["plan", "-f", str(tmp_path), "--node-ip", "192.0.2.10"])
     assert r.exit_code == 0
     warnings = [line for line in r.stderr.splitlines() if "kube-router" in line]
@@ -433,29 +535,61 @@ def test_plan_prints_the_kube_router_warning(tmp_path):
 
 # --- scheduler flags (mh as kube-proxy; kube-router's schedflags; ipvsctl's) ------------
 
-@pytest.mark.parametrize(("annotations", "default", "scheduler", "flags", "warned"), [
-    ({}, "rr", "rr", None, False),
-    ({}, "mh", "mh", ["flag-2"], False),  # kube-proxy: mh hashes the source port too
-    ({"ipvsctl.io/scheduler": "mh"}, "rr", "mh", ["flag-2"], False),
-    ({"kube-router.io/service.scheduler": "mh",
-      "kube-router.io/service.schedflags": "flag-1,flag-2"}, "rr", "mh",
-     ["flag-1", "flag-2"], False),
-    ({"ipvsctl.io/scheduler": "sh", "ipvsctl.io/scheduler-flags": "sh-fallback, sh-port"},
-     "rr", "sh", ["flag-1", "flag-2"], False),
-    ({"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": ""}, "rr", "mh", None,
-     False),  # explicitly none
-    # ipvsctl's annotation wins over kube-router's
-    ({"ipvsctl.io/scheduler-flags": "flag-3", "kube-router.io/service.schedflags": "flag-1"},
-     "rr", "rr", ["flag-3"], False),
-    # unknown flag: one warning, the scheduler's default
-    ({"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": "flag-9"}, "rr", "mh",
-     ["flag-2"], True),
-    ({"kube-router.io/service.schedflags": "fast"}, "rr", "rr", None, True),
-])
+
+@pytest.mark.parametrize(
+    ("annotations", "default", "scheduler", "flags", "warned"),
+    [
+        ({}, "rr", "rr", None, False),
+        ({}, "mh", "mh", ["flag-2"], False),  # kube-proxy: mh hashes the source port too
+        ({"ipvsctl.io/scheduler": "mh"}, "rr", "mh", ["flag-2"], False),
+        (
+            {
+                "kube-router.io/service.scheduler": "mh",
+                "kube-router.io/service.schedflags": "flag-1,flag-2",
+            },
+            "rr",
+            "mh",
+            ["flag-1", "flag-2"],
+            False,
+        ),
+        (
+            {"ipvsctl.io/scheduler": "sh", "ipvsctl.io/scheduler-flags": "sh-fallback, sh-port"},
+            "rr",
+            "sh",
+            ["flag-1", "flag-2"],
+            False,
+        ),
+        (
+            {"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": ""},
+            "rr",
+            "mh",
+            None,
+            False,
+        ),  # explicitly none
+        # ipvsctl's annotation wins over kube-router's
+        (
+            {"ipvsctl.io/scheduler-flags": "flag-3", "kube-router.io/service.schedflags": "flag-1"},
+            "rr",
+            "rr",
+            ["flag-3"],
+            False,
+        ),
+        # unknown flag: one warning, the scheduler's default
+        (
+            {"ipvsctl.io/scheduler": "mh", "ipvsctl.io/scheduler-flags": "flag-9"},
+            "rr",
+            "mh",
+            ["flag-2"],
+            True,
+        ),
+        ({"kube-router.io/service.schedflags": "fast"}, "rr", "rr", None, True),
+    ],
+)
 def test_scheduler_flags(annotations, default, scheduler, flags, warned):
     node = NodeContext("node-a", ("192.0.2.10",), default)
     result, problems = plan_objects(
-        {ObjectKind.SERVICE: [service("web", annotations=annotations)]}, node)
+        {ObjectKind.SERVICE: [service("web", annotations=annotations)]}, node
+    )
     v = plan_json(result)["virtual_servers"][0]
     assert v["scheduler"] == scheduler
     assert v.get("scheduler_flags") == flags
@@ -477,10 +611,14 @@ def test_adopted_virtual_server_gets_its_flags_corrected():
 
 # --- external IPs that are node addresses (kube-proxy's shouldBind) --------------------
 
-@pytest.mark.parametrize(("external", "bound"), [
-    ("203.0.113.7", {"10.96.0.10", "203.0.113.7"}),  # a plain external IP: on the interface
-    ("192.0.2.10", {"10.96.0.10"}),  # a node address: IPVS serves it, never re-bound
-])
+
+@pytest.mark.parametrize(
+    ("external", "bound"),
+    [
+        ("203.0.113.7", {"10.96.0.10", "203.0.113.7"}),  # a plain external IP: on the interface
+        ("192.0.2.10", {"10.96.0.10"}),  # a node address: IPVS serves it, never re-bound
+    ],
+)
 def test_external_ip_that_is_a_node_address_is_not_bound(external, bound):
     h = Harness(node=NodeContext("node-a", ("192.0.2.10",)))
     h.start([service("web", externalIPs=[external])], [endpoint_slice("web", [endpoint(A)])])

@@ -93,7 +93,9 @@ def test_a_silent_daemon_is_retried_each_interval_and_named_at_the_timeout():
     assert f"{B} (unreachable: timed out)" in r.message
     warnings = [n for n in b.take_notes() if n.level == "warning"]
     assert [(n.message, n.fields.get("daemon")) for n in warnings] == [
-        ("daemon not quiesced at timeout", B), ("shutdown barrier timed out", None)]
+        ("daemon not quiesced at timeout", B),
+        ("shutdown barrier timed out", None),
+    ]
 
 
 def test_a_large_cluster_names_a_bounded_number_of_daemons_in_the_log():
@@ -149,8 +151,9 @@ def test_connections_that_never_drain_time_out_in_the_connections_stage():
     r = finish(b.on_timer(T0 + 1.5)).result
     assert r.outcome is Outcome.TIMEOUT and r.stage is Stage.CONNECTIONS
     assert r.connections == 4 and r.connections_error == "/proc/net/tcp: denied"
-    assert r.message.endswith("all daemons quiesced, but connections unknown "
-                              "(/proc/net/tcp: denied), 4 when last read")
+    assert r.message.endswith(
+        "all daemons quiesced, but connections unknown (/proc/net/tcp: denied), 4 when last read"
+    )
 
 
 def test_check_delay_comes_first_and_is_timed():
@@ -211,8 +214,10 @@ def test_expire_ends_it_whatever_the_stage_and_answers_after_that_change_nothing
     b.start(T0)
     b.on_daemons(T0, [A, B])
     r = b.expire(T0 + 10).result
-    assert r.outcome is Outcome.TIMEOUT and r.not_quiesced == {A: "no answer yet",
-                                                                B: "no answer yet"}
+    assert r.outcome is Outcome.TIMEOUT and r.not_quiesced == {
+        A: "no answer yet",
+        B: "no answer yet",
+    }
     assert finish(b.on_answers(T0 + 11, {A: QUIET, B: QUIET})).result is r
 
 
@@ -288,8 +293,13 @@ class ManualTime:
 class ScriptedProbes:
     """Daemons answer from `state`; each probe costs `cost` seconds of manual time."""
 
-    def __init__(self, t: ManualTime, state: dict[str, DaemonAnswer],
-                 connections: list[int] | None = None, cost: float = 0.0) -> None:
+    def __init__(
+        self,
+        t: ManualTime,
+        state: dict[str, DaemonAnswer],
+        connections: list[int] | None = None,
+        cost: float = 0.0,
+    ) -> None:
         self.t, self.state, self.cost = t, state, cost
         self.connections = connections or [0]
         self.queries: list[tuple[float, tuple[str, ...]]] = []
@@ -309,8 +319,9 @@ class ScriptedProbes:
 def test_runner_stops_waiting_as_soon_as_everything_is_quiet(caplog):
     t = ManualTime()
     probes = ScriptedProbes(t, {A: QUIET, B: LIVE}, connections=[3, 1, 0])
-    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=25), [POD]), probes,
-                    t.clock, t.sleep)
+    runner = Runner(
+        Barrier(BarrierConfig(check_interval=1, timeout=25), [POD]), probes, t.clock, t.sleep
+    )
 
     # B's node applies the endpoint removal after two rounds.
     def sleep(seconds: float) -> None:
@@ -326,8 +337,13 @@ def test_runner_stops_waiting_as_soon_as_everything_is_quiet(caplog):
     assert r.elapsed == pytest.approx(4) and t.slept == [1, 1, 1, 1]
     assert r.stages == {"daemons": 2, "connections": 2}
     lines = [rec.getMessage() for rec in caplog.records]
-    assert lines == ["shutdown barrier started", "daemons found", "all daemons quiesced",
-                     "connections drained", "shutdown barrier done"]
+    assert lines == [
+        "shutdown barrier started",
+        "daemons found",
+        "all daemons quiesced",
+        "connections drained",
+        "shutdown barrier done",
+    ]
     done = caplog.records[-1]
     assert done.fields["stages"] == "daemons=2.000s,connections=2.000s"  # type: ignore[attr-defined]
 
@@ -335,8 +351,9 @@ def test_runner_stops_waiting_as_soon_as_everything_is_quiet(caplog):
 def test_runner_names_the_silent_daemon_in_the_log_and_returns_at_the_timeout(caplog):
     t = ManualTime()
     probes = ScriptedProbes(t, {A: QUIET, B: SILENT}, cost=2.0)  # B's query times out
-    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=7), [POD]), probes,
-                    t.clock, t.sleep)
+    runner = Runner(
+        Barrier(BarrierConfig(check_interval=1, timeout=7), [POD]), probes, t.clock, t.sleep
+    )
     with caplog.at_level(logging.INFO, logger="ipvsctl.shutdown"):
         r = runner.run()
     assert r.outcome is Outcome.TIMEOUT and t.now == T0 + 7
@@ -344,7 +361,8 @@ def test_runner_names_the_silent_daemon_in_the_log_and_returns_at_the_timeout(ca
     assert probes.queries[-1] == (T0 + 6, (B,))
     named = [rec for rec in caplog.records if rec.getMessage() == "daemon not quiesced at timeout"]
     assert [rec.fields for rec in named] == [  # type: ignore[attr-defined]
-        {"daemon": B, "reason": "unreachable: timed out"}]
+        {"daemon": B, "reason": "unreachable: timed out"}
+    ]
     assert caplog.records[-1].levelname == "WARNING"
 
 
@@ -468,8 +486,12 @@ def test_the_finishing_log_lines_are_written_before_anyone_sees_the_result():
     the barrier thread still held the timeout's notes unlogged, so the daemon it named was
     missing from the log when the preStop hook returned."""
     t = ManualTime()
-    runner = Runner(Barrier(BarrierConfig(check_interval=1, timeout=2), [POD]),
-                    ScriptedProbes(t, {A: SILENT}), t.clock, t.sleep)
+    runner = Runner(
+        Barrier(BarrierConfig(check_interval=1, timeout=2), [POD]),
+        ScriptedProbes(t, {A: SILENT}),
+        t.clock,
+        t.sleep,
+    )
     writing, release = threading.Event(), threading.Event()
     written: list[str] = []
 

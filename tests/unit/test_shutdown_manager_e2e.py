@@ -31,10 +31,14 @@ from ipvsctl.httpd import HTTPServer, as_json
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 POD = "10.244.1.5"
-HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
-          "timeout inode\n")
-LISTEN_8080 = ("   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  "
-               "1000        0 1582 1 0000000000000001 100 0 0 10 0\n")
+HEADER = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+    "timeout inode\n"
+)
+LISTEN_8080 = (
+    "   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  "
+    "1000        0 1582 1 0000000000000001 100 0 0 10 0\n"
+)
 
 
 def established_8080(n: int) -> str:
@@ -42,7 +46,8 @@ def established_8080(n: int) -> str:
     return "".join(
         f"   {i + 1}: 0501F40A:1F90 0200000A:{50000 + i:04X} 01 00000000:00000000 "
         f"02:000AF0A3 00000000  1000        0 {2000 + i} 2 0000000000000002 20 4 30 10 -1\n"
-        for i in range(n))
+        for i in range(n)
+    )
 
 
 def write_proc(folder: Path, connections: int) -> None:
@@ -65,10 +70,15 @@ class FakeDaemon:
     def handle(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
         ip = q["ip"][0]
         with self.cond:
-            doc = {"ip": ip, "node": self.node, "ready": self.ready,
-                   "quiesced": self.ready and self.quiesced,
-                   "real_servers_with_weight": 0 if self.quiesced else 1,
-                   "since": None, "for_seconds": None}
+            doc = {
+                "ip": ip,
+                "node": self.node,
+                "ready": self.ready,
+                "quiesced": self.ready and self.quiesced,
+                "real_servers_with_weight": 0 if self.quiesced else 1,
+                "since": None,
+                "for_seconds": None,
+            }
             self.queries += 1
             self.cond.notify_all()
         return as_json(200, doc)
@@ -138,13 +148,20 @@ def daemons() -> Iterator[list[FakeDaemon]]:
 
 def manager(tmp_path: Path, daemons: list[str], **barrier: Any) -> ShutdownManager:
     cfg = {"check_interval": 0.02, "timeout": 30.0, **barrier}
-    return ShutdownManager(ManagerOptions(
-        pod_ips=(POD,), listen="127.0.0.1:0", daemons=tuple(daemons),
-        proc_net=str(tmp_path), barrier=BarrierConfig(**cfg)))
+    return ShutdownManager(
+        ManagerOptions(
+            pod_ips=(POD,),
+            listen="127.0.0.1:0",
+            daemons=tuple(daemons),
+            proc_net=str(tmp_path),
+            barrier=BarrierConfig(**cfg),
+        )
+    )
 
 
 def test_shutdown_returns_as_soon_as_every_daemon_is_quiesced_and_connections_drain(
-        tmp_path, daemons):
+    tmp_path, daemons
+):
     a, b = daemons
     write_proc(tmp_path, connections=1)
     m = manager(tmp_path, [a.url, b.url])
@@ -191,8 +208,12 @@ def test_shutdown_returns_as_soon_as_every_daemon_is_quiesced_and_connections_dr
         assert answers[0] == answers[1]  # one barrier, one result
         code, doc = answers[0]  # type: ignore[misc]
         assert code == 200 and doc["outcome"] == "drained"
-        assert doc["daemons"] == {"total": 2, "quiesced": 2, "not_quiesced": {},
-                                  "discovery_error": None}
+        assert doc["daemons"] == {
+            "total": 2,
+            "quiesced": 2,
+            "not_quiesced": {},
+            "discovery_error": None,
+        }
         assert doc["connections"]["established"] == 0 and doc["elapsed_seconds"] < 30
         assert set(doc["stages"]) == {"daemons", "connections"}
         # A hook that comes late gets an answer of its own (a new barrier, never a result
@@ -206,7 +227,8 @@ def test_shutdown_returns_as_soon_as_every_daemon_is_quiesced_and_connections_dr
 
 
 def test_a_daemon_that_never_answers_is_named_and_the_hook_returns_at_the_timeout(
-        tmp_path, daemons, caplog):
+    tmp_path, daemons, caplog
+):
     a, _ = daemons
     a.set(quiesced=True)
     closed = socket.create_server(("127.0.0.1", 0))
@@ -240,10 +262,17 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         asked.append((name, port))
         return ["127.0.0.1"]
 
-    m = ShutdownManager(ManagerOptions(
-        pod_ips=(POD,), listen="127.0.0.1:0", daemon_service="ipvsctl-metrics.test",
-        daemon_port=a.http.port, proc_net=str(tmp_path),
-        barrier=BarrierConfig(check_interval=0.02, timeout=10)), resolve=resolve)
+    m = ShutdownManager(
+        ManagerOptions(
+            pod_ips=(POD,),
+            listen="127.0.0.1:0",
+            daemon_service="ipvsctl-metrics.test",
+            daemon_port=a.http.port,
+            proc_net=str(tmp_path),
+            barrier=BarrierConfig(check_interval=0.02, timeout=10),
+        ),
+        resolve=resolve,
+    )
     m.start()
     try:
         code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
@@ -254,8 +283,7 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         m.stop()
 
 
-def test_on_sigterm_a_running_barrier_is_seen_through_and_its_hook_answered(
-        tmp_path, daemons):
+def test_on_sigterm_a_running_barrier_is_seen_through_and_its_hook_answered(tmp_path, daemons):
     a, b = daemons  # neither quiesces
     write_proc(tmp_path, connections=0)
     m = manager(tmp_path, [a.url, b.url], timeout=0.4)
@@ -296,9 +324,21 @@ def test_the_command_and_its_flags(cli, monkeypatch):
     runner = CliRunner()
     r = runner.invoke(cli, ["shutdown-manager", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    for flag in ("--pod-ip", "--listen", "--daemon", "--daemon-service", "--daemon-port",
-                 "--port", "--min-open-connections", "--check-interval", "--check-delay",
-                 "--timeout", "--proc-net", "--wait-connections", "--log-format"):
+    for flag in (
+        "--pod-ip",
+        "--listen",
+        "--daemon",
+        "--daemon-service",
+        "--daemon-port",
+        "--port",
+        "--min-open-connections",
+        "--check-interval",
+        "--check-delay",
+        "--timeout",
+        "--proc-net",
+        "--wait-connections",
+        "--log-format",
+    ):
         assert flag in r.output, flag
     r = runner.invoke(cli, ["shutdown-manager"])
     assert r.exit_code == 2 and "--pod-ip" in r.output
@@ -318,8 +358,9 @@ def test_a_listen_address_in_use_is_a_start_up_error(cli, monkeypatch):
     monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)
     try:
         monkeypatch.setenv("POD_IP", f"{POD},fd00::5")
-        r = CliRunner().invoke(cli, ["shutdown-manager", "--listen",
-                                     f"127.0.0.1:{taken.getsockname()[1]}"])
+        r = CliRunner().invoke(
+            cli, ["shutdown-manager", "--listen", f"127.0.0.1:{taken.getsockname()[1]}"]
+        )
         assert r.exit_code == 1 and "--listen" in r.output
     finally:
         taken.close()
@@ -351,8 +392,7 @@ def test_the_example_manifest_is_consistent_with_the_command(cli):
         assert c["lifecycle"]["preStop"]["httpGet"] == {"path": "/shutdown", "port": listen_port}
     assert params["port"] == [app["ports"][0]["containerPort"]]
     env = {e["name"]: e for e in sidecar["env"]}
-    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] in ("status.podIP",
-                                                                   "status.podIPs")
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] in ("status.podIP", "status.podIPs")
     assert parse_duration(params["timeout"]) < pod["terminationGracePeriodSeconds"]
 
 

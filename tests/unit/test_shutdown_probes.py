@@ -105,8 +105,9 @@ def test_counter_watches_every_listening_port_but_its_own_by_default(proc_net):
     assert counter() == 4  # 8080's four; 9797 (the preStop request itself) left out
     assert ConnectionCounter(proc_net, ports=[9797])() == 1
     # The app closes its listeners (and tcp6 disappears): 8080's connections still count.
-    (proc_net / "tcp").write_text("\n".join(
-        line for line in TCP.splitlines() if " 0A " not in line))
+    (proc_net / "tcp").write_text(
+        "\n".join(line for line in TCP.splitlines() if " 0A " not in line)
+    )
     (proc_net / "tcp6").unlink()
     assert counter() == 2
 
@@ -147,8 +148,7 @@ def test_dns_discovery_turns_a_and_aaaa_records_into_daemon_urls():
         return ["192.0.2.2", "192.0.2.1", "2001:db8:0::1", "192.0.2.1"]
 
     d = DnsDaemons("ipvsctl-metrics.ipvsctl-system.svc.cluster.local", 9796, stub)
-    assert d() == ["http://192.0.2.1:9796", "http://192.0.2.2:9796",
-                   "http://[2001:db8::1]:9796"]
+    assert d() == ["http://192.0.2.1:9796", "http://192.0.2.2:9796", "http://[2001:db8::1]:9796"]
     assert asked == [("ipvsctl-metrics.ipvsctl-system.svc.cluster.local", 9796)]
     assert str(d) == "dns:ipvsctl-metrics.ipvsctl-system.svc.cluster.local:9796"
 
@@ -171,8 +171,10 @@ def test_the_system_resolver_answers_for_literal_addresses():
 
 
 def test_static_daemon_urls_are_normalised():
-    assert StaticDaemons(["http://b:1/", "http://a:1", "http://a:1"])() == ["http://a:1",
-                                                                          "http://b:1"]
+    assert StaticDaemons(["http://b:1/", "http://a:1", "http://a:1"])() == [
+        "http://a:1",
+        "http://b:1",
+    ]
     assert normalize_daemon_url(" https://[::1]:9796/ ") == "https://[::1]:9796"
     for bad in ("192.0.2.1:9796", "ftp://x", "http://"):
         with pytest.raises(ValueError):
@@ -185,8 +187,15 @@ def test_static_daemon_urls_are_normalised():
 
 
 def answer(ip: str, ready: bool = True, quiesced: bool = True, live: int = 0) -> dict:
-    return {"ip": ip, "node": "node-a", "ready": ready, "quiesced": quiesced,
-            "real_servers_with_weight": live, "since": None, "for_seconds": None}
+    return {
+        "ip": ip,
+        "node": "node-a",
+        "ready": ready,
+        "quiesced": quiesced,
+        "real_servers_with_weight": live,
+        "since": None,
+        "for_seconds": None,
+    }
 
 
 def test_quiesced_answers_are_parsed():
@@ -257,8 +266,7 @@ def test_query_combines_a_dual_stack_pods_ips_per_daemon(daemon):
     other.http.start()
     try:
         other.state[POD6] = answer(POD6, quiesced=False, live=1)
-        probes = ShutdownProbes(StaticDaemons([daemon.url, other.url]), [POD, POD6],
-                                lambda: 0)
+        probes = ShutdownProbes(StaticDaemons([daemon.url, other.url]), [POD, POD6], lambda: 0)
         answers = probes.query(probes.discover(), 2)  # type: ignore[arg-type]
         assert answers[daemon.url] == DaemonReport(True, True, "node-a", 0)
         assert answers[other.url] == DaemonReport(True, False, "node-a", 1)

@@ -24,8 +24,14 @@ LB4, LB6 = "203.0.113.7", "2001:db8:7::1"
 def lb_service(ranges: list[str] | None, **spec) -> dict:
     if ranges is not None:
         spec["loadBalancerSourceRanges"] = ranges
-    return service("web", ["10.96.0.10", "fd96::10"], type="LoadBalancer", lb_ips=[LB4, LB6],
-                   ports=[{"name": "http", "port": 80, "nodePort": 30080}], **spec)
+    return service(
+        "web",
+        ["10.96.0.10", "fd96::10"],
+        type="LoadBalancer",
+        lb_ips=[LB4, LB6],
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+        **spec,
+    )
 
 
 def elements(svc: dict) -> dict[ServiceKey, Element]:
@@ -70,14 +76,19 @@ def test_bad_ranges_are_ignored_with_a_warning_and_all_bad_means_closed():
 
 
 def test_ranges_on_other_types_are_ignored():
-    svc = service("web", type="NodePort", loadBalancerSourceRanges=["198.51.100.0/24"],
-                  ports=[{"name": "http", "port": 80, "nodePort": 30080}])
+    svc = service(
+        "web",
+        type="NodePort",
+        loadBalancerSourceRanges=["198.51.100.0/24"],
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
     assert parse_service(svc).value.source_ranges is None
 
 
 def test_the_api_source_keeps_the_field():
-    assert trim_service(lb_service(["198.51.100.0/24"]))["spec"][
-        "loadBalancerSourceRanges"] == ["198.51.100.0/24"]
+    assert trim_service(lb_service(["198.51.100.0/24"]))["spec"]["loadBalancerSourceRanges"] == [
+        "198.51.100.0/24"
+    ]
 
 
 def test_a_range_change_is_a_delta_of_the_sets_only():

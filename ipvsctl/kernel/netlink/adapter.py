@@ -97,7 +97,8 @@ class NetlinkKernel:
         return self._calls.list_real_servers(key)
 
     def read_real_servers(
-        self, keys: Collection[ServiceKey],
+        self,
+        keys: Collection[ServiceKey],
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         scan = procfs.read_real_servers(keys, only, netns=self.netns)

@@ -162,5 +162,3 @@ def timeouts_from_message(m: Any) -> IPVSTimeouts:
         tcpfin=decode_u32(m.get_attr("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN") or 0),
         udp=decode_u32(m.get_attr("IPVS_CMD_ATTR_TIMEOUT_UDP") or 0),
     )
-
-

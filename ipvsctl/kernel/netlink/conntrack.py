@@ -50,7 +50,8 @@ def _error(exc: BaseException, operation: str) -> KernelError:
     if code in _UNAVAILABLE:
         reason = os.strerror(code) if code else str(exc)
         return KernelUnavailable(
-            f"{operation}: {reason} (is nf_conntrack_netlink loaded?)", operation)
+            f"{operation}: {reason} (is nf_conntrack_netlink loaded?)", operation
+        )
     return translate_error(exc, operation)
 
 
@@ -109,8 +110,9 @@ def _family(ipv6: bool) -> int:
 class NetlinkConntrack:
     """ConntrackTable on the running kernel (or in network namespace `netns`)."""
 
-    def __init__(self, netns: str | None = None,
-                 socket_factory: SocketFactory | None = None) -> None:
+    def __init__(
+        self, netns: str | None = None, socket_factory: SocketFactory | None = None
+    ) -> None:
         self.netns = netns
         self._factory = socket_factory or self._open
 
@@ -132,14 +134,16 @@ class NetlinkConntrack:
             except Exception:  # closing must not raise
                 log.debug("conntrack socket close failed", exc_info=True)
 
-    def list_conntrack(self, protocol: Protocol, ipv6: bool,
-                       port: int | None = None) -> list[ConntrackEntry]:
+    def list_conntrack(
+        self, protocol: Protocol, ipv6: bool, port: int | None = None
+    ) -> list[ConntrackEntry]:
         family, number = _family(ipv6), protocol.number
         with self._socket(family, "list_conntrack") as ct:
             try:
                 try:
-                    messages = list(ct.dump(tuple_orig=NFCTAttrTuple(
-                        family=family, proto=number, dport=port)))
+                    messages = list(
+                        ct.dump(tuple_orig=NFCTAttrTuple(family=family, proto=number, dport=port))
+                    )
                 except NetlinkError as exc:
                     if exc.code not in (errno.EOPNOTSUPP, errno.EINVAL):
                         raise
@@ -147,8 +151,11 @@ class NetlinkConntrack:
             except _FAILURES as exc:
                 raise _error(exc, "list_conntrack") from exc
         found = (entry_from_message(m) for m in messages)
-        return [e for e in found if e is not None and e.protocol == protocol
-                and (port is None or e.orig_dport == port)]
+        return [
+            e
+            for e in found
+            if e is not None and e.protocol == protocol and (port is None or e.orig_dport == port)
+        ]
 
     def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
         deleted = 0
@@ -160,9 +167,13 @@ class NetlinkConntrack:
             with self._socket(family, "delete_conntrack") as ct:
                 for e in batch:
                     target = NFCTAttrTuple(
-                        family=family, saddr=e.orig_src, daddr=e.orig_dst,
-                        proto=e.protocol.number, sport=e.orig_sport,
-                        dport=e.orig_dport)
+                        family=family,
+                        saddr=e.orig_src,
+                        daddr=e.orig_dst,
+                        proto=e.protocol.number,
+                        sport=e.orig_sport,
+                        dport=e.orig_dport,
+                    )
                     try:
                         ct.entry("del", tuple_orig=target)
                         deleted += 1

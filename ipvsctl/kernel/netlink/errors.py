@@ -58,8 +58,14 @@ def errors(operation: str, subject: object = "", scheduler: str | None = None) -
     # RuntimeError: pyroute2 event loop; struct.error/OverflowError: a value that does not
     # fit its netlink field (parsing validates them; this keeps a miss to one Service).
     # MalformedAnswer: a dump answer that does not decode (wire.py).
-    except (NetlinkError, OSError, RuntimeError, struct.error, OverflowError,
-            MalformedAnswer) as exc:
+    except (
+        NetlinkError,
+        OSError,
+        RuntimeError,
+        struct.error,
+        OverflowError,
+        MalformedAnswer,
+    ) as exc:
         err = translate_error(exc, operation, str(subject))
         if scheduler is not None and isinstance(err, KernelNotFound):
             # a new/changed service gets ENOENT only for an unknown scheduler

@@ -73,11 +73,13 @@ class DummyInterface:
         ipr = self.sockets.iproute()
 
         def read(index: int) -> list[str]:
-            return sorted({
-                ipaddress.ip_address(a.get("IFA_ADDRESS")).compressed
-                for a in ipr.get_addr(index=index)
-                if a.get("IFA_ADDRESS")
-            })
+            return sorted(
+                {
+                    ipaddress.ip_address(a.get("IFA_ADDRESS")).compressed
+                    for a in ipr.get_addr(index=index)
+                    if a.get("IFA_ADDRESS")
+                }
+            )
 
         return self._with_index("bound_addresses", read)
 
@@ -153,5 +155,3 @@ class AddressIndex:
                 keys.discard(key)
                 if not keys:
                     del self._by_address[address]
-
-

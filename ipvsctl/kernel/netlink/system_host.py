@@ -42,8 +42,9 @@ class SystemIpvsHost:
 
     def _ip(self, *args: str) -> str:
         try:
-            r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
-                               check=False)
+            r = subprocess.run(
+                ["ip", *args], capture_output=True, text=True, timeout=30, check=False
+            )
         except FileNotFoundError:
             raise KernelError("ip (iproute2) not found", "ip") from None
         if r.returncode != 0:

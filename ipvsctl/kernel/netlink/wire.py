@@ -68,12 +68,19 @@ _NETMASK_V4 = _nla(SVC_NETMASK, _U32.pack(0xFFFFFFFF))
 _NETMASK_V6 = _nla(SVC_NETMASK, _U32.pack(128))  # a prefix length for IPv6 (codec.py)
 # pyroute2's IPVSService defaults, which it sends in del/get too (the kernel reads only the
 # identity there)
-_KEY_DEFAULTS = (_nla(SVC_TIMEOUT, _U32.pack(0)) + _nla(SVC_SCHED_NAME, b"wlc\0")
-                 + _nla(SVC_FLAGS, _FLAGS.pack(0, 0xFFFF)))
+_KEY_DEFAULTS = (
+    _nla(SVC_TIMEOUT, _U32.pack(0))
+    + _nla(SVC_SCHED_NAME, b"wlc\0")
+    + _nla(SVC_FLAGS, _FLAGS.pack(0, 0xFFFF))
+)
 # pyroute2's IPVSDest defaults ahead of the fields we set: tunnel type/port/flags, thresholds
-_DEST_DEFAULTS = (_nla(DEST_TUN_TYPE, b"\0") + _nla(DEST_TUN_PORT, _U16.pack(0))
-                  + _nla(DEST_TUN_FLAGS, _U16.pack(0)) + _nla(DEST_U_THRESH, _U32.pack(0))
-                  + _nla(DEST_L_THRESH, _U32.pack(0)))
+_DEST_DEFAULTS = (
+    _nla(DEST_TUN_TYPE, b"\0")
+    + _nla(DEST_TUN_PORT, _U16.pack(0))
+    + _nla(DEST_TUN_FLAGS, _U16.pack(0))
+    + _nla(DEST_U_THRESH, _U32.pack(0))
+    + _nla(DEST_L_THRESH, _U32.pack(0))
+)
 _FLAGS_MASK = SVC_F_PERSISTENT | SCHED_FLAGS_MASK
 
 
@@ -85,10 +92,12 @@ def _family(address: str) -> int:
 def _identity(key: ServiceKey) -> bytes:
     """af, protocol, addr, port: what dest commands name their service by."""
     af = _family(key.address)
-    return (_nla(SVC_AF, _U16.pack(af))
-            + _nla(SVC_PROTOCOL, _U16.pack(key.protocol.number))
-            + _nla(SVC_ADDR, socket.inet_pton(af, key.address))
-            + _nla(SVC_PORT, _BE16.pack(key.port)))
+    return (
+        _nla(SVC_AF, _U16.pack(af))
+        + _nla(SVC_PROTOCOL, _U16.pack(key.protocol.number))
+        + _nla(SVC_ADDR, socket.inet_pton(af, key.address))
+        + _nla(SVC_PORT, _BE16.pack(key.port))
+    )
 
 
 def _netmask(key: ServiceKey) -> bytes:
@@ -98,10 +107,14 @@ def _netmask(key: ServiceKey) -> bytes:
 def _service_full(vs: VirtualServer) -> bytes:
     persistent = vs.persistent_timeout > 0
     flags = (SVC_F_PERSISTENT if persistent else 0) | (vs.sched_flags & SCHED_FLAGS_MASK)
-    return _nla(ATTR_SERVICE, _identity(vs.key) + _netmask(vs.key)
-                + _nla(SVC_SCHED_NAME, vs.scheduler.encode() + b"\0")
-                + _nla(SVC_FLAGS, _FLAGS.pack(flags, _FLAGS_MASK))
-                + _nla(SVC_TIMEOUT, _U32.pack(vs.persistent_timeout if persistent else 0)))
+    return _nla(
+        ATTR_SERVICE,
+        _identity(vs.key)
+        + _netmask(vs.key)
+        + _nla(SVC_SCHED_NAME, vs.scheduler.encode() + b"\0")
+        + _nla(SVC_FLAGS, _FLAGS.pack(flags, _FLAGS_MASK))
+        + _nla(SVC_TIMEOUT, _U32.pack(vs.persistent_timeout if persistent else 0)),
+    )
 
 
 def _service_key(key: ServiceKey) -> bytes:
@@ -126,11 +139,30 @@ _DEST_HEADER_LEN = 4 + len(_DEST_DEFAULTS)
 def _dest(key: ServiceKey, rs: RealServerKey, weight: int) -> bytes:
     af = _family(rs.address)
     raw = socket.inet_pton(af, rs.address)
-    tail = _DEST_TAIL[af].pack(4 + len(raw), DEST_ADDR, raw, 6, DEST_ADDR_FAMILY, af,
-                               6, DEST_PORT, rs.port.to_bytes(2, "big"),
-                               8, DEST_FWD_METHOD, FWD_MASQ, 8, DEST_WEIGHT, weight)
-    return (_service_attr(key) + _U16.pack(_DEST_HEADER_LEN + len(tail)) + _U16.pack(ATTR_DEST)
-            + _DEST_DEFAULTS + tail)
+    tail = _DEST_TAIL[af].pack(
+        4 + len(raw),
+        DEST_ADDR,
+        raw,
+        6,
+        DEST_ADDR_FAMILY,
+        af,
+        6,
+        DEST_PORT,
+        rs.port.to_bytes(2, "big"),
+        8,
+        DEST_FWD_METHOD,
+        FWD_MASQ,
+        8,
+        DEST_WEIGHT,
+        weight,
+    )
+    return (
+        _service_attr(key)
+        + _U16.pack(_DEST_HEADER_LEN + len(tail))
+        + _U16.pack(ATTR_DEST)
+        + _DEST_DEFAULTS
+        + tail
+    )
 
 
 # --- requests: (netlink flags, generic netlink payload) -------------------------------------
@@ -185,8 +217,7 @@ def _ifaddr(index: int, address: str) -> bytes:
     af = _family(address)
     raw = socket.inet_pton(af, address)
     if af == socket.AF_INET:
-        return (_IFADDRMSG.pack(af, 32, 0, 0, index)
-                + _nla(IFA_ADDRESS, raw) + _nla(IFA_LOCAL, raw))
+        return _IFADDRMSG.pack(af, 32, 0, 0, index) + _nla(IFA_ADDRESS, raw) + _nla(IFA_LOCAL, raw)
     return _IFADDRMSG.pack(af, 128, 0, 0, index) + _nla(IFA_ADDRESS, raw)
 
 
@@ -216,7 +247,7 @@ def split(data: bytes) -> list[tuple[int, int, int, bytes]]:
         length, kind, flags, seq, _pid = _HEADER.unpack_from(data, i)
         if length < 16:
             break
-        out.append((kind, flags, seq, data[i:i + length]))
+        out.append((kind, flags, seq, data[i : i + length]))
         i += (length + 3) & ~3
     return out
 
@@ -243,7 +274,7 @@ def _attrs(data: bytes, start: int = 0, end: int | None = None) -> dict[int, byt
         length, kind = _NLA.unpack_from(data, i)
         if length < 4 or i + length > end:
             break
-        out[kind & _NLA_TYPE_MASK] = data[i + 4:i + length]
+        out[kind & _NLA_TYPE_MASK] = data[i + 4 : i + length]
         i += (length + 3) & ~3
     return out
 

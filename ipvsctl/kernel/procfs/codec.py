@@ -106,8 +106,7 @@ def parse_conn_line(line: str) -> ConnLine | None:
     try:
         rs = RealServerKey(_address(daddr), _port(dport))
         protocol = PROTOCOLS.get(proto)
-        vs = (ServiceKey(protocol, _address(vaddr), _port(vport))
-              if protocol is not None else None)
+        vs = ServiceKey(protocol, _address(vaddr), _port(vport)) if protocol is not None else None
         return ConnLine(proto, _port(cport), vs, rs, state)
     except ValueError:
         return None
@@ -148,8 +147,7 @@ def _canonical_v4(line: str) -> bool:
 
 
 def _canonical_v6(line: str) -> bool:
-    return (line[3:4] == " " and line[93:94] == " " and line[133:134] == " "
-            and line[138:139] == " ")
+    return line[3:4] == " " and line[93:94] == " " and line[133:134] == " " and line[138:139] == " "
 
 
 def scan_connections(lines: Iterable[str], wanted: Collection[ConnKey]) -> ConnScan:
@@ -242,8 +240,11 @@ def rs_token(rs: RealServerKey) -> str:
     return table_hostport(rs.address, rs.port)
 
 
-def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = None,
-               only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None) -> TableScan:
+def scan_table(
+    lines: Iterable[str],
+    wanted: Collection[ServiceKey] | None = None,
+    only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+) -> TableScan:
     """Real servers with weights and counts per virtual server (all of them when wanted is
     None; with `only`, just those real servers of each). Header lines of other virtual
     servers cost a split, their real servers a prefix check, real servers left out by
@@ -251,8 +252,11 @@ def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = Non
     (its drains wait for the next read) rather than reported without that real server
     (that would forget it)."""
     tokens = None if wanted is None else {vs_token(k): k for k in wanted}
-    chosen = None if only is None else {
-        key: frozenset(map(rs_token, only.get(key, ()))) for key in (wanted or only)}
+    chosen = (
+        None
+        if only is None
+        else {key: frozenset(map(rs_token, only.get(key, ()))) for key in (wanted or only)}
+    )
     scan = TableScan()
     current: ServiceKey | None = None
     keep: frozenset[str] | None = None  # the current virtual server's chosen real servers
@@ -279,7 +283,8 @@ def scan_table(lines: Iterable[str], wanted: Collection[ServiceKey] | None = Non
                 broken.add(current)
                 continue
             scan.real_servers[current].append(
-                RealServerStatus(RealServerKey(address, port), weight, active, inactive))
+                RealServerStatus(RealServerKey(address, port), weight, active, inactive)
+            )
             continue
         current = None
         if line.startswith("IP Virtual Server version"):

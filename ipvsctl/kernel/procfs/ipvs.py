@@ -43,8 +43,7 @@ def _open(path: str, netns: str | None, operation: str) -> IO[str]:
         raise KernelTransient(f"{path}: {exc}", operation) from None
 
 
-def _stream(f: IO[str], path: str, operation: str,
-            scan: Callable[[Iterator[str]], T]) -> T:
+def _stream(f: IO[str], path: str, operation: str, scan: Callable[[Iterator[str]], T]) -> T:
     try:
         with f:
             return scan(iter(f))
@@ -52,17 +51,22 @@ def _stream(f: IO[str], path: str, operation: str,
         raise KernelTransient(f"{path}: {exc}", operation) from None
 
 
-def read_connections(pairs: Collection[ConnKey], *, netns: str | None = None,
-                     path: str = CONN_FILE) -> ConnScan:
+def read_connections(
+    pairs: Collection[ConnKey], *, netns: str | None = None, path: str = CONN_FILE
+) -> ConnScan:
     """One streamed pass over ip_vs_conn for these (virtual, real server) pairs.
     KernelUnavailable when the file is absent or unreadable (other kernels, permissions)."""
     f = _open(path, netns, "read_ip_vs_conn")
     return _stream(f, path, "read_ip_vs_conn", lambda lines: scan_connections(lines, pairs))
 
 
-def read_real_servers(keys: Collection[ServiceKey] | None = None,
-                      only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None, *,
-                      netns: str | None = None, path: str = TABLE_FILE) -> TableScan:
+def read_real_servers(
+    keys: Collection[ServiceKey] | None = None,
+    only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    *,
+    netns: str | None = None,
+    path: str = TABLE_FILE,
+) -> TableScan:
     """The real servers of these virtual servers (all when None), with only these of their
     real servers (`scan_table`): one read of /proc/net/ip_vs."""
     f = _open(path, netns, "read_ip_vs")
