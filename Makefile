@@ -19,6 +19,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check ipvsctl devkit tests bench demo
+	$(BIN)/ruff format --check ipvsctl devkit tests bench demo
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
