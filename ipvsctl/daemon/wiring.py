@@ -181,6 +181,7 @@ class Daemon:
             )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
+        self.metrics.ready.set_function(lambda: 1 if self.api.readyz({})[0] == 200 else 0)
         self.metrics.node_object_known.set_function(
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
         )

@@ -97,8 +97,8 @@ class Metrics:
         )
         self.kernel_ops = Counter(
             "ipvsctl_kernel_ops",
-            "Kernel operations applied, by op and result.",
-            ["op", "result"],
+            "Kernel operations applied, by operation and result.",
+            ["operation", "result"],
             registry=r,
         )
         self.drift_repairs = Counter(
@@ -183,6 +183,11 @@ class Metrics:
         self.node_object_known = Gauge(
             "ipvsctl_node_object_known",
             "1 while this node's Node object is known (zone, deletion), else 0.",
+            registry=r,
+        )
+        self.ready = Gauge(
+            "ipvsctl_ready",
+            "1 while /readyz answers 200 (the first full list is in the kernel), else 0.",
             registry=r,
         )
         self.proxy_health_errors = Counter(

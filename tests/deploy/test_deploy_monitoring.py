@@ -95,6 +95,11 @@ MUTATIONS = {
         '(up{job="ipvsctl"}) < 0',
         "IpvsctlTargetDown",
     ),
+    "never-ready": (
+        "(ipvsctl_ready) == 0",
+        "(ipvsctl_ready) < 0",
+        "IpvsctlNotReady",
+    ),
     "conflict-threshold": (
         "(ipvsctl_virtual_server_conflict_losers) > 0",
         "(ipvsctl_virtual_server_conflict_losers) > 5",

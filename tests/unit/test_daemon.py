@@ -181,6 +181,19 @@ def test_readyz_waits_for_the_first_full_list(tmp_path):
         base = f"http://127.0.0.1:{d.http.port}"
         assert get(base + "/readyz")[0] == 503
         assert get(base + "/healthz")[0] == 200
+        # the alert's gauge says what /readyz says (IpvsctlNotReady)
+        assert "\nipvsctl_ready 0.0\n" in get(base + "/metrics")[1]
+    finally:
+        d.shutdown()
+
+
+def test_the_ready_gauge_follows_readyz(tmp_path, folder):
+    d = make(tmp_path, FakeKernel())
+    try:
+        d.start()
+        base = f"http://127.0.0.1:{d.http.port}"
+        wait_for(lambda: get(base + "/readyz")[0] == 200)
+        assert "\nipvsctl_ready 1.0\n" in get(base + "/metrics")[1]
     finally:
         d.shutdown()
 
@@ -220,3 +233,4 @@ def test_the_daemon_takes_its_loop_configuration(tmp_path):
         assert d.loop.config == LoopConfig(drain_check_interval=0.25)
     finally:
         d.http.stop()
+
