@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from ipvsctl.cli.cleanup import register as register_cleanup
 from ipvsctl.cli.output import Output, choose, dump
+from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.model import NodeContext, normalize_ip
 
+
+class _Commands(typer.core.TyperGroup):
+    """kubectl's `-o=json` as well as `-o json` (params.split_short_equals); the shell
+    completion of `ipvsctl completion SHELL`'s scripts."""
+
+    def main(self, args: Any = None, *rest: Any, **kw: Any) -> Any:
+        from typer._completion_classes import completion_init
+
+        completion_init()  # what add_completion would register: typer's bash, zsh, fish
+        return super().main(split_short_equals(sys.argv[1:] if args is None else args), *rest, **kw)
+
+
 app = typer.Typer(
-    # --install-completion / --show-completion for bash, zsh, fish (docs/reference.md)
-    add_completion=True,
+    cls=_Commands,
+    # `ipvsctl completion SHELL`, as kubectl's (below), instead of typer's options
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     help="A per-node Kubernetes service proxy on Linux IPVS with graceful termination.",
     pretty_exceptions_enable=False,
@@ -51,7 +68,13 @@ def _root(
 
 OutputOpt = Annotated[
     Output | None,
-    typer.Option("-o", "--output", help="Output format [default: table].", show_default=False),
+    typer.Option(
+        "-o",
+        "--output",
+        metavar="FORMAT",
+        help="Output format: table, wide, json or yaml [default: table].",
+        show_default=False,
+    ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Same as -o json.")]
 
@@ -65,16 +88,21 @@ def _output(output: Output | None, as_json: bool) -> Output:
 
 NodeName = Annotated[
     str | None,
-    typer.Option("--node-name", envvar="NODE_NAME", help="This node [default: hostname]."),
+    typer.Option(
+        "--node-name", metavar="NAME", envvar="NODE_NAME", help="This node [default: hostname]."
+    ),
 ]
 NodeIPs = Annotated[
     list[str] | None,
     typer.Option(
         "--node-ip",
+        metavar="IP",
         help="Addresses NodePorts listen on (repeatable) [default: the node's global addresses].",
     ),
 ]
-Scheduler = Annotated[str, typer.Option("--scheduler", help="Default IPVS scheduler.")]
+Scheduler = Annotated[
+    str, typer.Option("--scheduler", metavar="NAME", help="Default IPVS scheduler.")
+]
 ServiceProxyName = Annotated[
     str | None,
     typer.Option(
@@ -88,8 +116,42 @@ ServiceProxyName = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"ipvsctl: {message}", err=True)
+    """One line on stderr; a JSON log line once `run --log-format json` set logging up."""
+    from ipvsctl.obs import logging as obs_logging
+
+    if obs_logging.json_configured():
+        import logging
+
+        from ipvsctl.obs.logging import fields
+
+        logging.getLogger("ipvsctl").critical(message, extra=fields(exit_code=code))
+    else:
+        typer.echo(f"ipvsctl: {message}", err=True)
     return typer.Exit(code)
+
+
+def _listen(flag: str, value: str) -> str:
+    try:
+        host_port(value)
+    except ValueError as exc:
+        raise _fail(f"{flag} {value}: {exc}", 2) from None
+    return value
+
+
+def _endpoint(value: str) -> str:
+    try:
+        return daemon_url(value)
+    except ValueError as exc:
+        raise _fail(f"--endpoint {value}: {exc}", 2) from None
+
+
+def _placeholder(url: str) -> bool:
+    """A host under `.invalid` (RFC 6761: never resolves), as daemonset/kustomization.yaml
+    ships: a daemon started with it would retry forever and never get ready."""
+    import urllib.parse
+
+    host = (urllib.parse.urlsplit(url.strip()).hostname or "").rstrip(".")
+    return host == "invalid" or host.endswith(".invalid")
 
 
 # A Kubernetes label value (it goes into the Service watch's label selector).
@@ -115,7 +177,10 @@ def _node(
     scheduler: str,
     interface: str = "kube-ipvs0",
     service_proxy_name: str | None = None,
+    host_addresses: bool = True,
 ) -> NodeContext:
+    """The node's flags checked (exit 2); without --node-ip, the host's addresses, unless
+    `host_addresses` is False (`plan` may find them in the input)."""
     from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 
     if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
@@ -138,23 +203,28 @@ def _node(
                 ips.append(normalize_ip(ip))
             except ValueError:
                 raise _fail(f"--node-ip {ip}: not an IP address", 2) from None
-    else:
-        try:
-            from ipvsctl.kernel.netlink.addresses import node_addresses
-
-            # The VIP interface's addresses are ClusterIPs, never NodePort addresses.
-            ips = node_addresses(exclude_interfaces=(interface,))
-        except Exception as exc:  # no netlink route socket: plan still works without
-            typer.echo(
-                f"ipvsctl: cannot read the node's addresses ({exc}); NodePorts need --node-ip",
-                err=True,
-            )
+    elif host_addresses:
+        ips = _host_addresses(interface)
     return NodeContext(
         node_name or socket.gethostname(),
         tuple(dict.fromkeys(ips)),
         scheduler,
         service_proxy_name=service_proxy_name or None,
     )
+
+
+def _host_addresses(interface: str) -> list[str]:
+    try:
+        from ipvsctl.kernel.netlink.addresses import node_addresses
+
+        # The VIP interface's addresses are ClusterIPs, never NodePort addresses.
+        return node_addresses(exclude_interfaces=(interface,))
+    except Exception as exc:  # no netlink route socket: plan still works without
+        typer.echo(
+            f"ipvsctl: cannot read the node's addresses ({exc}); NodePorts need --node-ip",
+            err=True,
+        )
+        return []
 
 
 @app.command()
@@ -164,6 +234,7 @@ def plan(
         typer.Option(
             "-f",
             "--filename",
+            metavar="PATH",
             help=("Manifest file or folder (*.yaml, *.yml, *.json; repeatable; - reads stdin)."),
         ),
     ],
@@ -197,16 +268,21 @@ def plan(
 
 @app.command()
 def run(
+    ctx: typer.Context,
     kubeconfig: Annotated[
         str | None,
         typer.Option(
-            "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file [default: in-cluster]."
+            "--kubeconfig",
+            envvar="KUBECONFIG",
+            metavar="PATH",
+            help="Kubeconfig file [default: in-cluster].",
         ),
     ] = None,
     apiserver: Annotated[
         str | None,
         typer.Option(
             "--apiserver",
+            metavar="URL",
             envvar="IPVSCTL_APISERVER",
             help="API server URL (overrides the kubeconfig's; http:// allowed).",
         ),
@@ -214,14 +290,16 @@ def run(
     manifests: Annotated[
         str | None,
         typer.Option(
-            "--manifests", help="Standalone: follow Services/EndpointSlices/Pods in this folder."
+            "--manifests",
+            metavar="DIR",
+            help="Standalone: follow Services/EndpointSlices/Pods in this folder.",
         ),
     ] = None,
     node_name: NodeName = None,
     node_ip: NodeIPs = None,
-    interface: Annotated[str, typer.Option(help="Dummy interface holding the VIPs.")] = (
-        "kube-ipvs0"
-    ),
+    interface: Annotated[
+        str, typer.Option(metavar="NAME", help="Dummy interface holding the VIPs.")
+    ] = ("kube-ipvs0"),
     scheduler: Scheduler = "rr",
     service_proxy_name: ServiceProxyName = None,
     service_node_port_range: Annotated[
@@ -237,7 +315,7 @@ def run(
         str,
         typer.Option(
             "--drain-timeout",
-            metavar="SECONDS",
+            metavar="DURATION",
             help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).",
         ),
     ] = "30",
@@ -245,7 +323,7 @@ def run(
         str,
         typer.Option(
             "--drain-check-interval",
-            metavar="SECONDS",
+            metavar="DURATION",
             help="Time between connection-count reads (1, 500ms...).",
         ),
     ] = "1",
@@ -253,29 +331,37 @@ def run(
         str,
         typer.Option(
             "--ipvs-tcp-timeout",
-            metavar="SECONDS",
+            metavar="DURATION",
             help="IPVS TCP timeout (0: kernel's; 900, 15m...).",
         ),
     ] = "0",
     ipvs_tcpfin_timeout: Annotated[
         str,
         typer.Option(
-            "--ipvs-tcpfin-timeout", metavar="SECONDS", help="IPVS TCP FIN timeout (0: kernel's)."
+            "--ipvs-tcpfin-timeout", metavar="DURATION", help="IPVS TCP FIN timeout (0: kernel's)."
         ),
     ] = "0",
     ipvs_udp_timeout: Annotated[
         str,
         typer.Option(
-            "--ipvs-udp-timeout", metavar="SECONDS", help="IPVS UDP timeout (0: kernel's)."
+            "--ipvs-udp-timeout", metavar="DURATION", help="IPVS UDP timeout (0: kernel's)."
         ),
     ] = "0",
     state_dir: Annotated[
-        str, typer.Option("--state-dir", help="Where the drain queue survives restarts.")
+        str,
+        typer.Option("--state-dir", metavar="DIR", help="Where the drain queue survives restarts."),
     ] = "/var/lib/ipvsctl",
     listen: Annotated[
-        str, typer.Option("--listen", help="HOST:PORT for /metrics, /healthz, /readyz, /status.")
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="HOST:PORT for /metrics, /healthz, /readyz, /status.",
+        ),
     ] = "0.0.0.0:9796",
-    log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
+    log_format: Annotated[
+        str, typer.Option("--log-format", metavar="FORMAT", help="text or json.")
+    ] = "text",
     log_level: Annotated[
         str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")
     ] = "info",
@@ -283,6 +369,7 @@ def run(
         list[str] | None,
         typer.Option(
             "--cluster-cidr",
+            metavar="CIDR",
             help="The cluster's pod CIDR (repeatable, one per family): traffic "
             "to ClusterIPs from outside it is masqueraded.",
         ),
@@ -301,6 +388,7 @@ def run(
         str,
         typer.Option(
             "--healthz-bind-address",
+            metavar="HOST:PORT",
             help="HOST:PORT of kube-proxy's health server (/healthz, "
             "/livez) for cloud load balancers; empty: none.",
         ),
@@ -317,8 +405,25 @@ def run(
         level = obs_logging.parse_level(log_level)
     except ValueError as exc:
         raise _fail(f"--log-level {log_level}: {exc}", 2) from None
-    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
-        raise _fail(f"--listen {listen}: must be HOST:PORT", 2)
+    obs_logging.setup(log_format, level)  # from here on, a fatal line is a log line
+    if manifests is not None:
+        given = [
+            f"--{name}"
+            for name in ("kubeconfig", "apiserver")
+            if (src := ctx.get_parameter_source(name)) is not None and src.name == "COMMANDLINE"
+        ]
+        if given:
+            raise _fail(f"--manifests and {' and '.join(given)}: choose one source", 2)
+        if not Path(manifests).is_dir():
+            raise _fail(f"--manifests {manifests}: no such folder", 2)
+    elif apiserver and _placeholder(apiserver):
+        raise _fail(
+            f"API server {apiserver} is the shipped placeholder: set IPVSCTL_APISERVER in "
+            "daemonset/kustomization.yaml (or your overlay's configMapGenerator) to the API "
+            "server's address (docs/install.md)",
+            2,
+        )
+    listen = _listen("--listen", listen)
     healthz_bind_address = _healthz_address(healthz_bind_address)
     from ipvsctl.netfilter.ruleset import parse_cidrs
 
@@ -343,7 +448,6 @@ def run(
             ("--ipvs-udp-timeout", ipvs_udp_timeout),
         )
     )
-    obs_logging.setup(log_format, level)
     node = _node(node_name, node_ip, scheduler, interface, service_proxy_name)
     options = DaemonOptions(
         node=node,
@@ -380,10 +484,9 @@ def _healthz_address(value: str) -> str:
     try:
         ip = normalize_ip(value.strip("[]"))
     except ValueError:
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
+        if value.startswith(":"):  # kube-proxy's flag names a host
             raise _fail(f"--healthz-bind-address {value}: must be HOST:PORT or empty", 2) from None
-        return value
+        return _listen("--healthz-bind-address", value)
     return f"[{ip}]:10256" if ":" in ip else f"{ip}:10256"
 
 
@@ -393,6 +496,7 @@ def status(
         str,
         typer.Option(
             "--endpoint",
+            metavar="URL",
             help="The daemon to ask; one on another machine is shown without "
             "this machine's kernel table.",
         ),
@@ -409,6 +513,7 @@ def status(
     )
 
     fmt = _output(output, as_json)
+    endpoint = _endpoint(endpoint)
     daemon, daemon_error = fetch_daemon_status(endpoint)
     kernel, kernel_error = None, None
     remote = not endpoint_is_local(endpoint)
@@ -434,6 +539,30 @@ def status(
         typer.echo(dump(doc, fmt), nl=False)
     else:
         typer.echo(render_status(doc, wide=fmt is Output.wide), nl=False)
+
+
+class Shell(enum.StrEnum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+@app.command()
+def completion(
+    shell: Annotated[Shell, typer.Argument(metavar="SHELL", help="bash, zsh or fish.")],
+) -> None:
+    """Print the shell completion script, as kubectl's: `source <(ipvsctl completion bash)`."""
+    # typer.completion uses these without re-exporting them; the same functions, typed
+    from typer._completion_classes import completion_init
+    from typer._completion_shared import get_completion_script
+
+    completion_init()
+    typer.echo(
+        get_completion_script(
+            prog_name="ipvsctl", complete_var="_IPVSCTL_COMPLETE", shell=shell.value
+        ),
+        nl=False,
+    )
 
 
 register_shutdown_manager(app)

@@ -39,6 +39,11 @@ class CleanupError(Exception):
     """One failed step; the message is the line the user sees."""
 
 
+class NotChecked(Exception):
+    """What cleanup could not look at (no `nft`): the message says why; not a failure,
+    but said, never taken for "nothing there"."""
+
+
 class Host(Protocol):
     """What cleanup touches (SystemHost; tests use a fake)."""
 
@@ -46,7 +51,7 @@ class Host(Protocol):
     def delete_virtual_server(self, key: ServiceKey) -> None: ...
     def interface(self) -> tuple[str, list[str]] | None: ...  # (kind, addresses)
     def delete_interface(self) -> None: ...
-    def table_exists(self) -> bool: ...
+    def table_exists(self) -> bool: ...  # NotChecked: cannot tell
     def delete_table(self) -> None: ...
 
 
@@ -55,6 +60,7 @@ class Report:
     lines: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
 
 
 def cleanup_node(
@@ -116,6 +122,9 @@ def cleanup_node(
         table = host.table_exists()
     except CleanupError as exc:
         r.errors.append(str(exc))
+        table = False
+    except NotChecked as exc:
+        r.unchecked.append(f"nftables table inet ipvsctl: {exc}")
         table = False
     if table and step(host.delete_table):
         r.lines.append(f"{verb} nftables table inet ipvsctl")
@@ -195,8 +204,8 @@ class SystemHost:
 
         try:
             return self._nft().list_table(RulesetConfig().target, "cleanup") is not None
-        except NftUnavailable:
-            return False  # no nft, no nf_tables: there is no table
+        except NftUnavailable as exc:  # no nft binary, or no nf_tables: cannot tell
+            raise NotChecked(str(exc).removeprefix("nft cleanup: ")) from None
         except NftError as exc:
             raise CleanupError(str(exc)) from None
 
@@ -228,21 +237,28 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def cleanup(
         interface: Annotated[
-            str, typer.Option(help="The dummy interface holding the VIPs.")
+            str, typer.Option(metavar="NAME", help="The dummy interface holding the VIPs.")
         ] = "kube-ipvs0",
         node_ip: Annotated[
             list[str] | None,
             typer.Option(
                 "--node-ip",
+                metavar="IP",
                 help="Node addresses whose NodePort virtual servers go "
                 "(repeatable; default: the node's global addresses).",
             ),
         ] = None,
         state_dir: Annotated[
-            str, typer.Option("--state-dir", help="Where the daemon kept its drain queue.")
+            str,
+            typer.Option(
+                "--state-dir", metavar="DIR", help="Where the daemon kept its drain queue."
+            ),
         ] = "/var/lib/ipvsctl",
         endpoint: Annotated[
-            str, typer.Option("--endpoint", help="A daemon answering here stops the cleanup.")
+            str,
+            typer.Option(
+                "--endpoint", metavar="URL", help="A daemon answering here stops the cleanup."
+            ),
         ] = ("http://127.0.0.1:9796"),
         force: Annotated[
             bool, typer.Option("--force", help="Clean up even while a daemon answers.")
@@ -260,7 +276,21 @@ def register(app: typer.Typer) -> None:
         ] = "30000-32767",
     ) -> None:
         """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
+        import logging
+
+        from ipvsctl.cli.params import daemon_url
         from ipvsctl.model import normalize_ip
+
+        # Each failure is reported below as one line: the parts' own log lines would say
+        # it twice, bare ("nft failed").
+        quiet = logging.getLogger("ipvsctl")
+        if not any(isinstance(h, logging.NullHandler) for h in quiet.handlers):
+            quiet.addHandler(logging.NullHandler())
+        try:
+            endpoint = daemon_url(endpoint)
+        except ValueError as exc:
+            typer.echo(f"ipvsctl: --endpoint {endpoint}: {exc}", err=True)
+            raise typer.Exit(2) from None
 
         try:
             node_ports = parse_port_range(service_node_port_range)
@@ -301,5 +331,7 @@ def register(app: typer.Typer) -> None:
         for error in report.errors:
             typer.echo(f"ipvsctl: {error}", err=True)
         what = ", ".join(report.summary) or "nothing to remove"
+        if report.unchecked:
+            what += "; not checked: " + ", ".join(report.unchecked)
         typer.echo(f"cleanup {'(dry run) ' if dry_run else ''}done: {what}")
         raise typer.Exit(1 if report.errors else 0)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ipvsctl.cli.params import host_port
 from ipvsctl.daemon.shutdown_manager import (
     DEFAULT_LISTEN,
     ManagerOptions,
@@ -75,6 +76,7 @@ def shutdown_manager(
         list[str] | None,
         typer.Option(
             "--node-ip",
+            metavar="IP",
             envvar="HOST_IP",
             help="The node's address (repeatable or comma-separated): the kubelet's probes and "
             "preStop come from it, so it is never refused or evicted, like loopback; from "
@@ -85,6 +87,7 @@ def shutdown_manager(
         list[str] | None,
         typer.Option(
             "--pod-ip",
+            metavar="IP",
             envvar="POD_IP",
             help="This pod's IP (repeatable or comma-separated, for dual-stack); "
             "from env POD_IP (the downward API) by default.",
@@ -93,13 +96,16 @@ def shutdown_manager(
     listen: Annotated[
         str,
         typer.Option(
-            "--listen", help="HOST:PORT for /shutdown, /healthz and /status ([::]:PORT for IPv6)."
+            "--listen",
+            metavar="HOST:PORT",
+            help="HOST:PORT for /shutdown, /healthz and /status ([::]:PORT for IPv6).",
         ),
     ] = DEFAULT_LISTEN,
     daemon: Annotated[
         list[str] | None,
         typer.Option(
             "--daemon",
+            metavar="URL",
             help="A daemon's base URL, e.g. http://10.0.0.5:9796 (repeatable); "
             "replaces the DNS lookup.",
         ),
@@ -108,17 +114,22 @@ def shutdown_manager(
         str,
         typer.Option(
             "--daemon-service",
+            metavar="NAME",
             help="DNS name whose A/AAAA records are the daemons (the "
             "DaemonSet's headless metrics Service).",
         ),
     ] = DEFAULT_DAEMON_SERVICE,
     daemon_port: Annotated[
-        int, typer.Option("--daemon-port", min=1, max=65535, help="The daemons' HTTP port.")
+        int,
+        typer.Option(
+            "--daemon-port", metavar="PORT", min=1, max=65535, help="The daemons' HTTP port."
+        ),
     ] = DEFAULT_DAEMON_PORT,
     port: Annotated[
         list[int] | None,
         typer.Option(
             "--port",
+            metavar="PORT",
             min=1,
             max=65535,
             help="Local port whose established connections are counted (repeatable); "
@@ -129,6 +140,7 @@ def shutdown_manager(
         int,
         typer.Option(
             "--min-open-connections",
+            metavar="N",
             min=0,
             help="Connections stage ends at this many established connections or fewer.",
         ),
@@ -142,26 +154,36 @@ def shutdown_manager(
     ] = True,
     check_interval: Annotated[
         str,
-        typer.Option("--check-interval", help="Time between checks (seconds, or 500ms, 2s...)."),
+        typer.Option(
+            "--check-interval",
+            metavar="DURATION",
+            help="Time between checks (seconds, or 500ms, 2s...).",
+        ),
     ] = "1s",
     check_delay: Annotated[
         str,
         typer.Option(
-            "--check-delay", help="Wait this long after the first /shutdown before the first check."
+            "--check-delay",
+            metavar="DURATION",
+            help="Wait this long after the first /shutdown before the first check.",
         ),
     ] = "0s",
     timeout: Annotated[
         str,
         typer.Option(
             "--timeout",
+            metavar="DURATION",
             help="Longest /shutdown ever blocks; keep it below the pod's "
             "terminationGracePeriodSeconds.",
         ),
     ] = "25s",
     proc_net: Annotated[
-        str, typer.Option("--proc-net", help="Where tcp and tcp6 are read from (tests).")
+        str,
+        typer.Option("--proc-net", metavar="DIR", help="Where tcp and tcp6 are read from (tests)."),
     ] = "/proc/net",
-    log_format: Annotated[str, typer.Option("--log-format", help="text or json.")] = "text",
+    log_format: Annotated[
+        str, typer.Option("--log-format", metavar="FORMAT", help="text or json.")
+    ] = "text",
     log_level: Annotated[
         str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warning or error.")
     ] = "info",
@@ -181,8 +203,10 @@ def shutdown_manager(
         level = obs_logging.parse_level(log_level)
     except ValueError as exc:
         raise _fail(f"--log-level {log_level}: {exc}") from None
-    if ":" not in listen or not listen.rpartition(":")[2].isdigit():
-        raise _fail(f"--listen {listen}: must be HOST:PORT")
+    try:
+        host_port(listen)
+    except ValueError as exc:
+        raise _fail(f"--listen {listen}: {exc}") from None
     daemons: list[str] = []
     for url in daemon or []:
         try:

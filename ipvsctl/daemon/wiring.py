@@ -305,7 +305,8 @@ class Daemon:
         log.info(
             "stopped; IPVS table left in place",
             extra=fields(
-                virtual_servers=self.metrics.value("ipvsctl_virtual_servers"),
+                # a count: 3, not the gauge's 3.0
+                virtual_servers=int(self.metrics.value("ipvsctl_virtual_servers")),
                 draining=len(self.engine.drains),
             ),
         )

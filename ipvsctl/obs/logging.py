@@ -110,6 +110,11 @@ def parse_level(name: str) -> int:
         raise ValueError(f"must be one of {'|'.join(LOG_LEVELS)}") from None
 
 
+def json_configured() -> bool:
+    """Whether setup() made the log JSON (a fatal start-up line is then a JSON line too)."""
+    return any(isinstance(h.formatter, JSONFormatter) for h in logging.getLogger().handlers)
+
+
 def setup(fmt: str = "text", level: int | str = logging.INFO) -> None:
     if isinstance(level, str):
         level = parse_level(level)

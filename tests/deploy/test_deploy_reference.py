@@ -228,17 +228,17 @@ def test_readme_plan_example_is_what_plan_prints():
 
 
 def seconds_flags() -> list[str]:
-    """`ipvsctl run`'s flags documented as taking SECONDS."""
-    return re.findall(r"^\| `(--[a-z-]+) SECONDS`", sections()["run"], re.M)
+    """`ipvsctl run`'s flags documented as taking a DURATION."""
+    return re.findall(r"^\| `(--[a-z-]+) DURATION`", sections()["run"], re.M)
 
 
 def seconds_examples() -> list[str]:
-    """The values the reference says a SECONDS flag takes: the code spans of the clause (up
+    """The values the reference says a DURATION flag takes: the code spans of the clause (up
     to a ";" or a sentence's end) that says so."""
     text = REFERENCE.read_text()
     section = text[text.index("## Durations and exit codes") :]
-    clause = re.search(r"Every SECONDS flag[^;]*?(?:;|\.\s)", section, re.S)
-    assert clause, "the reference does not say what a SECONDS flag takes"
+    clause = re.search(r"Every DURATION flag[^;]*?(?:;|\.\s)", section, re.S)
+    assert clause, "the reference does not say what a DURATION flag takes"
     return re.findall(r"`(\d[^`]*)`", clause.group(0))
 
 
@@ -253,7 +253,7 @@ def run_exit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_seconds_flags_take_what_the_reference_says():
-    """Each example the reference gives for SECONDS flags, on every SECONDS flag of `run`, is
+    """Each example the reference gives for DURATION flags, on every DURATION flag of `run`, is
     accepted (the run stops at a bad --scheduler, checked after them), and Go durations are
     among the examples, since the flags take them."""
     flags, examples = seconds_flags(), seconds_examples()

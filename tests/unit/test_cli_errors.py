@@ -88,3 +88,39 @@ def test_text_logs_are_key_value():
         _record("real server deleted", reason="drained", service="default/web app")
     )
     assert line.endswith('real server deleted reason=drained service="default/web app"')
+
+
+def test_the_shipped_api_server_placeholder_is_refused_at_start(tmp_path):
+    """daemonset/kustomization.yaml's placeholder, as the DaemonSet passes it (env): one line
+    naming what to edit, exit 2, instead of a daemon retrying forever, never ready."""
+    import re
+    from pathlib import Path
+
+    shipped = (Path(__file__).parents[2] / "daemonset" / "kustomization.yaml").read_text()
+    url = re.search(r"IPVSCTL_APISERVER=(\S+)", shipped).group(1)  # type: ignore[union-attr]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "IPVSCTL_APISERVER": url}
+    r = cli("run", "--state-dir", str(tmp_path / "s"), env=env)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert url in line and "daemonset/kustomization.yaml" in line
+    assert not (tmp_path / "s").exists()  # refused before anything was set up
+
+
+def test_a_fatal_start_up_line_is_json_with_log_format_json(tmp_path):
+    r = cli(
+        "run",
+        "--log-format",
+        "json",
+        "--kubeconfig",
+        str(tmp_path / "nope"),
+        "--state-dir",
+        str(tmp_path / "s"),
+    )
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    doc = json.loads(line)
+    assert doc["level"] == "critical" and "kubeconfig" in doc["msg"] and "nope" in doc["msg"]
+    assert doc["exit_code"] == 1
+    # a bad flag after the format is known is a JSON line too (exit 2)
+    r = cli("run", "--log-format", "json", "--listen", "0.0.0.0:99999")
+    assert r.returncode == 2 and json.loads(r.stderr)["msg"].startswith("--listen 0.0.0.0:99999")

@@ -234,3 +234,18 @@ def test_the_daemon_takes_its_loop_configuration(tmp_path):
     finally:
         d.http.stop()
 
+
+def test_the_stop_line_counts_in_integers(tmp_path, folder, caplog):
+    import logging
+
+    from ipvsctl.obs.logging import JSONFormatter
+
+    d = make(tmp_path, FakeKernel())
+    d.start()
+    wait_for(lambda: d.view.started)
+    with caplog.at_level(logging.INFO, logger="ipvsctl"):
+        d.shutdown()
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("stopped;")]
+    doc = json.loads(JSONFormatter().format(rec))
+    assert doc["virtual_servers"] == 1 and isinstance(doc["virtual_servers"], int)
+    assert '"virtual_servers": 1,' in JSONFormatter().format(rec)

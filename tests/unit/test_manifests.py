@@ -115,7 +115,8 @@ def test_daemon_flag_errors_exit_2():
     assert _cli("run", "--no-such-flag").returncode == 2
 
 
-def test_missing_manifests_folder_is_exit_1_with_one_line(tmp_path):
+def test_missing_manifests_folder_is_exit_2_with_one_line(tmp_path):
+    """As `plan -f` with a missing path: a flag's value that cannot be used (issue 31)."""
     r = _cli(
         "run",
         "--manifests",
@@ -125,5 +126,5 @@ def test_missing_manifests_folder_is_exit_1_with_one_line(tmp_path):
         "--listen",
         "127.0.0.1:0",
     )
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("ipvsctl: ")

@@ -185,7 +185,7 @@ def test_help_names_seconds_flags_sensibly():
     assert r.exit_code == 0
     for flag in ("--drain-timeout", "--drain-check-interval", "--ipvs-tcp-timeout", "--log-level"):
         assert flag in r.output
-    assert "SECONDS" in r.output and "30s" in r.output
+    assert "DURATION" in r.output and "30s" in r.output
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,61 @@
+"""Checks of the CLI's values that every command shares, done while the flags are parsed
+(exit 2, one line, before anything touches the host), and kubectl's `-o=json`. Pure."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Sequence
+
+from ipvsctl.model import normalize_ip
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+
+def host_port(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[IPV6]:PORT` or `:PORT` (every address) -> (host, port). HOST is an
+    address or a name; PORT 0 to 65535 (0: any free port). ValueError says what is wrong."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError("must be HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"port {port} is not in 0-65535")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if bare:
+        try:
+            normalize_ip(bare)
+        except ValueError:
+            if bare is not host or not _HOSTNAME.match(bare):
+                raise ValueError(f"{host!r} is not an address or a host name") from None
+    return bare, int(port)
+
+
+def daemon_url(value: str) -> str:
+    """A daemon's base URL from `http(s)://HOST:PORT[/path]` or a bare `HOST:PORT` (taken
+    as http://), without a trailing slash. ValueError says what is wrong."""
+    value = value.strip()
+    if "://" not in value:
+        host_port(value)
+        return f"http://{value}"
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be http://HOST:PORT, https://HOST:PORT or HOST:PORT")
+    try:
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError:
+        raise ValueError(f"port {parts.netloc.rpartition(':')[2]} is not in 0-65535") from None
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def split_short_equals(args: Sequence[str]) -> list[str]:
+    """kubectl's `-o=json` (pflag takes it; click would read the value as `=json`):
+    `-X=VALUE` becomes `-X VALUE`. Arguments after `--` are left alone."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + list(args[i:])
+        if len(arg) > 2 and arg[0] == "-" and arg[1].isalpha() and arg[2] == "=":
+            out += [arg[:2], arg[3:]]
+        else:
+            out.append(arg)
+    return out
