@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import os
@@ -248,18 +249,35 @@ def plan(
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
     from ipvsctl.cli.render import plan_json, plan_text
     from ipvsctl.manifests import ManifestError, load_paths
-    from ipvsctl.reconcile.cluster import plan_objects
+    from ipvsctl.model import VirtualServerKind
+    from ipvsctl.reconcile.cluster import node_object_addresses, plan_objects
 
     fmt = _output(output, as_json)
-    node = _node(node_name, node_ip, scheduler, service_proxy_name=service_proxy_name)
+    node = _node(
+        node_name, node_ip, scheduler, service_proxy_name=service_proxy_name, host_addresses=False
+    )
     try:
         objects = load_paths(files)
     except ManifestError as exc:
         raise _fail(str(exc), 2) from None
+    # A cluster dump's NodePorts are on its Node's addresses, not on this machine's.
+    from_node = None if node_ip else node_object_addresses(objects, node.node_name)
+    if not node_ip:
+        ips = from_node or tuple(dict.fromkeys(_host_addresses("kube-ipvs0")))
+        node = dataclasses.replace(node, node_ips=ips)
     result, problems = plan_objects(objects, node)
     for p in problems:
         what = "skipped" if p.fatal else "warning"
         typer.echo(f"ipvsctl: {p.kind.value} {p.name} {what}: {p.reason}", err=True)
+    if not node_ip and any(dvs.kind is VirtualServerKind.NODE_PORT for _, dvs in result):
+        source = (
+            f"Node {node.node_name}'s InternalIP/ExternalIP addresses"
+            if from_node
+            else f"this machine's addresses (no Node {node.node_name} in the input; --node-name or "
+            "--node-ip to choose)"
+        )
+        shown = ", ".join(node.node_ips) or "none"
+        typer.echo(f"ipvsctl: NodePorts on {shown}: {source}", err=True)
     if fmt in (Output.json, Output.yaml):
         typer.echo(dump(plan_json(result), fmt), nl=False)
     else:

@@ -7,9 +7,26 @@ from typing import Any
 from ipvsctl.cli.output import columns, hostport
 from ipvsctl.model import DesiredService, DesiredVirtualServer, ServiceKey
 from ipvsctl.model.ipvs import sched_flag_names
+from ipvsctl.model.keys import RealServerKey, address_order
+
+
+def _rs_order(rs: RealServerKey) -> tuple[tuple[int, int], int]:
+    return (address_order(rs.address), rs.port)
 
 
 def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[str, Any]:
+    """Everything `plan_text(wide=True)` shows, and more."""
+
+    def endpoint(rs: RealServerKey, desired: DesiredService) -> dict[str, Any]:
+        info = desired.endpoints.get(rs.address)
+        return {
+            "address": rs.address,
+            "port": rs.port,
+            "weight": 1,
+            "pod": str(info.pod) if info and info.pod else None,
+            "node": info.node_name if info else None,
+        }
+
     return {
         "virtual_servers": [
             {
@@ -25,9 +42,11 @@ def plan_json(plan: list[tuple[DesiredService, DesiredVirtualServer]]) -> dict[s
                 "persistent_timeout": dvs.vs.persistent_timeout,
                 "service": str(desired.ref),
                 "port_name": dvs.port_name,
+                "kind": dvs.kind.value,
+                "traffic_policy_local": dvs.local_only,
+                "source_ranges": list(dvs.source_ranges) if dvs.source_ranges is not None else None,
                 "real_servers": [
-                    {"address": rs.address, "port": rs.port, "weight": 1}
-                    for rs in sorted(dvs.real_servers)
+                    endpoint(rs, desired) for rs in sorted(dvs.real_servers, key=_rs_order)
                 ],
             }
             for desired, dvs in plan
@@ -66,7 +85,7 @@ def plan_text(plan: list[tuple[DesiredService, DesiredVirtualServer]], wide: boo
         order.append(("vs", len(vs_rows) - 1))
         if not dvs.real_servers:
             order.append(("none", 0))
-        for rs in sorted(dvs.real_servers):
+        for rs in sorted(dvs.real_servers, key=_rs_order):
             info = desired.endpoints.get(rs.address)
             pod = str(info.pod) if info and info.pod else "-"
             rrow = [f"  -> {hostport(rs.address, rs.port)}", "1", pod]

@@ -147,3 +147,15 @@ def by_service(item: tuple[ServiceKey, object]) -> tuple[str, str, int]:
     """`service_order` of a (ServiceKey, value) pair, for sorting a dict's items."""
     k = item[0]
     return (k.protocol, k.address, k.port)
+
+
+def address_order(address: str) -> tuple[int, int]:
+    """An address as people read a list of them: IPv4 before IPv6, then by value (10.96.0.2
+    before 10.96.0.10, which a string sort puts after 10.96.0.100)."""
+    ip = ipaddress.ip_address(address)
+    return (ip.version, int(ip))
+
+
+def display_order(key: ServiceKey) -> tuple[str, tuple[int, int], int]:
+    """`plan`'s order of virtual servers: protocol, address by value, port."""
+    return (key.protocol.value, address_order(key.address), key.port)

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
+from ipvsctl.model.keys import display_order, normalize_ip
 from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source.events import ObjectKind, RawObject, Replace
@@ -50,4 +51,30 @@ def plan_objects(
                 )
                 continue
             chosen[key] = (desired, dvs)
-    return [chosen[k] for k in sorted(chosen)], problems
+    return [chosen[k] for k in sorted(chosen, key=display_order)], problems
+
+
+# The addresses a Node reports that a node proxy's NodePorts can listen on.
+NODE_ADDRESS_TYPES = ("InternalIP", "ExternalIP")
+
+
+def node_object_addresses(
+    objects: Mapping[ObjectKind, list[RawObject]], name: str
+) -> tuple[str, ...] | None:
+    """`status.addresses` (InternalIP, ExternalIP) of the `kind: Node` named `name` among
+    the objects, valid ones only; None when there is no such Node (or it lists none)."""
+    for obj in objects.get(ObjectKind.NODE, []):
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping) or meta.get("name") != name:
+            continue
+        status = obj.get("status")
+        found = status.get("addresses") if isinstance(status, Mapping) else None
+        ips: list[str] = []
+        for a in found if isinstance(found, list) else []:
+            if isinstance(a, Mapping) and a.get("type") in NODE_ADDRESS_TYPES:
+                try:
+                    ips.append(normalize_ip(str(a.get("address"))))
+                except ValueError:
+                    continue
+        return tuple(dict.fromkeys(ips)) or None
+    return None

@@ -266,3 +266,77 @@ def test_cleanup_without_nft_says_what_it_did_not_check(tmp_path):
     assert last.startswith("cleanup (dry run) done: nothing to remove; not checked: nftables")
     assert "nft not found: install nftables" in last
 
+
+# --- plan on a cluster dump -----------------------------------------------------------------
+def _dump(tmp_path: Path) -> Path:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "node-a"},
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": "node-a"},
+                {"type": "InternalIP", "address": "10.0.0.5"},
+                {"type": "InternalIP", "address": "not-an-ip"},
+            ]
+        },
+    }
+    web = service(
+        "web",
+        type="NodePort",
+        externalTrafficPolicy="Local",
+        ports=[{"name": "http", "port": 80, "nodePort": 30080}],
+    )
+    slice_ = endpoint_slice(
+        "web",
+        [endpoint("10.244.1.5", pod="web-1", node="node-a"), endpoint("10.244.2.9", pod="web-2")],
+    )
+    f = tmp_path / "dump.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [node, web, slice_]}))
+    return f
+
+
+def test_plan_puts_nodeports_on_the_named_nodes_addresses(tmp_path):
+    r = cli("plan", "-f", str(_dump(tmp_path)), "--node-name", "node-a", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    addresses = {v["address"] for v in json.loads(r.stdout)["virtual_servers"]}
+    assert addresses == {"10.96.0.10", "10.0.0.5"}
+    assert r.stderr == (
+        "ipvsctl: NodePorts on 10.0.0.5: Node node-a's InternalIP/ExternalIP addresses\n"
+    )
+    # --node-ip still wins, and says nothing
+    r = cli("plan", "-f", str(_dump(tmp_path)), "--node-name", "node-a", "--node-ip", "192.0.2.7")
+    assert "192.0.2.7:30080" in r.stdout and "10.0.0.5" not in r.stdout and r.stderr == ""
+
+
+def test_plan_says_which_addresses_it_used_without_the_node(tmp_path):
+    r = cli("plan", "-f", str(_dump(tmp_path)), "--node-name", "node-z")
+    assert r.returncode == 0, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("ipvsctl: NodePorts on ")
+    assert line.endswith(
+        "this machine's addresses (no Node node-z in the input; --node-name or --node-ip to choose)"
+    )
+
+
+def test_plan_json_has_everything_wide_shows(tmp_path):
+    args = ("plan", "-f", str(_dump(tmp_path)), "--node-name", "node-a")
+    wide = invoke(*args, "-o", "wide").stdout.splitlines()
+    doc = json.loads(invoke(*args, "-o", "json").stdout)
+    vs_rows = [line.split() for line in wide[2:] if not line.startswith("  ")]
+    rs_rows = [line.split() for line in wide[2:] if line.startswith("  -> ")]
+    assert len(vs_rows) == len(doc["virtual_servers"]) == 2
+    rs_docs = [rs for v in doc["virtual_servers"] for rs in v["real_servers"]]
+    assert len(rs_rows) == len(rs_docs) > 0
+    for row, v in zip(vs_rows, doc["virtual_servers"], strict=True):
+        prot, hostport, sched, persist, svc, kind, local, ranges = row
+        assert (prot, sched) == (v["protocol"], v["scheduler"])
+        assert hostport == f"{v['address']}:{v['port']}"
+        assert svc == f"{v['service']}:{v['port_name']}" and kind == f"({v['kind']})"
+        assert local == ("yes" if v["traffic_policy_local"] else "-")
+        assert ranges == (",".join(v["source_ranges"]) if v["source_ranges"] else "-")
+        assert persist == (str(v["persistent_timeout"]) if v["persistent_timeout"] else "-")
+    for row, rs in zip(rs_rows, rs_docs, strict=True):
+        _, hostport, weight, pod, node = row
+        assert hostport == f"{rs['address']}:{rs['port']}" and int(weight) == rs["weight"]
+        assert (pod, node) == (rs["pod"] or "-", rs["node"] or "-")

@@ -308,12 +308,23 @@ def test_virtual_server_wanted_twice_goes_to_first_service():
     assert [p.name for p in problems] == ["default/b"]
 
 
-def test_plan_json_is_sorted():
-    svcs = [service(f"s{i}", cluster_ip=f"10.96.0.{i}") for i in (9, 10, 2)]
+def test_plan_json_is_sorted_by_protocol_then_address_by_value_then_port():
+    svcs = [service(f"s{i}", cluster_ip=f"10.96.0.{i}") for i in (100, 9, 10, 2)]
     svcs.append(service("u", cluster_ip="10.96.0.1", ports=[{"port": 53, "protocol": "UDP"}]))
+    svcs.append(service("v6", cluster_ip="fd00::a", ip_families=["IPv6"]))
+    svcs.append(service("v6b", cluster_ip="fd00::9", ip_families=["IPv6"]))
     _, js, _ = vs_map(svcs, [])
     keys = [(v["protocol"], v["address"], v["port"]) for v in js["virtual_servers"]]
-    assert keys == sorted(keys)
+    # as strings, 10.96.0.10 and .100 came before .2 and .9, and fd00::a before fd00::9
+    assert keys == [
+        ("TCP", "10.96.0.2", 80),
+        ("TCP", "10.96.0.9", 80),
+        ("TCP", "10.96.0.10", 80),
+        ("TCP", "10.96.0.100", 80),
+        ("TCP", "fd00::9", 80),
+        ("TCP", "fd00::a", 80),
+        ("UDP", "10.96.0.1", 53),
+    ]
 
 
 def test_health_check_node_port_and_local_flags():
