@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -453,11 +454,21 @@ def test_a_stray_call_that_times_out_first_does_not_end_the_real_prestop():
     probes = GatedProbes()
     probes.gate.set()
     probes.answer = LIVE
-    shared = SharedBarrier(BarrierConfig(check_interval=0.01, timeout=3), [POD], probes)
+    # Regression (flake under load): the real caller joined a few ms after the stray, so its
+    # own deadline passed before the test could make the pod quiet. The clock jumps 2 s
+    # before it joins: its deadline is 2 s after the stray's, whatever the machine's load.
+    skew = [0.0]
+    shared = SharedBarrier(
+        BarrierConfig(check_interval=0.01, timeout=3),
+        [POD],
+        probes,
+        clock=lambda: time.monotonic() + skew[0],
+    )
     stray: list[object] = []
     s = threading.Thread(target=lambda: stray.append(shared.wait()))
     s.start()
     _wait_until(lambda: probes.discoveries >= 2)
+    skew[0] = 2.0
     real: list[object] = []
     r = threading.Thread(target=lambda: real.append(shared.wait()))
     r.start()
