@@ -20,6 +20,9 @@ Wire behaviour:
   objects come first as ADDED. The stream ends cleanly after timeoutSeconds.
 - get: `GET /api/v1/namespaces/{ns}/pods/{name}`: the object or a 404 Status.
 - `fieldSelector=metadata.name=X` on lists and watches (others: 400), as for a node's Node.
+- create and patch of events.k8s.io Events: `POST .../namespaces/{ns}/events` (409 when the
+  name exists, 422 without the fields the real server requires) and `PATCH .../events/{name}`
+  (a merge of the body into the object; 404 when missing).
 - any other method: 405 (recorded, so permission checks see it).
 
 Efficiency: every object is serialised once when it changes; lists join the stored bytes and
@@ -73,6 +76,9 @@ RESOURCES: dict[str, ResourceInfo] = {
         ResourceInfo("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices"),
         ResourceInfo("Pod", "", "v1", "pods"),
         ResourceInfo("Node", "", "v1", "nodes"),  # cluster-scoped; stored as "default"
+        # events.k8s.io Events: list/watch/get as above, and create and patch (the only
+        # resource written through the wire: the daemon's and shutdown-manager's Events)
+        ResourceInfo("Event", "events.k8s.io", "v1", "events"),
     )
 }
 
@@ -691,6 +697,9 @@ class FakeAPIServer:
 
     def _handle(self, h: _Handler, method: str) -> None:
         parts = urlsplit(h.path)
+        # A request's body is read whatever the answer: left unread on a kept-alive
+        # connection, it would be taken for the next request.
+        body = _read_body(h) if method in ("POST", "PUT", "PATCH") else b""
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         selector = query.get("fieldSelector") or ""
         if selector and not selector.startswith("metadata.name="):
@@ -755,6 +764,9 @@ class FakeAPIServer:
                 h, 404, f"the server could not find the requested resource ({parts.path})"
             )
             return
+        if info.kind == "Event" and method in ("POST", "PATCH"):
+            self._write_event(h, method, namespace, name, body)
+            return
         if method != "GET":
             self._send_status(h, 405, f"{method} is not supported by this fake")
             return
@@ -764,6 +776,42 @@ class FakeAPIServer:
             self._serve_watch(h, info, namespace, query)
         else:
             self._serve_list(h, info, namespace, query)
+
+    def _write_event(
+        self, h: _Handler, method: str, namespace: str | None, name: str | None, raw: bytes
+    ) -> None:
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or namespace is None:
+            self._send_status(h, 400, "the body is not a JSON object")
+            return
+        with self._cond:
+            if method == "POST":
+                if name is not None:
+                    self._send_status(h, 405, "POST names no object")
+                    return
+                missing = [f for f in _EVENT_REQUIRED if not body.get(f)]
+                meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+                if missing or not meta.get("name") or meta.get("namespace", namespace) != namespace:
+                    self._send_status(h, 422, f"Event is invalid: missing {missing or 'name'}")
+                    return
+                if (namespace, meta["name"]) in self._store["Event"]:
+                    self._send_status(h, 409, f'events "{meta["name"]}" already exists')
+                    return
+                body["metadata"] = {**meta, "namespace": namespace}
+                out = self._put(body, mode="create")
+                code = 201
+            else:
+                old = self.get("Event", namespace, name or "")
+                if old is None:
+                    self._send_status(h, 404, f'events "{name}" not found')
+                    return
+                out = self._put(_merge(old, body), mode="update")
+                code = 200
+            self._cond.notify_all()
+        self._send_json(h, code, _dumps(out))
 
     def _send_json(self, h: _Handler, code: int, body: bytes) -> None:
         h.send_response(code)
@@ -1057,6 +1105,31 @@ class FakeAPIServer:
             if end == "close":
                 self._end_stream(h)
                 return
+
+
+# What the real server refuses an events.k8s.io Event without (ValidateEventCreate).
+_EVENT_REQUIRED = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+
+
+def _read_body(h: _Handler) -> bytes:
+    try:
+        length = int(h.headers.get("Content-Length") or 0)
+    except ValueError:
+        return b""
+    return h.rfile.read(length) if 0 < length <= 1 << 20 else b""
+
+
+def _merge(old: JSON, patch: JSON) -> JSON:
+    """A merge patch (what a strategic merge patch of plain fields amounts to)."""
+    out = dict(old)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
 
 
 def _client_gone(sock: socket.socket) -> bool:

@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipvsctl.daemon.api import DaemonAPI
 from ipvsctl.daemon.signals import serve_until_signal
@@ -39,6 +39,9 @@ from ipvsctl.reconcile.paced import PacedRunner
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+
+if TYPE_CHECKING:
+    from ipvsctl.kube.events import EventWriter
 
 SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
 
@@ -98,6 +101,8 @@ class Daemon:
     # When to sync, check drains, audit...; None: the defaults with the options' interval.
     loop_config: LoopConfig | None = None
     conntrack: ConntrackTable | None = None  # None: no stale-UDP-entry sweep
+    # ConnectionsCut Events (CONTRACT.md "Events"); None: none (a manifest directory)
+    event_writer: EventWriter | None = None
 
     def __post_init__(self) -> None:
         o = self.options
@@ -116,6 +121,8 @@ class Daemon:
             restored_queue=self.state.load(),
         )
         self.view = EngineView(self.engine)
+        if self.event_writer is not None:
+            self.engine.applier.on_cut = self.event_writer.record
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
@@ -253,6 +260,7 @@ class Daemon:
             ("health", self.health),
             ("proxy-health", self.proxy_health),
             ("state-writer", self.writer),
+            ("events", self.event_writer),
         ):
             if part is not None:
                 self.threads.append(
@@ -384,6 +392,24 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
         raise StartupError(str(exc)) from None
 
 
+def open_event_writer(
+    o: DaemonOptions, source: ObjectSource, metrics: Metrics
+) -> EventWriter | None:
+    """The Events writer, on the source's API client; None without an API server."""
+    api_client = getattr(source, "api_client", None)
+    if api_client is None:
+        return None
+    from ipvsctl.kube.events import EventWriter
+
+    node = o.node.node_name or ""
+    return EventWriter(
+        api_client,
+        instance=f"ipvsctl-{node}" if node else "ipvsctl",
+        node=node,
+        on_result=lambda reason, result: metrics.events.labels(reason, result).inc(),
+    )
+
+
 def run(o: DaemonOptions) -> int:
     metrics = Metrics()
     source = open_source(o, metrics)  # configuration mistakes first: they are the user's
@@ -396,6 +422,7 @@ def run(o: DaemonOptions) -> int:
         return daemon.view.node_ips_known if daemon else o.node.node_ips
 
     kernel, owned = open_kernel(o, node_ips)
+    event_writer = open_event_writer(o, source, metrics)
     nft = None
     if o.nftables:
         from ipvsctl.netfilter.nft import Nft
@@ -413,6 +440,7 @@ def run(o: DaemonOptions) -> int:
         health=HealthServer(o.node.node_name),
         read_node_ips=node_ips_reader(o),
         conntrack=NetlinkConntrack(),
+        event_writer=event_writer,
     )
     serve_until_signal(daemon.start)
     log.info("signal received, stopping")

@@ -139,6 +139,11 @@ class KubeSource:
         )
 
     @property
+    def api_client(self) -> k8s_client.ApiClient:
+        """The configured client, shared with the Events writer (`kube.events`)."""
+        return self._api
+
+    @property
     def host(self) -> str:
         return str(self._api.configuration.host)
 

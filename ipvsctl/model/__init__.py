@@ -11,7 +11,13 @@ from ipvsctl.model.desired import (
     NodeContext,
     VirtualServerKind,
 )
-from ipvsctl.model.drain import NO_DEADLINE, DeadlineSource, DrainEntry, DrainReason
+from ipvsctl.model.drain import (
+    NO_DEADLINE,
+    ConnectionsCut,
+    DeadlineSource,
+    DrainEntry,
+    DrainReason,
+)
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
     ConnCounts,
@@ -34,6 +40,7 @@ __all__ = [
     "NO_DEADLINE",
     "AppliedVirtualServer",
     "ConnCounts",
+    "ConnectionsCut",
     "DeadlineSource",
     "DesiredService",
     "DesiredVirtualServer",

@@ -87,3 +87,16 @@ class DrainEntry:
             deadline_source=DeadlineSource(d["deadline_source"]),
             pod=PodRef.parse(d["pod"], d.get("pod_uid") or "") if d.get("pod") else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionsCut:
+    """A deadline deleted a draining real server that still had established connections
+    (CONTRACT.md "Events"): what the `ConnectionsCut` Event on its pod says."""
+
+    pod: PodRef  # the endpoint's targetRef
+    service: ServiceRef | None
+    vs: ServiceKey
+    rs: RealServerKey
+    connections: int  # established (the kernel's ActiveConn) when it was deleted
+    drained_for: float  # seconds from the drain's start to the deletion

@@ -40,6 +40,16 @@ _LATENCY_BUCKETS = (
     60,
 )
 
+# kube-proxy's network programming buckets (pkg/proxy/metrics): 0.25 s, 0.5 s, 1..59 s,
+# 60..115 s by 5, 2..5 min by 30 s, so the SLI is comparable bucket for bucket.
+_PROGRAMMING_BUCKETS = (
+    0.25,
+    0.5,
+    *range(1, 60),
+    *range(60, 120, 5),
+    *range(120, 301, 30),
+)
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -262,6 +272,36 @@ class Metrics:
         )
         for result in ("ok", "error"):
             self.conntrack_sweeps.labels(result)
+        # Drains that Kubernetes can see (ipvsctl/kube/events.py, issue 28)
+        self.drain_connections_cut = Counter(
+            "ipvsctl_drain_connections_cut",
+            "Established connections cut when a drain deadline deleted their real server "
+            "(each counted, whether an Event was written or not), by protocol.",
+            ["protocol"],
+            registry=r,
+        )
+        self.events = Counter(
+            "ipvsctl_events",
+            "Kubernetes Events, by reason and result (created, series, aggregated, "
+            "rate_limited, dropped, forbidden, refused, error).",
+            ["reason", "result"],
+            registry=r,
+        )
+        self.network_programming = Histogram(
+            "ipvsctl_network_programming_duration_seconds",
+            "Time from an EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time "
+            "to the kernel change (kube-proxy's network programming SLI).",
+            buckets=_PROGRAMMING_BUCKETS,
+            registry=r,
+        )
+        self.network_programming_skipped = Counter(
+            "ipvsctl_network_programming_skipped",
+            "last-change-trigger-time annotations not observed, by reason (malformed, future).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("malformed", "future"):
+            self.network_programming_skipped.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
-from ipvsctl.model import NO_DEADLINE, RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.model import NO_DEADLINE, ConnectionsCut, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.desired import binds_address
@@ -62,6 +62,9 @@ class Applier:
     node_ips: Callable[[], Collection[str]]  # now: they change while running
     # A virtual server was deleted: a Service waiting for its key may have it now.
     on_released: Callable[[ServiceKey], None] = lambda key: None
+    # A deadline cut established connections of a pod's endpoint: its Event (never blocks:
+    # the writer queues it, `kube/events.py`).
+    on_cut: Callable[[ConnectionsCut], object] = lambda cut: None
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -235,7 +238,13 @@ def _retime_drain(a: Applier, ref: ServiceRef | None, op: RetimeDrain) -> bool:
     return False
 
 
+# Deletions a drain's deadline made (the connections still open through it are cut).
+_CUTTING = frozenset((DeletionReason.DEADLINE, DeletionReason.POD_GONE))
+
+
 def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool:
+    # What the drain check that judged it read: the established connections it cuts.
+    seen = a.drains.counts(op.vs, op.rs) if op.reason in _CUTTING else None
     with contextlib.suppress(KernelNotFound):
         a.kernel.delete_real_server(op.vs, op.rs)
     if op.flush_conntrack:
@@ -251,6 +260,7 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
         a.metrics.drain_duration.labels(op.reason.value).observe(
             max(0.0, a.clock.wall() - entry.since)
         )
+    established = seen[0] if seen is not None else 0
     log.info(
         "real server deleted",
         extra=fields(
@@ -259,8 +269,22 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
             rs=op.rs,
             reason=op.reason,
             drained_for=round(a.clock.wall() - entry.since, 3) if entry else None,
+            connections_cut=established if op.reason in _CUTTING else None,
         ),
     )
+    if established > 0:
+        a.metrics.drain_connections_cut.labels(op.vs.protocol.value).inc(established)
+        if entry is not None and entry.pod is not None:
+            a.on_cut(
+                ConnectionsCut(
+                    entry.pod,
+                    entry.service or ref,
+                    op.vs,
+                    op.rs,
+                    established,
+                    max(0.0, a.clock.wall() - entry.since),
+                )
+            )
     return False
 
 
