@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
 from ipvsctl.source.events import RawObject
 
 # Annotations and labels that can matter to a service proxy; the rest (kubectl's
@@ -133,6 +134,11 @@ def _trim_endpoint(ep: Any) -> Any:
 def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
     meta = obj.get("metadata") or {}
     out_meta = _pick(meta, ("name", "namespace", "labels"))
+    # only the trigger time (the network programming SLI); kubectl's last-applied and the
+    # rest are dropped
+    annotations = _pick(meta.get("annotations"), (TRIGGER_TIME_ANNOTATION,))
+    if annotations:
+        out_meta["annotations"] = annotations
     out: RawObject = {
         "kind": "EndpointSlice",
         "apiVersion": "discovery.k8s.io/v1",

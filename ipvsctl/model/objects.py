@@ -4,7 +4,7 @@ versions that differ only in ignored fields compare equal. Produced by source/co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ipvsctl.model.desired import EndpointInfo
 from ipvsctl.model.keys import Protocol, ServiceRef
@@ -59,6 +59,11 @@ class SliceInfo:
     ports: tuple[SlicePortInfo, ...] = ()
     endpoints: tuple[EndpointInfo, ...] = ()
     has_hints: bool = False  # an endpoint carries topology hints (a zone change touches it)
+    # endpoints.kubernetes.io/last-change-trigger-time (wall seconds; None: absent or
+    # malformed, then `trigger_malformed`): for the network programming SLI only, so not
+    # part of equality (a new time alone programs nothing).
+    trigger_time: float | None = field(default=None, compare=False)
+    trigger_malformed: bool = field(default=False, compare=False)
 
     @property
     def service(self) -> ServiceRef | None:

@@ -119,7 +119,7 @@ class Engine:
         self.state = AppliedState(self.clock)
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
-        self.intake = Intake(config.node, self.metrics)
+        self.intake = Intake(config.node, self.metrics, started=self.clock.wall())
         self.applier = Applier(
             kernel,
             self.state,
@@ -273,8 +273,22 @@ class Engine:
         now = self.clock.monotonic()
         for t in self.intake.arrivals.pop(ref, ()):
             self.metrics.event_to_kernel.observe(max(0.0, now - t))
+        triggers = self.intake.triggers.pop(ref, None)
+        if triggers:
+            self._observe_programming(triggers)
         if outcome.surprised:  # the kernel held something we did not know: diff once more
             self.dirty.add(ref)
+
+    def _observe_programming(self, triggers: list[float]) -> None:
+        """kube-proxy's network programming SLI: from each change's trigger time (the
+        EndpointSlice controller's clock) to now. A time later than now (a skewed or
+        hostile clock) is counted, never observed as a negative latency."""
+        wall = self.clock.wall()
+        for t in triggers:
+            if t > wall:
+                self.metrics.network_programming_skipped.labels("future").inc()
+            else:
+                self.metrics.network_programming.observe(wall - t)
 
     # --- start-up -----------------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:

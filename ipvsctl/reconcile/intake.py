@@ -26,8 +26,13 @@ FORMER_NODE_IPS = 256
 
 
 class Intake:
-    def __init__(self, node: NodeContext, metrics: Metrics) -> None:
+    def __init__(self, node: NodeContext, metrics: Metrics, started: float = 0.0) -> None:
         self.metrics = metrics
+        # Trigger times (wall) of the changes waiting for the kernel, per Service: the network
+        # programming SLI. Only changes after `started` (as kube-proxy's trackerStartTime):
+        # the first list's slices changed before this daemon could program them.
+        self.started = started
+        self.triggers: dict[ServiceRef, list[float]] = {}
         self.store = ObjectStore(
             node.default_scheduler,
             node_name=node.node_name,
@@ -50,6 +55,13 @@ class Intake:
         for ref in change.services:
             self.arrivals.setdefault(ref, []).append(event.received)
             self._index(ref)
+        for ref, t in change.triggers:
+            if t >= self.started:
+                self.triggers.setdefault(ref, []).append(t)
+        if change.malformed_triggers:
+            self.metrics.network_programming_skipped.labels("malformed").inc(
+                change.malformed_triggers
+            )
         return set(change.services), change.node
 
     def _index(self, ref: ServiceRef) -> None:

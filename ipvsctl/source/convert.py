@@ -7,6 +7,7 @@ relist or a status-only update then causes no work).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +42,9 @@ SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
 SCHEDULER_ANNOTATIONS = ("ipvsctl.io/scheduler", "kube-router.io/service.scheduler")
 DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
+# Set by the EndpointSlice controller: when the change that led to this version happened
+# (kube-proxy's network programming SLI starts there).
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 # kube-router's Service annotations that mean nothing to ipvsctl, with what to do instead
 # (docs/migrating-from-kube-router.md); any other kube-router.io/service.* is ignored too.
 KUBE_ROUTER_IGNORED = {
@@ -405,6 +409,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     family = _ADDRESS_TYPES[address_type]
     if family is None:
         return Parsed(SliceInfo(namespace, name, service_name, None))
+    trigger_time, trigger_malformed = _trigger_time(meta)
 
     ports = []
     for i, p in enumerate(items(obj.get("ports"), "ports")):
@@ -429,9 +434,35 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     ]
     has_hints = any(ep.hints is not None for ep in endpoints)
     return Parsed(
-        SliceInfo(namespace, name, service_name, family, tuple(ports), tuple(endpoints), has_hints),
+        SliceInfo(
+            namespace,
+            name,
+            service_name,
+            family,
+            tuple(ports),
+            tuple(endpoints),
+            has_hints,
+            trigger_time,
+            trigger_malformed,
+        ),
         tuple(warnings),
     )
+
+
+def _trigger_time(meta: Mapping[str, Any]) -> tuple[float | None, bool]:
+    """The trigger-time annotation: (epoch seconds, False); (None, False) when absent;
+    (None, True) when it is not an RFC 3339 time (hostile or broken: never observed)."""
+    annotations = meta.get("annotations")
+    raw = annotations.get(TRIGGER_TIME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if raw is None:
+        return None, False
+    if not isinstance(raw, str) or len(raw) > 64:
+        return None, True
+    try:
+        t = parse_timestamp(raw)
+    except (ValueError, OverflowError):
+        return None, True
+    return (t, False) if math.isfinite(t) else (None, True)
 
 
 def parse_timestamp(value: str) -> float:

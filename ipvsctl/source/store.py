@@ -41,11 +41,17 @@ class StoreChange:
     problems: list[Problem] = field(default_factory=list)
     synced: ObjectKind | None = None  # a Replace of this kind was applied
     node: bool = False  # this node's Node changed (store.node)
+    # Changed slices' trigger times (the network programming SLI), and how many changed
+    # slices carried a malformed one.
+    triggers: list[tuple[ServiceRef, float]] = field(default_factory=list)
+    malformed_triggers: int = 0
 
     def merge(self, other: StoreChange) -> None:
         self.services |= other.services
         self.problems += other.problems
         self.node |= other.node
+        self.triggers += other.triggers
+        self.malformed_triggers += other.malformed_triggers
 
 
 class ObjectStore:
@@ -183,6 +189,10 @@ class ObjectStore:
         if info.service is not None:
             self.slices_by_service.setdefault(info.service, {})[info.name] = info
             change.services.add(info.service)
+            if info.trigger_time is not None:
+                change.triggers.append((info.service, info.trigger_time))
+            elif info.trigger_malformed:
+                change.malformed_triggers += 1
 
     def _drop_slice(self, key: tuple[str, str], change: StoreChange) -> None:
         old = self.slices.pop(key, None)
