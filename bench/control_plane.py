@@ -27,10 +27,11 @@ from typing import Any
 
 from devkit.fakeapi import FakeAPIServer, objects
 from devkit.harness import rs, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.wiring import Daemon, DaemonOptions, open_event_writer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.client import KubeSource
+from ipvsctl.kube.events import RATE_BURST, RATE_PER_MINUTE
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.model import NodeContext
 from ipvsctl.obs.metrics import Metrics
@@ -62,6 +63,9 @@ STEADY_SLICE_UPDATES_PER_SECOND = 1.0  # background churn in the whole cluster (
 # fake's builders are leaner (measured sizes are reported beside), so the model takes these.
 TYPICAL_BYTES = {"service": 1500, "endpointslice": 3000, "pod": 6000}
 OUTAGE_SECONDS = 600.0
+# A rollout whose every pod had connections cut on every node (the worst case for Events):
+# how long the rollout lasts, for the per-node rate limit.
+CUT_ROLLOUT_MINUTES = 10.0
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -145,12 +149,14 @@ def measure(
             drain_timeout=300,
             drain_check_interval=0.05,
         )
+        writer = open_event_writer(opts, source, metrics)
         d = Daemon(
             opts,
             kernel,
             source,
             metrics=metrics,
             loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05),
+            event_writer=writer,
         )
         s0 = _snap(api)
         d.start()
@@ -199,8 +205,44 @@ def measure(
                     and all(kernel.weight(roll_vs, rs(ip)) in (0, None) for ip in roll_ips)
                 )
             )
+            assert writer is not None and writer.flush(10.0)
             s3 = _snap(api)
             out["rollout"] = _delta(s2, s3) | {"pods": rollout, "slice_events": 2 * rollout + 1}
+
+            # A rollout that cuts: every old pod of a Service with a 1 s drain-timeout still
+            # has established connections at its deadline. One ConnectionsCut Event per pod,
+            # up to the node's rate limit; the rest only counted.
+            cut_ips = [f"10.252.0.{i}" for i in range(rollout)]
+            api.add(
+                objects.service(
+                    "cut", cluster_ip="10.96.255.3", annotations={"ipvsctl.io/drain-timeout": "1s"}
+                )
+            )
+            api.add(
+                objects.endpoint_slice(
+                    "cut-1",
+                    "cut",
+                    [objects.endpoint(ip, pod=f"cut-{i}") for i, ip in enumerate(cut_ips)],
+                )
+            )
+            cut_vs = vs("10.96.255.3", 80)
+            _wait(lambda: all(kernel.weight(cut_vs, rs(ip)) == 1 for ip in cut_ips))
+            with d.loop.lock:
+                for ip in cut_ips:
+                    kernel.set_connections(cut_vs, rs(ip), active=2)
+            s3b = _snap(api)
+            api.update(objects.endpoint_slice("cut-1", "cut", []))
+            cuts = "ipvsctl_drain_connections_cut_total"
+            _wait(lambda: metrics.value(cuts, {"protocol": "TCP"}) >= 2 * rollout)
+            assert writer.flush(10.0)
+            out["cut_rollout"] = _delta(s3b, _snap(api)) | {
+                "pods": rollout,
+                "connections_cut": metrics.value(cuts, {"protocol": "TCP"}),
+                "rate_limited": metrics.value(
+                    "ipvsctl_events_total", {"reason": "ConnectionsCut", "result": "rate_limited"}
+                ),
+            }
+            s3 = _snap(api)
 
             # Outage longer than the watch history: resumed watches get 410, one relist each.
             api.down()
@@ -313,6 +355,19 @@ def model(m: dict[str, Any], nodes: int) -> dict[str, dict[str, float]]:
         rolled * gets_per_pod,
         rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event + rolled * gets_per_pod * ob["pod"],
         pod_req=rolled * gets_per_pod,
+        kp_bytes=rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
+        kr_bytes=rolled
+        * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),
+        events=rolled * SLICE_EVENTS_PER_ROLLED_POD,
+        kr_events=rolled * (SLICE_EVENTS_PER_ROLLED_POD + POD_EVENTS_PER_ROLLED_POD),
+    )
+    # The same rollout, every pod's connections cut through every node: Events are what one
+    # node may write in the rollout's time (its rate limit), whatever the cuts.
+    per_node_events = min(rolled, RATE_BURST + RATE_PER_MINUTE * CUT_ROLLOUT_MINUTES)
+    row(
+        "1,000-pod rollout, every pod cut on every node (Events)",
+        per_node_events,
+        rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
         kp_bytes=rolled * SLICE_EVENTS_PER_ROLLED_POD * slice_event,
         kr_bytes=rolled
         * (SLICE_EVENTS_PER_ROLLED_POD * slice_event + POD_EVENTS_PER_ROLLED_POD * ob["pod"]),

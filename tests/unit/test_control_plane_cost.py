@@ -38,8 +38,20 @@ def test_rollout_costs_no_request(measured) -> None:
     assert measured["rollout"]["bytes"]["watch EndpointSlice"] > 0
 
 
+def test_a_rollout_that_cuts_writes_one_event_per_pod_up_to_the_rate_limit(measured) -> None:
+    # Issue 28: a rollout with no cuts wrote nothing (above); one that cuts every pod's
+    # connections writes a ConnectionsCut Event per pod, never more than the node's burst,
+    # and reads nothing.
+    cut = measured["cut_rollout"]
+    assert cut["connections_cut"] == 2 * cut["pods"]
+    created = cut["requests"].get("create events", 0)
+    assert created == min(cut["pods"], control_plane.RATE_BURST)
+    assert cut["rate_limited"] == cut["pods"] - created
+    assert set(cut["requests"]) <= {"create events"}
+
+
 def test_no_scenario_reads_a_pod(measured) -> None:
-    for phase in ("startup", "steady", "rollout", "outage_recovery"):
+    for phase in ("startup", "steady", "rollout", "cut_rollout", "outage_recovery"):
         assert not [k for k in measured[phase]["requests"] if "pod" in k], phase
 
 
@@ -64,6 +76,8 @@ def test_model_orders_of_magnitude(measured) -> None:
         for name, row in control_plane.model(measured, nodes).items():
             assert row["pod_gets_cluster"] == 0, name
     assert rollout["cluster_requests"] == 0
+    cut = rows["1,000-pod rollout, every pod cut on every node (Events)"]
+    assert cut["daemon_requests"] == control_plane.RATE_BURST + 4 * 10  # the rate limit
     # What kube-proxy moves (slice events only), far below kube-router's pod informer.
     assert rollout["cluster_bytes"] == rollout["kube_proxy_cluster_bytes"]
     assert rollout["cluster_bytes"] < rollout["kube_router_cluster_bytes"]
