@@ -558,14 +558,16 @@ def start_daemon(
     node_ips: tuple[str, ...] = ("192.0.2.10",),
     metrics: Any = None,
     conntrack: Any = None,
+    events: bool = False,
 ) -> Any:
     """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
     pods reach it at 169.254.1.1, tests with `daemon_get(node, daemon, path)`. The loop and
     source threads run in the test process's own netns (a fake API server on its 127.0.0.1
     is reachable). `conntrack`: the table the stale-entry sweep works on (None: no sweep).
+    `events`: write Events through the source's API client, as `ipvsctl run` does.
     The caller shuts it down (the `make_daemon` fixture does)."""
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions, open_event_writer
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig
@@ -577,14 +579,17 @@ def start_daemon(
         drain_timeout=drain_timeout,
         drain_check_interval=drain_check_interval,
     )
+    metrics = metrics if metrics is not None else Metrics()
+    writer = open_event_writer(opts, source, metrics) if events else None
     daemon = run_in_netns(
         node.name,
         lambda: Daemon(
             opts,
             kernel if kernel is not None else node.kernel,
             source,
-            metrics=metrics if metrics is not None else Metrics(),
+            metrics=metrics,
             conntrack=conntrack,
+            event_writer=writer,
             loop_config=LoopConfig(
                 drain_check_interval=drain_check_interval, audit_interval=0.5, idle_wakeup=0.1
             ),

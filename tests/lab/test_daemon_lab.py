@@ -65,7 +65,7 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 
 def eps(*pods: Pod) -> list[dict[str, Any]]:
-    return [endpoint(p.ip, pod=p.name) for p in pods]
+    return [endpoint(p.ip, pod=p.name, uid=f"uid-{p.name}") for p in pods]
 
 
 def held_connection(node: Node, client: Pod, pods: list[Pod]) -> tuple[Any, Pod, Pod]:
@@ -87,8 +87,13 @@ def api() -> Iterator[FakeAPIServer]:
 
 
 @pytest.fixture
+def drain_timeout() -> float:
+    return 600.0
+
+
+@pytest.fixture
 def kube_daemon(
-    api: FakeAPIServer, node: Node, make_daemon: Callable[..., Any]
+    api: FakeAPIServer, node: Node, make_daemon: Callable[..., Any], drain_timeout: float
 ) -> Iterator[tuple[Any, list[Pod]]]:
     pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
     api.add(service("web"))
@@ -99,7 +104,7 @@ def kube_daemon(
         settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05),
         on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc(),
     )
-    d = make_daemon(node, source, metrics=metrics)
+    d = make_daemon(node, source, metrics=metrics, events=True, drain_timeout=drain_timeout)
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
     assert weights(node) == {str(KEY): {f"{p.ip}:8080": 1 for p in pods}}
     yield d, pods
@@ -144,6 +149,38 @@ def test_terminating_endpoint_drains_with_a_live_connection_until_it_closes(
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 1
     assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
     assert weights(node) == {str(KEY): {f"{other.ip}:8080": 1}}
+    # drained, nothing cut: no Event (CONTRACT.md "Events")
+    assert d.event_writer.flush(30)
+    assert api.objects("Event") == [] and api.count("create", "Event") == 0
+
+
+@pytest.mark.parametrize("drain_timeout", [3.0])
+def test_deadline_cutting_a_live_connection_records_an_event_on_its_pod(
+    node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
+) -> None:
+    """CONTRACT.md "Events": a real connection held past the drain deadline is cut, counted,
+    and a ConnectionsCut Event lands on its pod (by targetRef name and uid) in the API
+    server; no pod is read for it."""
+    d, pods = kube_daemon
+    held, gone, other = held_connection(node, client, pods)
+    api.update(endpoint_slice("web", eps(other)))  # removed: the --drain-timeout bound
+    wait_for(
+        lambda: f"{gone.ip}:8080" not in weights(node)[str(KEY)],
+        timeout=120,
+        what="deleted at the deadline with its connection open",
+    )
+    metrics = daemon_get(node, d, "/metrics")[1]
+    assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 1
+    assert metric_sum(metrics, "ipvsctl_drain_connections_cut_total", protocol="TCP") == 1
+    (ev,) = wait_for(lambda: api.objects("Event"), timeout=60, what="the Event")
+    assert ev["reason"] == "ConnectionsCut" and ev["type"] == "Warning"
+    assert ev["regarding"]["name"] == gone.name
+    assert ev["regarding"]["uid"] == f"uid-{gone.name}"
+    assert ev["note"].startswith("1 established connection cut through node node-a after ")
+    assert ev["reportingInstance"] == "ipvsctl-node-a"
+    held.sock.settimeout(15)
+    assert not held.echo("cut")  # the kernel tells the client at its next packet
+    held.close()
 
 
 def drain_of(node: Node, d: Any, ip: str) -> dict[str, Any] | None:
