@@ -17,7 +17,7 @@ from ipvsctl.daemon.shutdown_manager import (
     StartupError,
     run,
 )
-from ipvsctl.model import normalize_ip
+from ipvsctl.model import PodRef, normalize_ip
 from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
 from ipvsctl.shutdown.barrier import BarrierConfig
 from ipvsctl.source.duration import parse_duration as _parse_duration
@@ -66,6 +66,22 @@ def _pod_ips(values: list[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(ips))
 
 
+_DNS_LABELS = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _pod(name: str | None, namespace: str | None, uid: str | None) -> PodRef | None:
+    """This pod, when both its name and namespace are given (else None: no Event)."""
+    if not name and not namespace:
+        return None
+    for flag, value in (("--pod-name", name), ("--pod-namespace", namespace)):
+        if not value or not _DNS_LABELS.match(value):
+            raise _fail(f"{flag} {value or '(empty)'}: not a Kubernetes name")
+    if uid is not None and (len(uid) > 64 or not re.fullmatch(r"[-0-9a-fA-F]*", uid)):
+        raise _fail(f"--pod-uid {uid}: not a uid")
+    assert name is not None and namespace is not None
+    return PodRef(namespace, name, uid or "")
+
+
 def register(app: typer.Typer) -> None:
     """Add the `shutdown-manager` command to the ipvsctl CLI."""
     app.command("shutdown-manager")(shutdown_manager)
@@ -91,6 +107,31 @@ def shutdown_manager(
             envvar="POD_IP",
             help="This pod's IP (repeatable or comma-separated, for dual-stack); "
             "from env POD_IP (the downward API) by default.",
+        ),
+    ] = None,
+    pod_name: Annotated[
+        str | None,
+        typer.Option(
+            "--pod-name",
+            envvar="POD_NAME",
+            help="This pod's name (env POD_NAME, the downward API's metadata.name): with "
+            "--pod-namespace, the barrier's outcome is recorded as an Event on the pod.",
+        ),
+    ] = None,
+    pod_namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--pod-namespace",
+            envvar="POD_NAMESPACE",
+            help="This pod's namespace (env POD_NAMESPACE, metadata.namespace).",
+        ),
+    ] = None,
+    pod_uid: Annotated[
+        str | None,
+        typer.Option(
+            "--pod-uid",
+            envvar="POD_UID",
+            help="This pod's uid (env POD_UID, metadata.uid): the Event names this very pod.",
         ),
     ] = None,
     listen: Annotated[
@@ -222,6 +263,7 @@ def shutdown_manager(
         ports=tuple(dict.fromkeys(port or [])),
         proc_net=proc_net,
         node_ips=_ips(node_ip, "--node-ip"),
+        pod=_pod(pod_name, pod_namespace, pod_uid),
         barrier=BarrierConfig(
             check_interval=_duration("--check-interval", check_interval, positive=True),
             check_delay=_duration("--check-delay", check_delay),

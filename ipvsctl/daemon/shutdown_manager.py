@@ -21,17 +21,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from ipvsctl.daemon.signals import serve_until_signal
+from ipvsctl.model import PodRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 if TYPE_CHECKING:
     from ipvsctl.httpd import Park, Response
+    from ipvsctl.kube.events import EventWriter
     from ipvsctl.shutdown.probes import Resolver
     from ipvsctl.shutdown.runner import Clock, Sleep, Ticket
 
@@ -40,6 +46,7 @@ log = logging.getLogger("ipvsctl.shutdown")
 DEFAULT_LISTEN = "0.0.0.0:9797"
 DEFAULT_TIMEOUT = 25.0  # below the default terminationGracePeriodSeconds (30) by 5 s
 REPLY_GRACE = 5.0  # on SIGTERM, longest wait for /shutdown replies still being written
+EVENT_GRACE = 5.0  # on SIGTERM, longest wait for the barrier's Event to be written
 
 
 class StartupError(Exception):
@@ -61,6 +68,9 @@ class ManagerOptions:
     """The node's addresses (the kubelet's probes and preStop come from there): trusted
     like loopback, never refused or evicted by the server's bounds."""
     barrier: BarrierConfig = field(default_factory=lambda: BarrierConfig(timeout=DEFAULT_TIMEOUT))
+    pod: PodRef | None = None
+    """This pod (the downward API's metadata.name, .namespace, .uid): where the barrier's
+    outcome is recorded as an Event; None: not recorded."""
 
 
 class ShutdownManager:
@@ -73,6 +83,7 @@ class ShutdownManager:
         clock: Clock = time.monotonic,
         sleep: Sleep = time.sleep,
         resolve: Resolver | None = None,
+        events: EventWriter | None = None,
     ) -> None:
         from ipvsctl.httpd import HTTPServer, Limits, as_json, is_loopback_peer, text
         from ipvsctl.shutdown.probes import (
@@ -115,6 +126,11 @@ class ShutdownManager:
         probes = ShutdownProbes(daemons, options.pod_ips, self.counter)
         self.barrier = SharedBarrier(options.barrier, options.pod_ips, probes, clock, sleep)
         self.barrier.listeners.append(self.http.server.wake)
+        # The barrier's outcome as an Event on this pod (CONTRACT.md, the shutdown-manager).
+        self.events = events
+        self._events_stop = threading.Event()
+        if events is not None:
+            self.barrier.listeners.append(self._record_outcome)
 
     @property
     def port(self) -> int:
@@ -125,7 +141,33 @@ class ShutdownManager:
 
         return Park(_ShutdownCall(self.barrier.call()))
 
+    def _record_outcome(self) -> None:
+        """A barrier run ended (the barrier's thread): its Event, queued, never waited for."""
+        from ipvsctl.plan.events import quiesce_outcome
+        from ipvsctl.shutdown.barrier import Outcome
+
+        result, pod = self.barrier.result, self.options.pod
+        if result is None or pod is None or self.events is None:
+            return
+        self.events.record(
+            quiesce_outcome(
+                pod,
+                quiesced=result.outcome is not Outcome.TIMEOUT,
+                nodes=len(result.daemons),
+                seconds=result.elapsed,
+                still_sending=[_host(d) for d in result.not_quiesced],
+                established=result.connections,
+            )
+        )
+
     def start(self) -> None:
+        if self.events is not None:
+            threading.Thread(
+                target=self.events.run,
+                args=(self._events_stop,),
+                name="events",
+                daemon=True,
+            ).start()
         self.http.start()
         o = self.options
         log.info(
@@ -150,10 +192,39 @@ class ShutdownManager:
             self.barrier.settle()
             self.http.server.wake()
             self.http.server.wait_answered(REPLY_GRACE)
+        if self.events is not None:
+            self.events.flush(EVENT_GRACE)
         self.stop()
 
     def stop(self) -> None:
+        self._events_stop.set()
         self.http.stop()
+
+
+def _host(daemon_url: str) -> str:
+    """A daemon's node, as its URL names it (the node's address: the daemons run on the
+    host network)."""
+    return urlsplit(daemon_url).hostname or daemon_url
+
+
+def open_events(
+    options: ManagerOptions, environ: Mapping[str, str] | None = None
+) -> EventWriter | None:
+    """The Events writer on the pod's own service account; None (and one line saying why)
+    when the pod is not known or there are no API credentials."""
+    if options.pod is None:
+        log.info("pod name not known (--pod-name, --pod-namespace): no Event of the outcome")
+        return None
+    from ipvsctl.kube.config import load_configuration, new_api_client
+    from ipvsctl.kube.events import EventWriter
+    from ipvsctl.source.events import SourceConfigError
+
+    try:
+        cfg = load_configuration(None, None, environ=environ or os.environ, proxy=False)
+    except SourceConfigError as exc:
+        log.warning("no API credentials: no Event of the outcome", extra=fields(error=exc))
+        return None
+    return EventWriter(new_api_client(cfg), instance=f"shutdown-manager-{options.pod.name}")
 
 
 class _ShutdownCall:
@@ -184,7 +255,7 @@ class _ShutdownCall:
 
 
 def run(options: ManagerOptions) -> int:
-    manager = ShutdownManager(options)
+    manager = ShutdownManager(options, events=open_events(options))
     serve_until_signal(manager.start)
     log.info(
         "signal received, stopping",

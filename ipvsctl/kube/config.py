@@ -75,10 +75,13 @@ def load_configuration(
     environ: Mapping[str, str] | None = None,
     token_file: str = SERVICE_TOKEN_FILENAME,
     ca_file: str = SERVICE_CERT_FILENAME,
+    proxy: bool = True,
 ) -> k8s_client.Configuration:
     """Build the client configuration. Order: `kubeconfig` (else $KUBECONFIG), else the
     in-cluster service account, else (only with `apiserver`) no credentials at all; then
-    `apiserver` replaces the server URL. Raises SourceConfigError with one clear line."""
+    `apiserver` replaces the server URL. Raises SourceConfigError with one clear line.
+    `proxy`: the caller is the proxy (warned off the in-cluster ClusterIP address); the
+    shutdown-manager, an application pod's sidecar, is not."""
     env = os.environ if environ is None else environ
     if apiserver is not None:
         apiserver = _check_apiserver(apiserver)
@@ -116,7 +119,7 @@ def load_configuration(
         except Exception as exc:
             raise SourceConfigError(f"in-cluster API config: {_one_line(exc)}") from None
         source = "in-cluster"
-        if apiserver is None:
+        if apiserver is None and proxy:
             log(
                 logging.WARNING,
                 "using the in-cluster API address, a ClusterIP this proxy programs itself; "
