@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .helpers import DAEMONSET_DIR, NAMESPACE, one, render
 
 PLUGIN = DAEMONSET_DIR / "kubectl-ipvsctl"
 
-# The stand-in: logs argv as JSON; `get pods` answers the pods listed in $PODS.
+# The stand-in: logs argv as JSON; `get pods` answers the pods listed in $PODS, `get
+# events.events.k8s.io` the Event list in $EVENTS.
 FAKE = """#!{python}
 import json, os, sys
 with open(os.environ["LOG"], "a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
-if "get" in sys.argv:
+if "events.events.k8s.io" in sys.argv:
+    sys.stdout.write(os.environ.get("EVENTS", ""))
+elif "get" in sys.argv:
     sys.stdout.write(os.environ.get("PODS", ""))
 """
 
@@ -32,7 +37,7 @@ def kubectl(tmp_path) -> Path:
 
 
 def plugin(
-    kubectl: Path, *args: str, pods: str = ""
+    kubectl: Path, *args: str, pods: str = "", events: str = ""
 ) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     log = kubectl.parent / "log"
     log.write_text("")
@@ -42,7 +47,13 @@ def plugin(
         text=True,
         timeout=30,
         stdin=subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin", "KUBECTL": str(kubectl), "LOG": str(log), "PODS": pods},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "KUBECTL": str(kubectl),
+            "LOG": str(log),
+            "PODS": pods,
+            "EVENTS": events,
+        },
     )
     return r, [json.loads(line) for line in log.read_text().splitlines()]
 
@@ -111,3 +122,120 @@ def test_errors(kubectl):
     r, calls = plugin(kubectl, "--help")
     assert r.returncode == 0 and "kubectl ipvsctl status --node NODE" in r.stdout
     assert calls == [] and "set -euo" not in r.stdout
+
+
+# --- kubectl ipvsctl drains: the Events ipvsctl writes, as the writer writes them ---------
+
+
+def recorded(spec, age: float, count: int = 1) -> dict:
+    """An Event exactly as kube/events.py sends it, `age` seconds old."""
+    from ipvsctl.kube.events import event_body
+    from ipvsctl.plan.events import Write, event_name
+
+    now = time.time()
+    w = Write(
+        True, event_name(spec.regarding.name, now - age), spec, now - age - 5, count, now - age
+    )
+    return event_body(w, "ipvsctl-node-b")
+
+
+def cluster_events() -> str:
+    from ipvsctl.model import (
+        ConnectionsCut,
+        PodRef,
+        Protocol,
+        RealServerKey,
+        ServiceKey,
+        ServiceRef,
+    )
+    from ipvsctl.plan.events import connections_cut, quiesce_outcome
+
+    cut = ConnectionsCut(
+        PodRef("shop", "web-1", "u1"),
+        ServiceRef("shop", "web"),
+        ServiceKey(Protocol.TCP, "10.96.0.10", 80),
+        RealServerKey("10.244.1.5", 8080),
+        3,
+        30.0,
+    )
+    items = [
+        recorded(connections_cut(cut, 1, "node-b"), age=3000, count=2),
+        recorded(quiesce_outcome(PodRef("shop", "web-2"), quiesced=True, nodes=3, seconds=1.2), 20),
+        recorded(
+            quiesce_outcome(
+                PodRef("blog", "wp-0"),
+                quiesced=False,
+                nodes=3,
+                seconds=25,
+                still_sending=["10.0.0.7"],
+                established=2,
+            ),
+            age=40,
+        ),
+        {  # someone else's Event: never listed
+            "metadata": {"name": "web-3.1", "namespace": "shop"},
+            "reason": "Scheduled",
+            "reportingController": "default-scheduler",
+            "eventTime": recorded(
+                quiesce_outcome(PodRef("shop", "x"), quiesced=True, nodes=1, seconds=1), 1
+            )["eventTime"],
+            "regarding": {"kind": "Pod", "namespace": "shop", "name": "web-3"},
+            "note": "Successfully assigned",
+        },
+    ]
+    return json.dumps({"kind": "EventList", "apiVersion": "events.k8s.io/v1", "items": items})
+
+
+def test_drains_lists_cuts_and_barrier_outcomes_in_a_table(kubectl):
+    r, calls = plugin(kubectl, "drains", events=cluster_events())
+    assert r.returncode == 0, r.stderr
+    (get,) = calls  # one list of Events, no exec into any daemon
+    assert get[:2] == ["get", "events.events.k8s.io"] and "--all-namespaces" in get
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == [
+        "LAST",
+        "SEEN",
+        "NAMESPACE",
+        "POD",
+        "REASON",
+        "FROM",
+        "COUNT",
+        "MESSAGE",
+    ]
+    rows = [line.split(None, 6) for line in lines[1:]]
+    assert [(row[1], row[2], row[3], row[5]) for row in rows] == [
+        ("shop", "web-1", "ConnectionsCut", "2"),  # oldest first
+        ("blog", "wp-0", "QuiesceTimeout", "1"),
+        ("shop", "web-2", "Quiesced", "1"),
+    ]
+    assert "3 established connections cut through node node-b" in lines[1]
+    assert "still sending: 10.0.0.7" in lines[2]
+    assert "Scheduled" not in r.stdout
+
+
+def test_drains_namespace_since_and_outputs(kubectl):
+    r, (get,) = plugin(kubectl, "drains", "-n", "shop", "--since", "10m", events=cluster_events())
+    assert r.returncode == 0, r.stderr
+    assert get[get.index("--namespace") + 1] == "shop"
+    lines = r.stdout.splitlines()
+    assert "NAMESPACE" not in lines[0] and len(lines) == 3  # the 50-minute-old cut is out
+    r, _ = plugin(kubectl, "drains", "--since=1h", "-o", "json", events=cluster_events())
+    doc = json.loads(r.stdout)
+    assert [e["reason"] for e in doc["items"]] == ["ConnectionsCut", "QuiesceTimeout", "Quiesced"]
+    events = cluster_events()
+    as_yaml = yaml.safe_load(plugin(kubectl, "drains", "-o", "yaml", events=events)[0].stdout)
+    as_json = json.loads(plugin(kubectl, "drains", "-o", "json", events=events)[0].stdout)
+    assert as_yaml == as_json and len(as_json["items"]) == 3
+
+
+def test_drains_with_nothing_to_show_and_errors(kubectl):
+    r, _ = plugin(kubectl, "drains", "--since", "1s", events=cluster_events())
+    assert r.returncode == 0 and r.stdout == "" and "No drain events found" in r.stderr
+    r, _ = plugin(kubectl, "drains", "-o", "yaml", "--since", "1s", events=cluster_events())
+    assert yaml.safe_load(r.stdout)["items"] == []
+    r, calls = plugin(kubectl, "drains", "--since", "soon", events=cluster_events())
+    assert r.returncode == 2 and "--since soon" in r.stderr
+    r, calls = plugin(kubectl, "drains", "-o", "wide")
+    assert r.returncode == 2 and calls == []
+    r, _ = plugin(kubectl, "drains", events="<html>proxy error</html>")
+    assert r.returncode == 2 and "did not answer JSON" in r.stderr
