@@ -521,12 +521,22 @@ def status(
     ] = "http://127.0.0.1:9796",
     output: OutputOpt = None,
     as_json: AsJson = False,
+    connections: Annotated[
+        bool,
+        typer.Option(
+            "--connections",
+            help="Under each draining real server, its connections from "
+            "/proc/net/ip_vs_conn (client, state, expiry), at most 20 each.",
+        ),
+    ] = False,
 ) -> None:
     """The node's IPVS table with its Kubernetes meaning, and the drain queue."""
     from ipvsctl.cli.status import (
+        attach_connections,
         endpoint_is_local,
         fetch_daemon_status,
         join_status,
+        read_draining_connections,
         render_status,
     )
 
@@ -553,6 +563,11 @@ def status(
         )
         raise typer.Exit(1)
     doc = join_status(kernel, kernel_error, daemon, daemon_error, endpoint, remote=remote)
+    if connections:
+        listing, error = (
+            (None, "the daemon is on another machine") if remote else read_draining_connections(doc)
+        )
+        attach_connections(doc, listing, error)
     if fmt in (Output.json, Output.yaml):
         typer.echo(dump(doc, fmt), nl=False)
     else:

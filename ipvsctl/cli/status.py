@@ -130,6 +130,78 @@ def join_status(
     }
 
 
+CONNECTIONS_SHOWN = 20  # per draining real server, for `status --connections`
+
+
+def draining_pairs(doc: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(virtual server, real server) entries of the joined document that are draining."""
+    return [(v, r) for v in doc["virtual_servers"] for r in v["real_servers"] if r.get("drain")]
+
+
+Listing = dict[tuple[tuple[str, str, int], tuple[str, int]], tuple[list[Any], int]]
+
+
+def read_draining_connections(
+    doc: dict[str, Any], limit: int = CONNECTIONS_SHOWN, path: str | None = None
+) -> tuple[Listing | None, str | None]:
+    """The draining real servers' connections, at most `limit` each, from one streamed
+    pass over this machine's /proc/net/ip_vs_conn; (None, why) when it cannot be read."""
+    from ipvsctl.kernel.port import KernelError
+    from ipvsctl.kernel.procfs.ipvs import CONN_FILE, read_connection_list
+    from ipvsctl.model import Protocol, RealServerKey, ServiceKey
+
+    pairs: dict[tuple[ServiceKey, RealServerKey], tuple[tuple[str, str, int], tuple[str, int]]]
+    pairs = {}
+    for v, r in draining_pairs(doc):
+        try:
+            vs = ServiceKey(Protocol(v["protocol"]), str(v["address"]), int(v["port"]))
+            rs = RealServerKey(str(r["address"]), int(r["port"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        pairs[(vs, rs)] = (_vs_key(v), (rs.address, rs.port))
+    if not pairs:
+        return {}, None
+    try:
+        scan = read_connection_list(pairs, limit, path=path or CONN_FILE)
+    except KernelError as exc:
+        return None, str(exc)
+    return {label: (scan.shown[key], scan.more[key]) for key, label in pairs.items()}, None
+
+
+def attach_connections(
+    doc: dict[str, Any],
+    listing: Listing | None,
+    error: str | None,
+    limit: int = CONNECTIONS_SHOWN,
+) -> None:
+    """Each draining real server gets `connection_list`: its connections (client, state,
+    expires), at most `limit`, and how many `more`; or the `error` saying why none."""
+    for v, r in draining_pairs(doc):
+        if listing is None:
+            r["connection_list"] = {"error": error, "limit": limit}
+            continue
+        shown, more = listing.get((_vs_key(v), (r["address"], int(r["port"]))), ([], 0))
+        r["connection_list"] = {
+            "connections": [
+                {"client": c.client, "state": c.state, "expires": c.expires} for c in shown
+            ],
+            "more": more,
+            "limit": limit,
+        }
+
+
+def _connection_lines(listing: dict[str, Any]) -> list[str]:
+    if listing.get("error"):
+        return [f"       connections not read: {listing['error']}"]
+    conns = listing.get("connections") or []
+    out = [f"       {c['client']:<24} {c['state']:<12} expires in {c['expires']}s" for c in conns]
+    if listing.get("more"):
+        out.append(f"       ... {listing['more']} more (at most {listing['limit']} shown)")
+    if not conns and not listing.get("more"):
+        out.append("       (no connections)")
+    return out
+
+
 def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}s" if v >= 10 else f"{v:.1f}s"
 
@@ -174,6 +246,7 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
         + ["Pod / drain"]
     ]
     order: list[tuple[bool, int]] = []  # (is a virtual server, row index)
+    below: dict[int, list[str]] = {}  # real server row -> its connections (--connections)
     for v in doc["virtual_servers"]:
         svc = v.get("service") or "(not ipvsctl's)"
         if v.get("service") and v.get("port_name"):
@@ -197,10 +270,15 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             row = [f"  -> {hostport(r['address'], r['port'])}", str(r["weight"]), ac, ic]
             rs_rows.append(row + ([r.get("node") or "-"] if wide else []) + [note])
             order.append((False, len(rs_rows) - 1))
+            if r.get("connection_list") is not None:
+                below[len(rs_rows) - 1] = _connection_lines(r["connection_list"])
     vs_lines = columns(vs_rows)
     rs_lines = columns(rs_rows, right=frozenset({1, 2, 3}))
     lines += [vs_lines[0], rs_lines[0]]
-    lines += [vs_lines[i] if is_vs else rs_lines[i] for is_vs, i in order]
+    for is_vs, i in order:
+        lines.append(vs_lines[i] if is_vs else rs_lines[i])
+        if not is_vs:
+            lines += below.get(i, [])
     q = doc.get("drain_queue") or []
     lines.append("")
     lines.append(f"drain queue: {len(q)}")

@@ -201,6 +201,57 @@ def scan_connections(lines: Iterable[str], wanted: Collection[ConnKey]) -> ConnS
     return scan
 
 
+@dataclass(frozen=True, slots=True)
+class ConnEntry:
+    """One connection, for `ipvsctl status --connections`."""
+
+    client: str  # address:port ([v6]:port)
+    state: str  # as the kernel prints it (ESTABLISHED, TIME_WAIT, ...; NONE for UDP)
+    expires: int  # seconds until the kernel forgets it (its state's timeout)
+
+
+@dataclass(slots=True)
+class ConnListing:
+    """Up to `limit` connections of each wanted (virtual, real server) pair, and how many
+    more there were: bounded whatever the table's size."""
+
+    limit: int
+    shown: dict[ConnKey, list[ConnEntry]] = field(default_factory=dict)
+    more: dict[ConnKey, int] = field(default_factory=dict)
+    lines: int = 0
+
+
+def list_connections(lines: Iterable[str], wanted: Collection[ConnKey], limit: int) -> ConnListing:
+    """The wanted pairs' connections (any protocol; persistence templates are none), at
+    most `limit` each, streaming: only lines whose DestIP:DPrt text is a wanted real
+    server's are parsed (`scan_connections`' cheap match). For display only: a line in no
+    canonical layout is skipped, not guessed at."""
+    want = set(wanted)
+    out = ConnListing(limit, {k: [] for k in want}, dict.fromkeys(want, 0))
+    tokens = {dest_token(rs) for _, rs in want}
+    n = 0
+    for line in lines:
+        n += 1
+        if line[32:45] not in tokens and line[94:138] not in tokens:
+            continue
+        conn = parse_conn_line(line)
+        if conn is None or conn.vs is None or conn.template or (conn.vs, conn.rs) not in want:
+            continue
+        key = (conn.vs, conn.rs)
+        if len(out.shown[key]) >= limit:
+            out.more[key] += 1
+            continue
+        cols = line.split()
+        try:
+            address, port = _address(cols[1]), _port(cols[2])
+        except ValueError:
+            continue
+        client = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        out.shown[key].append(ConnEntry(client, conn.state, int(cols[8])))
+    out.lines = n
+    return out
+
+
 # --- /proc/net/ip_vs ----------------------------------------------------------------
 def table_hostport(address: str, port: int) -> str:
     """`address:port` as /proc/net/ip_vs prints it: %08X:%04X, or [%pI6]:%04X."""

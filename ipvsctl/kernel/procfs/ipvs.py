@@ -15,8 +15,10 @@ from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelError, KernelTransient, KernelUnavailable
 from ipvsctl.kernel.procfs.codec import (
     ConnKey,
+    ConnListing,
     ConnScan,
     TableScan,
+    list_connections,
     scan_connections,
     scan_table,
 )
@@ -58,6 +60,15 @@ def read_connections(
     KernelUnavailable when the file is absent or unreadable (other kernels, permissions)."""
     f = _open(path, netns, "read_ip_vs_conn")
     return _stream(f, path, "read_ip_vs_conn", lambda lines: scan_connections(lines, pairs))
+
+
+def read_connection_list(
+    pairs: Collection[ConnKey], limit: int, *, netns: str | None = None, path: str = CONN_FILE
+) -> ConnListing:
+    """Up to `limit` connections of each of these pairs (`ipvsctl status --connections`):
+    one streamed pass over ip_vs_conn. KernelUnavailable as `read_connections`."""
+    f = _open(path, netns, "read_ip_vs_conn")
+    return _stream(f, path, "read_ip_vs_conn", lambda lines: list_connections(lines, pairs, limit))
 
 
 def read_real_servers(
