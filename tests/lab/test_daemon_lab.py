@@ -30,9 +30,10 @@ from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.labkit import Node, Pod, daemon_get, http_get, wait_for
 from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.kernel.procfs.ipvs import read_connection_list
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.model import Protocol, RealServerKey, ServiceKey
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.paced import run_once
 
@@ -138,6 +139,11 @@ def test_terminating_endpoint_drains_with_a_live_connection_until_it_closes(
     assert e["deadline"] is None and e["time_left"] is None  # until its pod goes
     assert [client.request(VIP, 80) for _ in range(4)] == [other.name] * 4
     assert held.echo("still served while terminating")
+    # `ipvsctl status --connections` reads the real kernel's table: the held one, listed
+    listing = read_connection_list([(KEY, RealServerKey(gone.ip, 8080))], 20, netns=node.name)
+    (conn,) = listing.shown[(KEY, RealServerKey(gone.ip, 8080))]
+    assert conn.state == "ESTABLISHED" and conn.client.startswith(f"{client.ip}:")
+    assert conn.expires > 0
 
     held.abort()
     wait_for(
