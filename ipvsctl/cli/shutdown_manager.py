@@ -113,6 +113,7 @@ def shutdown_manager(
         str | None,
         typer.Option(
             "--pod-name",
+            metavar="NAME",
             envvar="POD_NAME",
             help="This pod's name (env POD_NAME, the downward API's metadata.name): with "
             "--pod-namespace, the barrier's outcome is recorded as an Event on the pod.",
@@ -122,6 +123,7 @@ def shutdown_manager(
         str | None,
         typer.Option(
             "--pod-namespace",
+            metavar="NS",
             envvar="POD_NAMESPACE",
             help="This pod's namespace (env POD_NAMESPACE, metadata.namespace).",
         ),
@@ -130,6 +132,7 @@ def shutdown_manager(
         str | None,
         typer.Option(
             "--pod-uid",
+            metavar="UID",
             envvar="POD_UID",
             help="This pod's uid (env POD_UID, metadata.uid): the Event names this very pod.",
         ),
