@@ -130,7 +130,9 @@ class ShutdownManager:
         self.events = events
         self._events_stop = threading.Event()
         if events is not None:
-            self.barrier.listeners.append(self._record_outcome)
+            # Before the wake: a caller answered is a preStop that returned, and the SIGTERM
+            # that follows must find the Event already pending (finish() flushes it).
+            self.barrier.listeners.insert(0, self._record_outcome)
 
     @property
     def port(self) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,11 +51,15 @@ def daemons() -> Iterator[list[FakeDaemon]]:
 
 
 def run_barrier(
-    tmp_path: Path, api: FakeAPIServer, daemons: list[FakeDaemon], **barrier: object
+    tmp_path: Path,
+    api: FakeAPIServer,
+    daemons: list[FakeDaemon],
+    writer: object = None,
+    **barrier: object,
 ) -> tuple[int, dict]:
     write_proc(tmp_path, connections=2)
     cfg = {"check_interval": 0.02, "timeout": 30.0, **barrier}
-    writer = EventWriter(
+    writer = writer or EventWriter(
         new_api_client(load_configuration(None, api.url, environ={})),
         instance=f"shutdown-manager-{ME.name}",
     )
@@ -66,7 +72,7 @@ def run_barrier(
             barrier=BarrierConfig(**cfg),  # type: ignore[arg-type]
             pod=ME,
         ),
-        events=writer,
+        events=writer,  # type: ignore[arg-type]
     )
     m.start()
     try:
@@ -95,6 +101,37 @@ def test_quiesced_is_one_event_on_the_pod(tmp_path, api, daemons) -> None:
     }
     assert ev["note"].startswith("2 nodes quiesced in ")
     assert ev["reportingInstance"] == f"shutdown-manager-{ME.name}"
+
+
+class SlowRecorder:
+    """An Event writer whose `record` takes a while (a busy process): nothing is pending
+    until it returns."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+
+    def record(self, item: object) -> bool:
+        time.sleep(0.3)
+        self.items.append(item)
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        return True  # nothing pending once record() returned
+
+    def run(self, stop: threading.Event) -> None:
+        stop.wait()
+
+
+def test_the_outcome_is_queued_before_any_caller_is_answered(tmp_path, api, daemons) -> None:
+    """Regression (merge-run flake): the barrier woke its parked callers before it queued
+    the outcome's Event, so a SIGTERM right after the preStop's answer found nothing
+    pending and the Event was lost."""
+    for d in daemons:
+        d.set(quiesced=True)
+    slow = SlowRecorder()
+    code, doc = run_barrier(tmp_path, api, daemons, writer=slow, wait_connections=False)
+    assert code == 200 and doc["outcome"] == "quiesced"
+    assert len(slow.items) == 1  # queued before the answer, so before finish()
 
 
 def test_timeout_says_which_nodes_still_send(tmp_path, api, daemons) -> None:
