@@ -34,7 +34,7 @@ from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.errors import NetlinkError
 from ipvsctl.kernel.netlink.sockets import Sockets
-from ipvsctl.model import Protocol, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import Protocol, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
 from ipvsctl.model.ipvs import IPVS_SCHEDULERS
 
 IPVS_FAMILY = 0x1C  # the generic netlink family id the model's IPVS socket reports
@@ -63,8 +63,21 @@ def inet(address: str) -> tuple[int, bytes]:
     return af, socket.inet_pton(af, address).ljust(16, b"\0")
 
 
-def stats(width: str) -> bytes:
-    return b"".join(nla(i, struct.pack(width, 1000 + i)) for i in range(1, 11))
+def stats(width: str, counters: ServiceStats | None = None) -> bytes:
+    """A nested IPVS_*_ATTR_STATS (width "=I") or STATS64 ("=Q") as the kernel fills it
+    (ip_vs_genl_fill_stats/_stats64): conns, inpkts, outpkts, inbytes, outbytes, then the
+    estimator's five rates. In STATS the bytes are u64 and the rest u32. Without
+    `counters`, 1001..1010 (a shape test's recognizable values)."""
+    c = counters
+    values = (
+        [c.conns, c.in_packets, c.out_packets, c.in_bytes, c.out_bytes, 0, 0, 0, 0, 0]
+        if c is not None
+        else [1000 + i for i in range(1, 11)]
+    )
+    return b"".join(
+        nla(i, struct.pack("=Q", v) if i in (4, 5) or width == "=Q" else u32(v & 0xFFFFFFFF))
+        for i, v in enumerate(values, 1)
+    )  # the kernel's (u32) casts: STATS truncates counts past 32 bits
 
 
 def message(
@@ -91,6 +104,7 @@ def service_message(
     pe: str | None = None,
     nested_flag: bool = False,
     seq: int = 7,
+    counters: ServiceStats | None = None,
 ) -> bytes:
     """A service as ip_vs_genl_fill_service writes it (IPVS_CMD_NEW_SERVICE)."""
     af, raw = inet(address or "0.0.0.0")
@@ -105,7 +119,7 @@ def service_message(
         a += nla(11, pe.encode() + b"\0")
     a += nla(7, struct.pack("=II", flags, 0xFFFFFFFF)) + nla(8, u32(timeout))
     a += nla(9, u32(0xFFFFFFFF if af == socket.AF_INET else 128))
-    a += nla(10 | NESTED, stats("=I")) + nla(12 | NESTED, stats("=Q"))
+    a += nla(10 | NESTED, stats("=I", counters)) + nla(12 | NESTED, stats("=Q", counters))
     return message(wire.NEW_SERVICE, wire.ATTR_SERVICE, a, nested_flag, seq)
 
 
@@ -140,7 +154,9 @@ def dest_message(
     return message(wire.NEW_DEST, wire.ATTR_DEST, a, nested_flag, seq)
 
 
-def virtual_server_answer(vs: VirtualServer, seq: int) -> bytes:
+def virtual_server_answer(
+    vs: VirtualServer, seq: int, counters: ServiceStats | None = None
+) -> bytes:
     flags = (wire.SVC_F_PERSISTENT if vs.persistent_timeout else 0) | vs.sched_flags | 0x2
     return service_message(
         vs.key.address,
@@ -150,6 +166,7 @@ def virtual_server_answer(vs: VirtualServer, seq: int) -> bytes:
         flags,
         vs.persistent_timeout,
         seq=seq,
+        counters=counters or ServiceStats(),
     )
 
 
@@ -325,7 +342,7 @@ class IPVSModel:
         if req.cmd == wire.GET_SERVICE and req.dump:
             self.service_dumps += 1
             return [
-                *(virtual_server_answer(t.services[k].vs, req.seq) for k in t.services),
+                *(virtual_server_answer(svc.vs, req.seq, svc.stats) for svc in t.services.values()),
                 done(req.seq),
             ]
         key = _service_key(req)

@@ -33,6 +33,7 @@ from ipvsctl.model import (
     RealServerKey,
     RealServerStatus,
     ServiceKey,
+    ServiceStats,
     VirtualServer,
     VirtualServerStatus,
 )
@@ -54,6 +55,7 @@ class _Dest:
 class _Service:
     vs: VirtualServer
     dests: dict[RealServerKey, _Dest] = field(default_factory=dict)
+    stats: ServiceStats = field(default_factory=ServiceStats)  # gone with the service
 
 
 class FakeKernel:
@@ -72,6 +74,7 @@ class FakeKernel:
         # The conntrack table (ConntrackTable); None: conntrack unavailable.
         self.conntrack: set[ConntrackEntry] | None = set()
         self.conntrack_dumps: list[tuple[Protocol, bool]] = []
+        self.stats_reads = 0  # read_service_stats calls
 
     # --- test helpers -------------------------------------------------------------
     def set_connections(
@@ -156,6 +159,15 @@ class FakeKernel:
             raise KernelUnavailable("no /proc/net/ip_vs_conn", "read_ip_vs_conn")
         header = "Pro FromIP   FPrt ToIP     TPrt DestIP   DPrt State       Expires PEName PEData\n"
         return scan_connections([header, *self.conn_lines], pairs)
+
+    def add_traffic(self, key: ServiceKey, traffic: ServiceStats) -> None:
+        """Count traffic through a virtual server, as the kernel's counters would."""
+        svc = self.services[key]
+        svc.stats = svc.stats + traffic
+
+    def read_service_stats(self) -> dict[ServiceKey, ServiceStats]:
+        self.stats_reads += 1
+        return {k: svc.stats for k, svc in self.services.items()}
 
     def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
         if vs.scheduler not in IPVS_SCHEDULERS:

@@ -7,9 +7,9 @@ so nothing above `kernel/` ever sees a foreign exception.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
 
 if TYPE_CHECKING:
     from ipvsctl.kernel.procfs.codec import ConnScan
@@ -100,6 +100,17 @@ class IPVSKernel(Protocol):
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         """Remove conntrack entries of connections from this virtual to this real server
         (UDP/SCTP removal), so clients move to a live backend."""
+        ...
+
+
+@runtime_checkable
+class ServiceStatsReader(Protocol):
+    """The kernel's per-virtual-server traffic counters, for the per-Service traffic
+    metrics (reconcile/service_traffic.py). Separate from IPVSKernel: the engine never
+    reads them."""
+
+    def read_service_stats(self) -> dict[ServiceKey, ServiceStats]:
+        """Every virtual server's counters in one service dump (no per-Service call)."""
         ...
 
 

@@ -22,6 +22,7 @@ from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
     ConnCounts,
     RealServerStatus,
+    ServiceStats,
     VirtualServer,
     VirtualServerStatus,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "RealServerStatus",
     "ServiceKey",
     "ServiceRef",
+    "ServiceStats",
     "VirtualServer",
     "VirtualServerKind",
     "VirtualServerStatus",

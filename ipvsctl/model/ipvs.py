@@ -40,6 +40,28 @@ class VirtualServer:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """A virtual server's traffic counters as the kernel keeps them (struct ip_vs_kstats):
+    connections scheduled, packets and bytes in (client to virtual server) and out. They
+    start at 0 when the virtual server is created and go back to 0 if it is re-created."""
+
+    conns: int = 0
+    in_packets: int = 0
+    out_packets: int = 0
+    in_bytes: int = 0
+    out_bytes: int = 0
+
+    def __add__(self, other: ServiceStats) -> ServiceStats:
+        return ServiceStats(
+            self.conns + other.conns,
+            self.in_packets + other.in_packets,
+            self.out_packets + other.out_packets,
+            self.in_bytes + other.in_bytes,
+            self.out_bytes + other.out_bytes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RealServerStatus:
     """One real server as read back from the kernel."""
 

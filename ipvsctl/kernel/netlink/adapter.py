@@ -24,6 +24,7 @@ from ipvsctl.kernel.port import (
     KernelExists,
     KernelNotFound,
     KernelUnavailable,
+    ServiceStatsReader,
 )
 from ipvsctl.kernel.procfs import ipvs as procfs
 from ipvsctl.kernel.procfs import sysctl
@@ -32,6 +33,7 @@ from ipvsctl.model import (
     RealServerKey,
     RealServerStatus,
     ServiceKey,
+    ServiceStats,
     VirtualServer,
     VirtualServerStatus,
 )
@@ -155,6 +157,10 @@ class NetlinkKernel:
         log.debug("conntrack entries deleted", extra=fields(vs=key, rs=rs, deleted=deleted))
 
     # --- more than IPVSKernel -------------------------------------------------------------
+    def read_service_stats(self) -> dict[ServiceKey, ServiceStats]:
+        """ServiceStatsReader: every virtual server's traffic counters, one dump."""
+        return self._calls.read_service_stats()
+
     def dump(self) -> str:
         """The table in FakeKernel.dump()'s format, so lab tests can compare the two."""
         return table.dump(self)
@@ -254,3 +260,4 @@ def read_host_statuses(netns: str | None = None) -> list[VirtualServerStatus]:
 
 
 _: type[IPVSKernel] = NetlinkKernel  # NetlinkKernel satisfies the interface
+_stats: type[ServiceStatsReader] = NetlinkKernel

@@ -23,7 +23,14 @@ from pyroute2 import IPVSDest, IPVSService
 from pyroute2.netlink import genlmsg
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
-from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import (
+    Protocol,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceStats,
+    VirtualServer,
+)
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
 FWD_MASQ = 0  # IP_VS_CONN_F_MASQ: NAT. pyroute2's IPVSDest default is 3 (direct routing)
@@ -84,6 +91,21 @@ def virtual_server_from_message(m: Any) -> VirtualServer | None:
         scheduler=m.get(("service", "sched_name")) or "",
         persistent_timeout=timeout,
         sched_flags=flags & SCHED_FLAGS_MASK,
+    )
+
+
+def service_stats_from_message(m: Any) -> ServiceStats:
+    """A service dump message's counters as pyroute2 decodes them (STATS64, else STATS)."""
+    svc = m.get_attr("IPVS_CMD_ATTR_SERVICE")
+    nested = svc.get_attr("IPVS_SVC_ATTR_STATS64") or svc.get_attr("IPVS_SVC_ATTR_STATS")
+    if nested is None:
+        return ServiceStats()
+
+    def read(name: str) -> int:
+        return int(nested.get_attr(f"IPVS_STATS_ATTR_{name}") or 0)
+
+    return ServiceStats(
+        read("CONNS"), read("INPKTS"), read("OUTPKTS"), read("INBYTES"), read("OUTBYTES")
     )
 
 

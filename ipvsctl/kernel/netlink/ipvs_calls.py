@@ -22,7 +22,7 @@ from ipvsctl.kernel.netlink.codec import IPVSTimeouts, timeouts_from_message, ti
 from ipvsctl.kernel.netlink.errors import errors
 from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
 
 
 class IPVSCalls:
@@ -44,6 +44,13 @@ class IPVSCalls:
         with errors("list_virtual_servers"):
             found = [wire.parse_service(m) for m in self._send(wire.dump_services())]
         return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+
+    def read_service_stats(self) -> dict[ServiceKey, ServiceStats]:
+        """Every virtual server's traffic counters: the same one service dump (the kernel
+        fills the stats into each service message anyway), parsed for the counters."""
+        with errors("read_service_stats"):
+            found = [wire.parse_service_stats(m) for m in self._send(wire.dump_services())]
+        return dict(f for f in found if f is not None)
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         with errors("list_real_servers", key):

@@ -23,7 +23,14 @@ import socket
 import struct
 
 from ipvsctl.kernel.netlink.codec import FWD_MASQ, SVC_F_PERSISTENT
-from ipvsctl.model import Protocol, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import (
+    Protocol,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceStats,
+    VirtualServer,
+)
 from ipvsctl.model.ipvs import SCHED_FLAGS_MASK
 
 # netlink header flags, as pyroute2's NetlinkRequest sets them per request kind
@@ -41,6 +48,8 @@ NEW_DEST, SET_DEST, DEL_DEST, GET_DEST = 5, 6, 7, 8
 ATTR_SERVICE, ATTR_DEST = 1, 2
 SVC_AF, SVC_PROTOCOL, SVC_ADDR, SVC_PORT = 1, 2, 3, 4
 SVC_SCHED_NAME, SVC_FLAGS, SVC_TIMEOUT, SVC_NETMASK = 6, 7, 8, 9
+SVC_STATS, SVC_STATS64 = 10, 12  # nested IPVS_STATS_ATTR_*
+STATS_CONNS, STATS_INPKTS, STATS_OUTPKTS, STATS_INBYTES, STATS_OUTBYTES = 1, 2, 3, 4, 5
 DEST_ADDR, DEST_PORT, DEST_FWD_METHOD, DEST_WEIGHT = 1, 2, 3, 4
 DEST_U_THRESH, DEST_L_THRESH, DEST_ADDR_FAMILY = 5, 6, 11
 DEST_ACTIVE_CONNS, DEST_INACT_CONNS = 7, 8
@@ -51,6 +60,7 @@ _ERROR = struct.Struct("=i")
 _U16 = struct.Struct("=H")
 _BE16 = struct.Struct("!H")
 _U32 = struct.Struct("=I")
+_U64 = struct.Struct("=Q")
 _FLAGS = struct.Struct("=II")
 
 
@@ -301,24 +311,119 @@ def _nested(msg: bytes, kind: int) -> dict[int, bytes]:
     return _attrs(top[kind]) if kind in top else {}
 
 
-def parse_service(msg: bytes) -> VirtualServer | None:
-    """A service dump message (whole, header included) as a VirtualServer; None for what
-    ipvsctl never programs (fwmark services, other protocols)."""
-    a = _nested(msg, ATTR_SERVICE)
+def _parsed_key(a: dict[int, bytes]) -> ServiceKey | None:
     protocol = Protocol.from_number(_u16(a.get(SVC_PROTOCOL)) or 0)
     raw_port = a.get(SVC_PORT)
     addr = _address(_u16(a.get(SVC_AF)), a.get(SVC_ADDR, b""))
     if addr is None or raw_port is None or len(raw_port) < 2 or protocol is None:
+        return None
+    return ServiceKey(protocol, addr, _BE16.unpack_from(raw_port)[0])
+
+
+def parse_service(msg: bytes) -> VirtualServer | None:
+    """A service dump message (whole, header included) as a VirtualServer; None for what
+    ipvsctl never programs (fwmark services, other protocols)."""
+    a = _nested(msg, ATTR_SERVICE)
+    key = _parsed_key(a)
+    if key is None:
         return None
     raw_flags = a.get(SVC_FLAGS)
     flags = _U32.unpack_from(raw_flags)[0] if raw_flags and len(raw_flags) >= 4 else 0
     timeout = _u32(a.get(SVC_TIMEOUT)) if flags & SVC_F_PERSISTENT else 0
     name = a.get(SVC_SCHED_NAME, b"").split(b"\0", 1)[0].decode("utf-8", "replace")
     return VirtualServer(
-        key=ServiceKey(protocol, addr, _BE16.unpack_from(raw_port)[0]),
+        key=key,
         scheduler=name,
         persistent_timeout=timeout,
         sched_flags=flags & SCHED_FLAGS_MASK,
+    )
+
+
+_STATS64_HEAD = struct.Struct("=" + "HHQ" * 5)  # nla_len, nla_type, u64; five times
+# (12, CONNS, 12, INPKTS, ...): lengths and types as interleaved in _STATS64_HEAD's values
+_STATS64_SHAPE = tuple(x for t in range(1, 6) for x in (12, t))
+
+
+def _counter(raw: bytes | None) -> int:
+    """A stats counter: u64 in IPVS_SVC_ATTR_STATS64 (and for the bytes in STATS), u32
+    for the others in STATS; the attribute's length says which."""
+    if raw is None:
+        return 0
+    if len(raw) >= 8:
+        value: int = _U64.unpack_from(raw)[0]
+        return value
+    return _u32(raw)
+
+
+# The kernel's service message as ip_vs_genl_fill_service lays it out: the identity first
+# (af, protocol, the 16-byte address, port, at fixed offsets) and STATS64 last (4 + 10 x 12
+# bytes without PAD attributes). A scrape reads every virtual server's message: this shape
+# is checked and read with two unpacks and a cached key; any other falls to the generic walk.
+_SVC_HEAD = struct.Struct("=HHHHH2xHHH2xHH16sHH2s2x")  # service attr, af, protocol, addr, port
+_SVC_HEAD_SHAPE = (SVC_AF, 6, SVC_PROTOCOL, 6, SVC_ADDR, 20, SVC_PORT, 6)  # type, length
+_STATS64_LEN = 4 + 10 * 12
+
+
+@functools.lru_cache(maxsize=16384)
+def _key_of(af: int, protocol: int, raw: bytes, port: bytes) -> ServiceKey | None:
+    proto = Protocol.from_number(protocol)
+    addr = _address(af, raw)
+    if proto is None or addr is None:
+        return None
+    return ServiceKey(proto, addr, _BE16.unpack(port)[0])
+
+
+def _service_stats_fast(msg: bytes) -> tuple[ServiceKey, ServiceStats] | None:
+    n = len(msg)
+    if n < _GENL_ATTRS + _SVC_HEAD.size + _STATS64_LEN:
+        return None
+    h = _SVC_HEAD.unpack_from(msg, _GENL_ATTRS)
+    if (
+        h[0] != n - _GENL_ATTRS
+        or h[1] & _NLA_TYPE_MASK != ATTR_SERVICE
+        or (h[3], h[2], h[6], h[5], h[9], h[8], h[12], h[11]) != _SVC_HEAD_SHAPE
+    ):
+        return None
+    tail_len, tail_type = _NLA.unpack_from(msg, n - _STATS64_LEN)
+    if tail_len != _STATS64_LEN or tail_type & _NLA_TYPE_MASK != SVC_STATS64:
+        return None
+    v = _STATS64_HEAD.unpack_from(msg, n - _STATS64_LEN + 4)
+    if v[0:15:3] != _STATS64_SHAPE[0::2] or v[1:15:3] != _STATS64_SHAPE[1::2]:
+        return None
+    key = _key_of(h[4], h[7], h[10], h[13])
+    if key is None:
+        return None
+    return key, ServiceStats(v[2], v[5], v[8], v[11], v[14])
+
+
+def parse_service_stats(msg: bytes) -> tuple[ServiceKey, ServiceStats] | None:
+    """A service dump message's identity and traffic counters (ip_vs_genl_fill_stats64,
+    or on kernels before 4.1 ip_vs_genl_fill_stats: u32 counts, u64 bytes); None for what
+    ipvsctl never programs. A service without stats reads as all zero."""
+    fast = _service_stats_fast(msg)
+    if fast is not None:
+        return fast
+    a = _nested(msg, ATTR_SERVICE)
+    key = _parsed_key(a)
+    if key is None:
+        return None
+    raw = a.get(SVC_STATS64)
+    if raw is not None and len(raw) >= _STATS64_HEAD.size:
+        # The kernel's usual layout (no PAD attributes: x86, arm64): the five counters
+        # first, each a 12-byte u64 attribute, unpacked at once (a scrape parses every
+        # virtual server's). Anything else takes the generic walk.
+        v = _STATS64_HEAD.unpack_from(raw)
+        if v[0:15:3] == _STATS64_SHAPE[0::2] and v[1:15:3] == _STATS64_SHAPE[1::2]:
+            return key, ServiceStats(v[2], v[5], v[8], v[11], v[14])
+    if raw is None:
+        raw = a.get(SVC_STATS)
+    s = _attrs(raw) if raw is not None else {}  # IPVS_STATS_ATTR_PAD (11) is skipped
+    return key, ServiceStats(
+        _counter(s.get(STATS_CONNS)),
+        _counter(s.get(STATS_INPKTS)),
+        _counter(s.get(STATS_OUTPKTS)),
+        _counter(s.get(STATS_INBYTES)),
+        _counter(s.get(STATS_OUTBYTES)),
     )
 
 
