@@ -411,6 +411,23 @@ def run(
             "/livez) for cloud load balancers; empty: none.",
         ),
     ] = "0.0.0.0:10256",
+    service_metrics: Annotated[
+        str,
+        typer.Option(
+            "--service-metrics",
+            metavar="WHICH",
+            help="none, annotated or all: which Services get per-Service traffic metrics "
+            '(annotated: those with ipvsctl.io/metrics: "true").',
+        ),
+    ] = "annotated",
+    service_metrics_max_series: Annotated[
+        int,
+        typer.Option(
+            "--service-metrics-max-series",
+            metavar="N",
+            help="Cap on per-Service traffic series; Services past it are left out, counted.",
+        ),
+    ] = 10000,
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
     from ipvsctl.daemon.wiring import DaemonOptions, StartupError
@@ -455,6 +472,16 @@ def run(
         node_ports = parse_port_range(service_node_port_range)
     except ValueError as exc:
         raise _fail(f"--service-node-port-range {exc}", 2) from None
+    from ipvsctl.reconcile.service_traffic import ServiceMetricsMode
+
+    try:
+        metrics_mode = ServiceMetricsMode(service_metrics)
+    except ValueError:
+        raise _fail(
+            f"--service-metrics {service_metrics}: must be none, annotated or all", 2
+        ) from None
+    if service_metrics_max_series < 0:
+        raise _fail(f"--service-metrics-max-series {service_metrics_max_series}: must be >= 0", 2)
     drain_seconds = _seconds("--drain-timeout", drain_timeout)
     check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
     # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
@@ -486,6 +513,8 @@ def run(
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
         node_port_range=node_ports,
         healthz_bind_address=healthz_bind_address,
+        service_metrics=metrics_mode,
+        service_metrics_max_series=service_metrics_max_series,
     )
     try:
         code = run_daemon(options)

@@ -22,7 +22,7 @@ from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import HTTPServer, Limits
-from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError
+from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError, ServiceStatsReader
 from ipvsctl.model import NodeContext, ServiceKey
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
@@ -36,6 +36,11 @@ from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.paced import PacedRunner
+from ipvsctl.reconcile.service_traffic import (
+    DEFAULT_MAX_SERIES,
+    ServiceMetricsMode,
+    ServiceTraffic,
+)
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
@@ -82,6 +87,9 @@ class DaemonOptions:
     # --healthz-bind-address: kube-proxy's health server ("" : none). The CLI's default is
     # 0.0.0.0:10256; in-process daemons (tests) serve none unless asked.
     healthz_bind_address: str = ""
+    # --service-metrics, --service-metrics-max-series: per-Service traffic series
+    service_metrics: ServiceMetricsMode = ServiceMetricsMode.ANNOTATED
+    service_metrics_max_series: int = DEFAULT_MAX_SERIES
 
 
 @dataclass
@@ -151,6 +159,21 @@ class Daemon:
             self.health.http.trusted = lambda peer: self.api.is_local_peer(peer)
             self.health.proxy_healthy = lambda: self.api.healthz({})[0] == 200
             self.engine.service_listeners.append(self.health.on_service)
+        # Per-Service traffic: read at scrape time; the event path only keeps who opted in.
+        self.service_traffic: ServiceTraffic | None = None
+        if o.service_metrics is not ServiceMetricsMode.NONE and isinstance(
+            self.kernel, ServiceStatsReader
+        ):
+            self.service_traffic = ServiceTraffic(
+                self.kernel,
+                o.service_metrics,
+                o.service_metrics_max_series,
+                on_error=lambda exc: self.metrics.netlink_errors.labels(
+                    exc.operation or "read_service_stats"
+                ).inc(),
+            )
+            self.engine.service_listeners.append(self.service_traffic.on_service)
+            self.metrics.service_traffic.read = self.service_traffic.read
         # The background reads of the kernel, each on its own thread (reconcile/paced.py).
         self.readers: list[PacedRunner] = [self.loop.drain_runner, self.loop.audit_runner]
         self.sweeper: ConntrackSweeper | None = None

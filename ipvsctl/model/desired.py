@@ -81,3 +81,4 @@ class DesiredService:
     drain_timeout: float | None = None  # ipvsctl.io/drain-timeout, seconds
     endpoints: Mapping[str, EndpointInfo] = field(default_factory=dict)  # by address
     health_check_node_port: int | None = None  # serve kube-proxy's local-endpoints check
+    traffic_metrics: bool = False  # opted in to per-Service traffic metrics (annotation)

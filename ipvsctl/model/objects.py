@@ -33,6 +33,7 @@ class ServiceInfo:
     scheduler: str | None = None  # from annotations
     sched_flags: int | None = None  # from annotations (None: the scheduler's default)
     drain_timeout: float | None = None  # from annotation
+    traffic_metrics: bool = False  # ipvsctl.io/metrics: "true"
     health_check_node_port: int | None = None  # LoadBalancer with externalTrafficPolicy Local
     # spec.loadBalancerSourceRanges, normalized (None: not restricted). Empty when every
     # listed range was invalid: closed rather than open to all.

@@ -1,8 +1,13 @@
 """Every metric ipvsctl exports, on one registry per daemon (tests make their own).
 
-Labels never carry a Service name or an IP: per-object detail belongs to /status."""
+Labels never carry an IP, and a Service's name only in the opt-in per-Service traffic
+series (`--service-metrics`, bounded by `--service-metrics-max-series`): other per-object
+detail belongs to /status."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -13,6 +18,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ipvsctl import __version__
 
@@ -49,6 +55,78 @@ _PROGRAMMING_BUCKETS = (
     *range(60, 120, 5),
     *range(120, 301, 30),
 )
+
+
+class TrafficCounts(Protocol):
+    """A series' counters (model.ServiceStats)."""
+
+    @property
+    def conns(self) -> int: ...
+    @property
+    def in_packets(self) -> int: ...
+    @property
+    def out_packets(self) -> int: ...
+    @property
+    def in_bytes(self) -> int: ...
+    @property
+    def out_bytes(self) -> int: ...
+
+
+# (namespace, service, port, protocol) and the counters; how many Services the cap left out
+TrafficRead = Callable[[], tuple[Iterable[tuple[Sequence[str], TrafficCounts]], int]]
+_SERVICE_LABELS = ["namespace", "service", "port", "protocol"]
+
+
+class ServiceTrafficCollector:
+    """The per-Service traffic series, made at scrape time by `read` (the daemon sets it:
+    reconcile/service_traffic.py; until then, and with --service-metrics none, none)."""
+
+    def __init__(self) -> None:
+        self.read: TrafficRead = lambda: ((), 0)
+
+    def _families(self) -> tuple[CounterMetricFamily, ...]:
+        return (
+            CounterMetricFamily(
+                "ipvsctl_service_connections",
+                "Connections scheduled to a Service port's virtual servers on this node "
+                "(opted-in Services, --service-metrics).",
+                labels=_SERVICE_LABELS,
+            ),
+            CounterMetricFamily(
+                "ipvsctl_service_packets",
+                "Packets through a Service port's virtual servers on this node, by direction "
+                "(in: from clients, out: replies).",
+                labels=[*_SERVICE_LABELS, "direction"],
+            ),
+            CounterMetricFamily(
+                "ipvsctl_service_bytes",
+                "Bytes through a Service port's virtual servers on this node, by direction.",
+                labels=[*_SERVICE_LABELS, "direction"],
+            ),
+        )
+
+    def _dropped(self, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "ipvsctl_service_metrics_dropped",
+            "Services opted in to per-Service traffic metrics but left out by "
+            "--service-metrics-max-series (at the last scrape).",
+            value=value,
+        )
+
+    def describe(self) -> list[Metric]:
+        return [*self._families(), self._dropped(0)]
+
+    def collect(self) -> Iterator[Metric]:
+        rows, dropped = self.read()
+        conns, packets, octets = self._families()
+        for labels, c in rows:
+            lab = list(labels)
+            conns.add_metric(lab, c.conns)
+            packets.add_metric([*lab, "in"], c.in_packets)
+            packets.add_metric([*lab, "out"], c.out_packets)
+            octets.add_metric([*lab, "in"], c.in_bytes)
+            octets.add_metric([*lab, "out"], c.out_bytes)
+        yield from (conns, packets, octets, self._dropped(dropped))
 
 
 class Metrics:
@@ -302,6 +380,9 @@ class Metrics:
         )
         for reason in ("malformed", "future"):
             self.network_programming_skipped.labels(reason)
+        # Per-Service traffic (reconcile/service_traffic.py), last: read at scrape time
+        self.service_traffic = ServiceTrafficCollector()
+        r.register(self.service_traffic)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -104,7 +104,9 @@ def build_desired_service(
                 endpoints_meta[ep.address] = ep
 
     if svc.type == "ExternalName":
-        return DesiredService(svc.ref, {}, svc.drain_timeout, endpoints_meta)
+        return DesiredService(
+            svc.ref, {}, svc.drain_timeout, endpoints_meta, traffic_metrics=svc.traffic_metrics
+        )
 
     scheduler = svc.scheduler or node.default_scheduler
     sched_flags = svc.sched_flags
@@ -181,5 +183,10 @@ def build_desired_service(
         svc.health_check_node_port if svc.type == "LoadBalancer" and svc.external_local else None
     )
     return DesiredService(
-        svc.ref, dict(sorted(wanted.items())), svc.drain_timeout, endpoints_meta, hc_port
+        svc.ref,
+        dict(sorted(wanted.items())),
+        svc.drain_timeout,
+        endpoints_meta,
+        hc_port,
+        traffic_metrics=svc.traffic_metrics,
     )

@@ -45,6 +45,8 @@ DRAIN_TIMEOUT_ANNOTATION = "ipvsctl.io/drain-timeout"
 # Set by the EndpointSlice controller: when the change that led to this version happened
 # (kube-proxy's network programming SLI starts there).
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+# Opts the Service in to per-Service traffic metrics (--service-metrics annotated)
+METRICS_ANNOTATION = "ipvsctl.io/metrics"
 # kube-router's Service annotations that mean nothing to ipvsctl, with what to do instead
 # (docs/migrating-from-kube-router.md); any other kube-router.io/service.* is ignored too.
 KUBE_ROUTER_IGNORED = {
@@ -145,6 +147,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     scheduler, sched_flags = _scheduling(annotations, default_scheduler, warnings)
     _kube_router_ignored(annotations, warnings)
     drain_timeout = _drain_timeout(annotations, warnings)
+    traffic_metrics = _traffic_metrics(annotations, warnings)
     source_ranges = _source_ranges(spec, svc_type, warnings)
     topology_hints, warning = parse_traffic_distribution(spec.get("trafficDistribution"))
     if warning:
@@ -166,6 +169,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
         scheduler=scheduler,
         sched_flags=sched_flags,
         drain_timeout=drain_timeout,
+        traffic_metrics=traffic_metrics,
         health_check_node_port=hc_port,
         source_ranges=source_ranges,
         topology_hints=topology_hints,
@@ -304,6 +308,16 @@ def _drain_timeout(annotations: Mapping[str, Any], warnings: list[str]) -> float
         # The next rules of the deadline order apply (CONTRACT.md "Draining").
         warnings.append(f"annotation {DRAIN_TIMEOUT_ANNOTATION}: {exc}, ignored")
         return None
+
+
+def _traffic_metrics(annotations: Mapping[str, Any], warnings: list[str]) -> bool:
+    raw = annotations.get(METRICS_ANNOTATION)
+    if raw is None:
+        return False
+    value = raw.strip().lower() if isinstance(raw, str) else raw
+    if value not in ("true", "false"):
+        warnings.append(f'annotation {METRICS_ANNOTATION}: {raw!r} is not "true" or "false"')
+    return value == "true"
 
 
 def _source_ranges(

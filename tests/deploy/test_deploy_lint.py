@@ -127,8 +127,6 @@ PENDING: dict[str, str] = {
     "--lb-grace": "issue 27 (node drain)",
     "--max-virtual-servers-per-service": "issue 25 (hostile round two)",
     "--service-drain-timeout": "issue 26 (virtual servers drain)",
-    "--service-metrics": "issue 30 (per-Service metrics)",
-    "--service-metrics-max-series": "issue 30 (per-Service metrics)",
 }
 
 

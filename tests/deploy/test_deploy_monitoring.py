@@ -292,6 +292,9 @@ def test_dashboard_queries_real_metrics_and_covers_the_topics():
         "ipvsctl_nft_errors_total",
         "process_resident_memory_bytes",
         "ipvsctl_build_info",
+        "ipvsctl_service_connections_total",
+        "ipvsctl_service_bytes_total",
+        "ipvsctl_service_metrics_dropped",
     ):
         assert needed in used, needed
     names = [v["name"] for v in dash["templating"]["list"]]
@@ -353,3 +356,55 @@ def test_servicemonitor_scrapes_the_metrics_service():
         sm["spec"]["endpoints"][0]["relabelings"]
         == pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
     )
+
+
+def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp_path):
+    """The daemon's /metrics as Prometheus would scrape it, per-Service traffic series
+    included (an annotated Service with traffic), linted by `promtool check metrics`."""
+    import urllib.request
+
+    import yaml as _yaml
+
+    from devkit.builders import endpoint, endpoint_slice, service
+    from devkit.harness import vs
+    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.kernel.fake import FakeKernel
+    from ipvsctl.manifests import ManifestSource
+    from ipvsctl.model import NodeContext, ServiceStats
+    from ipvsctl.reconcile.loop import LoopConfig
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    objs = [
+        service("web", annotations={"ipvsctl.io/metrics": "true"}),
+        endpoint_slice("web", [endpoint("10.244.1.5", pod="web-1")]),
+    ]
+    (folder / "web.yaml").write_text(_yaml.safe_dump_all(objs))
+    kernel = FakeKernel()
+    d = Daemon(
+        DaemonOptions(
+            node=NodeContext("node-a", ("192.0.2.10",)),
+            manifests=str(folder),
+            state_dir=str(tmp_path / "state"),
+            listen="127.0.0.1:0",
+        ),
+        kernel,
+        ManifestSource(folder, interval=0.05),
+        loop_config=LoopConfig(idle_wakeup=0.05),
+    )
+    d.start()
+    try:
+        for _ in range(200):
+            if vs() in kernel.services and d.view.started and d.service_traffic.read()[0]:
+                break
+            __import__("time").sleep(0.05)
+        kernel.add_traffic(vs(), ServiceStats(2, 10, 8, 900, 4000))
+        with urllib.request.urlopen(f"http://127.0.0.1:{d.http.port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        d.shutdown()
+    assert 'ipvsctl_service_bytes_total{direction="out",namespace="default"' in text
+    r = subprocess.run(
+        [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

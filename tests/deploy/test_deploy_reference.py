@@ -128,10 +128,16 @@ def _exported() -> dict[str, tuple[str, tuple[str, ...]]]:
     from ipvsctl.obs.metrics import Metrics
 
     out = {}
-    for m in vars(Metrics()).values():
+    metrics = Metrics()
+    for m in vars(metrics).values():
         if isinstance(m, MetricWrapperBase):
             name = m._name + ("_total" if m._type == "counter" else "")
             out[name] = (m._type, tuple(m._labelnames))
+    # the per-Service traffic series, made at scrape time by a collector (no children)
+    for family in metrics.service_traffic.describe():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = tuple(getattr(family, "_labelnames", ()))
+        out[name] = (family.type, labels)
     return out
 
 
