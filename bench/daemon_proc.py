@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.daemon_proc")
     p.add_argument("--apiserver", required=True)
     p.add_argument("--netns", default=None)
+    p.add_argument("--wire-stats", action="store_true", help="parse service dumps as bytes")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions
@@ -58,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from ipvsctl.kernel.fake import FakeKernel
 
-        kernel = FakeKernel()
+        if args.wire_stats:
+            from bench.service_metrics import WireStatsKernel
+
+            kernel = WireStatsKernel()
+        else:
+            kernel = FakeKernel()
         kernel.ops = __import__("collections").deque(maxlen=0)
     opts = DaemonOptions(
         node=NodeContext("bench-node"),

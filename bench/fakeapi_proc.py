@@ -14,6 +14,8 @@ import copy
 import random
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from devkit.fakeapi import objects
 from devkit.fakeapi.server import FakeAPIServer
@@ -23,13 +25,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fakeapi_proc")
     p.add_argument("--services", type=int, required=True)
     p.add_argument("--endpoints", type=int, default=10)
+    p.add_argument("--annotated", type=int, default=0, help="the first N: ipvsctl.io/metrics")
     args = p.parse_args(argv)
     api = FakeAPIServer(record_requests=False, bookmark_interval=30.0)
     slices = []
     for obj in objects.cluster(args.services, args.endpoints):
         if obj["kind"] == "EndpointSlice":
             slices.append(obj)
-    api.add_many(objects.cluster(args.services, args.endpoints))
+
+    def annotated() -> Iterator[dict[str, Any]]:
+        n = 0
+        for obj in objects.cluster(args.services, args.endpoints):
+            if obj["kind"] == "Service" and n < args.annotated:
+                obj["metadata"]["annotations"]["ipvsctl.io/metrics"] = "true"
+                n += 1
+            yield obj
+
+    api.add_many(annotated())
     api.start()
     print(api.url, flush=True)
     rng = random.Random(3)

@@ -128,9 +128,15 @@ def run_memory(
     timeout: float = 3600,
     rate: float = 0.0,
     status_clients: int = 0,
+    annotated: int = 0,
+    wire_stats: bool = False,
+    scrape_interval: float = 0.0,
 ) -> dict[str, Any]:
     """One run; `rate` paces the watch events (0: as fast as the fake API sends them);
-    `status_clients` poll /status in a loop while the events come."""
+    `status_clients` poll /status in a loop while the events come. `annotated` Services opt
+    in to per-Service traffic metrics, whose service dump the daemon parses in the kernel's
+    bytes with `wire_stats` (bench/service_metrics.py), and with `scrape_interval` a scraper
+    GETs /metrics that often while the events come."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     api = subprocess.Popen(
         [
@@ -141,6 +147,8 @@ def run_memory(
             str(services),
             "--endpoints",
             str(endpoints),
+            "--annotated",
+            str(annotated),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -156,6 +164,8 @@ def run_memory(
         cmd = [sys.executable, "-m", "bench.daemon_proc", "--apiserver", url]
         if netns:
             cmd += ["--netns", netns]
+        if wire_stats:
+            cmd += ["--wire-stats"]
         t0 = time.monotonic()
         daemon = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
@@ -174,6 +184,11 @@ def run_memory(
             n0 = n
             time.sleep(1.0)
         pollers = StatusPollers(port, status_clients) if status_clients else None
+        scraper = None
+        if scrape_interval:
+            from bench.service_metrics import Scraper
+
+            scraper = Scraper(port, scrape_interval)
         buckets0 = _buckets(port)
         _latencies(port)  # drop the initial sync's
         t1 = time.monotonic()
@@ -191,6 +206,8 @@ def run_memory(
             time.sleep(0.5)
         t_events = time.monotonic() - t1
         polled = pollers.close() if pollers else {}
+        if scraper is not None:
+            polled |= scraper.close()
         buckets1 = _buckets(port)
         exact = sorted(_latencies(port))
         time.sleep(1.0)
