@@ -104,6 +104,24 @@ NodeIPs = Annotated[
 Scheduler = Annotated[
     str, typer.Option("--scheduler", metavar="NAME", help="Default IPVS scheduler.")
 ]
+NodePortRange = Annotated[
+    str,
+    typer.Option(
+        "--service-node-port-range",
+        metavar="A-B",
+        help="The cluster's NodePort range (the API server's flag): which virtual servers "
+        "on node addresses are ipvsctl's; a node address at another port is never one.",
+    ),
+]
+MaxVirtualServers = Annotated[
+    int,
+    typer.Option(
+        "--max-virtual-servers-per-service",
+        metavar="N",
+        min=1,
+        help="A Service that would make more virtual servers is refused whole.",
+    ),
+]
 ServiceProxyName = Annotated[
     str | None,
     typer.Option(
@@ -179,10 +197,18 @@ def _node(
     interface: str = "kube-ipvs0",
     service_proxy_name: str | None = None,
     host_addresses: bool = True,
+    node_port_range: str = "30000-32767",
+    max_virtual_servers: int = 1024,
 ) -> NodeContext:
     """The node's flags checked (exit 2); without --node-ip, the host's addresses, unless
     `host_addresses` is False (`plan` may find them in the input)."""
     from ipvsctl.model.ipvs import IPVS_SCHEDULERS
+    from ipvsctl.model.portrange import parse_port_range
+
+    try:
+        node_ports = parse_port_range(node_port_range)
+    except ValueError as exc:
+        raise _fail(f"--service-node-port-range {exc}", 2) from None
 
     if service_proxy_name is not None and not _LABEL_VALUE.match(service_proxy_name):
         raise _fail(
@@ -211,6 +237,8 @@ def _node(
         tuple(dict.fromkeys(ips)),
         scheduler,
         service_proxy_name=service_proxy_name or None,
+        node_port_range=node_ports,
+        max_virtual_servers=max_virtual_servers,
     )
 
 
@@ -243,6 +271,8 @@ def plan(
     node_ip: NodeIPs = None,
     scheduler: Scheduler = "rr",
     service_proxy_name: ServiceProxyName = None,
+    service_node_port_range: NodePortRange = "30000-32767",
+    max_virtual_servers_per_service: MaxVirtualServers = 1024,
     output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
@@ -254,7 +284,13 @@ def plan(
 
     fmt = _output(output, as_json)
     node = _node(
-        node_name, node_ip, scheduler, service_proxy_name=service_proxy_name, host_addresses=False
+        node_name,
+        node_ip,
+        scheduler,
+        service_proxy_name=service_proxy_name,
+        host_addresses=False,
+        node_port_range=service_node_port_range,
+        max_virtual_servers=max_virtual_servers_per_service,
     )
     try:
         objects = load_paths(files)
@@ -320,15 +356,8 @@ def run(
     ] = ("kube-ipvs0"),
     scheduler: Scheduler = "rr",
     service_proxy_name: ServiceProxyName = None,
-    service_node_port_range: Annotated[
-        str,
-        typer.Option(
-            "--service-node-port-range",
-            metavar="A-B",
-            help="The cluster's NodePort range (the API server's flag): which virtual servers "
-            "on node addresses are ipvsctl's.",
-        ),
-    ] = "30000-32767",
+    service_node_port_range: NodePortRange = "30000-32767",
+    max_virtual_servers_per_service: MaxVirtualServers = 1024,
     drain_timeout: Annotated[
         str,
         typer.Option(
@@ -466,12 +495,6 @@ def run(
         cluster_cidrs = parse_cidrs(cluster_cidr or ())
     except ValueError as exc:
         raise _fail(f"--cluster-cidr {exc}", 2) from None
-    from ipvsctl.model.portrange import parse_port_range
-
-    try:
-        node_ports = parse_port_range(service_node_port_range)
-    except ValueError as exc:
-        raise _fail(f"--service-node-port-range {exc}", 2) from None
     from ipvsctl.reconcile.service_traffic import ServiceMetricsMode
 
     try:
@@ -493,7 +516,15 @@ def run(
             ("--ipvs-udp-timeout", ipvs_udp_timeout),
         )
     )
-    node = _node(node_name, node_ip, scheduler, interface, service_proxy_name)
+    node = _node(
+        node_name,
+        node_ip,
+        scheduler,
+        interface,
+        service_proxy_name,
+        node_port_range=service_node_port_range,
+        max_virtual_servers=max_virtual_servers_per_service,
+    )
     options = DaemonOptions(
         node=node,
         kubeconfig=kubeconfig,
@@ -511,7 +542,7 @@ def run(
         masquerade_all=masquerade_all,
         nftables=nftables,
         follow_node_ips=not node_ip,  # the host's addresses: re-read while running
-        node_port_range=node_ports,
+        node_port_range=node.node_port_range,
         healthz_bind_address=healthz_bind_address,
         service_metrics=metrics_mode,
         service_metrics_max_series=service_metrics_max_series,

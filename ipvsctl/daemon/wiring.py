@@ -7,6 +7,7 @@ the IPVS table is left exactly as it is: traffic keeps flowing while the daemon 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import queue
@@ -113,7 +114,7 @@ class Daemon:
     event_writer: EventWriter | None = None
 
     def __post_init__(self) -> None:
-        o = self.options
+        self.options = o = with_apiserver_addresses(self.options, self.source)
         self.state = DrainStateFile(o.state_dir)
         try:
             self.state.ensure_dir()
@@ -329,8 +330,8 @@ class Daemon:
         if self.proxy_health is not None:
             self.proxy_health.close()
         self.http.stop()
-        try:
-            self.state.save(self.view.drain_queue())
+        try:  # after the writer's last save (a hung disk: not for ever, the kubelet waits)
+            self.state.save(self.view.drain_queue(), lock_timeout=5.0)
         except OSError as exc:
             log.error("drain state write failed", extra=fields(error=exc))
         log.info(
@@ -431,6 +432,20 @@ def open_event_writer(
         node=node,
         on_result=lambda reason, result: metrics.events.labels(reason, result).inc(),
     )
+
+
+def with_apiserver_addresses(o: DaemonOptions, source: ObjectSource) -> DaemonOptions:
+    """The API server's own addresses, never an external or load-balancer IP (CONTRACT
+    "Node safety"): a Service binding one would send this daemon's API traffic into IPVS.
+    A hostname is resolved once, here."""
+    host = getattr(source, "host", None)
+    if not isinstance(host, str) or not host:
+        return o
+    from ipvsctl.kube.config import host_addresses
+
+    ips = host_addresses(host)
+    log.info("API server addresses", extra=fields(host=host, addresses=",".join(sorted(ips))))
+    return dataclasses.replace(o, node=dataclasses.replace(o.node, apiserver_ips=ips))
 
 
 def run(o: DaemonOptions) -> int:

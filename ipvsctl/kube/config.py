@@ -40,6 +40,24 @@ def _check_apiserver(url: str) -> str:
     return url.rstrip("/")
 
 
+def host_addresses(url: str) -> frozenset[str]:
+    """The API server's addresses, from its URL: resolved once (a node proxy must not let a
+    Service take them, CONTRACT "Node safety"; a hostname that later resolves elsewhere is
+    not followed). Empty, with one warning line, when the name does not resolve now."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        log(logging.WARNING, "API server name not resolved", host=host, error=_one_line(exc))
+        return frozenset()
+    out = set()
+    for info in infos:
+        address = str(info[4][0])
+        if "%" not in address:
+            out.add(socket.inet_ntop(info[0], socket.inet_pton(info[0], address)))
+    return frozenset(out)
+
+
 def _keepalive_options() -> list[tuple[int, int, int]]:
     """TCP keepalive, so a peer that vanished is noticed even between watch events (the read
     timeout catches a peer that is alive but silent)."""

@@ -21,6 +21,7 @@ from ipvsctl.source.events import (
     ObjectKind,
     RawObject,
 )
+from ipvsctl.source.validate import short
 
 log = logging.getLogger("ipvsctl.manifests")
 
@@ -66,10 +67,11 @@ def _documents(path: Path) -> Iterator[Any]:
 
 
 def _unpack(path: Path, doc: Any) -> Iterator[Any]:
-    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
         items = doc.get("items") or []
         if not isinstance(items, list):
-            raise ManifestError(f"{path}: {doc.get('kind')}: items is not a list")
+            raise ManifestError(f"{path}: {kind}: items is not a list")
         for item in items:
             yield from _unpack(path, item)
     elif doc is not None:
@@ -90,8 +92,13 @@ def load_file(path: Path) -> FileObjects:
                 continue
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
             ns = meta.get("namespace") or "default"
-            # Objects without a usable name still go through, to be reported as invalid.
-            objects[(kind, str(ns), str(meta.get("name") or f"<unnamed #{len(objects)}>"))] = obj
+            name = meta.get("name") or f"<unnamed #{len(objects)}>"
+            # Objects without a usable name still go through, to be reported as invalid; a
+            # name that is no string keys by short(): str() of an aliased list is gigabytes.
+            ns, name = (
+                v if isinstance(v, str) else f"{short(v)} #{len(objects)}" for v in (ns, name)
+            )
+            objects[(kind, ns, name)] = obj
     return FileObjects(objects, ignored)
 
 

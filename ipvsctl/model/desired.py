@@ -8,6 +8,7 @@ from enum import StrEnum
 
 from ipvsctl.model.ipvs import VirtualServer
 from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 
 
 class VirtualServerKind(StrEnum):
@@ -32,6 +33,12 @@ class NodeContext:
     zone: str | None = None  # label topology.kubernetes.io/zone of this node's Node
     # --service-proxy-name: serve only Services labelled with it (None: only unlabelled ones)
     service_proxy_name: str | None = None
+    # Node safety (CONTRACT.md): the cluster's NodePort range (a node address at any other
+    # port is never a virtual server), the API server's own addresses (never an external or
+    # load-balancer IP), and the most virtual servers one Service may make.
+    node_port_range: range = DEFAULT_NODE_PORT_RANGE
+    apiserver_ips: frozenset[str] = frozenset()
+    max_virtual_servers: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

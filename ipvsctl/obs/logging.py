@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -61,9 +62,20 @@ class FailureStreaks:
         return was
 
 
+# A value printed bare: printable ASCII but for the characters that would end it or start
+# another field. Anything else (a space, `=`, a newline from an object's name or an error
+# text) is JSON-quoted, so a value can never forge a field or a log line.
+_BARE = re.compile(r"[!#-<>-\[\]-~]+", re.ASCII)
+
+
 def _value(v: Any) -> str:
     s = str(v)
-    return json.dumps(s) if (" " in s or s == "" or '"' in s) else s
+    return s if _BARE.fullmatch(s) else json.dumps(s)
+
+
+def _message(msg: str) -> str:
+    """Messages are fixed text, but a library's may carry a peer's text: never a new line."""
+    return msg if msg.isprintable() else json.dumps(msg)[1:-1]
 
 
 class TextFormatter(logging.Formatter):
@@ -72,7 +84,7 @@ class TextFormatter(logging.Formatter):
         data = getattr(record, "fields", None) or {}
         kv = " ".join(f"{k}={_value(v)}" for k, v in data.items())
         line = f"{ts}.{int(record.msecs):03d}Z {record.levelname:<5} {record.name}: "
-        line += record.getMessage() + (f" {kv}" if kv else "")
+        line += _message(record.getMessage()) + (f" {kv}" if kv else "")
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -23,9 +23,9 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,13 +44,21 @@ from ipvsctl.model import (
     normalize_ip,
 )
 from ipvsctl.obs.logging import fields
+from ipvsctl.source.duration import MAX_SECONDS
+from ipvsctl.source.validate import short
 
 log = logging.getLogger("ipvsctl.state")
 
 FILE_NAME = "drain-queue.json"
 FORMAT_VERSION = 1
-# ~250 bytes an entry: 64 MB is a quarter of a million draining real servers.
-MAX_BYTES = 64 << 20
+# ~250 bytes an entry: 8 MB is 32,000 draining real servers, and parsing a file at the cap
+# peaks at ~50 MiB traced (a 64 MB one took 566 MiB, beyond the pod's 384). A queue that would
+# write more is a write error (counted, retried), never a file the next start sets aside.
+MAX_BYTES = 8 << 20
+# Times are epoch seconds: not before 1970, not past 2106 (u32), and a drain is never
+# longer than the longest timeout a flag or annotation takes (a week) plus slack.
+MAX_TIME = float(2**32)
+MAX_DRAIN_SECONDS = MAX_SECONDS + 24 * 3600
 
 
 class BadState(ValueError):
@@ -64,21 +72,21 @@ def _reject_constant(name: str) -> Any:
 def _str(d: dict[str, Any], key: str) -> str:
     v = d.get(key)
     if not isinstance(v, str) or not v or len(v) > 512:
-        raise BadState(f"{key}: {v!r} is not a string")
+        raise BadState(f"{key}: {short(v)} is not a string")
     return v
 
 
 def _port(d: dict[str, Any], key: str) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 65535:
-        raise BadState(f"{key}: {v!r} is not a port")
+        raise BadState(f"{key}: {short(v)} is not a port")
     return v
 
 
 def _time(d: dict[str, Any], key: str) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise BadState(f"{key}: {v!r} is not a time")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_TIME:
+        raise BadState(f"{key}: {short(v)} is not a time (epoch seconds, 0 to 2^32)")
     return float(v)
 
 
@@ -87,9 +95,9 @@ def _ip(d: dict[str, Any], key: str) -> str:
     try:
         ip = normalize_ip(text)
     except ValueError:
-        raise BadState(f"{key}: {text!r} is not an IP address") from None
+        raise BadState(f"{key}: {short(text)} is not an IP address") from None
     if ip != text:  # ipvsctl writes the compressed form; anything else was not written by it
-        raise BadState(f"{key}: {text!r} is not an IP address in compressed form")
+        raise BadState(f"{key}: {short(text)} is not an IP address in compressed form")
     return ip
 
 
@@ -98,7 +106,7 @@ def _uid(d: dict[str, Any]) -> str:
     if v is None:
         return ""
     if not isinstance(v, str) or len(v) > 128:
-        raise BadState(f"pod_uid: {v!r} is not a uid")
+        raise BadState(f"pod_uid: {short(v)} is not a uid")
     return v
 
 
@@ -108,7 +116,7 @@ def _ref(d: dict[str, Any], key: str) -> str | None:
     text = _str(d, key)
     namespace, slash, name = text.partition("/")
     if not slash or not namespace or not name:
-        raise BadState(f"{key}: {text!r} is not namespace/name")
+        raise BadState(f"{key}: {short(text)} is not namespace/name")
     return text
 
 
@@ -129,12 +137,15 @@ def entry_from_json(d: Any) -> DrainEntry:
         deadline = NO_DEADLINE
     else:
         deadline = _time(d, "deadline")
+    since = _time(d, "since")
+    if not since <= deadline <= since + MAX_DRAIN_SECONDS and deadline != NO_DEADLINE:
+        raise BadState(f"deadline {deadline} is not within a drain of since {since}")
     return DrainEntry(
         vs=ServiceKey(protocol, _ip(d, "vip"), _port(d, "vport")),
         rs=RealServerKey(_ip(d, "address"), _port(d, "port")),
         service=ServiceRef.parse(service) if service else None,
         reason=reason,
-        since=_time(d, "since"),
+        since=since,
         deadline=deadline,
         deadline_source=source,
         pod=PodRef.parse(pod, uid) if pod else None,
@@ -151,9 +162,11 @@ def parse_state(raw: bytes) -> list[DrainEntry]:
         raise BadState(f"not JSON: {exc}") from None
     except RecursionError:
         raise BadState("nested too deeply") from None
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits() (5,000 digits)
+        raise BadState(f"not JSON ipvsctl writes: {str(exc)[:120]}") from None
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
         version = doc.get("version") if isinstance(doc, dict) else None
-        raise BadState(f"unknown version {version!r}")
+        raise BadState(f"unknown version {short(version)}")
     entries = doc.get("entries")
     if not isinstance(entries, list):
         raise BadState("entries is not a list")
@@ -168,6 +181,10 @@ class DrainStateFile:
         # The longest JSON text one encoder call made while saving: an entry's, never the
         # queue's (the cost tests read it).
         self.longest_encoded = 0
+        # One save at a time: the writer thread's and the shutdown's share the .tmp name (a
+        # second save unlinked the first's tmp and renamed its own, and the first then
+        # failed or put back an older queue).
+        self._lock = threading.Lock()
 
     def ensure_dir(self) -> None:
         """OSError if the folder cannot be made or written (a fatal start-up error)."""
@@ -204,12 +221,19 @@ class DrainStateFile:
             os.close(fd)
 
     def load(self) -> list[DrainEntry]:
+        """The saved queue; [] (the file set aside, one line, `load_error` set) for a file
+        that cannot be used, whatever is in it: a raise here would be a crash loop."""
         self.load_error = None
         try:
             raw = self._read()
             if raw is None:
                 return []
-            return parse_state(raw)
+            try:
+                return parse_state(raw)
+            except BadState:
+                raise
+            except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
+                raise BadState(f"{type(exc).__name__}: {short(str(exc))}") from None
         except BadState as exc:
             aside = self.path.with_name(f"{FILE_NAME}.corrupt-{int(time.time())}")
             try:
@@ -230,8 +254,17 @@ class DrainStateFile:
             )
             return []
 
-    def save(self, entries: Iterable[DrainEntry]) -> None:
-        """Atomic replace; raises OSError (the caller counts it and retries later)."""
+    def save(self, entries: Iterable[DrainEntry], lock_timeout: float = -1) -> None:
+        """Atomic replace; raises OSError (the caller counts it and retries later), EBUSY
+        when another save still runs after `lock_timeout` seconds (-1: wait)."""
+        if not self._lock.acquire(timeout=lock_timeout):
+            raise OSError(errno.EBUSY, "another write of the drain state is still running")
+        try:
+            self._save(entries)
+        finally:
+            self._lock.release()
+
+    def _save(self, entries: Iterable[DrainEntry]) -> None:
         # Entry by entry: one json.dumps of the whole queue is one C call that holds the GIL
         # throughout (~30 ms for 1,000 entries under emulation, every event waiting); short
         # calls let the loop thread in between. The same document, byte for byte.
@@ -244,6 +277,8 @@ class DrainStateFile:
             data = (f'{{"version":{FORMAT_VERSION},"entries":[' + ",".join(pieces) + "]}").encode()
         except ValueError as exc:  # a NaN deadline would never expire: refuse to keep it
             raise OSError(errno.EINVAL, f"drain state not serializable: {exc}") from None
+        if len(data) > MAX_BYTES:  # load() would set it aside: keep the last good one
+            raise OSError(errno.EFBIG, f"drain state over {MAX_BYTES} bytes ({len(data)})")
         tmp = self.path.with_name(f".{FILE_NAME}.tmp")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # whatever is there (a leftover, a planted symlink) goes

@@ -22,6 +22,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_2
 from ipvsctl.model.objects import ServiceInfo, SliceInfo
+from ipvsctl.plan.guard import refused_address, too_many
 from ipvsctl.plan.topology import Topology, by_topology
 
 
@@ -93,8 +94,13 @@ def source_ranges(
 
 
 def build_desired_service(
-    svc: ServiceInfo, slices: Iterable[SliceInfo], node: NodeContext
+    svc: ServiceInfo,
+    slices: Iterable[SliceInfo],
+    node: NodeContext,
+    refused: list[str] | None = None,
 ) -> DesiredService:
+    """The Service's virtual servers on this node. What Node safety refuses (plan/guard.py)
+    is left out and said in `refused`: the whole Service when it would make too many."""
     slices = list(slices)
     endpoints_meta: dict[str, EndpointInfo] = {}
     for sl in slices:
@@ -104,6 +110,13 @@ def build_desired_service(
                 endpoints_meta[ep.address] = ep
 
     if svc.type == "ExternalName":
+        return DesiredService(
+            svc.ref, {}, svc.drain_timeout, endpoints_meta, traffic_metrics=svc.traffic_metrics
+        )
+    too_many_reason = too_many(svc, node)
+    if too_many_reason is not None:  # before building anything: the count is O(ports)
+        if refused is not None:
+            refused.append(too_many_reason)
         return DesiredService(
             svc.ref, {}, svc.drain_timeout, endpoints_meta, traffic_metrics=svc.traffic_metrics
         )
@@ -128,6 +141,11 @@ def build_desired_service(
     ) -> None:
         key = ServiceKey(proto, address, port)
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
+            return
+        why = refused_address(kind, address, port, node)
+        if why is not None:
+            if refused is not None:
+                refused.append(why)
             return
         vs = VirtualServer(key, scheduler, svc.affinity_timeout, sched_flags)
         local = svc.internal_local if kind is VirtualServerKind.CLUSTER_IP else svc.external_local

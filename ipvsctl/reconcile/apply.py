@@ -179,12 +179,16 @@ def _add_rs(a: Applier, ref: ServiceRef | None, op: AddRealServer) -> bool:
 
 
 def _restore_rs(a: Applier, ref: ServiceRef | None, op: RestoreRealServer) -> bool:
+    # Out of the queue before the kernel call: if the call fails, the drain check must not
+    # delete a real server that is wanted again (at its deadline, with live connections).
+    # The retry restores it (diff: a wanted one at weight 0), and drains it anew if it goes.
+    cancelled = a.drains.remove(op.vs, op.rs)
     try:
         a.kernel.set_real_server_weight(op.vs, op.rs, 1)
     except KernelNotFound:
         a.kernel.add_real_server(op.vs, op.rs, 1)
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
-    if a.drains.remove(op.vs, op.rs):
+    if cancelled:
         log.info("drain cancelled, endpoint back", extra=fields(service=ref, vs=op.vs, rs=op.rs))
     return False
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ipvsctl.model import DesiredService, DesiredVirtualServer, NodeContext, ServiceKey
+from ipvsctl.model import (
+    DesiredService,
+    DesiredVirtualServer,
+    NodeContext,
+    ServiceKey,
+    ServiceRef,
+)
 from ipvsctl.model.keys import display_order, normalize_ip
 from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
+from ipvsctl.plan.guard import too_many
 from ipvsctl.source.events import ObjectKind, RawObject, Replace
 from ipvsctl.source.store import ObjectStore, Problem
 
@@ -28,10 +35,12 @@ def plan_objects(
         problems += store.apply(Replace(kind, objects.get(kind, []), 0.0)).problems
     if store.node is not None:
         node = dataclasses.replace(node, zone=store.node.zone)
-    built = {
-        ref: build_desired_service(store.services[ref], store.slices_of(ref), node)
-        for ref in sorted(store.services)
-    }
+    built: dict[ServiceRef, DesiredService] = {}
+    for ref in sorted(store.services):
+        refused: list[str] = []
+        built[ref] = build_desired_service(store.services[ref], store.slices_of(ref), node, refused)
+        whole = too_many(store.services[ref], node) is not None
+        problems += (Problem(ObjectKind.SERVICE, str(ref), r, fatal=whole) for r in refused)
     winners = resolve(
         (ref, key, rank(dvs.kind, store.services[ref].created, ref))
         for ref, desired in built.items()

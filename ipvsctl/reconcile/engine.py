@@ -226,11 +226,15 @@ class Engine:
     def _build(self, ref: ServiceRef) -> DesiredService | None:
         """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
         svc = self.intake.store.services.get(ref)
+        refused: list[str] = []
         desired = (
             None
             if svc is None
-            else build_desired_service(svc, self.intake.store.slices_of(ref), self.config.node)
+            else build_desired_service(
+                svc, self.intake.store.slices_of(ref), self.config.node, refused
+            )
         )
+        self.intake.refused(ref, refused)
         # Services that won or lost a key by this change: rebuilt in this or the next pass
         self.dirty |= self.contention.claim(ref, desired, svc.created if svc else None)
         return desired

@@ -45,6 +45,9 @@ class Intake:
         self._hinted_services: set[ServiceRef] = set()
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
         self.node_ips_known = frozenset(node.node_ips)
+        # What Node safety refused of each Service at its last build (plan/guard.py):
+        # logged and counted when it changes, not at every rebuild of the Service.
+        self._refused: dict[ServiceRef, tuple[str, ...]] = {}
 
     def handle(self, event: SourceEvent) -> tuple[set[ServiceRef], bool]:
         """Returns the Services the event changed, and whether this node's Node did (then
@@ -134,6 +137,20 @@ class Intake:
         return {ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE} <= synced and (
             ObjectKind.NODE in synced or not wait_for_node
         )
+
+    def refused(self, ref: ServiceRef, reasons: list[str]) -> None:
+        """Node safety refused these of the Service's virtual servers (or all of it): one
+        line and a count in ipvsctl_invalid_objects_total when that changes."""
+        now = tuple(reasons)
+        if self._refused.get(ref, ()) == now:
+            return
+        if now:
+            self._refused[ref] = now
+            self.metrics.invalid_objects.labels("Service").inc()
+            shown = "; ".join(now[:3]) + (f"; and {len(now) - 3} more" if len(now) > 3 else "")
+            log.warning("virtual servers refused", extra=fields(service=str(ref), reason=shown))
+        else:
+            del self._refused[ref]
 
     def _report_problem(self, p: Problem) -> None:
         self.metrics.invalid_objects.labels(p.kind.value).inc()

@@ -35,6 +35,8 @@ from ipvsctl.source.validate import (
     optional_str,
     port,
     protocol,
+    short,
+    special_address,
 )
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -95,7 +97,10 @@ def object_name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     if not isinstance(meta, Mapping):
         return "<no metadata>"
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<no name>'}"
+    # short(): a name that is a YAML-aliased list must not be str()-ed whole
+    ns, name = meta.get("namespace") or "default", meta.get("name") or "<no name>"
+    ns, name = (v if isinstance(v, str) else short(v) for v in (ns, name))
+    return f"{ns}/{name}"
 
 
 def service_label_selector(proxy_name: str | None) -> str:
@@ -135,13 +140,16 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
 
     svc_type = optional_str(spec.get("type"), "spec.type") or "ClusterIP"
     if svc_type not in SERVICE_TYPES:
-        raise InvalidObject(f"spec.type: unknown type {svc_type!r}")
+        raise InvalidObject(f"spec.type: unknown type {short(svc_type)}")
     # In this order: the first problem found is the one reported, and warnings keep it.
     cluster_ips, families = _cluster_ips(spec)
     external_ips = _dedupe(
         [ip(a, "spec.externalIPs") for a in items(spec.get("externalIPs"), "spec.externalIPs")]
     )
     lb_ips = _load_balancer_ips(status, warnings) if svc_type == "LoadBalancer" else ()
+    cluster_ips = _never_special(cluster_ips, "spec.clusterIPs", warnings)
+    external_ips = _never_special(external_ips, "spec.externalIPs", warnings)
+    lb_ips = _never_special(lb_ips, "status.loadBalancer.ingress[].ip", warnings)
     ports = _service_ports(spec)
     affinity = _affinity(spec)
     scheduler, sched_flags = _scheduling(annotations, default_scheduler, warnings)
@@ -196,6 +204,20 @@ def _cluster_ips(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], set[int]]:
     return cluster_ips, families
 
 
+def _never_special(addresses: tuple[str, ...], where: str, warnings: list[str]) -> tuple[str, ...]:
+    """The addresses without those that are never a virtual server (CONTRACT "Node safety"):
+    `externalIPs: [127.0.0.1]` or an ingress of 169.254.169.254 (anyone with services/status
+    may write it) would otherwise capture the node's own or its metadata service's traffic."""
+    kept = []
+    for address in addresses:
+        why = special_address(address)
+        if why is None:
+            kept.append(address)
+        else:
+            warnings.append(f"{where}: {address} is {why}, never a virtual server, ignored")
+    return tuple(kept) if len(kept) != len(addresses) else addresses
+
+
 def _load_balancer_ips(status: Mapping[str, Any], warnings: list[str]) -> tuple[str, ...]:
     """status.loadBalancer.ingress[].ip of a LoadBalancer Service, but `ipMode: Proxy`."""
     out: list[str] = []
@@ -213,7 +235,7 @@ def _load_balancer_ips(status: Mapping[str, Any], warnings: list[str]) -> tuple[
         if ip_mode not in (None, "VIP"):
             warnings.append(
                 f"status.loadBalancer.ingress[].ipMode: unknown mode "
-                f"{ip_mode!r} for {address}, taken as VIP"
+                f"{short(ip_mode)} for {address}, taken as VIP"
             )
         out.append(address)
     return _dedupe(out)
@@ -263,7 +285,7 @@ def _scheduling(
                 scheduler = value
             else:
                 warnings.append(
-                    f"annotation {key}: unknown scheduler {value!r}, using {default_scheduler}"
+                    f"annotation {key}: unknown scheduler {short(value)}, using {default_scheduler}"
                 )
             break
 
@@ -272,11 +294,14 @@ def _scheduling(
         value = annotations.get(key)
         if value is None:
             continue
-        names = [n.strip() for n in str(value).split(",") if n.strip()]
+        if not isinstance(value, str):  # str() of an aliased YAML list is gigabytes
+            warnings.append(f"annotation {key}: {short(value)} is not a string, ignored")
+            break
+        names = [n.strip() for n in value.split(",") if n.strip()]
         unknown = [n for n in names if n not in SCHED_FLAG_NAMES]
         if unknown:
             warnings.append(
-                f"annotation {key}: unknown scheduler flags {unknown!r} "
+                f"annotation {key}: unknown scheduler flags {short(unknown)} "
                 f"(known: flag-1, flag-2, flag-3, sh-/mh-fallback, sh-/mh-port), "
                 "ignored"
             )
@@ -329,9 +354,11 @@ def _source_ranges(
     valid = []
     for text in raw_ranges:
         try:
-            valid.append(cidr(str(text)))
+            if not isinstance(text, str):
+                raise ValueError(text)
+            valid.append(cidr(text))
         except ValueError:
-            warnings.append(f"spec.loadBalancerSourceRanges: {text!r} is not a CIDR, ignored")
+            warnings.append(f"spec.loadBalancerSourceRanges: {short(text)} is not a CIDR, ignored")
     return _dedupe(valid)
 
 
@@ -340,9 +367,11 @@ def _created(meta: Mapping[str, Any], warnings: list[str]) -> float | None:
     if not raw_created:
         return None
     try:
-        return parse_timestamp(str(raw_created))
+        if not isinstance(raw_created, str):
+            raise ValueError(raw_created)
+        return parse_timestamp(raw_created)
     except ValueError:
-        warnings.append(f"metadata.creationTimestamp: {raw_created!r} is not a time, ignored")
+        warnings.append(f"metadata.creationTimestamp: {short(raw_created)} is not a time, ignored")
         return None
 
 
@@ -390,7 +419,7 @@ def _endpoint(
             pod_name = optional_str(pod_name, f"endpoints[{i}].targetRef.name")
         uid = target.get("uid")
         if uid is not None and (type(uid) is not str or len(uid) > 128):
-            raise InvalidObject(f"endpoints[{i}].targetRef.uid: {uid!r} is not a uid")
+            raise InvalidObject(f"endpoints[{i}].targetRef.uid: {short(uid)} is not a uid")
         pod = PodRef(ns or namespace, pod_name or "", uid or "")
     node_name = ep.get("nodeName")
     raw_hints = ep.get("hints")
@@ -419,7 +448,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     )
     address_type = optional_str(obj.get("addressType"), "addressType")
     if address_type not in _ADDRESS_TYPES:
-        raise InvalidObject(f"addressType: unknown address type {address_type!r}")
+        raise InvalidObject(f"addressType: unknown address type {short(address_type)}")
     family = _ADDRESS_TYPES[address_type]
     if family is None:
         return Parsed(SliceInfo(namespace, name, service_name, None))

@@ -13,6 +13,8 @@ import re
 
 import durationpy
 
+from ipvsctl.source.validate import short
+
 # Longer than any drain or timeout anyone means; larger values are typos (or attacks on
 # timers that add the value to a clock).
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -29,7 +31,7 @@ def parse_duration(text: str | float, *, max_seconds: float = MAX_SECONDS) -> fl
     if isinstance(text, int | float) and not isinstance(text, bool):
         text = str(text)  # a YAML manifest's unquoted `drain-timeout: 30`
     if not isinstance(text, str):
-        raise ValueError(f"{text!r} is not a duration (e.g. 30, 2.5, 30s, 5m, 1m30s)")
+        raise ValueError(f"{short(text)} is not a duration (e.g. 30, 2.5, 30s, 5m, 1m30s)")
     value = text.strip()
     if _SECONDS.match(value):
         seconds = float(value)
@@ -37,9 +39,9 @@ def parse_duration(text: str | float, *, max_seconds: float = MAX_SECONDS) -> fl
         try:
             seconds = durationpy.from_str(value).total_seconds()
         except (ValueError, OverflowError):
-            raise ValueError(f"{text!r} is out of range") from None
+            raise ValueError(f"{short(text)} is out of range") from None
     else:
-        raise ValueError(f"{text!r} is not a duration (e.g. 30, 2.5, 30s, 5m, 1m30s)")
+        raise ValueError(f"{short(text)} is not a duration (e.g. 30, 2.5, 30s, 5m, 1m30s)")
     if not math.isfinite(seconds) or seconds < 0 or seconds > max_seconds:
-        raise ValueError(f"{text!r} is out of range (0 to {max_seconds:g} seconds)")
+        raise ValueError(f"{short(text)} is out of range (0 to {max_seconds:g} seconds)")
     return seconds

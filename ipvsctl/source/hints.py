@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ipvsctl.model import EndpointHints
+from ipvsctl.source.validate import short
 
 # The values the API server accepts (PreferClose is PreferSameZone's older name).
 TRAFFIC_DISTRIBUTIONS = frozenset({"PreferClose", "PreferSameZone", "PreferSameNode"})
@@ -27,7 +28,7 @@ def _names(value: Any, where: str) -> frozenset[str]:
     for item in value:
         name = item.get("name") if isinstance(item, Mapping) else None
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}[].name: {item!r} has no name")
+            raise ValueError(f"{where}[].name: {short(item)} has no name")
         names.append(name)
     return frozenset(names)
 
@@ -58,4 +59,6 @@ def parse_traffic_distribution(value: Any) -> tuple[bool, str | None]:
     kube-proxy, hints decide, whatever the (valid) value; an unknown value turns them off."""
     if value is None or value in TRAFFIC_DISTRIBUTIONS:
         return True, None
-    return False, (f"spec.trafficDistribution: unknown value {value!r}, topology hints ignored")
+    return False, (
+        f"spec.trafficDistribution: unknown value {short(value)}, topology hints ignored"
+    )

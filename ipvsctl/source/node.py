@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipvsctl.source.convert import InvalidObject, Parsed
+from ipvsctl.source.validate import short
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
@@ -43,7 +44,7 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed[NodeInfo]:
     labels = meta.get("labels")
     zone = labels.get(ZONE_LABEL) if isinstance(labels, Mapping) else None
     if zone is not None and (not isinstance(zone, str) or not zone):
-        warnings.append(f"label {ZONE_LABEL}: {zone!r} is not a zone name, ignored")
+        warnings.append(f"label {ZONE_LABEL}: {short(zone)} is not a zone name, ignored")
         zone = None
     spec = obj.get("spec")
     taints = spec.get("taints") if isinstance(spec, Mapping) else None

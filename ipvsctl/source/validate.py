@@ -6,6 +6,7 @@ timeout above 2^32-1 raises struct.error inside the kernel adapter)."""
 from __future__ import annotations
 
 import ipaddress
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,45 @@ def cidr(text: str) -> str:
     return ipaddress.ip_network(text.strip(), strict=False).compressed
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
+# A bounded repr: YAML aliases make a 300 KB file a list shared a million times over, whose
+# full repr() is gigabytes; reprlib stops at a few levels and a few items of each.
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlong = 40
+
+
+def short(value: Any) -> str:
+    """What an error line shows of a value from an object: at most ~80 characters, at a
+    cost bounded whatever its shape (never `repr()` or `str()` of the whole)."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits() (a 5,000-digit number)
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<?>"
     return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+_short = short
+
+
+def special_address(address: str) -> str | None:
+    """Why an address is never a virtual server, whatever an object says (CONTRACT "Node
+    safety"), or None. An IPv4-mapped IPv6 address is judged as its IPv4 address."""
+    a = ipaddress.ip_address(address)
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    if a.is_unspecified:
+        return "an unspecified address"
+    if a.is_loopback:
+        return "a loopback address"
+    if a.is_link_local:
+        return "a link-local address"
+    if a.is_multicast:
+        return "a multicast address"
+    if a == ipaddress.IPv4Address("255.255.255.255"):
+        return "the broadcast address"
+    return None
 
 
 def object_meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
@@ -105,16 +142,16 @@ def ip(value: Any, where: str) -> str:
     """An IP address, in its normal form."""
     GENERAL_CHECKS.calls += 1
     if not isinstance(value, str):
-        raise InvalidObject(f"{where}: {value!r} is not an IP address")
+        raise InvalidObject(f"{where}: {_short(value)} is not an IP address")
     try:
         return normalize_ip(value)
     except ValueError:
-        raise InvalidObject(f"{where}: {value!r} is not an IP address") from None
+        raise InvalidObject(f"{where}: {_short(value)} is not an IP address") from None
 
 
 def port(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InvalidObject(f"{where}: {value!r} is not a port number")
+        raise InvalidObject(f"{where}: {_short(value)} is not a port number")
     return value
 
 
@@ -125,7 +162,7 @@ def protocol(value: Any, where: str) -> Protocol:
     try:
         return Protocol(value)
     except ValueError:
-        raise InvalidObject(f"{where}: unknown protocol {value!r}") from None
+        raise InvalidObject(f"{where}: unknown protocol {_short(value)}") from None
 
 
 def condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -135,5 +172,5 @@ def condition(conditions: Mapping[str, Any], name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise InvalidObject(f"endpoints[].conditions.{name}: {value!r} is not a boolean")
+        raise InvalidObject(f"endpoints[].conditions.{name}: {_short(value)} is not a boolean")
     return value

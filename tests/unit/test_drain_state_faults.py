@@ -157,3 +157,98 @@ def test_a_nan_deadline_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         state.save([bad])  # OSError: the loop counts it as a failed write, never dies
     assert not (tmp_path / FILE_NAME).exists()
+
+
+# --- issue 25.5: numbers no parser should meet, deadlines out of range, the size cap ---------
+BIG_INT = "9" * 5000  # past sys.get_int_max_str_digits(): int() raises ValueError
+
+
+@pytest.mark.parametrize("field", ["vport", "port", "since", "deadline"])
+def test_a_5000_digit_integer_is_set_aside_not_raised(tmp_path: Path, field: str) -> None:
+    raw = json.dumps(_doc(**{field: 0})).replace(f'"{field}": 0', f'"{field}": {BIG_INT}')
+    assert BIG_INT in raw
+    entries, state = _load(tmp_path, raw.encode())
+    assert entries == [] and state.load_error and state.load_error.startswith("corrupt")
+    assert _set_aside(tmp_path)
+    assert len(state.load_error) < 300
+
+
+@pytest.mark.parametrize(
+    ("since", "deadline"),
+    [
+        (1000.0, -1e9),  # negative
+        (-5.0, 30.0),
+        (1000.0, 1e308),  # huge
+        (1e308, 1e308),
+        (1600.0, 1000.0),  # since after the deadline
+        (1000.0, 1000.0 + 30 * 24 * 3600),  # a month: no flag or annotation gives that
+    ],
+)
+def test_deadlines_out_of_range_are_set_aside(tmp_path: Path, since: float, deadline: float):
+    entries, _ = _load(tmp_path, json.dumps(_doc(since=since, deadline=deadline)).encode())
+    assert entries == [] and _set_aside(tmp_path)
+
+
+def test_a_drain_its_pod_bounds_keeps_a_null_deadline(tmp_path: Path) -> None:
+    """Issue 23's `deadline: null` with `deadline_source: "pod"` stays valid."""
+    raw = json.dumps(_doc(deadline=None, deadline_source="pod", pod="default/web-0", pod_uid="u"))
+    entries, state = _load(tmp_path, raw.encode())
+    assert state.load_error is None and len(entries) == 1 and not entries[0].has_deadline
+
+
+def test_a_file_over_the_cap_is_set_aside_and_never_written(tmp_path: Path) -> None:
+    from ipvsctl.persist.drain_state import MAX_BYTES
+
+    assert MAX_BYTES <= 8 << 20  # a 64 MB file took 566 MiB to parse; the pod has 384
+    padding = " " * (MAX_BYTES + 1 - len(json.dumps(_doc())))
+    entries, state = _load(tmp_path, (json.dumps(_doc()) + padding).encode())
+    assert entries == [] and _set_aside(tmp_path) and "larger than" in (state.load_error or "")
+    many = [
+        GOOD.__class__(vs(), rs(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}"), *GOOD_TAIL)
+        for i in range(MAX_BYTES // 100)
+    ]
+    with pytest.raises(OSError, match="over"):
+        state.save(many)
+    assert not (tmp_path / FILE_NAME).exists()
+
+
+GOOD_TAIL = (None, DrainReason.TERMINATING, 1000.0, 1600.0, DeadlineSource.ANNOTATION)
+
+
+def test_the_shutdown_save_waits_for_the_writers(tmp_path: Path, monkeypatch) -> None:
+    """The writer thread and the shutdown both saved to one .tmp name without a lock: the
+    second unlinked the first's tmp, and the first then failed or put back an older queue."""
+    state = DrainStateFile(tmp_path)
+    in_fsync, release = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+    first = [True]
+
+    def slow_fsync(fd: int) -> None:
+        if first[0] and threading.current_thread().name == "writer":
+            first[0] = False
+            in_fsync.set()
+            release.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    errors: list[BaseException] = []
+
+    def save(entries: list[DrainEntry]) -> None:
+        try:
+            state.save(entries)
+        except BaseException as exc:
+            errors.append(exc)
+
+    newer = GOOD.with_deadline(1700.0, DeadlineSource.ANNOTATION)
+    writer = threading.Thread(target=save, args=([GOOD],), name="writer")
+    writer.start()
+    assert in_fsync.wait(30)
+    shutdown = threading.Thread(target=save, args=([newer],), name="shutdown")
+    shutdown.start()
+    shutdown.join(1.0)  # with the lock it waits here; without, it ran to the end
+    release.set()
+    writer.join(30)
+    shutdown.join(30)
+    assert errors == []
+    assert state.load() == [newer]  # the later save is the one on disk
+    assert [p.name for p in tmp_path.iterdir()] == [FILE_NAME]

@@ -494,3 +494,36 @@ def test_service_listeners_see_each_applied_change_once():
         ("default/web", False, False),
         ("default/web", False, True),
     ]
+
+
+class _FailingRestore(FakeKernel):
+    """Setting a weight to 1 fails while `failing`: a restore that did not reach the kernel."""
+
+    failing = False
+
+    def set_real_server_weight(self, key, rs, weight):
+        if self.failing and weight == 1:
+            from ipvsctl.kernel.port import KernelTransient
+
+            raise KernelTransient("injected", "set_real_server_weight")
+        super().set_real_server_weight(key, rs, weight)
+
+
+def test_a_failed_weight_restore_never_lets_the_drain_check_delete_a_wanted_server():
+    """Issue 25.6: the entry stayed queued when the restore failed, and the drain check
+    then deleted the wanted real server at its deadline, live connections and all."""
+    kernel = _FailingRestore()
+    h = started(A, B, h=Harness(kernel=kernel, drain_timeout=10))
+    h.upsert(slice_of(endpoint(B)))  # A drains
+    h.fake.set_connections(vs(), rs(A), active=2)
+    kernel.failing = True
+    h.upsert(slice_of(endpoint(A), endpoint(B)))  # A is back; its restore fails
+    h.ops()
+    h.check(60)  # past A's old deadline
+    assert h.ops() == [] and rs(A) in h.fake.services[vs()].dests
+    assert h.deletions("deadline") == 0
+    kernel.failing = False
+    h.clock.advance(60)
+    h.engine.sync()  # the retry restores it in place
+    assert h.fake.weight(vs(), rs(A)) == 1
+    assert h.fake.services[vs()].dests[rs(A)].active == 2

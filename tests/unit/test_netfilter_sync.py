@@ -447,7 +447,9 @@ def test_the_daemon_s_node_addresses_are_never_filtered():
     )
     h.engine.service_listeners.append(sync.on_service)
     sync.start()
-    h.start([service("web", externalIPs=["192.0.2.10"], ports=[{"name": "http", "port": 80}])], [])
+    # at a port in the NodePort range: a node address at any other is no virtual server
+    ports = [{"name": "http", "port": 30080}]
+    h.start([service("web", externalIPs=["192.0.2.10"], ports=ports)], [])
     assert sync.flush()
-    assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 80"}}
-    assert nft.elements()["192.0.2.10 . tcp . 80"] == "external"  # still masqueraded
+    assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 30080"}}
+    assert nft.elements()["192.0.2.10 . tcp . 30080"] == "external"  # still masqueraded

@@ -621,8 +621,11 @@ def test_adopted_virtual_server_gets_its_flags_corrected():
 )
 def test_external_ip_that_is_a_node_address_is_not_bound(external, bound):
     h = Harness(node=NodeContext("node-a", ("192.0.2.10",)))
-    h.start([service("web", externalIPs=[external])], [endpoint_slice("web", [endpoint(A)])])
-    assert f"{external}:80/TCP" in h.fake.dump()
+    # at a port in the NodePort range: a node address at any other is no virtual server
+    ports = [{"name": "http", "port": 30080, "protocol": "TCP", "targetPort": 8080}]
+    svc = service("web", externalIPs=[external], ports=ports)
+    h.start([svc], [endpoint_slice("web", [endpoint(A)])])
+    assert f"{external}:30080/TCP" in h.fake.dump()
     assert set(h.fake.bound) == bound
     h.delete(service("web"))
     assert not h.fake.bound and h.fake.dump() == ""
