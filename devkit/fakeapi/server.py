@@ -137,6 +137,11 @@ class _Fault:
     status: int
     as_event: bool
     times: int
+    # Watch lines sent before the error ("BOOKMARK", "ADDED": a hostile server that delivers
+    # something, then fails), and the error as garbled JSON instead of a Status.
+    before: tuple[str, ...] = ()
+    garbled: bool = False
+    retry_after: int | None = None  # `Retry-After` header / details.retryAfterSeconds
 
 
 class _Watch:
@@ -492,12 +497,20 @@ class FakeAPIServer:
         status: int = 410,
         as_event: bool = False,
         times: int = 1,
+        before: tuple[str, ...] = (),
+        garbled: bool = False,
+        retry_after: int | None = None,
     ) -> None:
         """Answer the next `times` requests of `verb` (list, watch, get) on `kind` (None:
         any) with an error `status`: as an HTTP error, or, for watches with `as_event`, as a
-        200 stream carrying one ERROR event with that Status."""
+        200 stream carrying one ERROR event with that Status. A watch fault may first send
+        `before` ("BOOKMARK", "ADDED": an object of the kind) and may end in a `garbled`
+        line instead of the Status; `retry_after` is sent as the header (HTTP errors) or
+        the Status's details.retryAfterSeconds (events)."""
         with self._cond:
-            self._faults.append(_Fault(verb, kind, status, as_event, times))
+            self._faults.append(
+                _Fault(verb, kind, status, as_event, times, before, garbled, retry_after)
+            )
 
     def serve_empty_lists(self, kind: str | None = None, *, times: int = 1) -> None:
         """Answer the next `times` lists of `kind` with 200 and no items (a broken proxy in
@@ -743,18 +756,10 @@ class FakeAPIServer:
             return
         if fault is not None:
             message = f"injected {fault.status} for {verb} {parts.path}"
-            if fault.as_event and verb == "watch":
-                self._start_stream(h)
-                line = _dumps(
-                    {
-                        "type": "ERROR",
-                        "object": _status(fault.status, _reason(fault.status), message),
-                    }
-                )
-                self._write_chunk(h, line + b"\n")
-                self._end_stream(h)
+            if (fault.as_event or fault.before or fault.garbled) and verb == "watch":
+                self._serve_fault_stream(h, fault, info, message)
             else:
-                self._send_status(h, fault.status, message)
+                self._send_status(h, fault.status, message, retry_after=fault.retry_after)
             return
         if info is None and method == "GET" and parts.path in _NON_RESOURCE_PATHS:
             self._send_text(h, 200, b"ok")
@@ -827,8 +832,41 @@ class FakeAPIServer:
         h.end_headers()
         h.wfile.write(body)
 
-    def _send_status(self, h: _Handler, code: int, message: str) -> None:
-        self._send_json(h, code, _dumps(_status(code, _reason(code), message)))
+    def _send_status(
+        self, h: _Handler, code: int, message: str, retry_after: int | None = None
+    ) -> None:
+        body = _dumps(_status(code, _reason(code), message))
+        h.send_response(code)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        if retry_after is not None:
+            h.send_header("Retry-After", str(retry_after))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _serve_fault_stream(
+        self, h: _Handler, fault: _Fault, info: ResourceInfo | None, message: str
+    ) -> None:
+        """A 200 watch stream: the `before` lines, then an ERROR Status or garbled JSON."""
+        lines: list[bytes] = []
+        with self._cond:
+            rv = self._rv
+            entries = self._sorted_entries(info.kind) if info else []
+        for shape in fault.before:
+            if shape == "BOOKMARK" and info is not None:
+                lines.append(_bookmark_line(info, rv))
+            elif shape == "ADDED" and entries:
+                lines.append(_event(b"ADDED", entries[0].raw))
+        if fault.garbled:
+            lines.append(b'{"type":"MODIFIED","object":{"kind":\n')
+        else:
+            status = _status(fault.status, _reason(fault.status), message)
+            if fault.retry_after is not None:
+                status["details"] = {"retryAfterSeconds": fault.retry_after}
+            lines.append(_dumps({"type": "ERROR", "object": status}) + b"\n")
+        self._start_stream(h)
+        self._write_chunk(h, b"".join(lines))
+        self._end_stream(h)
 
     def _serve_get(self, h: _Handler, info: ResourceInfo, namespace: str, name: str) -> None:
         with self._cond:

@@ -32,10 +32,14 @@ class KubeSettings:
     list_read_timeout: float = 60.0
     """Read timeout of each list page."""
 
-    backoff_initial: float = 0.5
+    backoff_initial: float = 0.8
     backoff_max: float = 30.0
-    """Reconnect backoff: doubling from initial to max, jittered; reset by a watch that worked
-    (delivered an event or lasted healthy_watch_seconds)."""
+    backoff_reset: float = 120.0
+    backoff_jitter: float = 1.0
+    """Reconnect backoff, client-go's reflector's (`NewExponentialBackoffManager(800ms, 30s,
+    2m, 2.0, 1.0)`): doubling from initial to max, each delay times [1, 1 + jitter); reset
+    only by time, when no retry was needed for backoff_reset seconds. A `Retry-After` on a
+    429 or 503 (API Priority and Fairness) lengthens a delay, up to backoff_max."""
 
     probe_interval: float = 3.0
     """While a backoff pause is longer than this, `/readyz` is probed every probe_interval
@@ -55,10 +59,10 @@ class KubeSettings:
     An outage shorter than the server's watch history needs no relist and is not spread."""
 
     healthy_watch_seconds: float = 10.0
-    """A watch counts as working (and resets the backoff) when it delivered an object or a
-    bookmark, or stayed open this long; an ERROR event is no progress. One that ended sooner
-    with nothing is retried with backoff, so a misbehaving server cannot spin us (real
-    watches last 300-600 s and carry bookmarks about every minute)."""
+    """A watch counts as working when it stayed open this long: then a clean end re-watches
+    at once and a 410 relists at once. One that ended sooner, whatever it delivered first (a
+    bookmark, an object, then a 410 or garbled JSON), is no progress and is retried with
+    the backoff, so a misbehaving server cannot spin us (real watches last 300-600 s)."""
 
     join_timeout: float = 5.0
     """How long `run()` waits for its threads after `stop` (they are daemon threads)."""

@@ -38,7 +38,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from ipvsctl.kube.backoff import Backoff
+from ipvsctl.kube.backoff import BackoffManager
 from ipvsctl.kube.decode import decode_list, iter_lines
 from ipvsctl.kube.logs import LOGGER, describe, log
 from ipvsctl.kube.retry import CLOSED, ERROR, EXPIRED, SUSPECT, TIMEOUT, Wait, decide_retry
@@ -63,9 +63,25 @@ class WatchExpired(Exception):
 class WatchStatusError(Exception):
     """An ERROR event other than 410."""
 
-    def __init__(self, message: str, code: object = None) -> None:
+    def __init__(self, message: str, code: object = None, retry_after: float | None = None):
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after  # the Status's details.retryAfterSeconds
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 or 503 asks us to wait (`Retry-After`, as API Priority and Fairness
+    sends it; an ERROR event's `details.retryAfterSeconds`), or None."""
+    if isinstance(exc, WatchStatusError):
+        return exc.retry_after if exc.code in (429, 503) else None
+    if not isinstance(exc, ApiException) or exc.status not in (429, 503):
+        return None
+    value = (exc.headers or {}).get("Retry-After")
+    try:  # seconds only: the HTTP-date form is not what the API server sends
+        seconds = float(str(value).strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 class WatchListUnavailable(Exception):
@@ -153,6 +169,7 @@ class Reflector:
         check: ListCheck | None = None,
         probe: Probe | None = None,
         cluster_nodes: Callable[[], int] | None = None,
+        wait: Callable[[threading.Event, float], bool] | None = None,
     ) -> None:
         self.kind = kind
         self.resource = resource
@@ -166,10 +183,11 @@ class Reflector:
         self._check = check
         self._probe = probe
         self._cluster_nodes = cluster_nodes
+        # How the reflector waits: `halt.wait` (tests pass one that moves a fake clock).
+        self._wait = wait or (lambda halt, seconds: halt.wait(seconds))
         self._resp_lock = threading.Lock()
         self._resp: Any = None
         self.resource_version: str | None = None
-        self._delivered = False  # the current watch delivered an object or a bookmark
         self._opened = False
         self._rv_unavailable = False  # the last relist at our resourceVersion failed
         self._suspect = FailureStreaks(LOGGER)  # lists refused by `check`
@@ -180,17 +198,25 @@ class Reflector:
 
     def run(self, halt: threading.Event) -> None:
         s = self._settings
-        backoff = Backoff(s.backoff_initial, s.backoff_max, rng=self._rng)
+        backoff = BackoffManager(
+            s.backoff_initial,
+            s.backoff_max,
+            s.backoff_reset,
+            jitter=s.backoff_jitter,
+            clock=self._clock,
+            rng=self._rng,
+        )
         need_list = True
+        last_list: float | None = None  # when the last list started
         expired_streak = 0  # 410s in a row without progress: only the first relists at once
         shortcut_used = False  # the probe ended a pause early since the last progress
         while not halt.is_set():
             started = self._clock()
-            self._delivered = False
             self._opened = False  # the watch request got a response
             error: BaseException | None = None
             try:
                 if need_list:
+                    last_list = self._clock()
                     self._relist(halt)
                     need_list = False
                 started = self._clock()
@@ -210,19 +236,18 @@ class Reflector:
                 reason, error = ERROR, exc
             if halt.is_set():
                 return
-            progress = self._opened and (
-                self._delivered or self._clock() - started >= s.healthy_watch_seconds
-            )
+            # As client-go: what a watch delivered before it failed is no sign of health
+            # (a bookmark then a 410, 30,851 lists in 3 s); only time is.
+            progress = self._opened and self._clock() - started >= s.healthy_watch_seconds
             retry = decide_retry(
                 reason,
                 progress=progress,
                 expired_streak=expired_streak,
-                backed_off=backoff.failures > 0,
+                backed_off=backoff.recent(),
                 transient=error is not None and _transient(error),
                 have_version=bool(self.resource_version),
             )
             if progress:
-                backoff.reset()
                 shortcut_used = False
             expired_streak = retry.expired_streak
             delay = (
@@ -232,7 +257,12 @@ class Reflector:
                 if retry.wait is Wait.HERD
                 else backoff.next()
             )
+            asked = retry_after(error) if error is not None else None
+            if asked is not None:  # APF's answer: wait at least that (not for ever)
+                delay = max(delay, min(asked, s.backoff_max))
             need_list = need_list or retry.relist
+            if need_list and last_list is not None:  # never two lists within the initial step
+                delay = max(delay, last_list + s.backoff_initial - self._clock())
             self._restarted(reason, delay, need_list, error)
             if delay <= 0:
                 continue
@@ -279,14 +309,14 @@ class Reflector:
         s = self._settings
         probe = self._probe
         if probe is None or s.probe_interval <= 0 or delay <= s.probe_interval:
-            return halt.wait(delay), False
+            return self._wait(halt, delay), False
         deadline = self._clock() + delay
         while True:
             left = deadline - self._clock()
             if left <= 0:
                 return False, False
             step = s.probe_interval * (0.5 + self._rng.random())
-            if halt.wait(min(left, step)):
+            if self._wait(halt, min(left, step)):
                 return True, False
             if self._clock() >= deadline:
                 return False, False
@@ -302,7 +332,7 @@ class Reflector:
                     resource=self.resource,
                     retry_in=round(spread, 3),
                 )
-                return halt.wait(min(spread, max(0.0, deadline - self._clock()))), True
+                return self._wait(halt, min(spread, max(0.0, deadline - self._clock()))), True
 
     def _restarted(
         self, reason: str, delay: float, relist: bool, error: BaseException | None
@@ -518,8 +548,14 @@ class Reflector:
             message = f"{code} {obj.get('reason')}: {obj.get('message')}"
             if code == 410:
                 raise WatchExpired(message)
-            raise WatchStatusError(message, code)
-        self._delivered = True  # an object or a bookmark: the watch works
+            details = obj.get("details")
+            after = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+            seconds = (
+                float(after)
+                if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0
+                else None
+            )
+            raise WatchStatusError(message, code, seconds)
         meta = obj.get("metadata") or {}
         if type_ in ("ADDED", "MODIFIED"):
             self._emit(Upsert(self.kind, self._trim(obj), received))
