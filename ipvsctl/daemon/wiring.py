@@ -135,7 +135,11 @@ class Daemon:
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
-        self.writer = StateWriter(self.state.save, on_error=self.metrics.state_write_errors.inc)
+        self.writer = StateWriter(
+            self.state.save,
+            on_error=self.metrics.state_write_errors.inc,
+            on_health=lambda exc: self.metrics.degraded.set("state_write", exc),
+        )
         self.loop = Loop(
             self.engine,
             self.events,

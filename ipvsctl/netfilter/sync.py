@@ -219,12 +219,16 @@ class NetfilterSync:
             else:
                 assert delta is not None
                 self.nft.apply(delta_ruleset(cfg, delta), kind)
-        except NftError:
+        except NftError as exc:
             with self._lock:
                 self.needs_replace = True  # we no longer know what the maps hold
                 if kind == "table":
                     self.needs_table = True
+            if self.metrics is not None:
+                self.metrics.degraded.set("nftables", exc)
             return False
+        if self.metrics is not None:
+            self.metrics.degraded.set("nftables", None)
         with self._lock:
             if delta is None:
                 self.applied = elements

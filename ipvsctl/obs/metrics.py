@@ -21,6 +21,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ipvsctl import __version__
+from ipvsctl.obs.degraded import Degraded
 
 # No `_created` series: one more per counter and histogram child, which nobody queries.
 disable_created_metrics()
@@ -216,6 +217,14 @@ class Metrics:
             registry=r,
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
+        self.degraded_conditions = Gauge(
+            "ipvsctl_degraded",
+            "1 while a part of the daemon keeps failing (nftables, state_write, audit); "
+            "readiness is not failed for it.",
+            ["condition"],
+            registry=r,
+        )
+        self.degraded = Degraded(self.degraded_conditions)
         self.nft_errors = Counter(
             "ipvsctl_nft_errors",
             "Failed nft runs, by operation.",

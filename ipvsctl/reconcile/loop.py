@@ -104,6 +104,7 @@ class Loop:
             ),
             clock=self.clock,
             survive=True,
+            on_health=lambda exc: engine.metrics.degraded.set("audit", exc),
         )
 
     def run(self, stop: threading.Event) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -79,9 +80,12 @@ class PacedRunner:
         clock: Clock | None = None,
         wake: threading.Event | None = None,
         survive: bool = False,
+        on_health: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self.name = name
         self.survive = survive
+        # With `survive`: told the error of each pass that raised, None after a good one.
+        self.on_health = on_health
         self.task = task
         self.lock = lock
         self.pace = pace
@@ -133,8 +137,13 @@ class PacedRunner:
             self.wake.clear()
             try:
                 self.step()
-            except Exception:
+            except Exception as exc:
                 if not self.survive:
                     raise
                 log.exception("background read failed", extra=fields(read=self.name))
+                if self.on_health is not None:
+                    self.on_health(exc)
+            else:
+                if self.on_health is not None:
+                    self.on_health(None)
             self.wake.wait(self.timeout())

@@ -26,9 +26,13 @@ class StateWriter:
         save: Callable[[Sequence[DrainEntry]], None],
         on_error: Callable[[], None] | None = None,
         retry_interval: float = 0.5,
+        on_health: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         self.save = save
         self.on_error = on_error
+        # Told the error of each failed write and None after a good one (a degraded
+        # condition: the daemon works on, but a restart would lose the deadlines).
+        self.on_health = on_health
         self.retry_interval = retry_interval
         self._cond = threading.Condition()
         self._pending: Sequence[DrainEntry] | None = None
@@ -64,6 +68,8 @@ class StateWriter:
         except OSError as exc:
             if self.on_error is not None:
                 self.on_error()
+            if self.on_health is not None:
+                self.on_health(exc)
             self._failing.failed(logging.ERROR, "drain state write failed", error=exc)
             with self._cond:  # retried later unless a newer queue arrives first
                 if self._pending is None:
@@ -72,6 +78,8 @@ class StateWriter:
                     self._cond.wait(self.retry_interval)
             return False
         self._failing.recovered("drain state writable again")
+        if self.on_health is not None:
+            self.on_health(None)
         return True
 
     def wait_idle(self, timeout: float) -> bool:
