@@ -32,6 +32,7 @@ class Harness:
         drain_timeout: float = 30.0,
         restored: list[DrainEntry] | None = None,
         node: NodeContext = NODE,
+        may_take_over: Any = None,
     ) -> None:
         self.kernel = kernel if kernel is not None else FakeKernel()
         self.clock = ManualClock()
@@ -42,6 +43,7 @@ class Harness:
             clock=self.clock,
             metrics=self.metrics,
             restored_queue=restored or [],
+            **({"may_take_over": may_take_over} if may_take_over is not None else {}),
         )
         self.view = EngineView(self.engine)
 

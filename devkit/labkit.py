@@ -559,6 +559,7 @@ def start_daemon(
     metrics: Any = None,
     conntrack: Any = None,
     events: bool = False,
+    real_ownership: bool = False,
 ) -> Any:
     """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
@@ -566,7 +567,10 @@ def start_daemon(
     source threads run in the test process's own netns (a fake API server on its 127.0.0.1
     is reachable). `conntrack`: the table the stale-entry sweep works on (None: no sweep).
     `events`: write Events through the source's API client, as `ipvsctl run` does.
-    The caller shuts it down (the `make_daemon` fixture does)."""
+    `real_ownership`: which virtual servers are ours and which may be taken over, as
+    `ipvsctl run` decides (its interface's and the proxy interfaces' addresses, read in the
+    node); else every one (the defaults of an in-process Daemon). The caller shuts it down
+    (the `make_daemon` fixture does)."""
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions, open_event_writer
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
@@ -581,6 +585,21 @@ def start_daemon(
     )
     metrics = metrics if metrics is not None else Metrics()
     writer = open_event_writer(opts, source, metrics) if events else None
+    ownership: dict[str, Any] = {}
+    if real_ownership:
+        from ipvsctl.kernel.netlink import interface_addresses
+        from ipvsctl.plan.ownership import is_owned, may_take_over
+
+        bound = set(node.kernel.bound_addresses())
+        proxies = bound | set(run_in_netns(node.name, interface_addresses))
+
+        def owned(key: Any) -> bool:
+            return is_owned(key, bound, node_ips)
+
+        ownership = {
+            "owned": owned,
+            "may_take_over": lambda key: may_take_over(key, owned(key), proxies),
+        }
     daemon = run_in_netns(
         node.name,
         lambda: Daemon(
@@ -590,6 +609,7 @@ def start_daemon(
             metrics=metrics,
             conntrack=conntrack,
             event_writer=writer,
+            **ownership,
             loop_config=LoopConfig(
                 drain_check_interval=drain_check_interval, audit_interval=0.5, idle_wakeup=0.1
             ),

@@ -32,7 +32,7 @@ from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
-from ipvsctl.plan.ownership import is_owned
+from ipvsctl.plan.ownership import is_owned, may_take_over
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
@@ -104,6 +104,8 @@ class Daemon:
     events: queue.Queue[SourceEvent] = field(default_factory=queue.Queue)
     stop: threading.Event = field(default_factory=threading.Event)
     owned: Callable[[ServiceKey], bool] = lambda key: True
+    # Which existing virtual servers not ours a Service may take over (open_kernel).
+    may_take_over: Callable[[ServiceKey], bool] = lambda key: True
     nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
     health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
     read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
@@ -128,6 +130,7 @@ class Daemon:
             metrics=self.metrics,
             owned=self.owned,
             restored_queue=self.state.load(),
+            may_take_over=self.may_take_over,
         )
         self.view = EngineView(self.engine)
         if self.event_writer is not None:
@@ -351,11 +354,12 @@ class Daemon:
 def open_kernel(
     o: DaemonOptions,
     node_ips: Callable[[], Collection[str]] | None = None,
-) -> tuple[IPVSKernel, Callable[[ServiceKey], bool]]:
-    """The netlink kernel, host set-up done, and which virtual servers are ipvsctl's: those
-    on its dummy interface's addresses and NodePorts on node IPs (others are left alone).
-    `node_ips` gives the node IPs as they are now (they can change while running); without
-    it, the start-up ones."""
+) -> tuple[IPVSKernel, Callable[[ServiceKey], bool], Callable[[ServiceKey], bool]]:
+    """The netlink kernel, host set-up done, which virtual servers are ipvsctl's (those on
+    its dummy interface's addresses and NodePorts on node IPs; others are left alone), and
+    which existing ones a Service may take over: ours, or another Kubernetes proxy's (an
+    address on kube-ipvs0 or kube-dummy-if, read once here). `node_ips` gives the node IPs
+    as they are now (they can change while running); without it, the start-up ones."""
     from ipvsctl.kernel import netlink
 
     try:
@@ -369,6 +373,11 @@ def open_kernel(
         bound = set(kernel.bound_addresses())
     except KernelError as exc:
         raise StartupError(str(exc)) from None
+    try:
+        proxy_addresses = bound | set(netlink.interface_addresses())
+    except Exception as exc:  # not fatal: then only our own are taken over
+        log.warning("proxy interfaces unreadable", extra=fields(error=exc))
+        proxy_addresses = bound
     fixed = frozenset(o.node.node_ips)
     current = node_ips or (lambda: fixed)
     node_ports = o.node_port_range
@@ -376,7 +385,10 @@ def open_kernel(
     def owned(key: ServiceKey) -> bool:
         return is_owned(key, bound, current(), node_ports)
 
-    return kernel, owned
+    def take_over(key: ServiceKey) -> bool:
+        return may_take_over(key, owned(key), proxy_addresses)
+
+    return kernel, owned, take_over
 
 
 def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
@@ -463,7 +475,7 @@ def run(o: DaemonOptions) -> int:
         # during syncs, once `daemon` exists.
         return daemon.view.node_ips_known if daemon else o.node.node_ips
 
-    kernel, owned = open_kernel(o, node_ips)
+    kernel, owned, take_over = open_kernel(o, node_ips)
     event_writer = open_event_writer(o, source, metrics)
     nft = None
     if o.nftables:
@@ -478,6 +490,7 @@ def run(o: DaemonOptions) -> int:
         source,
         metrics=metrics,
         owned=owned,
+        may_take_over=take_over,
         nft=nft,
         health=HealthServer(o.node.node_name),
         read_node_ips=node_ips_reader(o),

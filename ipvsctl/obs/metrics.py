@@ -217,6 +217,12 @@ class Metrics:
             registry=r,
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
+        self.foreign_virtual_servers = Counter(
+            "ipvsctl_foreign_virtual_servers",
+            "Virtual servers a Service wants that another tool holds (not a Kubernetes "
+            "proxy's): left alone, the Service skips them.",
+            registry=r,
+        )
         self.degraded_conditions = Gauge(
             "ipvsctl_degraded",
             "1 while a part of the daemon keeps failing (nftables, state_write, audit); "

@@ -21,6 +21,14 @@ def is_owned(
     return key.address in bound or (key.port in node_ports and key.address in node_ips)
 
 
+def may_take_over(key: ServiceKey, owned: bool, proxy_addresses: Container[str]) -> bool:
+    """Whether an existing virtual server a Service wants may be taken over in place: ours,
+    or another Kubernetes service proxy's (its address on kube-ipvs0 or kube-router's
+    kube-dummy-if: `proxy_addresses`; a node address at a NodePort is already ours). Anyone
+    else's (keepalived, an operator's ipvsadm) is left alone and the Service skips it."""
+    return owned or key.address in proxy_addresses
+
+
 def owned_virtual_servers(
     virtual_servers: Iterable[ServiceKey],
     bound: Iterable[str],

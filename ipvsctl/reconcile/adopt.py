@@ -44,13 +44,21 @@ class Orphan:
 
 
 def read_ours(
-    kernel: IPVSKernel, wanted: Collection[ServiceKey], owned: Callable[[ServiceKey], bool]
+    kernel: IPVSKernel,
+    wanted: Collection[ServiceKey],
+    owned: Callable[[ServiceKey], bool],
+    may_take_over: Callable[[ServiceKey], bool] = lambda key: True,
 ) -> Observed:
-    """The kernel's virtual servers that are ours, with their real servers: what we want
-    (even when another proxy made it: kube-router's VIPs live on its own interface; taking
-    them over in place keeps their connections) and what sits on our addresses. Anything
-    else in the table is left alone."""
-    ours = [vs for vs in kernel.list_virtual_servers() if vs.key in wanted or owned(vs.key)]
+    """The kernel's virtual servers that are ours, with their real servers: what sits on our
+    addresses, and what we want that another Kubernetes proxy made (kube-router's VIPs live
+    on its own interface; taking them over in place keeps their connections). Anything
+    else in the table is left alone: a wanted one of another tool's is found again by the
+    first add, and skipped as a conflict."""
+    ours = [
+        vs
+        for vs in kernel.list_virtual_servers()
+        if owned(vs.key) or (vs.key in wanted and may_take_over(vs.key))
+    ]
     # one /proc/net/ip_vs read (a restart over 10,000 Services made 10,000 dumps)
     dests = read_real_servers(kernel, [vs.key for vs in ours])
     return {vs.key: (vs, dests[vs.key]) for vs in ours if vs.key in dests}

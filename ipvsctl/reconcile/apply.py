@@ -43,6 +43,15 @@ from ipvsctl.reconcile.termination import Terminations
 log = logging.getLogger("ipvsctl.engine")
 
 
+class ForeignVirtualServer(KernelExists):
+    """The virtual server exists and is another tool's (keepalived, an operator's), not a
+    Kubernetes service proxy's: it is left alone (CONTRACT "Node safety")."""
+
+    def __init__(self, key: ServiceKey) -> None:
+        super().__init__(f"virtual server {key} is another tool's", "add_virtual_server")
+        self.key = key
+
+
 @dataclass(frozen=True, slots=True)
 class Applied:
     """How applying one Service's ops went."""
@@ -65,6 +74,11 @@ class Applier:
     # A deadline cut established connections of a pod's endpoint: its Event (never blocks:
     # the writer queues it, `kube/events.py`).
     on_cut: Callable[[ConnectionsCut], object] = lambda cut: None
+    # Whether an existing virtual server not ours may be taken over: only another
+    # Kubernetes service proxy's (plan/ownership.py's `may_take_over`).
+    may_take_over: Callable[[ServiceKey], bool] = lambda key: True
+    # A Service's virtual server found held by another tool: (Service, key).
+    on_foreign: Callable[[ServiceRef | None, ServiceKey], None] = lambda ref, key: None
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -76,6 +90,11 @@ class Applier:
             try:
                 self.state.mutations += 1
                 surprised |= _apply_op(self, ref, op)
+            except ForeignVirtualServer as exc:
+                # Not a failure: the Service is built again without that key (a surprise:
+                # diffed once more, the ops for the key's real servers are never tried).
+                self.on_foreign(ref, exc.key)
+                return Applied(done, False, True)
             except KernelError as exc:
                 operation = exc.operation or type(op).__name__
                 self.metrics.netlink_errors.labels(operation).inc()
@@ -138,7 +157,10 @@ def _add_vs(a: Applier, ref: ServiceRef | None, op: AddVirtualServer) -> bool:
         k.add_virtual_server(op.vs, bind)
         weights: dict[RealServerKey, int] = {}
     except KernelExists:
-        # Left by an earlier run or another tool: adopt it as it is.
+        # Left by an earlier run or another Kubernetes proxy: adopt it as it is. Anyone
+        # else's (keepalived's) is never touched.
+        if not a.may_take_over(op.vs.key):
+            raise ForeignVirtualServer(op.vs.key) from None
         k.update_virtual_server(op.vs)
         weights = {s.key: s.weight for s in k.list_real_servers(op.vs.key)}
     assert ref is not None

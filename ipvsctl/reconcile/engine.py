@@ -51,6 +51,8 @@ log = logging.getLogger("ipvsctl.engine")
 
 __all__ = ["Engine", "EngineConfig", "SyncResult"]
 
+FOREIGN_RETRY = 60.0  # seconds before a Service tries again a key another tool held
+
 ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
 
 
@@ -96,12 +98,17 @@ class Engine:
         metrics: Metrics | None = None,
         owned: Callable[[ServiceKey], bool] = lambda key: True,
         restored_queue: Iterable[DrainEntry] = (),
+        may_take_over: Callable[[ServiceKey], bool] = lambda key: True,
     ) -> None:
         self.kernel = kernel
         self.config = config
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
         self.owned = owned
+        self.may_take_over = may_take_over
+        # Virtual servers Services want that another tool holds (left alone), with when
+        # that was found: a Service's rebuild a minute later tries the key again.
+        self.foreign: dict[ServiceKey, tuple[ServiceRef | None, float]] = {}
         self.dirty: set[ServiceRef] = set()
         # The audit found Services to sync again (outside any event): the loop syncs now.
         self.repaired = False
@@ -128,6 +135,8 @@ class Engine:
             self.clock,
             node_ips=lambda: self.config.node.node_ips,
             on_released=self._released,
+            may_take_over=lambda key: self.may_take_over(key),
+            on_foreign=self._foreign,
         )
         # The two background reads (`paced.py`), run by the loop's paced runners.
         self.audit = Auditor(
@@ -179,6 +188,39 @@ class Engine:
         if node != self.config.node:
             self.config = dataclasses.replace(self.config, node=node)
         self.dirty |= dirty
+
+    def _foreign(self, ref: ServiceRef | None, key: ServiceKey) -> None:
+        """The add found the key held by another tool: logged and counted once (until the
+        key is ours or unwanted), skipped by the Service (`_not_foreign`)."""
+        if key not in self.foreign:
+            self.metrics.foreign_virtual_servers.inc()
+            log.warning(
+                "virtual server held by another tool, left alone",
+                extra=fields(service=ref, vs=key),
+            )
+        self.foreign[key] = (ref, self.clock.monotonic())
+        if self.state.get(ref, key) is None:  # never applied: not the Service's to audit
+            self.state.owner.pop(key, None)
+
+    def _not_foreign(self, desired: DesiredService) -> DesiredService:
+        """The Service without the virtual servers another tool holds; once a minute a
+        rebuild lets one through, to try it again (the tool may have let go)."""
+        if not self.foreign:
+            return desired
+        now = self.clock.monotonic()
+        skip = set()
+        for key in desired.virtual_servers:
+            mark = self.foreign.get(key)
+            if mark is None:
+                continue
+            if now - mark[1] >= FOREIGN_RETRY:
+                self.foreign[key] = (mark[0], now)  # one try, then a minute again
+            else:
+                skip.add(key)
+        if not skip:
+            return desired
+        kept = {k: v for k, v in desired.virtual_servers.items() if k not in skip}
+        return dataclasses.replace(desired, virtual_servers=kept)
 
     def _released(self, key: ServiceKey) -> None:
         self.dirty |= self.contention.released(key)
@@ -250,7 +292,7 @@ class Engine:
         else:
             new = self._build(ref)
             if new is not None:
-                new = self.contention.resolve(new, self.state.owner)
+                new = self._not_foreign(self.contention.resolve(new, self.state.owner))
         old = self.state.desired.get(ref)
         applied = self.state.by_service.get(ref, {})
         ops = diff_service(
@@ -271,6 +313,10 @@ class Engine:
             self.state.forget_service(ref)
         else:
             self.state.desired[ref] = new
+        if self.foreign and not outcome.surprised:  # marks of keys now ours, or unwanted
+            for key in [k for k, (r, _) in self.foreign.items() if r == ref]:
+                if new is None or self.state.get(ref, key) is not None:
+                    del self.foreign[key]
         if new != old:
             for listener in self.service_listeners:
                 listener(ref, old, new)
@@ -310,7 +356,7 @@ class Engine:
                     self.state.owner[key] = ref
             built[ref] = desired
         wanted = self.state.owner.keys()
-        observed = adopt.read_ours(self.kernel, wanted, self.owned)
+        observed = adopt.read_ours(self.kernel, wanted, self.owned, self.may_take_over)
         orphans = adopt.adopt(
             observed,
             built,

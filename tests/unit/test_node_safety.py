@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import NODE, Harness, vs
 from ipvsctl.cli.app import app
-from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.model import NodeContext, RealServerKey, ServiceKey
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.events import ObjectKind
 
@@ -248,3 +248,60 @@ def test_the_api_servers_host_is_resolved_once_at_start(caplog):
     o = with_apiserver_addresses(DaemonOptions(node=NODE), Source())  # type: ignore[arg-type]
     assert o.node.apiserver_ips == frozenset({"127.0.0.1"})
     assert with_apiserver_addresses(DaemonOptions(node=NODE), object()).node == NODE  # type: ignore[arg-type]
+
+
+# --- 25.4: take over only from Kubernetes proxies ------------------------------------------
+KEEPALIVED = "198.51.100.50"
+
+
+def _keepalived(kernel) -> None:
+    """Another tool's virtual server (keepalived's), with its own real server."""
+    from ipvsctl.model import RealServerKey, VirtualServer
+
+    kernel.add_virtual_server(VirtualServer(vs(KEEPALIVED), "wlc"), False)
+    kernel.add_real_server(vs(KEEPALIVED), RealServerKey("10.0.0.99", 80), 3)
+
+
+def _not_keepalived(key: ServiceKey) -> bool:
+    return key.address != KEEPALIVED  # ours or a Kubernetes proxy's, but keepalived's
+
+
+@pytest.mark.parametrize("at", ["start", "running"])
+def test_another_tools_virtual_server_is_left_alone(at, caplog):
+    """A Service naming keepalived's address took its virtual server over: drained its real
+    server (weight 0) and deleted it when the Service went."""
+    h = Harness(may_take_over=_not_keepalived)
+    h.engine.owned = _not_keepalived  # keepalived's address is on none of ours
+    _keepalived(h.fake)
+    h.ops()
+    svc = service("web", cluster_ip="10.96.0.30", externalIPs=[KEEPALIVED])
+    if at == "start":
+        h.start([svc, GOOD], [GOOD_SLICE])
+    else:
+        h.start([GOOD], [GOOD_SLICE])
+        h.upsert(svc)
+    h.upsert(endpoint_slice("web", [endpoint("10.244.3.3")]))
+    theirs = h.fake.services[vs(KEEPALIVED)]
+    assert theirs.vs.scheduler == "wlc" and {str(k): d.weight for k, d in theirs.dests.items()} == {
+        "10.0.0.99:80": 3
+    }
+    assert vs("10.96.0.30") in kernel_keys(h)  # the Service's other virtual servers are served
+    assert h.metrics.value("ipvsctl_foreign_virtual_servers_total") == 1
+    lines = [r for r in caplog.records if "another tool" in r.getMessage()]
+    assert len(lines) == 1
+    h.delete(svc)
+    h.check(60)
+    assert h.fake.services[vs(KEEPALIVED)].dests[RealServerKey("10.0.0.99", 80)].weight == 3
+
+
+def test_a_kubernetes_proxys_virtual_server_is_taken_over_in_place():
+    """kube-router's VIP (on kube-dummy-if) is adopted as it is: its connections live on."""
+    h = Harness(may_take_over=lambda key: True)
+    _keepalived(h.fake)  # the same shape, but on a proxy's interface this time
+    h.fake.set_connections(vs(KEEPALIVED), RealServerKey("10.0.0.99", 80), active=2)
+    h.ops()
+    svc = service("web", cluster_ip="10.96.0.30", externalIPs=[KEEPALIVED])
+    h.start([svc], [endpoint_slice("web", [endpoint("10.244.3.3")])])
+    assert "add-vs " + str(vs(KEEPALIVED)) not in " ".join(h.ops())
+    assert RealServerKey("10.244.3.3", 8080) in h.fake.services[vs(KEEPALIVED)].dests
+    assert h.metrics.value("ipvsctl_foreign_virtual_servers_total") == 0

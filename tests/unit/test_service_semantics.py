@@ -317,12 +317,23 @@ def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
 
     monkeypatch.setattr(netlink, "NetlinkKernel", Kernel)
     monkeypatch.setattr(netlink, "configure_host", lambda **kw: None)
+    monkeypatch.setattr(netlink, "interface_addresses", lambda: ["10.96.0.77"])  # kube-router's
     node = NodeContext("node-a", ("192.0.2.10",))
     k20080, k30080, kvip = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("10.96.0.10", 80))
-    _, default = open_kernel(DaemonOptions(node=node))
+    _, default, take_over = open_kernel(DaemonOptions(node=node))
     assert (default(k20080), default(k30080), default(kvip)) == (False, True, True)
-    _, custom = open_kernel(DaemonOptions(node=node, node_port_range=range(20000, 22768)))
+    _, custom, _ = open_kernel(DaemonOptions(node=node, node_port_range=range(20000, 22768)))
     assert (custom(k20080), custom(k30080), custom(kvip)) == (True, False, True)
+    # Issue 25.4: ours, or a Kubernetes proxy's (kube-dummy-if), may be taken over; not
+    # anyone else's (keepalived's address, a node address outside the NodePort range)
+    (krouter, kkeepalived) = _keys(("10.96.0.77", 80), ("198.51.100.50", 80))
+    assert [take_over(k) for k in (kvip, k30080, krouter, kkeepalived, k20080)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 @pytest.mark.parametrize("bad", ["32767-30000", "0-10", "1-70000", "many"])

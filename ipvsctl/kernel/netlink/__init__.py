@@ -14,10 +14,12 @@ address code and pkg/proxy/conntrack):
   index of addresses in use
 - conntrack: the conntrack table (filtered dumps, deletes by original tuple), for the
   stale-entry sweep and for a removed UDP/SCTP real server's flush
-- addresses: this node's addresses (the default --node-ip)
+- addresses: this node's addresses (the default --node-ip), and those on the Kubernetes
+  proxies' dummy interfaces (whose virtual servers may be taken over)
 - system_host: what `ipvsctl cleanup` removes (IPVS table, dummy interface)
 """
 
 from ipvsctl.kernel.netlink.adapter import NetlinkKernel, configure_host, read_host_statuses
+from ipvsctl.kernel.netlink.addresses import interface_addresses
 
-__all__ = ["NetlinkKernel", "configure_host", "read_host_statuses"]
+__all__ = ["NetlinkKernel", "configure_host", "interface_addresses", "read_host_statuses"]
