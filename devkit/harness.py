@@ -33,13 +33,14 @@ class Harness:
         restored: list[DrainEntry] | None = None,
         node: NodeContext = NODE,
         may_take_over: Any = None,
+        service_drain_timeout: float = 0.0,
     ) -> None:
         self.kernel = kernel if kernel is not None else FakeKernel()
         self.clock = ManualClock()
         self.metrics = Metrics()
         self.engine = Engine(
             self.kernel,
-            EngineConfig(node, drain_timeout),
+            EngineConfig(node, drain_timeout, service_drain_timeout=service_drain_timeout),
             clock=self.clock,
             metrics=self.metrics,
             restored_queue=restored or [],

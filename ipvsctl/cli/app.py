@@ -366,6 +366,15 @@ def run(
             help="Longest drain when no better deadline is known (30, 2.5, 30s, 5m...).",
         ),
     ] = "30",
+    service_drain_timeout: Annotated[
+        str,
+        typer.Option(
+            "--service-drain-timeout",
+            metavar="DURATION",
+            help="Longest drain of a virtual server that leaves the wanted set (its Service "
+            "deleted, a port or address removed); 0: removed at once.",
+        ),
+    ] = "30",
     drain_check_interval: Annotated[
         str,
         typer.Option(
@@ -506,6 +515,7 @@ def run(
     if service_metrics_max_series < 0:
         raise _fail(f"--service-metrics-max-series {service_metrics_max_series}: must be >= 0", 2)
     drain_seconds = _seconds("--drain-timeout", drain_timeout)
+    service_drain_seconds = _seconds("--service-drain-timeout", service_drain_timeout)
     check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
     # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
     tcp, tcpfin, udp = (
@@ -532,6 +542,7 @@ def run(
         manifests=manifests,
         interface=interface,
         drain_timeout=drain_seconds,
+        service_drain_timeout=service_drain_seconds,
         drain_check_interval=check_seconds,
         tcp_timeout=tcp,
         tcpfin_timeout=tcpfin,

@@ -80,6 +80,7 @@ def join_status(
                     "service": d.get("service"),
                     "port_name": d.get("port_name"),
                     "kind": d.get("kind"),
+                    "draining": bool(d.get("draining")),
                     "real_servers": [
                         {
                             "address": r.key.address,
@@ -251,6 +252,8 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
         svc = v.get("service") or "(not ipvsctl's)"
         if v.get("service") and v.get("port_name"):
             svc += f":{v['port_name']}"
+        if v.get("service") and v.get("draining"):
+            svc = f"(deleted) {v['service']}"
         persist = str(v["persistent_timeout"]) if v.get("persistent_timeout") else "-"
         vs_rows.append(
             [v["protocol"], hostport(v["address"], v["port"]), v["scheduler"], persist, svc]

@@ -69,6 +69,9 @@ def service_status(view: EngineView, ref: ServiceRef, now: float) -> list[dict[s
                 "service": str(ref),
                 "port_name": dvs.port_name if dvs else None,
                 "kind": dvs.kind.value if dvs else None,
+                # It left the Service's wanted set and drains: `status` shows it as
+                # "(deleted) namespace/name" (CONTRACT.md "Draining").
+                "draining": view.draining_virtual_server(key) is not None,
                 "real_servers": rss,
             }
         )

@@ -70,6 +70,7 @@ class DaemonOptions:
     manifests: str | None = None
     interface: str = "kube-ipvs0"
     drain_timeout: float = 30.0
+    service_drain_timeout: float = 30.0
     drain_check_interval: float = 1.0
     tcp_timeout: int = 0
     tcpfin_timeout: int = 0
@@ -125,7 +126,10 @@ class Daemon:
         self.engine = Engine(
             self.kernel,
             EngineConfig(
-                o.node, o.drain_timeout, wait_for_node=getattr(self.source, "emits_node", False)
+                o.node,
+                o.drain_timeout,
+                service_drain_timeout=o.service_drain_timeout,
+                wait_for_node=getattr(self.source, "emits_node", False),
             ),
             metrics=self.metrics,
             owned=self.owned,
@@ -161,6 +165,7 @@ class Daemon:
                 node_ips=lambda: self.view.node.node_ips,
             )
             self.engine.service_listeners.append(self.netfilter.on_service)
+            self.engine.vs_drain_listeners.append(self.netfilter.on_virtual_server_drain)
         if self.health is not None:
             self.health.metrics = self.metrics
             # The node's own peers are never refused on a healthCheckNodePort either.
@@ -264,6 +269,7 @@ class Daemon:
                     extra=fields(error=f"{exc}{hint}"),
                 )
                 self.engine.service_listeners.remove(self.netfilter.on_service)
+                self.engine.vs_drain_listeners.remove(self.netfilter.on_virtual_server_drain)
                 self.netfilter = None
         self.http.start()
         self.loop.pause_gc_until_started()

@@ -17,6 +17,7 @@ from ipvsctl.model.drain import (
     DeadlineSource,
     DrainEntry,
     DrainReason,
+    VirtualServerDrainEvent,
 )
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
@@ -59,6 +60,7 @@ __all__ = [
     "ServiceRef",
     "ServiceStats",
     "VirtualServer",
+    "VirtualServerDrainEvent",
     "VirtualServerKind",
     "VirtualServerStatus",
     "family_of",

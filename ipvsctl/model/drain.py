@@ -19,6 +19,9 @@ class DrainReason(StrEnum):
     NOT_READY = "not_ready"
     REMOVED = "removed"  # its endpoint left the EndpointSlices
     ADOPTED = "adopted"  # found at weight 0 in the kernel at start-up, nothing wants it
+    # its virtual server left the wanted set (Service deleted, port or address removed, type
+    # changed): the virtual server drains with it
+    VIRTUAL_SERVER_REMOVED = "vs_removed"
 
 
 class DeadlineSource(StrEnum):
@@ -31,6 +34,18 @@ class DeadlineSource(StrEnum):
     POD = "pod"
     POD_GONE = "pod_gone"  # it left every slice after being terminating: a short grace
     DEFAULT = "default"  # --drain-timeout, from `since`
+    # Its virtual server left the wanted set: the Service's last annotation, else
+    # --service-drain-timeout, from when it left (kept if an earlier bound applied); fixed.
+    VIRTUAL_SERVER = "virtual_server"
+
+
+class VirtualServerDrainEvent(StrEnum):
+    """What happened to a virtual server that left the wanted set (for the listeners that
+    keep something per virtual server, such as the nftables elements)."""
+
+    DRAINING = "draining"  # it stays until its last real server goes
+    TAKEN_OVER = "taken_over"  # a Service claimed it again: live, its own listeners follow
+    GONE = "gone"  # deleted with its last real server (or found gone)
 
 
 NO_DEADLINE = math.inf  # the deadline of a drain its pod's lifetime bounds
@@ -46,6 +61,9 @@ class DrainEntry:
     deadline: float  # wall-clock seconds; NO_DEADLINE while its pod's lifetime bounds it
     deadline_source: DeadlineSource
     pod: PodRef | None = None  # the endpoint's targetRef (name and uid) when it had one
+    # Its virtual server drains too (it left the wanted set of `service`): the virtual
+    # server goes with its last real server. Every entry of such a virtual server has it.
+    vs_draining: bool = False
 
     @property
     def key(self) -> tuple[ServiceKey, RealServerKey]:
@@ -59,7 +77,7 @@ class DrainEntry:
         return replace(self, deadline=deadline, deadline_source=source)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "protocol": self.vs.protocol.value,
             "vip": self.vs.address,
             "vport": self.vs.port,
@@ -73,6 +91,9 @@ class DrainEntry:
             "pod": str(self.pod) if self.pod else None,
             "pod_uid": self.pod.uid if self.pod and self.pod.uid else None,
         }
+        if self.vs_draining:  # only then: the files of earlier versions stay as they were
+            d["vs_draining"] = True
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DrainEntry:
@@ -86,6 +107,7 @@ class DrainEntry:
             deadline=NO_DEADLINE if d.get("deadline") is None else float(d["deadline"]),
             deadline_source=DeadlineSource(d["deadline_source"]),
             pod=PodRef.parse(d["pod"], d.get("pod_uid") or "") if d.get("pod") else None,
+            vs_draining=d.get("vs_draining") is True,
         )
 
 

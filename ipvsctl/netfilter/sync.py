@@ -29,7 +29,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ipvsctl.model import DesiredService, ServiceKey, ServiceRef, normalize_ip
+from ipvsctl.model import (
+    DesiredService,
+    ServiceKey,
+    ServiceRef,
+    VirtualServerDrainEvent,
+    normalize_ip,
+)
 from ipvsctl.model import Protocol as L4Protocol
 from ipvsctl.netfilter.nft import NftError, NftPermissionDenied, NftUnavailable
 from ipvsctl.netfilter.ruleset import (
@@ -111,6 +117,9 @@ class NetfilterSync:
         self.desired_counts: Counter[FilterItem] = Counter()
         self.applied_counts: Counter[FilterItem] = Counter()
         self.touched: set[ServiceKey] = set()
+        # Virtual servers that left their Service and drain: their elements stay (the port
+        # filter keeps covering their still-bound address) until they go.
+        self.draining: set[ServiceKey] = set()
         self.needs_replace = True  # the first push after start-up rewrites every element
         self.needs_table = False  # the table went missing or was changed by someone else
         # (declarations, terse table listing) right after ipvsctl wrote the table
@@ -138,7 +147,7 @@ class NetfilterSync:
             return  # endpoints only: nothing for nftables
         with self._lock:
             for key in old_el.keys() - new_el.keys():
-                if self.owner.get(key) == ref:
+                if self.owner.get(key) == ref and key not in self.draining:
                     del self.owner[key]
                     self.desired_counts.subtract(filter_items(key, self.desired.pop(key)))
                     self.touched.add(key)
@@ -150,6 +159,19 @@ class NetfilterSync:
                     self.desired_counts.update(filter_items(key, element))
                     self.owner[key] = ref
                     self.touched.add(key)
+        self.wake.set()
+
+    def on_virtual_server_drain(self, key: ServiceKey, event: VirtualServerDrainEvent) -> None:
+        """Engine listener: a draining virtual server keeps its element until it goes."""
+        with self._lock:
+            if event is VirtualServerDrainEvent.DRAINING:
+                self.draining.add(key)
+                return
+            self.draining.discard(key)
+            if event is VirtualServerDrainEvent.GONE and key in self.desired:
+                del self.owner[key]
+                self.desired_counts.subtract(filter_items(key, self.desired.pop(key)))
+                self.touched.add(key)
         self.wake.set()
 
     # --- writing ----------------------------------------------------------------------------

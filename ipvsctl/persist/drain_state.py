@@ -140,6 +140,9 @@ def entry_from_json(d: Any) -> DrainEntry:
     since = _time(d, "since")
     if not since <= deadline <= since + MAX_DRAIN_SECONDS and deadline != NO_DEADLINE:
         raise BadState(f"deadline {deadline} is not within a drain of since {since}")
+    vs_draining = d.get("vs_draining", False)
+    if not isinstance(vs_draining, bool):
+        raise BadState(f"vs_draining: {vs_draining!r} is not a boolean")
     return DrainEntry(
         vs=ServiceKey(protocol, _ip(d, "vip"), _port(d, "vport")),
         rs=RealServerKey(_ip(d, "address"), _port(d, "port")),
@@ -149,6 +152,7 @@ def entry_from_json(d: Any) -> DrainEntry:
         deadline=deadline,
         deadline_source=source,
         pod=PodRef.parse(pod, uid) if pod else None,
+        vs_draining=vs_draining,
     )
 
 

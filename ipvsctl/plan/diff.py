@@ -3,7 +3,7 @@ is desired. Pure: all inputs are values, the output is a list of ops in apply or
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from ipvsctl.model import (
@@ -25,6 +25,7 @@ from ipvsctl.plan.ops import (
     DeleteVirtualServer,
     DeletionReason,
     DrainRealServer,
+    DrainVirtualServer,
     Op,
     RestoreRealServer,
     RetimeDrain,
@@ -47,6 +48,10 @@ class DrainPolicy:
     # left: long enough that a slice re-pack (the endpoint deleted from one slice, added to
     # another, in two events) is not mistaken for its pod being gone.
     pod_gone_grace: float = POD_GONE_GRACE
+    # --service-drain-timeout: the longest drain of a virtual server that leaves the wanted
+    # set (the Service's annotation first); 0: deleted at once. The engine's default is 0
+    # (its tests about deletion stay as they were); the CLI's is 30 (CONTRACT.md).
+    service_drain_timeout: float = 0.0
 
 
 def same_endpoint(entry: DrainEntry, listed: EndpointInfo) -> bool:
@@ -71,7 +76,11 @@ def drain_bound(
     3. it was terminating and is listed no more (or another pod has its address): the pod
        is gone, `pod_gone_grace` from when that was first seen;
     4. else --drain-timeout from when the drain began.
-    Returns `entry` itself when nothing changes."""
+    A drain its virtual server's removal bounded (`DeadlineSource.VIRTUAL_SERVER`) keeps
+    that bound, whoever takes the virtual server over. Returns `entry` itself when nothing
+    changes."""
+    if entry.deadline_source is DeadlineSource.VIRTUAL_SERVER:
+        return entry
     listed_here = listed is not None and same_endpoint(entry, listed)
     reason = entry.reason
     if listed_here and listed is not None and listed.terminating:
@@ -123,6 +132,42 @@ def drain_entry(
     return drain_bound(entry, drain_timeout, meta if still_listed else None, policy)
 
 
+def virtual_server_drain(
+    entry: DrainEntry | None,
+    vs: ServiceKey,
+    rs: RealServerKey,
+    service: ServiceRef,
+    bound: float,
+    meta: EndpointInfo | None,
+    policy: DrainPolicy,
+) -> DrainEntry:
+    """A real server of a virtual server that left the wanted set (CONTRACT.md "Draining"):
+    bounded by `bound` (the Service's last annotation, else --service-drain-timeout) from
+    now; one already draining (`entry`, from a rollout) keeps its deadline if earlier."""
+    deadline = policy.now + bound
+    if entry is None:
+        return DrainEntry(
+            vs,
+            rs,
+            service,
+            DrainReason.VIRTUAL_SERVER_REMOVED,
+            policy.now,
+            deadline,
+            DeadlineSource.VIRTUAL_SERVER,
+            meta.pod if meta else None,
+            vs_draining=True,
+        )
+    if entry.deadline <= deadline:
+        return replace(entry, service=entry.service or service, vs_draining=True)
+    return replace(
+        entry,
+        service=entry.service or service,
+        deadline=deadline,
+        deadline_source=DeadlineSource.VIRTUAL_SERVER,
+        vs_draining=True,
+    )
+
+
 def diff_service(
     ref: ServiceRef,
     desired: DesiredService | None,
@@ -130,19 +175,28 @@ def diff_service(
     draining: Mapping[ServiceKey, Mapping[RealServerKey, DrainEntry]],
     policy: DrainPolicy,
     previous_endpoints: Mapping[str, EndpointInfo] | None = None,
+    draining_vs: Collection[ServiceKey] = (),
+    previous_drain_timeout: float | None = None,
 ) -> list[Op]:
     """Ops for one Service. `applied` holds only this Service's virtual servers; `draining`
     is the queue indexed by virtual server; `previous_endpoints` is what was known of
     endpoints before this change (a removed endpoint's pod is only known from there).
     A real server already draining keeps draining; its bound follows its endpoint
-    (`drain_bound`: a `RetimeDrain` when it changes)."""
+    (`drain_bound`: a `RetimeDrain` when it changes).
+    `draining_vs`: those of `applied` that already drain (they left the wanted set
+    earlier); `previous_drain_timeout`: the annotation the Service had before this change
+    (a deleted Service's virtual servers drain by it)."""
     wanted = desired.virtual_servers if desired else {}
     endpoints = desired.endpoints if desired else {}
     drain_timeout = desired.drain_timeout if desired else None
     previous_endpoints = previous_endpoints or {}
+    vs_bound = drain_timeout if desired else previous_drain_timeout
+    if vs_bound is None:
+        vs_bound = policy.service_drain_timeout
 
     add_vs: list[Op] = []
     add_rs: list[Op] = []
+    drain_vs: list[Op] = []
     drain: list[Op] = []
     retime: list[Op] = []
     delete_rs: list[Op] = []
@@ -153,7 +207,32 @@ def diff_service(
         have = applied.get(key)
         if want is None:
             assert have is not None
-            delete_vs.append(DeleteVirtualServer(key, have.bind_address, len(have.weights)))
+            queued = draining.get(key, {})
+            if key not in draining_vs and (policy.service_drain_timeout <= 0 or not have.weights):
+                delete_vs.append(DeleteVirtualServer(key, have.bind_address, len(have.weights)))
+                continue
+            if not have.weights:  # a draining virtual server goes with its last real server
+                delete_vs.append(DeleteVirtualServer(key, have.bind_address, 0))
+                continue
+            if key.protocol.connectionless:  # as its real servers: at once, conntrack too
+                delete_rs.extend(
+                    DeleteRealServer(key, rs, DeletionReason.UDP, True)
+                    for rs in sorted(have.weights)
+                )
+                delete_vs.append(DeleteVirtualServer(key, have.bind_address, 0))
+                continue
+            if key not in draining_vs:
+                drain_vs.append(DrainVirtualServer(key, ref))
+            for rs in sorted(have.weights):
+                entry = queued.get(rs)
+                if entry is not None and entry.vs_draining:
+                    continue  # its bound was set when the virtual server began to drain
+                meta = endpoints.get(rs.address) or previous_endpoints.get(rs.address)
+                new = virtual_server_drain(entry, key, rs, ref, vs_bound, meta, policy)
+                if entry is None:
+                    drain.append(DrainRealServer(new))
+                elif new != entry:
+                    retime.append(RetimeDrain(new))
             continue
         if have is None:
             add_vs.append(AddVirtualServer(want.vs, want.kind, ref))
@@ -187,4 +266,4 @@ def diff_service(
                     drain_entry(key, rs, ref, drain_timeout, meta, still_listed, policy)
                 )
             )
-    return add_vs + add_rs + drain + retime + delete_rs + delete_vs
+    return add_vs + add_rs + drain_vs + drain + retime + delete_rs + delete_vs

@@ -1,6 +1,6 @@
 """Kernel operations, as values. The planner returns them; the reconciler applies them in
-the fixed order they are produced: add VS, add/restore RS, drain RS, retime drains, delete
-RS, delete VS."""
+the fixed order they are produced: add VS, add/restore RS, drain VS, drain RS, retime
+drains, delete RS, delete VS."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ class DeletionReason(StrEnum):
     DEADLINE = "deadline"  # deadline passed with connections left
     UDP = "udp"  # connectionless (UDP/SCTP): deleted at once
     POD_GONE = "pod_gone"  # its endpoint left every slice after being terminating
-    SERVICE_DELETED = "service_deleted"  # its virtual server went away
+    # its virtual server was deleted at once with it (--service-drain-timeout 0, or found
+    # with nothing that wants it at start-up)
+    SERVICE_DELETED = "service_deleted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,19 @@ class DeleteVirtualServer:
 
     def __str__(self) -> str:
         return f"del-vs {self.key}"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainVirtualServer:
+    """The virtual server left the wanted set of `service` but stays, address bound, until
+    its last real server goes (each drained by a `DrainRealServer` or `RetimeDrain` with
+    `vs_draining`). No kernel call of its own."""
+
+    key: ServiceKey
+    service: ServiceRef
+
+    def __str__(self) -> str:
+        return f"drain-vs {self.key} service {self.service}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +140,7 @@ Op = (
     AddVirtualServer
     | UpdateVirtualServer
     | DeleteVirtualServer
+    | DrainVirtualServer
     | AddRealServer
     | RestoreRealServer
     | DrainRealServer

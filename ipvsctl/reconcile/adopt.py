@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ipvsctl.kernel.port import IPVSKernel
 from ipvsctl.kernel.table import read_real_servers
@@ -93,11 +93,26 @@ def adopt(
                 )
 
     by_key = {e.key: e for e in restored}
+    live = set(wanted_rs)
+    # Virtual servers that were draining (their Service deleted, a port or address gone):
+    # adopted as the deleted Service's, never orphans; a Service that claims one now has
+    # it already (above), and its real servers drain on as any others.
+    draining: dict[ServiceKey, ServiceRef] = {}
+    for e in by_key.values():
+        if e.vs_draining and e.service is not None and e.vs in observed and e.vs not in live:
+            draining.setdefault(e.vs, e.service)
+    for key, service in sorted(draining.items()):
+        vs, dests = observed[key]
+        state.add(service, vs, key.address not in node_ips, {d.key: d.weight for d in dests})
+        log.info("draining virtual server adopted", extra=fields(service=service, vs=key))
+    wanted_rs.update((key, frozenset()) for key in draining)
     for key, (_vs, dests) in observed.items():
         for d in dests:
             if d.weight != 0 or d.key in wanted_rs.get(key, frozenset()):
                 continue
             entry = by_key.get((key, d.key))
+            if entry is not None and entry.vs_draining and key not in draining:
+                entry = replace(entry, vs_draining=False)  # taken over while we were away
             if entry is None:
                 entry = DrainEntry(
                     key,

@@ -17,6 +17,7 @@ counts and indexes below can never disagree with the table they summarize:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ipvsctl.model import (
@@ -89,12 +90,33 @@ class AppliedState:
                 self.set_weight(state, rs, None)
         if not keep_owner and self.owner.get(key) == owner:
             self.owner.pop(key, None)
+        if owner is not None and not self.by_service.get(owner, True) and owner not in self.desired:
+            del self.by_service[owner]  # a deleted Service's last draining virtual server
         return owner
 
-    def forget_service(self, ref: ServiceRef) -> None:
-        """The Service is gone and all its virtual servers with it."""
+    def forget_service(self, ref: ServiceRef, keep: Collection[ServiceKey] = ()) -> None:
+        """The Service is gone and its virtual servers with it, but for those in `keep`
+        (draining: each goes with its last real server)."""
         self.desired.pop(ref, None)
-        self.by_service.pop(ref, None)
+        states = self.by_service.pop(ref, None)
+        kept = {k: v for k, v in states.items() if k in keep} if states and keep else {}
+        if kept:
+            self.by_service[ref] = kept
+
+    def move(self, key: ServiceKey, to: ServiceRef) -> ServiceRef | None:
+        """Another Service takes the virtual server over in place, weights and all.
+        Returns the Service it was of."""
+        old = self.owner.get(key)
+        if old is None or old == to:
+            return old
+        state = self.by_service.get(old, {}).pop(key, None)
+        if state is None:
+            return old
+        if not self.by_service[old] and old not in self.desired:
+            del self.by_service[old]
+        self.by_service.setdefault(to, {})[key] = state
+        self.owner[key] = to
+        return old
 
     def set_weight(
         self, state: AppliedVirtualServer | None, rs: RealServerKey, weight: int | None

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
-from ipvsctl.model import NO_DEADLINE, ConnectionsCut, RealServerKey, ServiceKey, ServiceRef
+from ipvsctl.model import (
+    NO_DEADLINE,
+    ConnectionsCut,
+    RealServerKey,
+    ServiceKey,
+    ServiceRef,
+    VirtualServerDrainEvent,
+)
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.desired import binds_address
@@ -30,6 +37,7 @@ from ipvsctl.plan.ops import (
     DeleteVirtualServer,
     DeletionReason,
     DrainRealServer,
+    DrainVirtualServer,
     ForgetDrain,
     Op,
     RestoreRealServer,
@@ -79,6 +87,11 @@ class Applier:
     may_take_over: Callable[[ServiceKey], bool] = lambda key: True
     # A Service's virtual server found held by another tool: (Service, key).
     on_foreign: Callable[[ServiceRef | None, ServiceKey], None] = lambda ref, key: None
+    # A draining virtual server whose last real server went could not be deleted: its
+    # Service is synced again (the diff deletes a draining virtual server left empty).
+    on_retry: Callable[[ServiceRef], None] = lambda ref: None
+    # A virtual server began to drain, was taken over or went (the engine's listeners).
+    on_vs_drain: Callable[[ServiceKey, VirtualServerDrainEvent], None] = lambda k, e: None
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -134,9 +147,55 @@ class Applier:
         self.forget_vs(None, key, real_servers)
         return True
 
+    def take_over(self, ref: ServiceRef, key: ServiceKey) -> None:
+        """`ref` claims a draining virtual server: it becomes `ref`'s, live, in place (its
+        real servers keep their connections and drains; `ref`'s diff adds its own)."""
+        old = self.state.move(key, ref)
+        self.drains.take_over(key)
+        self.state.mutations += 1
+        self.on_vs_drain(key, VirtualServerDrainEvent.TAKEN_OVER)
+        log.info("draining virtual server taken over", extra=fields(service=ref, vs=key, was=old))
+
+    def finish_vs_drain(self, ref: ServiceRef | None, key: ServiceKey) -> None:
+        """A draining virtual server goes with its last real server (CONTRACT.md
+        "Draining"): called whenever one of its real servers went."""
+        if key not in self.drains.draining_virtual_servers:
+            return
+        state = self.state.get(ref, key)
+        if state is not None and state.weights:
+            return
+        self.state.mutations += 1
+        try:
+            # One dump to be sure: a drain check's reading that missed a real server (or
+            # the whole virtual server) must never delete one that still carries traffic.
+            left = self.kernel.list_real_servers(key)
+            if left:
+                for status in left:  # back into the state: its Service's diff drains them
+                    self.state.set_weight(state, status.key, status.weight)
+                log.warning(
+                    "draining virtual server still has real servers",
+                    extra=fields(service=ref, vs=key, real_servers=len(left)),
+                )
+                if ref is not None:
+                    self.on_retry(ref)
+                return
+            self.kernel.delete_virtual_server(key, state.bind_address if state else True)
+        except KernelNotFound:
+            pass
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "delete_virtual_server").inc()
+            log.error("kernel operation failed", extra=fields(op=f"del-vs {key}", error=exc))
+            if ref is not None:
+                self.on_retry(ref)
+            return
+        self.forget_vs(ref, key, 0)
+
     def forget_vs(self, ref: ServiceRef | None, key: ServiceKey, real_servers: int) -> None:
         owner = self.state.forget(ref, key)
+        draining = key in self.drains.draining_virtual_servers
         self.drains.remove_vs(key)
+        if draining:
+            self.on_vs_drain(key, VirtualServerDrainEvent.GONE)
         if real_servers:
             self.metrics.real_server_deletions.labels(DeletionReason.SERVICE_DELETED.value).inc(
                 real_servers
@@ -191,6 +250,19 @@ def _delete_vs(a: Applier, ref: ServiceRef | None, op: DeleteVirtualServer) -> b
     return False
 
 
+def _drain_vs(a: Applier, ref: ServiceRef | None, op: DrainVirtualServer) -> bool:
+    a.drains.drain_virtual_server(op.key, op.service)
+    a.on_vs_drain(op.key, VirtualServerDrainEvent.DRAINING)
+    state = a.state.get(ref, op.key)
+    log.info(
+        "virtual server draining",
+        extra=fields(
+            service=op.service, vs=op.key, real_servers=len(state.weights) if state else 0
+        ),
+    )
+    return False
+
+
 def _add_rs(a: Applier, ref: ServiceRef | None, op: AddRealServer) -> bool:
     try:
         a.kernel.add_real_server(op.vs, op.rs, 1)
@@ -223,6 +295,7 @@ def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
             a.kernel.set_real_server_weight(e.vs, e.rs, 0)
     except KernelNotFound:
         a.state.set_weight(state, e.rs, None)  # nothing left to drain
+        a.finish_vs_drain(ref, e.vs)
         return False
     a.state.set_weight(state, e.rs, 0)
     a.drains.add(e)
@@ -311,12 +384,14 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
                     max(0.0, a.clock.wall() - entry.since),
                 )
             )
+    a.finish_vs_drain(ref, op.vs)
     return False
 
 
 def _forget_drain(a: Applier, ref: ServiceRef | None, op: ForgetDrain) -> bool:
     a.drains.remove(op.vs, op.rs)
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, None)
+    a.finish_vs_drain(ref, op.vs)
     return False
 
 
@@ -339,6 +414,8 @@ def _apply_op(a: Applier, ref: ServiceRef | None, op: Op) -> bool:
             return _update_vs(a, ref, op)
         case DeleteVirtualServer():
             return _delete_vs(a, ref, op)
+        case DrainVirtualServer():
+            return _drain_vs(a, ref, op)
         case ForgetDrain():
             return _forget_drain(a, ref, op)
         case _:

@@ -173,6 +173,10 @@ class Auditor:
         """Under the lock, the state unchanged since the walk: O(the differences)."""
         for ref, key in drift.missing:
             self._drift(out, "virtual_server_missing", ref, key)
+            if key in self.drains.draining_virtual_servers:
+                # A draining one gone: nothing is left to drain or to put back.
+                self.applier.forget_vs(ref, key, 0)
+                continue
             self.state.forget(ref, key, keep_owner=True)
             self.drains.remove_vs(key)
         for ref, key, vs in drift.changed:
@@ -197,6 +201,7 @@ class Auditor:
                 if rs not in observed:
                     self.drains.remove(key, rs)
                     self.state.set_weight(applied, rs, None)
+                    self.applier.finish_vs_drain(ref, key)
                 continue  # draining real servers are the drain check's business
             if applied.weights.get(rs) != observed.get(rs):
                 self._drift(out, "real_server_changed", ref, key, rs)

@@ -8,7 +8,7 @@ and the Services waiting for a key another one still holds (rebuilt when it is r
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from ipvsctl.model import DesiredService, ServiceKey, ServiceRef
 from ipvsctl.obs.logging import fields
@@ -60,3 +60,26 @@ class Contention:
     def released(self, key: ServiceKey) -> set[ServiceRef]:
         """A virtual server was deleted: the Services that were waiting for it."""
         return self._waiting.pop(key, set())
+
+
+class LiveOwners(Mapping[ServiceKey, ServiceRef]):
+    """Who holds each virtual server as a live claim: the applied owners but for the
+    virtual servers that drain (CONTRACT.md "Draining": a Service that claims one takes it
+    over). A view, O(1) per lookup, no copy."""
+
+    def __init__(
+        self, owner: Mapping[ServiceKey, ServiceRef], draining: Mapping[ServiceKey, object]
+    ) -> None:
+        self._owner = owner
+        self._draining = draining
+
+    def __getitem__(self, key: ServiceKey) -> ServiceRef:
+        if key in self._draining:
+            raise KeyError(key)
+        return self._owner[key]
+
+    def __iter__(self) -> Iterator[ServiceKey]:
+        return (k for k in self._owner if k not in self._draining)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import IPVSKernel
-from ipvsctl.model import DesiredService, DrainEntry, NodeContext, ServiceKey, ServiceRef
+from ipvsctl.model import (
+    DesiredService,
+    DrainEntry,
+    NodeContext,
+    ServiceKey,
+    ServiceRef,
+    VirtualServerDrainEvent,
+)
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.desired import build_desired_service
@@ -40,7 +47,7 @@ from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier
 from ipvsctl.reconcile.audit import Auditor
 from ipvsctl.reconcile.clock import Clock, SystemClock
-from ipvsctl.reconcile.contention import Contention
+from ipvsctl.reconcile.contention import Contention, LiveOwners
 from ipvsctl.reconcile.drain_check import DrainCheck
 from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.intake import Intake
@@ -54,12 +61,17 @@ __all__ = ["Engine", "EngineConfig", "SyncResult"]
 FOREIGN_RETRY = 60.0  # seconds before a Service tries again a key another tool held
 
 ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
+VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], None]
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     node: NodeContext
     drain_timeout: float = 30.0  # --drain-timeout
+    # --service-drain-timeout: a virtual server that leaves the wanted set drains this long
+    # at most (the Service's annotation first). 0 here, deleted at once, so that the
+    # engine's tests about deletion say what they test; the CLI's default is 30.
+    service_drain_timeout: float = 0.0
     # How long after a terminating endpoint left every slice its real server goes (a slice
     # re-pack is a delete and an add in two events, within this).
     pod_gone_grace: float = POD_GONE_GRACE
@@ -117,6 +129,11 @@ class Engine:
         # Called after a Service's changes reached the kernel: (ref, old, new). Netfilter
         # rules and health checks follow Services through this, O(the Service) each.
         self.service_listeners: list[ServiceListener] = []
+        # Told when a virtual server that left the wanted set begins to drain, is taken
+        # over, or goes: a listener that keeps something per virtual server (the nftables
+        # elements) keeps it while the virtual server drains, though its Service no longer
+        # names it.
+        self.vs_drain_listeners: list[VirtualServerDrainListener] = []
         # For kube-proxy's health server: monotonic arrival of the oldest event not yet in
         # the kernel (None: all applied), wall time of the last complete sync (None: none
         # yet). Plain attributes, read by the HTTP thread without the lock.
@@ -137,6 +154,8 @@ class Engine:
             on_released=self._released,
             may_take_over=lambda key: self.may_take_over(key),
             on_foreign=self._foreign,
+            on_retry=self._repaired_one,
+            on_vs_drain=self._vs_drain_event,
         )
         # The two background reads (`paced.py`), run by the loop's paced runners.
         self.audit = Auditor(
@@ -229,6 +248,13 @@ class Engine:
         self.dirty |= refs
         self.repaired = True
 
+    def _vs_drain_event(self, key: ServiceKey, event: VirtualServerDrainEvent) -> None:
+        for listener in self.vs_drain_listeners:
+            listener(key, event)
+
+    def _repaired_one(self, ref: ServiceRef) -> None:
+        self._repaired({ref})
+
     # --- sync ---------------------------------------------------------------------------
     def sync(self) -> SyncResult:
         """Bring the kernel in line for every changed Service (all of them, the first
@@ -292,7 +318,13 @@ class Engine:
         else:
             new = self._build(ref)
             if new is not None:
-                new = self._not_foreign(self.contention.resolve(new, self.state.owner))
+                new = self._not_foreign(self.contention.resolve(new, self._live_owners))
+        draining_vs = self.drains.draining_virtual_servers
+        if new is not None and draining_vs:
+            # A draining virtual server is no live claim: the Service that claims its key
+            # takes it over in place (never a delete and re-add). O(the Service's keys).
+            for key in [k for k in new.virtual_servers if k in draining_vs]:
+                self.applier.take_over(ref, key)
         old = self.state.desired.get(ref)
         applied = self.state.by_service.get(ref, {})
         ops = diff_service(
@@ -300,8 +332,15 @@ class Engine:
             new,
             applied,
             {k: self.drains.queue.for_vs(k) for k in applied},
-            DrainPolicy(self.clock.wall(), self.config.drain_timeout, self.config.pod_gone_grace),
+            DrainPolicy(
+                self.clock.wall(),
+                self.config.drain_timeout,
+                self.config.pod_gone_grace,
+                self.config.service_drain_timeout,
+            ),
             previous_endpoints=old.endpoints if old else None,
+            draining_vs=[k for k in applied if k in draining_vs] if draining_vs else (),
+            previous_drain_timeout=old.drain_timeout if old else None,
         )
         outcome = self.applier.apply(ref, ops)
         result.ops += outcome.ops
@@ -310,7 +349,8 @@ class Engine:
             result.failed.add(ref)
             return
         if new is None:
-            self.state.forget_service(ref)
+            kept = self.state.by_service.get(ref, {})
+            self.state.forget_service(ref, [k for k in kept if k in draining_vs])
         else:
             self.state.desired[ref] = new
         if self.foreign and not outcome.surprised:  # marks of keys now ours, or unwanted
@@ -340,6 +380,10 @@ class Engine:
             else:
                 self.metrics.network_programming.observe(wall - t)
 
+    @property
+    def _live_owners(self) -> LiveOwners:
+        return LiveOwners(self.state.owner, self.drains.draining_virtual_servers)
+
     # --- start-up -----------------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:
         """The first sync: adopt what the kernel holds (`adopt.py`), delete the owned
@@ -351,11 +395,11 @@ class Engine:
         built: dict[ServiceRef, DesiredService | None] = {}
         for ref, desired in claimed.items():
             if desired is not None:
-                desired = self.contention.resolve(desired, self.state.owner)
+                desired = self.contention.resolve(desired, self._live_owners)
                 for key in desired.virtual_servers:
                     self.state.owner[key] = ref
             built[ref] = desired
-        wanted = self.state.owner.keys()
+        wanted = self.state.owner.keys() | {e.vs for e in self._restored if e.vs_draining}
         observed = adopt.read_ours(self.kernel, wanted, self.owned, self.may_take_over)
         orphans = adopt.adopt(
             observed,
@@ -368,12 +412,15 @@ class Engine:
             node_ips=self.config.node.node_ips,
         )
         self._restored = []
+        # Deleted Services whose virtual servers still drain: synced too (each diff then
+        # drains what is left live of them, or deletes one left empty).
+        draining_refs = set(self.drains.draining_virtual_servers.values())
 
         result = SyncResult()
         for orphan in orphans:
             if self.applier.delete_orphan(orphan.key, orphan.real_servers):
                 result.ops += 1
-        todo, self.dirty = self.dirty | set(self.intake.store.services), set()
+        todo, self.dirty = self.dirty | set(self.intake.store.services) | draining_refs, set()
         for ref in sorted(todo):
             self._sync_service(ref, result, built)
         self._rounds(result, 2)  # what the first pass made dirty (a kernel surprise)

@@ -11,9 +11,16 @@ their application removes entries here (`remove`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ipvsctl.model import ConnCounts, DrainEntry, DrainQueue, RealServerKey, ServiceKey
+from ipvsctl.model import (
+    ConnCounts,
+    DrainEntry,
+    DrainQueue,
+    RealServerKey,
+    ServiceKey,
+    ServiceRef,
+)
 from ipvsctl.model.keys import by_service
 from ipvsctl.plan.drain import check_drains
 from ipvsctl.plan.ops import DeleteRealServer, ForgetDrain, Op
@@ -50,12 +57,34 @@ class Terminations:
         # What the last accepted drain check read. Replaced whole, never changed in place:
         # the reader thread reads it off the lock while judging.
         self._seen: dict[RsKey, Seen] = {}
+        # Virtual servers that left the wanted set and drain (CONTRACT.md "Draining"): the
+        # Service each was of. Each goes with its last real server; a Service that claims
+        # its key meanwhile takes it over (`take_over`). Rebuilt at start-up from the
+        # queue's entries (`DrainEntry.vs_draining`), which is what the state file keeps.
+        self.draining_virtual_servers: dict[ServiceKey, ServiceRef] = {}
 
     def __len__(self) -> int:
         return len(self.queue)
 
     def add(self, entry: DrainEntry) -> None:
         self.queue.add(entry)
+        self._note_vs(entry)
+
+    def drain_virtual_server(self, key: ServiceKey, service: ServiceRef) -> None:
+        self.draining_virtual_servers[key] = service
+
+    def take_over(self, key: ServiceKey) -> ServiceRef | None:
+        """A Service claims a draining virtual server: it is live again, its real servers
+        drain on as any others (their bounds kept). Returns the Service it was of."""
+        service = self.draining_virtual_servers.pop(key, None)
+        for entry in list(self.queue.for_vs(key).values()):
+            if entry.vs_draining:
+                self.queue.replace(replace(entry, vs_draining=False))
+        return service
+
+    def _note_vs(self, entry: DrainEntry) -> None:
+        if entry.vs_draining and entry.service is not None:
+            self.draining_virtual_servers.setdefault(entry.vs, entry.service)
 
     def remove(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
         """The real server is back, deleted or gone: out of the queue (what was seen of it
@@ -67,10 +96,15 @@ class Terminations:
     def replace(self, entry: DrainEntry) -> bool:
         """A queued entry takes a new bound (what was seen of the old one no longer
         counts, as for any new entry)."""
-        return self.queue.replace(entry)
+        if not self.queue.replace(entry):
+            return False
+        self._note_vs(entry)
+        return True
 
     def remove_vs(self, key: ServiceKey) -> None:
+        """The virtual server is gone: its entries, and its drain if it drained."""
         self.queue.remove_vs(key)
+        self.draining_virtual_servers.pop(key, None)
         self._forget_if_empty()
 
     def _forget_if_empty(self) -> None:

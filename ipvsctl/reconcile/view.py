@@ -80,6 +80,11 @@ class EngineView:
     def draining(self, vs: ServiceKey, rs: RealServerKey) -> DrainEntry | None:
         return self._engine.drains.queue.get(vs, rs)
 
+    def draining_virtual_server(self, vs: ServiceKey) -> ServiceRef | None:
+        """The Service a virtual server drains for (it left that Service's wanted set);
+        None: it is live."""
+        return self._engine.drains.draining_virtual_servers.get(vs)
+
     def drain_queue(self) -> list[DrainEntry]:
         """Every queued drain, sorted by virtual server and real server (a copy)."""
         return list(self._engine.drains.queue)

@@ -125,7 +125,6 @@ PENDING: dict[str, str] = {
     "--config": "issue 29 (kube-proxy's config file)",
     "--draining-taints": "issue 27 (node drain)",
     "--lb-grace": "issue 27 (node drain)",
-    "--service-drain-timeout": "issue 26 (virtual servers drain)",
 }
 
 

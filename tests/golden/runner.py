@@ -31,6 +31,7 @@ IPVSCTL_GOLDEN_UPDATE=1 rewrites the expected files instead of comparing them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -57,6 +58,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.persist.drain_state import FORMAT_VERSION, parse_state
 from ipvsctl.plan.ops import DeletionReason
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.cluster import plan_objects
@@ -253,7 +255,9 @@ class Case:
         return self.folder.name
 
 
-_ACTIONS = frozenset({"delete", "advance", "connections", "node_ips", "drain_check", "description"})
+_ACTIONS = frozenset(
+    {"delete", "advance", "connections", "node_ips", "drain_check", "description", "restart"}
+)
 
 
 def load_case(folder: Path) -> Case:
@@ -320,8 +324,27 @@ class Run:
         if case.kernel_before is not None:
             load_kernel(base if base is not None else kernel, case.kernel_before)
         self.metrics = Metrics()
-        self.config = EngineConfig(case.node, case.drain_timeout)
+        self.config = EngineConfig(
+            case.node,
+            case.drain_timeout,
+            service_drain_timeout=float(case.spec.get("service_drain_timeout", 0)),
+        )
         self.engine = Engine(self.kernel, self.config, clock=self.clock, metrics=self.metrics)
+
+    def restart(self) -> None:
+        """The daemon restarts: a new engine over the same kernel, its drain queue read
+        back from the state file's bytes (persist/drain_state.py) as the daemon does."""
+        data = json.dumps(
+            {"version": FORMAT_VERSION, "entries": [e.to_json() for e in self.engine.drains.queue]}
+        )
+        self.config = dataclasses.replace(self.config, node=self.node)
+        self.engine = Engine(
+            self.kernel,
+            self.config,
+            clock=self.clock,
+            metrics=self.metrics,
+            restored_queue=parse_state(data.encode()),
+        )
 
     def steps(self) -> Iterable[tuple[Step, StepResult]]:
         for i, step in enumerate(self.case.steps):
@@ -340,9 +363,12 @@ class Run:
             self.engine.set_node_ips(self.node.node_ips)
         now = self.clock.monotonic()
         self.known.update(step.objects)
-        if first:
+        if a.get("restart"):
+            self.restart()
+        if first or a.get("restart"):
+            listed = self.known if a.get("restart") else step.objects
             for kind in (ObjectKind.NODE, ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
-                objs = [o for (k, _, _), o in step.objects.items() if k is kind]
+                objs = [o for (k, _, _), o in listed.items() if k is kind]
                 if objs or kind in (ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE):
                     self.engine.handle(Replace(kind, objs, now))
         else:

@@ -22,6 +22,7 @@ from ipvsctl.plan.ops import (
     DeleteVirtualServer,
     DeletionReason,
     DrainRealServer,
+    DrainVirtualServer,
     ForgetDrain,
     Op,
     RestoreRealServer,
@@ -52,11 +53,13 @@ def test_every_op_type_is_applied():
         RetimeDrain(entry(b, 60.0)),
         ForgetDrain(key, b),
         DeleteRealServer(key, a, DeletionReason.DRAINED),
+        DrainVirtualServer(key, ref),
         DeleteVirtualServer(key, True, 1),
     ]
     assert {type(op) for op in ops} == set(typing.get_args(Op))
     applied = h.engine.applier.apply(ref, ops)
     assert applied.ops == len(ops) and not applied.failed
+    assert not h.engine.drains.draining_virtual_servers  # gone with its virtual server
     assert h.ops() == [
         f"add-vs {key} rr",
         f"add-rs {key} -> {a} weight 1",
