@@ -553,6 +553,7 @@ def start_daemon(
     *,
     kernel: Any = None,
     drain_timeout: float = 600.0,
+    service_drain_timeout: float = 600.0,
     drain_check_interval: float = 0.1,
     node_name: str = "node-a",
     node_ips: tuple[str, ...] = ("192.0.2.10",),
@@ -581,6 +582,7 @@ def start_daemon(
         state_dir=state_dir,
         listen="0.0.0.0:0",
         drain_timeout=drain_timeout,
+        service_drain_timeout=service_drain_timeout,
         drain_check_interval=drain_check_interval,
     )
     metrics = metrics if metrics is not None else Metrics()

@@ -253,6 +253,33 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     )
 
 
+def test_a_deleted_services_connection_survives_without_nftables(
+    node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
+) -> None:
+    """Issue 26 on the real kernel, IPVS alone (no nftables table: test_netfilter_lab.py has
+    the whole path): a connection held through a deleted Service's ClusterIP goes on, a new
+    one is refused at once, and the virtual server goes with its last real server."""
+    d, pods = kube_daemon
+    held, gone, _ = held_connection(node, client, pods)
+    api.delete("Service", "default", "web")
+    api.delete("EndpointSlice", "default", "web-abc")
+    # the idle real server may already be gone as drained; the one held stays at weight 0
+    wait_for(lambda: weights(node).get(str(KEY), {}).get(f"{gone.ip}:8080") == 0, what="weight 0")
+    assert held.echo("after the deletion"), node.run("ipvsadm", "-Lnc")
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        client.connect(VIP, 80)
+    assert time.monotonic() - t0 < 5
+    assert VIP in node.interface_addresses()
+    assert held.echo("still served")
+    held.abort()
+    wait_for(lambda: str(KEY) not in weights(node), timeout=90, what="drained and deleted")
+    assert VIP not in node.interface_addresses()
+    metrics = daemon_get(node, d, "/metrics")[1]
+    assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="drained") == 2
+    assert metric_sum(metrics, "ipvsctl_real_server_deletions_total", reason="deadline") == 0
+
+
 def test_relist_after_410_causes_no_kernel_churn(
     node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
 ) -> None:

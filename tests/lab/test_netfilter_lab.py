@@ -498,6 +498,126 @@ def test_health_check_node_port_answers_with_local_endpoints(world: World) -> No
     assert world.daemon.health.ports() == []
 
 
+# --- a deleted Service's virtual servers drain (issue 26) -------------------------------------
+def diagnose(world: World, what: object) -> str:
+    """The kernel's and the daemon's view, for a failure's message (and the lab's out dir)."""
+    node = world.node
+    parts = [
+        f"{what}",
+        node.run("ipvsadm", "-Ln", check=False),
+        node.run("ipvsadm", "-Lnc", check=False),
+        node.run("conntrack", "-L", "-p", "tcp", check=False),
+        node.run("ip", "-o", "addr", "show", "dev", "kube-ipvs0", check=False),
+        json.dumps(world.daemon.status().get("drain_queue"), indent=1),
+    ]
+    text = "\n---\n".join(parts)
+    out = os.environ.get("IPVSCTL_LAB_OUT")
+    if out:
+        with open(os.path.join(out, "vs-drain-diagnosis.txt"), "w") as f:
+            f.write(text)
+    return text
+
+
+def refusal(client: Pod | Client, address: str, port: int) -> tuple[str, float]:
+    """What a new TCP connection meets, and how fast: the exception's name ("connected"
+    if it was answered) and the seconds it took."""
+    t0 = time.monotonic()
+    try:
+        client.connect(address, port, timeout=20).close()
+        what = "connected"
+    except OSError as exc:
+        what = type(exc).__name__
+    return what, round(time.monotonic() - t0, 3)
+
+
+def test_a_deleted_services_connections_survive_and_a_recreated_one_serves_new_ones(
+    world: World,
+) -> None:
+    node, gone_vs, lb, external = world.node, "10.96.0.12:80/TCP", "198.51.100.12", "203.0.113.12"
+    world.write("gone.yaml", svc("gone", 2, False), *slices("gone"))
+    wait_for(
+        lambda: gone_vs in node.ipvsadm() and f"{lb} tcp 80" in world.elements(),
+        timeout=60,
+        what="the Service programmed",
+    )
+    held = {
+        "pod -> ClusterIP": world.other.connect("10.96.0.12", 80),
+        "outside -> LB IP": world.outside.connect(lb, 80),
+        "outside -> NodePort": world.outside.connect(NODE_LAN, 30082),
+        "host -> external IP": world.host.connect(external, 80),
+    }
+    assert all(c.pod.startswith("web-1") for c in held.values())
+    assert all(c.echo("before the deletion") for c in held.values())
+
+    t0 = time.monotonic()
+    (world.manifests / "gone.yaml").unlink()  # the Service is deleted
+    wait_for(
+        lambda: all(r.weight == 0 for r in node.ipvsadm()[gone_vs].real_servers.values()),
+        timeout=60,
+        what="weight 0",
+    )
+    timing("service_deleted_to_weight_0_s", t0)
+    # its nftables elements stay while it drains (the port filter covers the bound address)
+    assert f"{lb} tcp 80" in world.elements() and f"{NODE_LAN} tcp 30082" in world.elements()
+    echoed = {k: c.echo("after the deletion") for k, c in held.items()}
+    assert echoed == dict.fromkeys(held, True), diagnose(world, echoed)
+    assert {"10.96.0.12", lb, external} <= node.interface_addresses()  # still bound
+    assert "10.96.0.12:53/UDP" not in node.ipvsadm()  # UDP: at once, as its real servers
+    # A new connection fails at once (CONTRACT.md "Draining"; NOTES.md §7: ICMP port
+    # unreachable): recorded per path in the timings file.
+    seen = {
+        "pod -> ClusterIP": refusal(world.other, "10.96.0.12", 80),
+        "outside -> LB IP": refusal(world.outside, lb, 80),
+        "outside -> NodePort": refusal(world.outside, NODE_LAN, 30082),
+    }
+    TIMINGS["deleted_service_new_connection"] = {k: list(v) for k, v in seen.items()}
+    timing("deleted_service_checked_s", t0)
+    assert all(what == "ConnectionRefusedError" and took < 5 for what, took in seen.values()), seen
+
+    # Created again with a new pod: it takes the virtual servers over in place.
+    web2 = node.make_pod("10.244.0.31", name="web-2", tcp=())
+    netkit.serve_peers(web2, tcp=(8080,))
+    again = endpoint_slice(
+        "gone", [endpoint(web2.ip, pod="web-2")], name="gone-v4", ports=SLICE_PORTS
+    )
+    world.write("gone.yaml", svc("gone", 2, False), again)
+
+    def taken_over() -> bool:
+        rss = node.ipvsadm()[gone_vs].real_servers
+        return rss.get(f"{web2.ip}:8080") is not None and rss[f"{web2.ip}:8080"].weight == 1
+
+    wait_for(taken_over, timeout=60, what="the new endpoint at weight 1")
+    assert node.ipvsadm()[gone_vs].real_servers[f"{WEB1}:8080"].weight == 0  # still draining
+    assert ask(world.other, "10.96.0.12", 80)[0] == "web-2"
+    assert ask(world.outside, lb, 80)[0] == "web-2"
+    assert ask(world.outside, NODE_LAN, 30082)[0] == "web-2"
+    assert {k: c.echo("after the re-creation") for k, c in held.items()} == dict.fromkeys(
+        held, True
+    )
+    status = world.daemon.status()
+    drained = [
+        e
+        for e in status["drain_queue"]
+        if (e["vip"], e["vport"], e["address"]) == ("10.96.0.12", 80, WEB1)
+    ]
+    assert drained and drained[0]["reason"] == "vs_removed"
+
+    for c in held.values():  # the old connections end: the old real server goes, not the VS
+        c.abort()
+    wait_for(
+        lambda: f"{WEB1}:8080" not in node.ipvsadm()[gone_vs].real_servers,
+        timeout=120,
+        what="the old real server drained",
+    )
+    assert ask(world.other, "10.96.0.12", 80)[0] == "web-2"
+
+    (world.manifests / "gone.yaml").unlink()  # and gone for good: no connection holds it
+    wait_for(lambda: gone_vs not in node.ipvsadm(), timeout=120, what="drained and deleted")
+    wait_for(lambda: f"{lb} tcp 80" not in world.elements(), timeout=60, what="elements gone")
+    wait_for(lambda: "10.96.0.12" not in node.interface_addresses(), timeout=60, what="unbound")
+    web2.close()
+
+
 # --- cleanup ----------------------------------------------------------------------------------
 def test_cleanup_leaves_no_ipvsctl_virtual_server_address_or_table(world: World) -> None:
     node = world.node
