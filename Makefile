@@ -46,12 +46,20 @@ clean:
 # make demo: a rolling update behind ipvsctl on the lab VM's real IPVS kernel, with draining,
 # without it, and with a half-closed download held (a few minutes).
 # Report, data and timeline plot in out/demo/ (docs/demo.md).
+# make demo DEMO=service-delete: a Service deleted (and created again) during a long download,
+# with ipvsctl's drain and with --service-drain-timeout 0 (docs/demo.md).
 DEMO_OUT := out/demo
+DEMO ?= rollout
 demo: venv lab-deps
+ifeq ($(DEMO),service-delete)
+	$(BIN)/python -m tests.lab.boot --out $(DEMO_OUT) --run 'python -m demo.service_delete --out $(DEMO_OUT)'
+	@echo "demo: report $(DEMO_OUT)/service-delete.txt, data $(DEMO_OUT)/service-delete.json"
+else
 	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install -q matplotlib
 	$(BIN)/python -m tests.lab.boot --out $(DEMO_OUT) --run 'python -m demo.rollout --out $(DEMO_OUT)'
 	$(BIN)/python -m demo.plot --in $(DEMO_OUT)/rollout.json
 	@echo "demo: report $(DEMO_OUT)/report.txt, timeline $(DEMO_OUT)/timeline.png, data $(DEMO_OUT)/rollout.json"
+endif
 
 # make bench: every benchmark in one run (lab VM for the real-kernel parts, then the host's
 # parts), results in bench/results/ and docs/benchmarks.md. An hour or more under emulation

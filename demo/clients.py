@@ -237,6 +237,7 @@ class HalfClosed:
     every_ms: int = 500
     timeout: float = 15.0
     clock: Callable[[], float] = time.monotonic
+    half_close: bool = True  # False: a plain download (the service-delete demo)
     pod: str | None = None
     opened: float | None = None
     half_closed: float | None = None
@@ -266,8 +267,9 @@ class HalfClosed:
             s.sendall(
                 f"GET /stream?for={ms}&every={self.every_ms} HTTP/1.1\r\nHost: web\r\n\r\n".encode()
             )
-            s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
-            self.half_closed = self.clock()
+            if self.half_close:
+                s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
+                self.half_closed = self.clock()
             buf = b""
             while b"\r\n\r\n" not in buf:
                 data = s.recv(4096)
