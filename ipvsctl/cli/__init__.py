@@ -1,3 +1,3 @@
 """The command line: `ipvsctl` and its commands (app.py: plan, run, status; cleanup;
-shutdown-manager), their flags and what they print (output, render, status). The only
+shutdown-manager; node-drain), their flags and what they print (output, render, status). The only
 package that imports typer; long-running processes are started through ipvsctl.daemon."""

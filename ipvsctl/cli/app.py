@@ -1,4 +1,4 @@
-"""The `ipvsctl` command: run, status, plan."""
+"""The `ipvsctl` command: run, status, plan (and the commands registered from their modules)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import typer
 import typer.core
 
 from ipvsctl.cli.cleanup import register as register_cleanup
+from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
@@ -466,6 +467,24 @@ def run(
             help="Cap on per-Service traffic series; Services past it are left out, counted.",
         ),
     ] = 10000,
+    draining_taints: Annotated[
+        str,
+        typer.Option(
+            "--draining-taints",
+            metavar="KEYS",
+            help="Comma-separated taint keys (any effect) that mean this node is leaving: "
+            "its /healthz answers 503 and it drains (docs/node-drain.md); empty: none.",
+        ),
+    ] = "ToBeDeletedByClusterAutoscaler,karpenter.sh/disrupted",
+    lb_grace: Annotated[
+        str,
+        typer.Option(
+            "--lb-grace",
+            metavar="SECONDS",
+            help="How long a draining node's health must have said 503 before it counts as "
+            "quiesced: the load balancer's probe interval times its unhealthy threshold.",
+        ),
+    ] = "30",
 ) -> None:
     """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
     from ipvsctl.daemon.wiring import DaemonOptions, StartupError
@@ -516,6 +535,8 @@ def run(
         raise _fail(f"--service-metrics-max-series {service_metrics_max_series}: must be >= 0", 2)
     drain_seconds = _seconds("--drain-timeout", drain_timeout)
     service_drain_seconds = _seconds("--service-drain-timeout", service_drain_timeout)
+    lb_grace_seconds = _seconds("--lb-grace", lb_grace)
+    taints = _taint_keys(draining_taints)
     check_seconds = _seconds("--drain-check-interval", drain_check_interval, minimum=0.05)
     # The kernel counts IPVS timeouts in whole seconds: 500ms means 1 s, not "kernel's".
     tcp, tcpfin, udp = (
@@ -557,12 +578,28 @@ def run(
         healthz_bind_address=healthz_bind_address,
         service_metrics=metrics_mode,
         service_metrics_max_series=service_metrics_max_series,
+        draining_taints=taints,
+        lb_grace=lb_grace_seconds,
     )
     try:
         code = run_daemon(options)
     except StartupError as exc:
         raise _fail(str(exc), 1) from None
     raise typer.Exit(code)
+
+
+# A taint key: a label key ([prefix/]name, the name up to 63 characters).
+_TAINT_KEY = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def _taint_keys(value: str) -> tuple[str, ...]:
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    for key in keys:
+        if not _TAINT_KEY.match(key):
+            raise _fail(f"--draining-taints {key!r}: not a taint key", 2)
+    return tuple(dict.fromkeys(keys))
 
 
 def _healthz_address(value: str) -> str:
@@ -671,6 +708,7 @@ def completion(
 
 register_shutdown_manager(app)
 register_cleanup(app)
+register_node_drain(app)
 
 
 def main() -> None:

@@ -36,7 +36,8 @@ from ipvsctl.plan.ownership import is_owned, may_take_over
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.loop import Loop, LoopConfig
-from ipvsctl.reconcile.paced import PacedRunner
+from ipvsctl.reconcile.node_drain import NodeDrain
+from ipvsctl.reconcile.paced import Pace, PacedRunner
 from ipvsctl.reconcile.service_traffic import (
     DEFAULT_MAX_SERIES,
     ServiceMetricsMode,
@@ -45,6 +46,7 @@ from ipvsctl.reconcile.service_traffic import (
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 if TYPE_CHECKING:
     from ipvsctl.kube.events import EventWriter
@@ -92,6 +94,9 @@ class DaemonOptions:
     # --service-metrics, --service-metrics-max-series: per-Service traffic series
     service_metrics: ServiceMetricsMode = ServiceMetricsMode.ANNOTATED
     service_metrics_max_series: int = DEFAULT_MAX_SERIES
+    # --draining-taints: taint keys that mean this node is leaving (docs/node-drain.md)
+    draining_taints: tuple[str, ...] = DEFAULT_DRAINING_TAINTS
+    lb_grace: float = 30.0  # --lb-grace: draining this long before it can be quiesced
 
 
 @dataclass
@@ -187,8 +192,31 @@ class Daemon:
             )
             self.engine.service_listeners.append(self.service_traffic.on_service)
             self.metrics.service_traffic.read = self.service_traffic.read
+        # Node drain: since when the node is leaving, and what still comes through it.
+        check_interval = self.loop.config.drain_check_interval
+        self.node_drain = NodeDrain(
+            self.kernel,
+            self.metrics,
+            self.engine.clock,
+            draining_taints=o.draining_taints,
+            lb_grace=o.lb_grace,
+            interval=check_interval,
+            ready=lambda: self.view.started,
+        )
+        self.engine.node_listeners.append(self.node_drain.on_node)
+        self.engine.service_listeners.append(self.node_drain.on_service)
         # The background reads of the kernel, each on its own thread (reconcile/paced.py).
-        self.readers: list[PacedRunner] = [self.loop.drain_runner, self.loop.audit_runner]
+        self.readers: list[PacedRunner] = [
+            self.loop.drain_runner,
+            self.loop.audit_runner,
+            PacedRunner(
+                "node-drain",
+                self.node_drain,
+                self.loop.lock,
+                Pace(every=check_interval),  # a poll: NodeDrain paces its own reads
+                clock=self.engine.clock,
+            ),
+        ]
         self.sweeper: ConntrackSweeper | None = None
         if self.conntrack is not None:
             self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock, self.metrics)
@@ -211,6 +239,7 @@ class Daemon:
             threads=lambda: self.threads,
             source_dead_threads=lambda: getattr(self.source, "dead_threads", list)(),
             stale_after=o.stale_after,
+            node_drain=self.node_drain,
         )
         try:
             self.http = HTTPServer(

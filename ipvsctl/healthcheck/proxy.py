@@ -4,8 +4,9 @@
 
 - healthy: no change has waited longer than `timeout` to reach the kernel (kube-proxy:
   the oldest queued update is not older than healthTimeout), and the loop is turning;
-- `/healthz`: 200 when healthy and the node is eligible (not being deleted, no
-  `ToBeDeletedByClusterAutoscaler` taint), else 503; the body carries `nodeEligible`;
+- `/healthz`: 200 when healthy and the node is eligible (not being deleted, none of
+  `--draining-taints`, its network not unavailable: `source/node.py`'s `leaving_reasons`),
+  else 503; the body carries `nodeEligible`;
 - `/livez`: 200 when healthy, else 503 (node eligibility does not matter).
 
 Body, as kube-proxy's: `{"lastUpdated": T, "currentTime": T, "nodeEligible": bool (healthz

@@ -157,12 +157,14 @@ def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
 
 
 NODE_LABELS = ("topology.kubernetes.io/zone",)
-NODE_TAINTS = ("ToBeDeletedByClusterAutoscaler",)
+NODE_CONDITIONS = ("NetworkUnavailable",)
 
 
 def trim_node(obj: Mapping[str, Any]) -> RawObject:
-    """This node's Node: its zone label, deletionTimestamp and the autoscaler's taint. Node
-    status changes every few seconds; trimmed, those updates compare equal and cost nothing."""
+    """This node's Node: its zone label, deletionTimestamp, its taints' keys (which ones
+    mean "leaving" is `--draining-taints`'s to say) and the NetworkUnavailable condition's
+    status. Node status changes every few seconds (heartbeats); trimmed, those updates
+    compare equal and cost nothing."""
     meta = obj.get("metadata") or {}
     out_meta = _pick(meta, ("name", "deletionTimestamp"))
     labels = meta.get("labels")
@@ -174,9 +176,21 @@ def trim_node(obj: Mapping[str, Any]) -> RawObject:
     spec = obj.get("spec")
     taints = spec.get("taints") if isinstance(spec, Mapping) else None
     if isinstance(taints, list):
-        kept = [t for t in taints if isinstance(t, Mapping) and t.get("key") in NODE_TAINTS]
+        kept = [_pick(t, ("key",)) if isinstance(t, Mapping) else t for t in taints]
         if kept:
             out["spec"] = {"taints": kept}
     elif taints is not None:
         out["spec"] = {"taints": taints}  # for validation to report
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if isinstance(conditions, list):
+        kept = [
+            _pick(c, ("type", "status"))
+            for c in conditions
+            if isinstance(c, Mapping) and c.get("type") in NODE_CONDITIONS
+        ]
+        if kept:
+            out["status"] = {"conditions": kept}
+    elif conditions is not None:
+        out["status"] = {"conditions": conditions}
     return out

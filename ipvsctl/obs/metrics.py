@@ -365,6 +365,24 @@ class Metrics:
         )
         for result in ("ok", "error"):
             self.conntrack_sweeps.labels(result)
+        # Node drain (ipvsctl/reconcile/node_drain.py, docs/node-drain.md)
+        self.node_draining = Gauge(
+            "ipvsctl_node_draining",
+            "1 while this node is leaving (deletion, a --draining-taints taint, network "
+            "unavailable) and its /healthz on --healthz-bind-address answers 503, else 0.",
+            registry=r,
+        )
+        self.node_draining_seconds = Gauge(
+            "ipvsctl_node_draining_seconds",
+            "Seconds this node has been draining (0 when it is not).",
+            registry=r,
+        )
+        self.node_established_connections = Gauge(
+            "ipvsctl_node_established_connections",
+            "Connections established through this node's NodePort, load-balancer and "
+            "external-IP virtual servers, at the last reading of the IPVS table.",
+            registry=r,
+        )
         # Drains that Kubernetes can see (ipvsctl/kube/events.py, issue 28)
         self.drain_connections_cut = Counter(
             "ipvsctl_drain_connections_cut",

@@ -53,6 +53,7 @@ from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.intake import Intake
 from ipvsctl.reconcile.termination import Terminations
 from ipvsctl.source.events import SourceEvent
+from ipvsctl.source.node import NodeInfo
 
 log = logging.getLogger("ipvsctl.engine")
 
@@ -62,6 +63,7 @@ FOREIGN_RETRY = 60.0  # seconds before a Service tries again a key another tool 
 
 ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
 VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], None]
+NodeListener = Callable[[NodeInfo | None, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,9 @@ class Engine:
         # elements) keeps it while the virtual server drains, though its Service no longer
         # names it.
         self.vs_drain_listeners: list[VirtualServerDrainListener] = []
+        # Called when this node's Node changed: (the Node as now read, the event's arrival,
+        # monotonic). The node drain stamps when the node began leaving through this.
+        self.node_listeners: list[NodeListener] = []
         # For kube-proxy's health server: monotonic arrival of the oldest event not yet in
         # the kernel (None: all applied), wall time of the last complete sync (None: none
         # yet). Plain attributes, read by the HTTP thread without the lock.
@@ -192,6 +197,8 @@ class Engine:
             self.pending_since = event.received
         if node:
             self._set_node(*self.intake.node_changed(self.config.node))
+            for listener in self.node_listeners:
+                listener(self.intake.store.node, event.received)
 
     def set_node_ips(self, ips: Iterable[str]) -> bool:
         """The node's addresses changed (kube-proxy re-reads them every sync): swap the

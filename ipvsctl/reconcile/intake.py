@@ -94,7 +94,9 @@ class Intake:
                 node=node.node_name,
                 known=obj is not None and obj.present,
                 zone=zone,
-                eligible=obj.eligible if obj is not None else None,
+                deleting=obj.deleting if obj is not None else None,
+                taints=",".join(sorted(obj.taints)) if obj is not None and obj.taints else None,
+                network_unavailable=obj.network_unavailable if obj is not None else None,
             ),
         )
         if zone == node.zone:

@@ -1,14 +1,19 @@
 """This node's own Node object, as ipvsctl reads it. Pure.
 
-Three facts matter: its zone (label `topology.kubernetes.io/zone`, for topology hints), and
-whether it is leaving the cluster (`metadata.deletionTimestamp`, or the cluster autoscaler's
-`ToBeDeletedByClusterAutoscaler` taint), which kube-proxy's health server (KEP-3836)
-reports to cloud load balancers as `nodeEligible: false`.
+Its zone (label `topology.kubernetes.io/zone`, for topology hints), and whether it is
+leaving the cluster or cannot carry traffic, which kube-proxy's health server (KEP-3836)
+reports to cloud load balancers as `nodeEligible: false` and ipvsctl's node drain follows:
+
+- `metadata.deletionTimestamp` set, or the Node deleted;
+- a taint whose key is one of `--draining-taints`, whatever its effect (the cluster
+  autoscaler's `ToBeDeletedByClusterAutoscaler`, Karpenter's `karpenter.sh/disrupted`);
+- the condition `NetworkUnavailable` with status `True` (the node's pod network is not set
+  up: kubernetes#134648).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +22,10 @@ from ipvsctl.source.validate import short
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+KARPENTER_DISRUPTED_TAINT = "karpenter.sh/disrupted"
+DEFAULT_DRAINING_TAINTS = (TO_BE_DELETED_TAINT, KARPENTER_DISRUPTED_TAINT)
+NETWORK_UNAVAILABLE = "NetworkUnavailable"
+MAX_TAINTS = 256  # a Node with more is hostile or broken: the first ones are read
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +33,25 @@ class NodeInfo:
     name: str
     zone: str | None = None
     deleting: bool = False  # metadata.deletionTimestamp is set
-    to_be_deleted: bool = False  # tainted ToBeDeletedByClusterAutoscaler
+    taints: frozenset[str] = frozenset()  # the keys of spec.taints
+    network_unavailable: bool = False  # condition NetworkUnavailable is True
     present: bool = True  # False: the Node was seen, then deleted
 
-    @property
-    def eligible(self) -> bool:
-        """kube-proxy's NodeEligible: the Node exists, is not being deleted and carries no
-        ToBeDeletedByClusterAutoscaler taint."""
-        return self.present and not self.deleting and not self.to_be_deleted
+
+def leaving_reasons(node: NodeInfo | None, draining_taints: Collection[str]) -> tuple[str, ...]:
+    """Why this node must take no new load-balancer traffic: `deleted`, `deleting`,
+    `taint:KEY` (each draining taint it carries, sorted), `network-unavailable`; empty when
+    it may. A Node never seen (None: not readable) may: a missing RBAC rule must not take
+    every node out of the cloud load balancers."""
+    if node is None:
+        return ()
+    if not node.present:
+        return ("deleted",)
+    reasons = ["deleting"] if node.deleting else []
+    reasons += [f"taint:{key}" for key in sorted(node.taints.intersection(draining_taints))]
+    if node.network_unavailable:
+        reasons.append("network-unavailable")
+    return tuple(reasons)
 
 
 def parse_node(obj: Mapping[str, Any]) -> Parsed[NodeInfo]:
@@ -47,13 +67,51 @@ def parse_node(obj: Mapping[str, Any]) -> Parsed[NodeInfo]:
         warnings.append(f"label {ZONE_LABEL}: {short(zone)} is not a zone name, ignored")
         zone = None
     spec = obj.get("spec")
-    taints = spec.get("taints") if isinstance(spec, Mapping) else None
-    if taints is not None and not isinstance(taints, list):
-        warnings.append("spec.taints is not a list, ignored")
-        taints = None
-    tainted = any(
-        isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints or ()
+    taints = _taint_keys(spec.get("taints") if isinstance(spec, Mapping) else None, warnings)
+    status = obj.get("status")
+    network_unavailable = _network_unavailable(
+        status.get("conditions") if isinstance(status, Mapping) else None, warnings
     )
     return Parsed(
-        NodeInfo(meta["name"], zone, bool(meta.get("deletionTimestamp")), tainted), tuple(warnings)
+        NodeInfo(
+            meta["name"],
+            zone,
+            deleting=bool(meta.get("deletionTimestamp")),
+            taints=taints,
+            network_unavailable=network_unavailable,
+        ),
+        tuple(warnings),
     )
+
+
+def _taint_keys(taints: Any, warnings: list[str]) -> frozenset[str]:
+    if taints is None:
+        return frozenset()
+    if not isinstance(taints, list):
+        warnings.append("spec.taints is not a list, ignored")
+        return frozenset()
+    keys = [t.get("key") for t in taints[:MAX_TAINTS] if isinstance(t, Mapping)]
+    bad = len(taints[:MAX_TAINTS]) - sum(isinstance(k, str) and bool(k) for k in keys)
+    if bad:
+        warnings.append(f"spec.taints: {bad} without a key, ignored")
+    if len(taints) > MAX_TAINTS:
+        warnings.append(f"spec.taints: {len(taints)} taints, only the first {MAX_TAINTS} read")
+    return frozenset(k for k in keys if isinstance(k, str) and k)
+
+
+def _network_unavailable(conditions: Any, warnings: list[str]) -> bool:
+    """Condition NetworkUnavailable is True. Absent, Unknown or False: available (as the
+    kubelet and the scheduler read it: only True taints the node)."""
+    if conditions is None:
+        return False
+    if not isinstance(conditions, list):
+        warnings.append("status.conditions is not a list, ignored")
+        return False
+    for c in conditions:
+        if isinstance(c, Mapping) and c.get("type") == NETWORK_UNAVAILABLE:
+            status = c.get("status")
+            if status not in ("True", "False", "Unknown"):
+                warnings.append(f"condition {NETWORK_UNAVAILABLE}: status {status!r}, ignored")
+                return False
+            return bool(status == "True")
+    return False

@@ -332,6 +332,8 @@ def test_every_label_and_annotation_ipvsctl_reads_is_in_the_kube_proxy_guide():
         convert.SERVICE_NAME_LABEL,
         node.ZONE_LABEL,
         node.TO_BE_DELETED_TAINT,
+        node.KARPENTER_DISRUPTED_TAINT,
+        node.NETWORK_UNAVAILABLE,
         convert.DRAIN_TIMEOUT_ANNOTATION,
         *convert.SCHEDULER_ANNOTATIONS[:1],
         *convert.SCHED_FLAGS_ANNOTATIONS[:1],

@@ -105,6 +105,11 @@ MUTATIONS = {
         "(ipvsctl_virtual_server_conflict_losers) > 5",
         "IpvsctlVirtualServerConflict",
     ),
+    "node-draining-threshold": (
+        "(ipvsctl_node_draining_seconds) > 1800",
+        "(ipvsctl_node_draining_seconds) > 3600",
+        "IpvsctlNodeDrainingLong",
+    ),
     # an aggregation that drops `node`: the alert loses the label the tests expect
     "node-dropped": (
         "max by (instance, node) (ipvsctl_virtual_server_conflict_losers)",
@@ -295,6 +300,8 @@ def test_dashboard_queries_real_metrics_and_covers_the_topics():
         "ipvsctl_service_connections_total",
         "ipvsctl_service_bytes_total",
         "ipvsctl_service_metrics_dropped",
+        "ipvsctl_node_draining_seconds",
+        "ipvsctl_node_established_connections",
     ):
         assert needed in used, needed
     names = [v["name"] for v in dash["templating"]["list"]]

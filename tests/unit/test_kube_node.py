@@ -86,7 +86,7 @@ def test_only_this_nodes_node_is_listed_and_watched(api, source) -> None:  # noq
     api.update(objects.node("node-a", "zone-a", taints=[TAINT]))
     event = s.next()
     assert isinstance(event, Upsert)
-    assert event.obj["spec"] == {"taints": [TAINT]}
+    assert event.obj["spec"] == {"taints": [{"key": TAINT["key"]}]}
     api.delete("Node", "default", "node-a")
     event = s.next()
     assert isinstance(event, Delete) and event.name == "node-a"
@@ -131,7 +131,7 @@ def test_forbidden_node_is_one_line_an_empty_replace_and_retries(api, source, lo
     assert ("nodes", "error") in reasons
 
 
-def test_trim_node_keeps_zone_deletion_and_the_autoscaler_taint_only() -> None:
+def test_trim_node_keeps_zone_deletion_taint_keys_and_network_condition_only() -> None:
     obj = objects.node(
         "node-a",
         "zone-a",
@@ -139,7 +139,19 @@ def test_trim_node_keeps_zone_deletion_and_the_autoscaler_taint_only() -> None:
     )
     obj["metadata"]["deletionTimestamp"] = "2026-11-23T00:00:00Z"
     obj["metadata"]["resourceVersion"] = "7"
-    assert trim_node(obj) == {
+    obj["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-11-23T00:00:01Z"},
+            {
+                "type": "NetworkUnavailable",
+                "status": "False",
+                "lastHeartbeatTime": "2026-11-23T00:00:01Z",
+                "reason": "RouteCreated",
+            },
+        ]
+    }
+    trimmed = trim_node(obj)
+    assert trimmed == {
         "kind": "Node",
         "apiVersion": "v1",
         "metadata": {
@@ -147,5 +159,9 @@ def test_trim_node_keeps_zone_deletion_and_the_autoscaler_taint_only() -> None:
             "deletionTimestamp": "2026-11-23T00:00:00Z",
             "labels": {"topology.kubernetes.io/zone": "zone-a"},
         },
-        "spec": {"taints": [TAINT]},
+        "spec": {"taints": [{"key": TAINT["key"]}, {"key": "node.kubernetes.io/unschedulable"}]},
+        "status": {"conditions": [{"type": "NetworkUnavailable", "status": "False"}]},
     }
+    # a heartbeat changes nothing that is kept: the update compares equal
+    obj["status"]["conditions"][1]["lastHeartbeatTime"] = "2026-11-23T00:00:41Z"
+    assert trim_node(obj) == trimmed

@@ -14,8 +14,13 @@ from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.source.events import Delete, ObjectKind, Replace, Upsert
+from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS, leaving_reasons
 
 NODE_KIND = ObjectKind.NODE
+
+
+def leaving(h: Harness) -> tuple[str, ...]:
+    return leaving_reasons(h.engine.intake.store.node, DEFAULT_DRAINING_TAINTS)
 
 
 def node(
@@ -86,27 +91,29 @@ def test_other_nodes_are_ignored_and_deletion_clears_the_zone() -> None:
     h.engine.handle(Replace(NODE_KIND, [node("zone-b", name="node-b"), node("zone-a")], 0.0))
     h.start(*two_services())
     assert h.engine.config.node.zone == "zone-a"
-    assert h.engine.intake.store.node is not None and h.engine.intake.store.node.eligible
+    assert h.engine.intake.store.node is not None and leaving(h) == ()
     h.engine.handle(Delete(NODE_KIND, "default", "node-b", 1.0))
     assert h.engine.intake.store.node.present
     h.engine.handle(Delete(NODE_KIND, "default", "node-a", 1.0))
     assert h.engine.config.node.zone is None
-    assert not h.engine.intake.store.node.present and not h.engine.intake.store.node.eligible
+    assert not h.engine.intake.store.node.present and leaving(h) == ("deleted",)
     h.engine.sync()  # without a zone: every endpoint
     assert h.fake.weight(vs(), rs("10.244.2.1")) == 1
     assert h.fake.weight(vs(), rs("10.244.1.1")) == 1
 
 
-def test_eligibility_follows_deletion_and_the_autoscaler_taint() -> None:
+def test_leaving_follows_deletion_and_the_draining_taints() -> None:
     h = Harness()
     h.upsert(node(), sync=False)
-    assert h.engine.intake.store.node.eligible
+    assert leaving(h) == ()
     h.upsert(node(taint="ToBeDeletedByClusterAutoscaler"), sync=False)
-    assert not h.engine.intake.store.node.eligible and h.engine.intake.store.node.to_be_deleted
+    assert leaving(h) == ("taint:ToBeDeletedByClusterAutoscaler",)
+    h.upsert(node(taint="karpenter.sh/disrupted"), sync=False)
+    assert leaving(h) == ("taint:karpenter.sh/disrupted",)
     h.upsert(node(taint="node.kubernetes.io/unschedulable"), sync=False)
-    assert h.engine.intake.store.node.eligible
+    assert leaving(h) == ()
     h.upsert(node(deleting=True), sync=False)
-    assert not h.engine.intake.store.node.eligible and h.engine.intake.store.node.deleting
+    assert leaving(h) == ("deleting",)
 
 
 def test_relist_without_our_node_means_it_was_deleted() -> None:
@@ -145,7 +152,7 @@ def test_a_bad_node_is_reported_and_ignored() -> None:
     h.engine.handle(Upsert(NODE_KIND, bad, 0.0))
     assert h.metrics.value("ipvsctl_invalid_objects_total", {"kind": "Node"}) == 2
     assert h.engine.intake.store.node is not None and h.engine.intake.store.node.zone is None
-    assert h.engine.intake.store.node.eligible
+    assert leaving(h) == ()
 
 
 def test_pending_since_and_last_updated_follow_syncs() -> None:

@@ -218,3 +218,39 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
     )
     source = ipvsctl.daemon.wiring.open_source(options, Metrics())
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)
+
+
+def test_draining_taints_and_lb_grace(monkeypatch, tmp_path):
+    r, opts, _ = invoke(monkeypatch, tmp_path)
+    assert r.exit_code == 0, r.output
+    assert opts.draining_taints == ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted")
+    assert opts.lb_grace == 30.0
+    r, opts, _ = invoke(
+        monkeypatch,
+        tmp_path,
+        "--draining-taints",
+        " example.com/retire,karpenter.sh/disrupted,example.com/retire",
+        "--lb-grace",
+        "1m30s",
+    )
+    assert r.exit_code == 0, r.output
+    assert opts.draining_taints == ("example.com/retire", "karpenter.sh/disrupted")
+    assert opts.lb_grace == 90.0
+    r, opts, _ = invoke(monkeypatch, tmp_path, "--draining-taints", "")
+    assert r.exit_code == 0 and opts.draining_taints == ()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--draining-taints", "bad key"),
+        ("--draining-taints", "ok,/nope"),
+        ("--lb-grace", "soon"),
+        ("--lb-grace", "-5"),
+    ],
+)
+def test_bad_node_drain_flags_are_exit_2_with_one_line(monkeypatch, tmp_path, flag, value):
+    r, opts, _ = invoke(monkeypatch, tmp_path, flag, value)
+    assert r.exit_code == 2 and opts is None
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], r.output
