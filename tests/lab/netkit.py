@@ -9,8 +9,9 @@ of labkit's node and pods:
   address they saw* ("<pod> <ip>"), so tests can check what masquerading did to the source
   address; `ask(client, address, port, proto)` -> (pod, peer).
 - `run_daemon(...)`: the real daemon in-process (engine, manifests source, netfilter sync,
-  health server) against a lab node: IPVS through NetlinkKernel(netns), nft through
-  `ip netns exec`, health-check sockets opened inside the node's namespace.
+  health servers; its HTTP servers on the test process's loopback) against a lab node:
+  IPVS through NetlinkKernel(netns), nft through `ip netns exec`, health-check sockets
+  opened inside the node's namespace.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def run_daemon(
     node_ips: tuple[str, ...] = (NODE_LAN, NODE_LAN6),
     cluster_cidrs: tuple[str, ...] = ("10.244.0.0/16",),
     masquerade_all: bool = False,
+    healthz_bind_address: str = "",
+    lb_grace: float = 30.0,
 ) -> Iterator[Any]:
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions
@@ -171,6 +174,8 @@ def run_daemon(
         drain_check_interval=0.2,
         cluster_cidrs=cluster_cidrs,
         masquerade_all=masquerade_all,
+        healthz_bind_address=healthz_bind_address,
+        lb_grace=lb_grace,
     )
     d = Daemon(
         opts,
