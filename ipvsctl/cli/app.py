@@ -21,6 +21,7 @@ from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.model import NodeContext, normalize_ip
+from ipvsctl.source.kubeproxy_config import Settings
 
 
 class _Commands(typer.core.TyperGroup):
@@ -200,6 +201,7 @@ def _node(
     host_addresses: bool = True,
     node_port_range: str = "30000-32767",
     max_virtual_servers: int = 1024,
+    node_port_cidrs: tuple[str, ...] = (),
 ) -> NodeContext:
     """The node's flags checked (exit 2); without --node-ip, the host's addresses, unless
     `host_addresses` is False (`plan` may find them in the input)."""
@@ -232,7 +234,9 @@ def _node(
             except ValueError:
                 raise _fail(f"--node-ip {ip}: not an IP address", 2) from None
     elif host_addresses:
-        ips = _host_addresses(interface)
+        from ipvsctl.model.cidrs import in_cidrs
+
+        ips = in_cidrs(_host_addresses(interface), node_port_cidrs)
     return NodeContext(
         node_name or socket.gethostname(),
         tuple(dict.fromkeys(ips)),
@@ -324,6 +328,14 @@ def plan(
 @app.command()
 def run(
     ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            metavar="FILE",
+            help="kube-proxy's KubeProxyConfiguration file (v1alpha1); flags given here win.",
+        ),
+    ] = None,
     kubeconfig: Annotated[
         str | None,
         typer.Option(
@@ -432,7 +444,10 @@ def run(
         ),
     ] = None,
     masquerade_all: Annotated[
-        bool, typer.Option("--masquerade-all", help="Masquerade all traffic to ClusterIPs.")
+        bool,
+        typer.Option(
+            "--masquerade-all/--no-masquerade-all", help="Masquerade all traffic to ClusterIPs."
+        ),
     ] = False,
     nftables: Annotated[
         bool,
@@ -491,6 +506,28 @@ def run(
     from ipvsctl.daemon.wiring import run as run_daemon
     from ipvsctl.obs import logging as obs_logging
 
+    file = _kube_proxy_config(config) if config is not None else None
+    if file is not None:
+        # The file's values where the command line (or the flag's env var) gave none.
+        # (typer's own copy of click's ParameterSource: compared by name)
+        explicit = {
+            name
+            for name in ctx.params
+            if getattr(ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")
+        }
+        f = {k: v for k, v in file.flags.items() if k not in explicit}
+        kubeconfig = f.get("kubeconfig", kubeconfig)
+        node_name = f.get("node_name", node_name)
+        scheduler = f.get("scheduler", scheduler)
+        ipvs_tcp_timeout = f.get("ipvs_tcp_timeout", ipvs_tcp_timeout)
+        ipvs_tcpfin_timeout = f.get("ipvs_tcpfin_timeout", ipvs_tcpfin_timeout)
+        ipvs_udp_timeout = f.get("ipvs_udp_timeout", ipvs_udp_timeout)
+        log_format = f.get("log_format", log_format)
+        log_level = f.get("log_level", log_level)
+        cluster_cidr = f.get("cluster_cidr", cluster_cidr)
+        masquerade_all = f.get("masquerade_all", masquerade_all)
+        healthz_bind_address = f.get("healthz_bind_address", healthz_bind_address)
+        assert not f.keys() - _FILE_FLAGS, f"unmapped: {f.keys() - _FILE_FLAGS}"
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
     try:
@@ -547,6 +584,7 @@ def run(
             ("--ipvs-udp-timeout", ipvs_udp_timeout),
         )
     )
+    node_port_cidrs = file.node_port_cidrs if file is not None and not node_ip else ()
     node = _node(
         node_name,
         node_ip,
@@ -555,7 +593,10 @@ def run(
         service_proxy_name,
         node_port_range=service_node_port_range,
         max_virtual_servers=max_virtual_servers_per_service,
+        node_port_cidrs=node_port_cidrs,
     )
+    if file is not None:
+        _log_config(str(config), file)
     options = DaemonOptions(
         node=node,
         kubeconfig=kubeconfig,
@@ -580,6 +621,9 @@ def run(
         service_metrics_max_series=service_metrics_max_series,
         draining_taints=taints,
         lb_grace=lb_grace_seconds,
+        exclude_cidrs=file.exclude_cidrs if file is not None else (),
+        node_port_cidrs=node_port_cidrs,
+        strict_arp=file.strict_arp if file is not None else False,
     )
     try:
         code = run_daemon(options)
@@ -600,6 +644,71 @@ def _taint_keys(value: str) -> tuple[str, ...]:
         if not _TAINT_KEY.match(key):
             raise _fail(f"--draining-taints {key!r}: not a taint key", 2)
     return tuple(dict.fromkeys(keys))
+
+
+# The `run` parameters a KubeProxyConfiguration can set (source/kubeproxy_config.py).
+_FILE_FLAGS = frozenset(
+    {
+        "kubeconfig",
+        "node_name",
+        "scheduler",
+        "ipvs_tcp_timeout",
+        "ipvs_tcpfin_timeout",
+        "ipvs_udp_timeout",
+        "log_format",
+        "log_level",
+        "cluster_cidr",
+        "masquerade_all",
+        "healthz_bind_address",
+    }
+)
+CONFIG_MAX_BYTES = 1 << 20  # kubeadm's file is ~2 KB
+
+
+def _kube_proxy_config(path: Path) -> Settings:
+    """--config: the file read, parsed (the bounded YAML loader) and translated; exit 2
+    with one line naming the file and the field otherwise."""
+    import yaml
+
+    from ipvsctl.manifests.safeyaml import load_all_yaml
+    from ipvsctl.source.kubeproxy_config import KubeProxyConfigError, translate
+
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(CONFIG_MAX_BYTES + 1)
+    except OSError as exc:
+        raise _fail(f"--config {path}: {exc.strerror or exc}", 2) from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise _fail(f"--config {path}: larger than {CONFIG_MAX_BYTES} bytes", 2)
+    try:
+        docs = [d for d in load_all_yaml(data.decode("utf-8")) if d is not None]
+    except UnicodeDecodeError:
+        raise _fail(f"--config {path}: not UTF-8 text", 2) from None
+    except yaml.YAMLError as exc:
+        raise _fail(f"--config {path}: invalid YAML: {' '.join(str(exc).split())}", 2) from None
+    if len(docs) != 1:
+        raise _fail(f"--config {path}: want one KubeProxyConfiguration, found {len(docs)}", 2)
+    try:
+        settings = translate(docs[0])
+    except KubeProxyConfigError as exc:
+        raise _fail(f"--config {path}: {exc}", 2) from None
+    kubeconfig = settings.flags.get("kubeconfig")
+    if kubeconfig and not Path(kubeconfig).is_absolute():  # as kubelet: beside the file
+        settings.flags["kubeconfig"] = str(path.parent / kubeconfig)
+    return settings
+
+
+def _log_config(path: str, file: Settings) -> None:
+    """One line per field the file sets that ipvsctl takes no action on."""
+    import logging
+
+    from ipvsctl.obs.logging import fields
+
+    log = logging.getLogger("ipvsctl.config")
+    for name, instead in file.notes:
+        log.info(
+            "kube-proxy setting not used", extra=fields(config=path, field=name, ipvsctl=instead)
+        )
 
 
 def _healthz_address(value: str) -> str:

@@ -25,6 +25,7 @@ from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import HTTPServer, Limits
 from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError, ServiceStatsReader
 from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.model.cidrs import in_cidrs
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
@@ -97,6 +98,11 @@ class DaemonOptions:
     # --draining-taints: taint keys that mean this node is leaving (docs/node-drain.md)
     draining_taints: tuple[str, ...] = DEFAULT_DRAINING_TAINTS
     lb_grace: float = 30.0  # --lb-grace: draining this long before it can be quiesced
+    # --config's ipvs.excludeCIDRs: virtual servers there are never ipvsctl's
+    exclude_cidrs: tuple[str, ...] = ()
+    # --config's nodePortAddresses: the followed node addresses are those in these CIDRs
+    node_port_cidrs: tuple[str, ...] = ()
+    strict_arp: bool = False  # --config's ipvs.strictARP: arp_ignore=1, arp_announce=2
 
 
 @dataclass
@@ -404,6 +410,7 @@ def open_kernel(
             tcpfin_timeout=o.tcpfin_timeout,
             udp_timeout=o.udp_timeout,
             kernel=kernel,
+            strict_arp=o.strict_arp,
         )
         bound = set(kernel.bound_addresses())
     except KernelError as exc:
@@ -416,9 +423,10 @@ def open_kernel(
     fixed = frozenset(o.node.node_ips)
     current = node_ips or (lambda: fixed)
     node_ports = o.node_port_range
+    excluded = o.exclude_cidrs
 
     def owned(key: ServiceKey) -> bool:
-        return is_owned(key, bound, current(), node_ports)
+        return is_owned(key, bound, current(), node_ports, excluded)
 
     def take_over(key: ServiceKey) -> bool:
         return may_take_over(key, owned(key), proxy_addresses)
@@ -433,7 +441,10 @@ def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
     from ipvsctl.kernel.netlink.addresses import node_addresses
 
     # As at start-up (cli._node): the VIP interface's addresses are ClusterIPs.
-    return functools.partial(node_addresses, exclude_interfaces=(o.interface,))
+    read = functools.partial(node_addresses, exclude_interfaces=(o.interface,))
+    if not o.node_port_cidrs:
+        return read
+    return lambda: in_cidrs(read(), o.node_port_cidrs)
 
 
 def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
+from kubernetes.config import kube_config
 from kubernetes.config.incluster_config import (
     SERVICE_CERT_FILENAME,
     SERVICE_TOKEN_FILENAME,
@@ -85,6 +86,49 @@ def _pin_host(cfg: k8s_client.Configuration, host: str) -> None:
     cfg.refresh_api_key_hook = refresh
 
 
+TOKEN_REREAD_SECONDS = 60.0  # as client-go's cached token source for a tokenFile
+
+
+def _token_file(loader: Any) -> str | None:
+    """The `tokenFile` the kubeconfig's user authenticates with, if that is how (kubeadm's
+    kube-proxy kubeconfig: the pod's projected service-account token)."""
+    user = getattr(loader, "_user", None)
+    if not user or "token" in user or "tokenFile" not in user:
+        return None
+    if "auth-provider" in user or "exec" in user:
+        return None
+    file = str(user["tokenFile"])
+    if not os.path.isabs(file):
+        file = os.path.join(loader._get_base_path(user.path), file)
+    return file
+
+
+def _reread_token(
+    cfg: k8s_client.Configuration,
+    token_file: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Re-read a kubeconfig's `tokenFile` at most once a minute, as client-go does: the
+    kubelet rotates projected service-account tokens, and the Python client reads the file
+    once. A failed read keeps the token it has (the API server's answer says if it expired)."""
+    read_at = clock()
+
+    def refresh(c: Any) -> None:
+        nonlocal read_at
+        if clock() - read_at < TOKEN_REREAD_SECONDS:
+            return
+        read_at = clock()
+        try:
+            with open(token_file) as fh:
+                token = fh.read().strip()
+        except OSError:
+            return
+        if token:
+            c.api_key["BearerToken"] = f"Bearer {token}"
+
+    cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed None in the client
+
+
 def load_configuration(
     kubeconfig: str | None,
     apiserver: str | None,
@@ -119,14 +163,18 @@ def load_configuration(
         else:
             raise SourceConfigError(problems[0] if problems else "empty kubeconfig path")
         try:
-            k8s_config.load_kube_config(
-                config_file=path,
-                context=context,
-                client_configuration=cfg,
+            # load_kube_config's own steps, keeping the loader to see its user's tokenFile
+            loader = kube_config._get_kube_config_loader(
+                filename=path,
+                active_context=context,
                 persist_config=False,  # never write to the user's kubeconfig
             )
+            loader.load_and_set(cfg)
         except Exception as exc:
             raise SourceConfigError(f"invalid kubeconfig {path}: {_one_line(exc)}") from None
+        user_token_file = _token_file(loader)
+        if user_token_file:
+            _reread_token(cfg, user_token_file)
         source = "kubeconfig"
     elif env.get(IN_CLUSTER_HOST_ENV):
         try:

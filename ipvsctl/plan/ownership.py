@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 
 from ipvsctl.model import ServiceKey
+from ipvsctl.model.cidrs import in_any
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 
 
@@ -15,9 +16,13 @@ def is_owned(
     bound: Container[str],
     node_ips: Container[str],
     node_ports: range = DEFAULT_NODE_PORT_RANGE,
+    excluded: tuple[str, ...] = (),
 ) -> bool:
     """On an address of ipvsctl's dummy interface (`bound`), or a NodePort (a port in
-    --service-node-port-range) on one of the node's IPs."""
+    --service-node-port-range) on one of the node's IPs; never on an address in `excluded`
+    (kube-proxy's `ipvs.excludeCIDRs`: another tool's, even on kube-ipvs0)."""
+    if excluded and in_any(key.address, excluded):
+        return False
     return key.address in bound or (key.port in node_ports and key.address in node_ips)
 
 

@@ -345,3 +345,44 @@ def test_readme_points_to_both_guides():
     readme = (REPO / "README.md").read_text()
     for guide in GUIDES:
         assert f"(docs/{guide.name})" in readme, guide.name
+
+
+def config_file_rows() -> dict[str, tuple[str, str]]:
+    """The kube-proxy guide's `| field | kind | ipvsctl |` table: {field: (kind, ipvsctl)}."""
+    text = KUBE_PROXY_GUIDE.read_text()
+    rows: dict[str, tuple[str, str]] = {}
+    in_table = False
+    for line in text.splitlines():
+        if line.strip() == "| field | kind | ipvsctl |":
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and not line.startswith("|---"):
+            field, kind, ipvsctl = cells(line)
+            name = field.strip("`")
+            assert name not in rows, f"{name} twice"
+            rows[name] = (kind, ipvsctl)
+    return rows
+
+
+def test_config_file_table_is_the_codes_table_both_ways():
+    """docs/migrating-from-kube-proxy.md's configuration-file table lists exactly the code's
+    fields (ipvsctl/source/kubeproxy_config.py FIELDS), each with the code's kind, the flag
+    a "sets" field sets, and a refused field's accepted values."""
+    from ipvsctl.source.kubeproxy_config import FIELDS, Kind
+
+    rows = config_file_rows()
+    code = {f.path: f for f in FIELDS}
+    assert rows, "no configuration-file table in the kube-proxy guide"
+    assert sorted(rows.keys() - code.keys()) == [], "in the docs, not in the code"
+    assert sorted(code.keys() - rows.keys()) == [], "in the code, not in the docs"
+    for path, (kind, ipvsctl) in rows.items():
+        f = code[path]
+        assert kind.split()[0] == f.kind.value, f"{path}: docs say {kind}, code {f.kind.value}"
+        if f.kind is Kind.SETS and f.ipvsctl.startswith("--"):
+            flag = f.ipvsctl.split()[0]
+            assert f"`{flag}" in ipvsctl, f"{path}: the docs do not name {flag}"
+        if f.kind is Kind.REFUSED:
+            allowed = {str(a).lower() if isinstance(a, bool) else str(a) for a in f.allowed}
+            said = set(re.findall(r"`([^`]*)`", kind)) | ({""} if "empty" in kind else set())
+            assert said == allowed, f"{path}: docs accept {said}, code {allowed}"

@@ -151,3 +151,65 @@ def test_invalid_kubeconfig(tmp_path: Path, text: str) -> None:
 @pytest.mark.parametrize("url", ["10.0.0.1:6443", "ftp://x", "http://"])
 def test_invalid_apiserver_url(url: str) -> None:
     assert error_of(apiserver=url, environ={}).startswith("invalid API server URL")
+
+
+def kubeadm_kubeconfig(tmp_path: Path, server: str, token_file: Path) -> Path:
+    """kube-system/kube-proxy's kubeconfig.conf as kubeadm writes it (the pod's service
+    account's CA and projected token), pointed at `server`."""
+    path = tmp_path / "kubeconfig.conf"
+    (tmp_path / "ca.crt").write_text("a CA, not read over http")
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority: {tmp_path / "ca.crt"}
+    server: {server}
+  name: default
+contexts:
+- context:
+    cluster: default
+    namespace: default
+    user: default
+  name: default
+current-context: default
+users:
+- name: default
+  user:
+    tokenFile: {token_file}
+"""
+    )
+    return path
+
+
+def test_kubeadm_kube_proxy_kubeconfig_token_file(api: FakeAPIServer, tmp_path: Path) -> None:
+    """kubeadm's kube-proxy kubeconfig authenticates with `tokenFile`: ipvsctl reads it, and
+    re-reads it as the kubelet rotates the projected token."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    cfg = load_configuration(str(kubeadm_kubeconfig(tmp_path, api.url, token_file)), None)
+    assert cfg.get_api_key_with_prefix("BearerToken") == f"Bearer {TOKEN}"
+    source = KubeSource(new_api_client(cfg), settings=KubeSettings(backoff_initial=0.01))
+    assert first_replace(source).objects
+
+
+def test_token_file_is_reread_once_a_minute(tmp_path: Path) -> None:
+    from ipvsctl.kube import config as kube_config
+
+    now = [1000.0]
+    token_file = tmp_path / "token"
+    token_file.write_text("first")
+    cfg = load_configuration(
+        str(kubeadm_kubeconfig(tmp_path, "https://192.0.2.1:6443", token_file)), None
+    )
+    kube_config._reread_token(cfg, str(token_file), clock=lambda: now[0])
+    token_file.write_text("second")
+    cfg.refresh_api_key_hook(cfg)
+    assert cfg.api_key["BearerToken"] == "Bearer first"  # not yet a minute
+    now[0] += kube_config.TOKEN_REREAD_SECONDS
+    cfg.refresh_api_key_hook(cfg)
+    assert cfg.api_key["BearerToken"] == "Bearer second"
+    token_file.unlink()  # a failed read keeps the token it has
+    now[0] += kube_config.TOKEN_REREAD_SECONDS
+    cfg.refresh_api_key_hook(cfg)
+    assert cfg.api_key["BearerToken"] == "Bearer second"

@@ -231,10 +231,14 @@ def configure_host(
     *,
     kernel: NetlinkKernel | None = None,
     netns: str | None = None,
+    strict_arp: bool = False,
 ) -> dict[str, str]:
-    """Start-up host set-up: the IPVS sysctls (sysctl.wanted_sysctls) and the IPVS timeouts
-    (0 leaves one as it is). Returns what changed, for the start-up log line."""
-    changed = sysctl.apply_sysctls(netns=kernel.netns if kernel else netns)
+    """Start-up host set-up: the IPVS sysctls (sysctl.wanted_sysctls, with strict ARP as
+    kube-proxy's `ipvs.strictARP`) and the IPVS timeouts (0 leaves one as it is). Returns
+    what changed, for the start-up log line."""
+    changed = sysctl.apply_sysctls(
+        sysctl.wanted_sysctls(strict_arp=strict_arp), netns=kernel.netns if kernel else netns
+    )
     if tcp_timeout or tcpfin_timeout or udp_timeout:
         own = kernel is None
         k = kernel or NetlinkKernel(netns=netns, create_interface=False)

@@ -37,6 +37,9 @@ BASE_SYSCTLS: dict[str, str] = {
 # reused a port of an old one by ~1 s; kube-proxy sets 0 there only (fixed upstream in 5.9).
 CONN_REUSE_SYSCTL = "net.ipv4.vs.conn_reuse_mode"
 CONN_REUSE_FIXED_IN = (5, 9)
+# kube-proxy's --ipvs-strict-arp: no ARP answers for the ClusterIPs on kube-ipvs0 (MetalLB's
+# L2 mode needs it)
+STRICT_ARP_SYSCTLS = {"net.ipv4.conf.all.arp_ignore": "1", "net.ipv4.conf.all.arp_announce": "2"}
 
 
 def parse_kernel_version(release: str) -> tuple[int, int]:
@@ -47,9 +50,11 @@ def parse_kernel_version(release: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def wanted_sysctls(release: str | None = None) -> dict[str, str]:
+def wanted_sysctls(release: str | None = None, *, strict_arp: bool = False) -> dict[str, str]:
     """The sysctls to set on a kernel of this release (default: the running one)."""
     wanted = dict(BASE_SYSCTLS)
+    if strict_arp:
+        wanted.update(STRICT_ARP_SYSCTLS)
     if parse_kernel_version(release or os.uname().release) < CONN_REUSE_FIXED_IN:
         wanted[CONN_REUSE_SYSCTL] = "0"
     return wanted
