@@ -15,6 +15,9 @@
 #                        nf_conntrack dummy); the others only warn when they cannot load
 #   IPVSCTL_STRICT_ARP   1 also sets arp_ignore=1 and arp_announce=2, as kube-proxy's
 #                        --ipvs-strict-arp (needed by some layer-2 load balancers)
+#   IPVSCTL_KUBE_PROXY_CONFIG  kube-proxy's config.conf (the takeover overlay): strict ARP
+#                        too when its ipvs.strictARP is true (the daemon, which parses the
+#                        file, checks the sysctls again at start-up)
 set -euo pipefail
 
 PROC_SYS="${IPVSCTL_PROC_SYS:-/proc/sys}"
@@ -80,6 +83,15 @@ kernel_older_than_5_9() {
 	((major < 5 || (major == 5 && minor < 9)))
 }
 
+# IPVSCTL_STRICT_ARP=1, or `strictARP: true` in the ipvs section of kube-proxy's file (an
+# indented key: kubeadm, kubespray and `kube-proxy --write-config-to` write it so).
+strict_arp_wanted() {
+	[[ "${IPVSCTL_STRICT_ARP:-0}" == 1 ]] && return 0
+	local file="${IPVSCTL_KUBE_PROXY_CONFIG:-}"
+	[[ -n "$file" && -r "$file" ]] || return 1
+	grep -Eq '^[[:space:]]+strictARP:[[:space:]]*(true|True|TRUE)[[:space:]]*$' "$file"
+}
+
 main() {
 	load_modules
 	set_sysctl net.ipv4.ip_forward 1
@@ -91,7 +103,7 @@ main() {
 	if kernel_older_than_5_9; then
 		set_sysctl net.ipv4.vs.conn_reuse_mode 0
 	fi
-	if [[ "${IPVSCTL_STRICT_ARP:-0}" == 1 ]]; then
+	if strict_arp_wanted; then
 		set_sysctl net.ipv4.conf.all.arp_ignore 1
 		set_sysctl net.ipv4.conf.all.arp_announce 2
 	fi

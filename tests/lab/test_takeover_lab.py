@@ -1,0 +1,125 @@
+"""kube-proxy's IPVS node taken over in place by `ipvsctl run --config`, on a real kernel.
+
+The node's table is built as kube-proxy's IPVS mode leaves it (kube-ipvs0 with the
+ClusterIPs, NAT real servers at weight 1, a virtual server of a Service deleted while
+kube-proxy was gone, and one of another tool on an address in `ipvs.excludeCIDRs`), a
+client holds a connection through it, then the real `ipvsctl run` starts in the node's
+netns with kubeadm-shaped `config.conf` and `kubeconfig.conf` (kube-system/kube-proxy's
+two keys) whose server is the fake API server, listening in the same netns. The only flag
+besides `--config` is `--state-dir` (the guest's /var/lib is not ours to write).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devkit.builders import endpoint, endpoint_slice, service
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.labkit import Node, Pod, http_get, wait_for
+from ipvsctl.kernel.netns import run_in_netns
+
+pytestmark = pytest.mark.lab
+
+BIN = Path(sys.executable).parent
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "kube-proxy"
+TOKEN = "a-projected-service-account-token"
+VIP, STALE, OTHER = "10.96.0.10", "10.96.0.20", "10.96.99.5"
+
+
+def kubeadm_files(folder: Path, server: str) -> Path:
+    """kubeadm v1.33's ConfigMap keys, as the kubelet mounts them, pointed at `server` and at
+    a token file here; the KubeProxyConfiguration as kubeadm wrote it but for excludeCIDRs
+    (another tool's addresses on kube-ipvs0)."""
+    cm = yaml.safe_load((CORPUS / "kubeadm-v1.33.configmap.yaml").read_text())
+    sa = folder / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(TOKEN)
+    (sa / "ca.crt").write_text("not read over http")
+    kubeconfig = cm["data"]["kubeconfig.conf"].replace(
+        "/var/run/secrets/kubernetes.io/serviceaccount", str(sa)
+    )
+    kubeconfig = kubeconfig.replace("https://10.0.0.10:6443", server)
+    (folder / "kubeconfig.conf").write_text(kubeconfig)
+    config = cm["data"]["config.conf"].replace("/var/lib/kube-proxy", str(folder))
+    config = config.replace("  excludeCIDRs: null", "  excludeCIDRs:\n  - 10.96.99.0/24")
+    assert "10.96.99.0/24" in config and server in kubeconfig
+    (folder / "config.conf").write_text(config)
+    return folder / "config.conf"
+
+
+def kube_proxy_table(node: Node, pods: list[Pod]) -> None:
+    """The table kube-proxy's IPVS mode leaves when it stops (it never flushes on exit)."""
+    for ip in (VIP, STALE, OTHER):
+        node.run("ip", "addr", "add", f"{ip}/32", "dev", "kube-ipvs0")
+    for vip, backends in ((VIP, pods), (STALE, pods[:1]), (OTHER, pods[1:])):
+        node.run("ipvsadm", "-A", "-t", f"{vip}:80", "-s", "rr")
+        for p in backends:
+            node.run("ipvsadm", "-a", "-t", f"{vip}:80", "-r", f"{p.ip}:8080", "-m", "-w", "1")
+
+
+def weights(node: Node) -> dict[str, dict[str, int]]:
+    return {
+        vs: {name: r.weight for name, r in s.real_servers.items()}
+        for vs, s in node.ipvsadm().items()
+    }
+
+
+def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
+    node: Node, client: Pod, tmp_path: Path
+) -> None:
+    pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
+    kube_proxy_table(node, pods)
+    held = client.connect(VIP, 80)  # through kube-proxy's table, before ipvsctl runs
+    api = run_in_netns(node.name, lambda: FakeAPIServer(token=TOKEN).start())
+    api.add(service("web"))
+    api.add(endpoint_slice("web", [endpoint(p.ip, pod=p.name) for p in pods]))
+    config = kubeadm_files(tmp_path, api.url)
+    log = tmp_path / "ipvsctl.log"
+    command = ["ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "run"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*command, "--config", str(config), "--state-dir", str(tmp_path / "state")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"ipvsctl run exited {proc.returncode}:\n{log.read_text()}")
+            try:  # the listen address is the default: the file has no field for it
+                return http_get("http://127.0.0.1:9796/readyz", node.name, timeout=10)[0] == 200
+            except OSError:
+                return False
+
+        try:  # a Python start in the emulated guest alone can take minutes under load
+            wait_for(ready, timeout=900, interval=1.0, what="/readyz 200")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nipvsctl run's log:\n{log.read_text()}") from None
+        # The Service's virtual server adopted as it was; the held connection lives on.
+        assert weights(node)[f"{VIP}:80/TCP"] == {f"{p.ip}:8080": 1 for p in pods}
+        assert held.echo("still served after the takeover")
+        assert {client.request(VIP, 80, reset=True) for _ in range(4)} == {p.name for p in pods}
+        # kube-proxy's leftover of a deleted Service goes (drained: no connection holds it)...
+        wait_for(lambda: f"{STALE}:80/TCP" not in weights(node), timeout=300, what="stale VS gone")
+        # ...while the virtual server in ipvs.excludeCIDRs is never touched.
+        assert weights(node)[f"{OTHER}:80/TCP"] == {f"{pods[1].ip}:8080": 1}
+        # Ready means listed: the fake answers 401 to any request without the tokenFile's
+        # token, so the kubeconfig's tokenFile authenticated them.
+        assert api.count("list") >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0, log.read_text()
+        assert f"{VIP}:80/TCP" in weights(node)  # nothing flushed on exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        held.close()
+        api.stop()
