@@ -600,7 +600,10 @@ def test_a_deleted_services_connections_survive_and_a_recreated_one_serves_new_o
         for e in status["drain_queue"]
         if (e["vip"], e["vport"], e["address"]) == ("10.96.0.12", 80, WEB1)
     ]
-    assert drained and drained[0]["reason"] == "vs_removed"
+    # The slices' deletion comes first in the same poll and may be applied before the
+    # Service's (or both in one sync): a real server already draining because its endpoint
+    # left keeps that reason (and the earlier bound).
+    assert drained and drained[0]["reason"] in ("vs_removed", "removed"), drained
 
     for c in held.values():  # the old connections end: the old real server goes, not the VS
         c.abort()

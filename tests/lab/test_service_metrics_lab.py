@@ -140,7 +140,8 @@ def test_an_annotated_services_traffic_grows_in_a_scrape_and_feeds_the_dashboard
     # the dashboard's per-Service row queries what this scrape has
     panels = json.loads(DASHBOARD.read_text())["panels"]
     row = next(i for i, p in enumerate(panels) if p["title"].startswith("Per-Service traffic"))
-    queried = [t["expr"] for p in panels[row + 1 :] if p["type"] != "row" for t in p["targets"]]
+    end = next((i for i in range(row + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+    queried = [t["expr"] for p in panels[row + 1 : end] for t in p["targets"]]
     assert len(queried) >= 4
     have = {n: lab for n, lab, _ in samples(after) if n.startswith("ipvsctl_service_")}
     web_names = {n for n, lab, _ in samples(after) if lab.get("service") == "web"}
