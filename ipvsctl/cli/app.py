@@ -16,12 +16,17 @@ import typer
 import typer.core
 
 from ipvsctl.cli.cleanup import register as register_cleanup
+from ipvsctl.cli.config_file import (
+    FILE_FLAGS,
+    ConfigFileError,
+    log_config_notes,
+    read_config_file,
+)
 from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.model import NodeContext, normalize_ip
-from ipvsctl.source.kubeproxy_config import Settings
 
 
 class _Commands(typer.core.TyperGroup):
@@ -506,7 +511,10 @@ def run(
     from ipvsctl.daemon.wiring import run as run_daemon
     from ipvsctl.obs import logging as obs_logging
 
-    file = _kube_proxy_config(config) if config is not None else None
+    try:
+        file = read_config_file(config) if config is not None else None
+    except ConfigFileError as exc:
+        raise _fail(str(exc), 2) from None
     if file is not None:
         # The file's values where the command line (or the flag's env var) gave none.
         # (typer's own copy of click's ParameterSource: compared by name)
@@ -527,7 +535,7 @@ def run(
         cluster_cidr = f.get("cluster_cidr", cluster_cidr)
         masquerade_all = f.get("masquerade_all", masquerade_all)
         healthz_bind_address = f.get("healthz_bind_address", healthz_bind_address)
-        assert not f.keys() - _FILE_FLAGS, f"unmapped: {f.keys() - _FILE_FLAGS}"
+        assert not f.keys() - FILE_FLAGS, f"unmapped: {f.keys() - FILE_FLAGS}"
     if log_format not in ("text", "json"):
         raise _fail(f"--log-format {log_format}: must be text or json", 2)
     try:
@@ -596,7 +604,7 @@ def run(
         node_port_cidrs=node_port_cidrs,
     )
     if file is not None:
-        _log_config(str(config), file)
+        log_config_notes(str(config), file)
     options = DaemonOptions(
         node=node,
         kubeconfig=kubeconfig,
@@ -644,71 +652,6 @@ def _taint_keys(value: str) -> tuple[str, ...]:
         if not _TAINT_KEY.match(key):
             raise _fail(f"--draining-taints {key!r}: not a taint key", 2)
     return tuple(dict.fromkeys(keys))
-
-
-# The `run` parameters a KubeProxyConfiguration can set (source/kubeproxy_config.py).
-_FILE_FLAGS = frozenset(
-    {
-        "kubeconfig",
-        "node_name",
-        "scheduler",
-        "ipvs_tcp_timeout",
-        "ipvs_tcpfin_timeout",
-        "ipvs_udp_timeout",
-        "log_format",
-        "log_level",
-        "cluster_cidr",
-        "masquerade_all",
-        "healthz_bind_address",
-    }
-)
-CONFIG_MAX_BYTES = 1 << 20  # kubeadm's file is ~2 KB
-
-
-def _kube_proxy_config(path: Path) -> Settings:
-    """--config: the file read, parsed (the bounded YAML loader) and translated; exit 2
-    with one line naming the file and the field otherwise."""
-    import yaml
-
-    from ipvsctl.manifests.safeyaml import load_all_yaml
-    from ipvsctl.source.kubeproxy_config import KubeProxyConfigError, translate
-
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(CONFIG_MAX_BYTES + 1)
-    except OSError as exc:
-        raise _fail(f"--config {path}: {exc.strerror or exc}", 2) from None
-    if len(data) > CONFIG_MAX_BYTES:
-        raise _fail(f"--config {path}: larger than {CONFIG_MAX_BYTES} bytes", 2)
-    try:
-        docs = [d for d in load_all_yaml(data.decode("utf-8")) if d is not None]
-    except UnicodeDecodeError:
-        raise _fail(f"--config {path}: not UTF-8 text", 2) from None
-    except yaml.YAMLError as exc:
-        raise _fail(f"--config {path}: invalid YAML: {' '.join(str(exc).split())}", 2) from None
-    if len(docs) != 1:
-        raise _fail(f"--config {path}: want one KubeProxyConfiguration, found {len(docs)}", 2)
-    try:
-        settings = translate(docs[0])
-    except KubeProxyConfigError as exc:
-        raise _fail(f"--config {path}: {exc}", 2) from None
-    kubeconfig = settings.flags.get("kubeconfig")
-    if kubeconfig and not Path(kubeconfig).is_absolute():  # as kubelet: beside the file
-        settings.flags["kubeconfig"] = str(path.parent / kubeconfig)
-    return settings
-
-
-def _log_config(path: str, file: Settings) -> None:
-    """One line per field the file sets that ipvsctl takes no action on."""
-    import logging
-
-    from ipvsctl.obs.logging import fields
-
-    log = logging.getLogger("ipvsctl.config")
-    for name, instead in file.notes:
-        log.info(
-            "kube-proxy setting not used", extra=fields(config=path, field=name, ipvsctl=instead)
-        )
 
 
 def _healthz_address(value: str) -> str:

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
 import ipvsctl.obs.logging
-from ipvsctl.cli.app import CONFIG_MAX_BYTES, app
+from ipvsctl.cli.app import app
+from ipvsctl.cli.config_file import CONFIG_MAX_BYTES
 from ipvsctl.kernel.procfs.sysctl import STRICT_ARP_SYSCTLS, wanted_sysctls
 from ipvsctl.model import ServiceKey
 from ipvsctl.plan.ownership import is_owned
