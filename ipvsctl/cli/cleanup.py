@@ -10,6 +10,11 @@ What goes, in this order:
 3. the nftables table `inet ipvsctl`;
 4. the drain queue's state file in `--state-dir` (and the folder, if then empty).
 
+`--config FILE` (kube-proxy's KubeProxyConfiguration, as `run --config`): a virtual server
+on an address in `ipvs.excludeCIDRs` is never touched (the daemon's ownership rule), and when
+the interface carries such an address it stays, with only ipvsctl's addresses removed from
+it; `nodePortAddresses` narrows the node's addresses as on `run`.
+
 Refuses to run while a daemon answers on `--endpoint` (it would put everything back), unless
 `--force`. `--dry-run` prints what would go. Exit 0 when done (also when there was nothing
 to remove), 1 when a step failed (each failure one line), 2 for bad flags.
@@ -27,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Protocol
 import typer
 
 from ipvsctl.model import ServiceKey
+from ipvsctl.model.cidrs import in_any, in_cidrs
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE, parse_port_range
 from ipvsctl.persist.drain_state import FILE_NAME as STATE_FILE
 from ipvsctl.plan.ownership import owned_virtual_servers
@@ -51,6 +57,7 @@ class Host(Protocol):
     def delete_virtual_server(self, key: ServiceKey) -> None: ...
     def interface(self) -> tuple[str, list[str]] | None: ...  # (kind, addresses)
     def delete_interface(self) -> None: ...
+    def delete_address(self, address: str) -> None: ...  # one address off the interface
     def table_exists(self) -> bool: ...  # NotChecked: cannot tell
     def delete_table(self) -> None: ...
 
@@ -70,8 +77,10 @@ def cleanup_node(
     state_dir: Path | None,
     dry_run: bool = False,
     node_port_range: range = DEFAULT_NODE_PORT_RANGE,
+    excluded: tuple[str, ...] = (),
 ) -> Report:
-    """Remove what ipvsctl created; every step is tried even if an earlier one failed."""
+    """Remove what ipvsctl created; every step is tried even if an earlier one failed.
+    Nothing on an address in `excluded` (kube-proxy's ipvs.excludeCIDRs) is touched."""
     r = Report()
     verb = "would delete" if dry_run else "deleted"
 
@@ -99,7 +108,9 @@ def cleanup_node(
     bound = found[1] if found else []
 
     try:
-        keys = owned_virtual_servers(host.virtual_servers(), bound, node_ips, node_port_range)
+        keys = owned_virtual_servers(
+            host.virtual_servers(), bound, node_ips, node_port_range, excluded
+        )
     except CleanupError as exc:
         r.errors.append(str(exc))
         keys = []
@@ -113,7 +124,22 @@ def cleanup_node(
     if keys:
         r.summary.append(f"{deleted} virtual servers")
 
-    if found is not None and step(host.delete_interface):
+    kept = [a for a in bound if in_any(a, excluded)]
+    if found is not None and kept:
+        # another tool's address (ipvs.excludeCIDRs) on the interface: the interface stays
+        ours = [a for a in bound if a not in kept]
+        removed = 0
+        for address in ours:
+            if step(functools.partial(host.delete_address, address)):
+                removed += 1
+                r.lines.append(f"{verb} address {address} from interface {interface}")
+        r.lines.append(
+            f"left interface {interface}: it carries addresses in ipvs.excludeCIDRs "
+            f"({', '.join(kept)})"
+        )
+        if ours:
+            r.summary.append(f"{removed} addresses of interface {interface}")
+    elif found is not None and step(host.delete_interface):
         shown = ", ".join(bound) if bound else "none"
         r.lines.append(f"{verb} interface {interface} (addresses: {shown})")
         r.summary.append(f"interface {interface} with {len(bound)} addresses")
@@ -192,6 +218,10 @@ class SystemHost:
     def delete_interface(self) -> None:
         with _as_cleanup_error():
             self._host.delete_interface()
+
+    def delete_address(self, address: str) -> None:
+        with _as_cleanup_error():
+            self._host.delete_address(address)
 
     def _nft(self) -> Nft:
         from ipvsctl.netfilter.nft import Nft
@@ -274,6 +304,16 @@ def register(app: typer.Typer) -> None:
                 help="The cluster's NodePort range, as the daemon's flag.",
             ),
         ] = "30000-32767",
+        config: Annotated[
+            str | None,
+            typer.Option(
+                "--config",
+                metavar="FILE",
+                help="kube-proxy's KubeProxyConfiguration, as on run: nothing on an "
+                "address in its ipvs.excludeCIDRs is touched; its nodePortAddresses narrow "
+                "the node's addresses.",
+            ),
+        ] = None,
     ) -> None:
         """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
         import logging
@@ -298,6 +338,18 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"ipvsctl: --service-node-port-range {exc}", err=True)
             raise typer.Exit(2) from None
 
+        excluded: tuple[str, ...] = ()
+        node_port_cidrs: tuple[str, ...] = ()
+        if config is not None:
+            from ipvsctl.cli.config_file import ConfigFileError, read_config_file
+
+            try:
+                settings = read_config_file(Path(config))
+            except ConfigFileError as exc:
+                typer.echo(f"ipvsctl: {exc}", err=True)
+                raise typer.Exit(2) from None
+            excluded, node_port_cidrs = settings.exclude_cidrs, settings.node_port_cidrs
+
         ips: list[str] = []
         for ip in node_ip or ():
             try:
@@ -309,7 +361,7 @@ def register(app: typer.Typer) -> None:
             try:
                 from ipvsctl.kernel.netlink.addresses import node_addresses
 
-                ips = node_addresses(exclude_interfaces=(interface,))
+                ips = in_cidrs(node_addresses(exclude_interfaces=(interface,)), node_port_cidrs)
             except Exception as exc:
                 typer.echo(
                     f"ipvsctl: cannot read the node's addresses ({exc}); NodePort "
@@ -324,7 +376,7 @@ def register(app: typer.Typer) -> None:
             )
             raise typer.Exit(1)
         report = cleanup_node(
-            SystemHost(interface), interface, ips, Path(state_dir), dry_run, node_ports
+            SystemHost(interface), interface, ips, Path(state_dir), dry_run, node_ports, excluded
         )
         for line in report.lines:
             typer.echo(line)

@@ -39,7 +39,8 @@ def owned_virtual_servers(
     bound: Iterable[str],
     node_ips: Iterable[str],
     node_ports: range = DEFAULT_NODE_PORT_RANGE,
+    excluded: tuple[str, ...] = (),
 ) -> list[ServiceKey]:
     """The owned ones of `virtual_servers`, sorted."""
     bound_set, ips = set(bound), set(node_ips)
-    return sorted(k for k in virtual_servers if is_owned(k, bound_set, ips, node_ports))
+    return sorted(k for k in virtual_servers if is_owned(k, bound_set, ips, node_ports, excluded))

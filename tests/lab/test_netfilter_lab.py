@@ -629,30 +629,33 @@ def test_cleanup_leaves_no_ipvsctl_virtual_server_address_or_table(world: World)
     assert node.interface_addresses()
     foreign = VirtualServer(ServiceKey(Protocol.TCP, "10.1.2.3", 80))  # not ipvsctl's
     node.kernel.add_virtual_server(foreign, bind_address=False)
+    # another tool's VIP on kube-ipvs0, in kube-proxy's ipvs.excludeCIDRs: never touched
+    excluded = VirtualServer(ServiceKey(Protocol.TCP, "10.96.200.1", 443))
+    node.kernel.add_virtual_server(excluded, bind_address=True)
+    config = world.state.parent / "kube-proxy.conf"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "mode: ipvs\nipvs:\n  excludeCIDRs: [10.96.200.0/24]\n"
+    )
     ipvsctl = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ipvsctl")
+    common = ["--node-ip", NODE_LAN, "--node-ip", NODE_LAN6, "--state-dir", str(world.state)]
     t0 = time.monotonic()
     out = sh(
-        "ip",
-        "netns",
-        "exec",
-        node.name,
-        ipvsctl,
-        "cleanup",
-        "--node-ip",
-        NODE_LAN,
-        "--node-ip",
-        NODE_LAN6,
-        "--state-dir",
-        str(world.state),
+        "ip", "netns", "exec", node.name, ipvsctl, "cleanup", "--config", str(config), *common,
         timeout=600,
-    )
+    )  # fmt: skip
     timing("ipvsctl_cleanup_process_s", t0)
     assert "deleted nftables table inet ipvsctl" in out
-    assert "deleted interface kube-ipvs0" in out
-    assert list(node.ipvsadm()) == ["10.1.2.3:80/TCP"]
-    assert "kube-ipvs0" not in node.run("ip", "-o", "link", "show")
+    assert "left interface kube-ipvs0" in out, out
+    assert sorted(node.ipvsadm()) == ["10.1.2.3:80/TCP", "10.96.200.1:443/TCP"]
+    assert node.interface_addresses() == {"10.96.200.1"}
     assert "table inet ipvsctl" not in node.run("nft", "list", "tables").splitlines()
     assert not (world.state / "drain-queue.json").exists()
+    # without the file the excluded address is ipvsctl's by the rule: it goes, and the interface
+    out = sh("ip", "netns", "exec", node.name, ipvsctl, "cleanup", *common, timeout=600)
+    assert "deleted interface kube-ipvs0 (addresses: 10.96.200.1)" in out, out
+    assert list(node.ipvsadm()) == ["10.1.2.3:80/TCP"]
+    assert "kube-ipvs0" not in node.run("ip", "-o", "link", "show")
     again = sh(
         "ip",
         "netns",

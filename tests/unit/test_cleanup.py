@@ -55,6 +55,11 @@ class FakeHost:
         self._maybe_fail("del interface")
         self.iface = None
 
+    def delete_address(self, address):
+        self._maybe_fail(f"del address {address}")
+        assert self.iface is not None
+        self.iface = (self.iface[0], [a for a in self.iface[1] if a != address])
+
     def table_exists(self):
         return self.table
 
@@ -159,6 +164,57 @@ def test_command(monkeypatch, state):
     assert r.exit_code == 1 and "ipvsctl: del table: injected" in r.output
 
     assert runner.invoke(app, ["cleanup", "--node-ip", "nope"]).exit_code == 2
+
+
+KEEPALIVED = "10.96.200.1"  # another tool's VIP on kube-ipvs0, in ipvs.excludeCIDRs
+
+
+def test_excluded_cidrs_are_never_touched(state):
+    host = FakeHost()
+    host.vs.append(key(KEEPALIVED, 443))
+    host.iface = ("dummy", [VIP, VIP6, KEEPALIVED])
+    r = cleanup_node(host, "kube-ipvs0", [NODE], state, excluded=("10.96.200.0/24",))
+    assert r.errors == []
+    assert key(KEEPALIVED, 443) in host.vs and key(VIP, 80) not in host.vs
+    # the interface stays for the excluded address; ipvsctl's own addresses are gone from it
+    assert host.iface == ("dummy", [KEEPALIVED])
+    assert "del interface" not in host.calls
+    assert r.lines[3:6] == [
+        "deleted address 10.96.0.10 from interface kube-ipvs0",
+        "deleted address fd96::10 from interface kube-ipvs0",
+        "left interface kube-ipvs0: it carries addresses in ipvs.excludeCIDRs (10.96.200.1)",
+    ]
+    assert r.summary[:2] == ["3 virtual servers", "2 addresses of interface kube-ipvs0"]
+
+
+def test_command_reads_kube_proxys_config(monkeypatch, state, tmp_path):
+    host = FakeHost()
+    host.vs.append(key(KEEPALIVED, 443))
+    host.iface = ("dummy", [VIP, VIP6, KEEPALIVED])
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    import ipvsctl.kernel.netlink.addresses as addresses
+
+    # without --node-ip: the host's addresses, narrowed by nodePortAddresses
+    monkeypatch.setattr(addresses, "node_addresses", lambda **kw: [NODE, "192.0.2.99"])
+    config = tmp_path / "config.conf"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "mode: ipvs\nipvs:\n  excludeCIDRs: [10.96.200.0/24]\n"
+        "nodePortAddresses: [192.0.2.10/32]\n"
+    )
+    runner = CliRunner()
+    r = runner.invoke(app, ["cleanup", "--config", str(config), "--state-dir", str(state)])
+    assert r.exit_code == 0, r.output
+    assert key(KEEPALIVED, 443) in host.vs and host.iface == ("dummy", [KEEPALIVED])
+    assert key(NODE, 30080) not in host.vs  # a NodePort on a nodePortAddresses address
+    assert key("192.0.2.99", 30080) in host.vs  # outside nodePortAddresses: not ipvsctl's
+
+    config.write_text("kind: KubeProxyConfiguration\nmode: iptables\n")
+    r = runner.invoke(app, ["cleanup", "--config", str(config), "--state-dir", str(state)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and str(config) in r.output
+    r = runner.invoke(app, ["cleanup", "--config", str(tmp_path / "missing")])
+    assert r.exit_code == 2
 
 
 def test_command_refuses_while_a_daemon_answers(monkeypatch):

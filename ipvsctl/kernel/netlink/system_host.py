@@ -67,3 +67,7 @@ class SystemIpvsHost:
 
     def delete_interface(self) -> None:
         self._ip("link", "delete", "dev", self.name)
+
+    def delete_address(self, address: str) -> None:
+        """One of ipvsctl's addresses off the interface (bound as /32 or /128)."""
+        self._ip("addr", "delete", f"{address}/{128 if ':' in address else 32}", "dev", self.name)
