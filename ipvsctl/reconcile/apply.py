@@ -124,10 +124,14 @@ class Applier:
                     )
                 return Applied(done, True, surprised)
             done += 1
-            ok = self._ok.get(type(op))
-            if ok is None:  # labels() per op was a few percent of an initial sync
-                ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(type(op).__name__, "ok")
-            ok.inc()
+            # the queue's bookkeeping (RetimeDrain, ForgetDrain) is no kernel operation
+            if not isinstance(op, RetimeDrain | ForgetDrain):
+                ok = self._ok.get(type(op))
+                if ok is None:  # labels() per op was a few percent of an initial sync
+                    ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(
+                        type(op).__name__, "ok"
+                    )
+                ok.inc()
             log.debug("applied", extra=fields(service=ref, op=op))
         if ref is not None:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)

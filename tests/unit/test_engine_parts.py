@@ -71,6 +71,14 @@ def test_every_op_type_is_applied():
         f"del-rs {key} -> {a}",
         f"del-vs {key}",
     ]
+    # kernel_ops counts the kernel's operations: the queue-only ops are none of them
+    counted = {
+        name: h.metrics.value("ipvsctl_kernel_ops_total", {"operation": name, "result": "ok"})
+        for name in (t.__name__ for t in typing.get_args(Op))
+    }
+    assert counted["RetimeDrain"] == counted["ForgetDrain"] == 0
+    assert counted["AddRealServer"] == 2 and counted["DrainRealServer"] == 2
+    assert sum(counted.values()) == len(ops) - 2
 
 
 def test_a_sync_meeting_an_unknown_kernel_entry_finishes_it_and_fails_nothing():
