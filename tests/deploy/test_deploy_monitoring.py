@@ -302,6 +302,9 @@ def test_dashboard_queries_real_metrics_and_covers_the_topics():
         "ipvsctl_service_metrics_dropped",
         "ipvsctl_node_draining_seconds",
         "ipvsctl_node_established_connections",
+        "ipvsctl_ready",
+        "ipvsctl_degraded",
+        "ipvsctl_foreign_virtual_servers_total",
     ):
         assert needed in used, needed
     names = [v["name"] for v in dash["templating"]["list"]]
