@@ -40,13 +40,55 @@ def _record_latencies(daemon: Any) -> None:
 
     daemon.http.routes["/bench/latencies"] = latencies
 
+    def backlog(q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        """Events waiting, and how many merged into a waiting one (source/backlog.py)."""
+        events = daemon.events
+        with daemon.loop.lock:  # not while the loop still handles a batch it took
+            busy = bool(daemon.engine.dirty) or daemon.engine.pending_since is not None
+            doc = {"waiting": events.qsize() + busy, "merged": getattr(events, "merged", 0)}
+        return 200, "application/json", json.dumps(doc).encode()
+
+    daemon.http.routes["/bench/backlog"] = backlog
+
+
+def _trace_routes(daemon: Any) -> None:
+    """GET /bench/memory?at=after_list (arms the peak watcher), ?at=poll (while the
+    events arrive), ?at=peak, ?at=end."""
+    import json
+
+    from bench import memprofile
+
+    watcher = memprofile.PeakWatcher(backlog=daemon.events.qsize)
+
+    def memory(q: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        at = q.get("at", ["end"])[0]
+        if at == "poll":
+            doc = {"traced_mb": round(watcher.poll() / 2**20, 1)}
+        elif at == "peak":
+            doc = watcher.take()
+        else:
+            doc = memprofile.reading()
+            doc["backlog_events"] = daemon.events.qsize()
+            if at == "after_list":
+                watcher.arm()
+        return 200, "application/json", json.dumps(doc).encode()
+
+    daemon.http.routes["/bench/memory"] = memory
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.daemon_proc")
     p.add_argument("--apiserver", required=True)
     p.add_argument("--netns", default=None)
     p.add_argument("--wire-stats", action="store_true", help="parse service dumps as bytes")
+    p.add_argument(
+        "--tracemalloc", action="store_true", help="trace allocations (bench/memprofile.py)"
+    )
     args = p.parse_args(argv)
+    if args.tracemalloc:  # before ipvsctl and its libraries are imported
+        from bench import memprofile
+
+        memprofile.start()
     t0 = time.monotonic()
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.kube.client import KubeSource
@@ -74,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     daemon = Daemon(opts, kernel, KubeSource.from_config(apiserver=args.apiserver))
     _record_latencies(daemon)
+    if args.tracemalloc:
+        _trace_routes(daemon)
     imported = time.monotonic() - t0
     t1 = time.monotonic()
     daemon.start()

@@ -54,6 +54,21 @@ def _buckets(port: int) -> dict[float, float]:
     return out
 
 
+def _backlog(port: int) -> dict[str, int]:
+    import json
+
+    url = f"http://127.0.0.1:{port}/bench/backlog"
+    # waits for the loop's lock: a batch under tracemalloc holds it for many seconds
+    return json.loads(urllib.request.urlopen(url, timeout=600).read())
+
+
+def _trace(port: int, at: str) -> Any:
+    import json
+
+    url = f"http://127.0.0.1:{port}/bench/memory?at={at}"
+    return json.loads(urllib.request.urlopen(url, timeout=600).read())
+
+
 def _latencies(port: int) -> list[float]:
     """Exact event-to-kernel seconds since the last call (bench.daemon_proc's route)."""
     import json
@@ -131,12 +146,14 @@ def run_memory(
     annotated: int = 0,
     wire_stats: bool = False,
     scrape_interval: float = 0.0,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """One run; `rate` paces the watch events (0: as fast as the fake API sends them);
     `status_clients` poll /status in a loop while the events come. `annotated` Services opt
     in to per-Service traffic metrics, whose service dump the daemon parses in the kernel's
     bytes with `wire_stats` (bench/service_metrics.py), and with `scrape_interval` a scraper
-    GETs /metrics that often while the events come."""
+    GETs /metrics that often while the events come. `trace`: tracemalloc in the daemon
+    (bench/memprofile.py), its readings after the list, at the peak and at the end."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     api = subprocess.Popen(
         [
@@ -166,6 +183,8 @@ def run_memory(
             cmd += ["--netns", netns]
         if wire_stats:
             cmd += ["--wire-stats"]
+        if trace:
+            cmd += ["--tracemalloc"]
         t0 = time.monotonic()
         daemon = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
@@ -183,6 +202,9 @@ def run_memory(
                 break
             n0 = n
             time.sleep(1.0)
+        traced: dict[str, Any] = {}
+        if trace:
+            traced["after_list"] = _trace(port, "after_list")
         pollers = StatusPollers(port, status_clients) if status_clients else None
         scraper = None
         if scrape_interval:
@@ -198,10 +220,18 @@ def run_memory(
         deadline = time.monotonic() + timeout
         applied = 0.0
         rss_max = 0.0
+        quiet = 0
         while time.monotonic() < deadline:
             rss_max = max(rss_max, _proc(daemon.pid)["rss_mb"])
-            applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
+            if trace:
+                _trace(port, "poll")
+            last, applied = applied, _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
             if applied >= events:
+                break
+            # Versions merged in the backlog that end where they began (a flip and its
+            # flip back) reach no kernel and are never observed: done once nothing waits.
+            quiet = quiet + 1 if applied == last and _backlog(port)["waiting"] == 0 else 0
+            if quiet >= 4:
                 break
             time.sleep(0.5)
         t_events = time.monotonic() - t1
@@ -212,7 +242,11 @@ def run_memory(
         exact = sorted(_latencies(port))
         time.sleep(1.0)
         end = _proc(daemon.pid)
+        if trace:
+            traced["peak"] = _trace(port, "peak")
+            traced["end"] = _trace(port, "end")
         restarts = _metric(port, "ipvsctl_watch_restarts_total")
+        merged = _backlog(port)["merged"]
         applied = _metric(port, "ipvsctl_event_to_kernel_seconds_count") - n0
         out = {
             "services": services,
@@ -226,6 +260,7 @@ def run_memory(
             "rss_peak_after_list_mb": round(after_list["rss_peak_mb"], 1),
             "cpu_after_list_s": round(after_list["cpu_s"], 2),
             "events_applied": int(applied),
+            "events_merged_in_backlog": merged,
             "watch_restarts": int(restarts),
             "events_seconds": round(t_events, 2),
             "api_churn_seconds": float(churned[2]) if len(churned) > 2 else None,
@@ -240,6 +275,8 @@ def run_memory(
             "event_to_kernel_p99_le_ms": _ms(quantile(buckets0, buckets1, 0.99)),
             **polled,
         }
+        if trace:
+            out["tracemalloc"] = traced
         log(
             f"memory: peak RSS {out['rss_peak_mb']} MB, CPU {out['cpu_total_s']} s, "
             f"{int(applied)}/{events} events applied in {t_events:.1f}s"

@@ -353,6 +353,11 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
                 f"| events applied / wall time | {r['events_applied']:,} in "
                 f"{fmt(r['events_seconds'])} s |",
             ]
+            if "events_merged_in_backlog" in r:
+                lines.append(
+                    "| updates merged into a waiting one of the same slice (a pair that "
+                    f"ends where it began reaches no kernel) | {r['events_merged_in_backlog']:,} |"
+                )
             if r.get("runs", 1) > 1:
                 lines += [
                     f"| runs (the table shows the one with the highest peak) | {r['runs']} |",

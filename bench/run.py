@@ -83,6 +83,12 @@ HOST_PLAN: dict[int, tuple[str, Plan]] = {
     )
     for n in (100, 1000, 3200, 10000)
 }
+# The next scale (--sizes 50000): every daemon phase, no baselines (a full resync per change
+# at 500,000 endpoints is minutes each).
+HOST_PLAN[50000] = (
+    "initial",
+    Plan(engine_changes=2000, loop_changes=100, gap=0.2, baseline_changes=0, idle_cpu_s=20.0),
+)
 # restart over an existing table, nothing else (host part "restart")
 RESTART_PLAN = Plan(phases=False, baseline_changes=0)
 SMOKE_PLAN: dict[int, tuple[str, Plan]] = {
@@ -218,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
     p.add_argument(
+        "--memory-trace",
+        action="store_true",
+        help="host memory: one more run with tracemalloc in the daemon (where the memory "
+        "goes, by file, line and type; bench/memprofile.py), written to memory-trace.json",
+    )
+    p.add_argument(
         "--status-events", type=int, default=3000, help="host part status: watch events per run"
     )
     p.add_argument(
@@ -284,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
                 "e2k-host",
                 lambda: e2k("e2k-host", host_sizes, HOST_PLAN, "packed", None, out, mode=args.mode),
             )
-        if "change" in host_parts:  # one change's cost only: quick, after a merge
+        # one change's cost only: quick, after a merge; --sizes 10000,50000 for the next
+        # scale (the initial sync is timed too)
+        if "change" in host_parts:
             ok &= _part(
                 out,
                 "change-host",
                 lambda: e2k(
                     "change-host",
-                    [1000, 10000],
+                    [int(x) for x in (args.sizes or "1000,10000").split(",")],
                     {},
                     "packed",
                     10000,
@@ -329,7 +343,16 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
         if "memory" in host_parts:
-            ok &= _part(out, "memory", mem_host)
+            if args.memory_repeat > 0:
+                ok &= _part(out, "memory", mem_host)
+            if args.memory_trace:
+                ok &= _part(
+                    out,
+                    "memory-trace",
+                    lambda: run_memory(
+                        args.memory_services, 10, args.memory_events, trace=True, timeout=7200
+                    ),
+                )
 
         def status_host() -> dict[str, Any]:
             # Paced events (latency, not queueing), without and with 4 /status pollers.
