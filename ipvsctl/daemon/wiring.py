@@ -46,6 +46,7 @@ from ipvsctl.reconcile.service_traffic import (
 )
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
+from ipvsctl.source.backlog import Backlog
 from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
 from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
@@ -113,7 +114,7 @@ class Daemon:
     kernel: IPVSKernel
     source: ObjectSource
     metrics: Metrics = field(default_factory=Metrics)
-    events: queue.Queue[SourceEvent] = field(default_factory=queue.Queue)
+    events: queue.Queue[SourceEvent] = field(default_factory=Backlog)
     stop: threading.Event = field(default_factory=threading.Event)
     owned: Callable[[ServiceKey], bool] = lambda key: True
     # Which existing virtual servers not ours a Service may take over (open_kernel).

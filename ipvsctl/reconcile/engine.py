@@ -52,7 +52,7 @@ from ipvsctl.reconcile.drain_check import DrainCheck
 from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.intake import Intake
 from ipvsctl.reconcile.termination import Terminations
-from ipvsctl.source.events import SourceEvent
+from ipvsctl.source.events import Replace, SourceEvent
 from ipvsctl.source.node import NodeInfo
 
 log = logging.getLogger("ipvsctl.engine")
@@ -194,7 +194,8 @@ class Engine:
         services, node = self.intake.handle(event)
         self.dirty |= services
         if services and self.pending_since is None:
-            self.pending_since = event.received
+            earlier = () if isinstance(event, Replace) else event.earlier
+            self.pending_since = earlier[0] if earlier else event.received
         if node:
             self._set_node(*self.intake.node_changed(self.config.node))
             for listener in self.node_listeners:

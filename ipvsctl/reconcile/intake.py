@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from ipvsctl.model import NodeContext, ServiceRef
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.source.events import ObjectKind, SourceEvent
+from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
 from ipvsctl.source.store import ObjectStore, Problem
 
 log = logging.getLogger("ipvsctl.engine")
@@ -55,8 +55,13 @@ class Intake:
         change = self.store.apply(event)
         for problem in change.problems:
             self._report_problem(problem)
+        # A merged event (source/backlog.py) stands for every version it replaced: each is
+        # observed from its own arrival.
+        stamps = (
+            (event.received,) if isinstance(event, Replace) else (*event.earlier, event.received)
+        )
         for ref in change.services:
-            self.arrivals.setdefault(ref, []).append(event.received)
+            self.arrivals.setdefault(ref, []).extend(stamps)
             self._index(ref)
         for ref, t in change.triggers:
             if t >= self.started:

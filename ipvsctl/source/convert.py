@@ -497,6 +497,11 @@ def _trigger_time(meta: Mapping[str, Any]) -> tuple[float | None, bool]:
     (None, True) when it is not an RFC 3339 time (hostile or broken: never observed)."""
     annotations = meta.get("annotations")
     raw = annotations.get(TRIGGER_TIME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return parse_trigger_time(raw)
+
+
+def parse_trigger_time(raw: Any) -> tuple[float | None, bool]:
+    """The trigger-time annotation's value, as `_trigger_time` says."""
     if raw is None:
         return None, False
     if not isinstance(raw, str) or len(raw) > 64:

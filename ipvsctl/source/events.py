@@ -27,6 +27,10 @@ class Upsert:
     kind: ObjectKind
     obj: RawObject
     received: float  # time.monotonic() when the source got it
+    # Older versions this one replaced while waiting (source/backlog.py): their arrival
+    # stamps, and their trigger-time annotations as sent.
+    earlier: tuple[float, ...] = ()
+    earlier_triggers: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,8 @@ class Delete:
     namespace: str
     name: str
     received: float
+    earlier: tuple[float, ...] = ()  # as Upsert's
+    earlier_triggers: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

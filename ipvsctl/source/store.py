@@ -20,6 +20,7 @@ from ipvsctl.source.convert import (
     object_name,
     parse_endpoint_slice,
     parse_service,
+    parse_trigger_time,
 )
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
 from ipvsctl.source.node import NodeInfo, parse_node
@@ -81,12 +82,29 @@ class ObjectStore:
     # --- events -------------------------------------------------------------------
     def apply(self, event: SourceEvent) -> StoreChange:
         if isinstance(event, Upsert):
-            return self._upsert(event.kind, event.obj)
-        if isinstance(event, Delete):
-            return self._delete(event.kind, event.namespace, event.name)
-        if isinstance(event, Replace):
+            change = self._upsert(event.kind, event.obj)
+        elif isinstance(event, Delete):
+            change = self._delete(event.kind, event.namespace, event.name)
+        elif isinstance(event, Replace):
             return self._replace(event.kind, event.objects)
-        raise TypeError(f"unknown event {event!r}")
+        else:
+            raise TypeError(f"unknown event {event!r}")
+        if event.earlier_triggers and change.services:
+            self._earlier_triggers(change, event.earlier_triggers)
+        return change
+
+    def _earlier_triggers(self, change: StoreChange, raws: Iterable[Any]) -> None:
+        """The trigger times of the versions a merged event replaced (source/backlog.py):
+        observed as if each had been applied, with the Service the slice is of now (or
+        was, when it is gone)."""
+        refs = {ref for ref, _ in change.triggers} or change.services
+        ref = min(refs, key=lambda r: (r.namespace, r.name))
+        for raw in raws:
+            t, malformed = parse_trigger_time(raw)
+            if t is not None:
+                change.triggers.append((ref, t))
+            elif malformed:
+                change.malformed_triggers += 1
 
     def _upsert(self, kind: ObjectKind, obj: Mapping[str, Any]) -> StoreChange:
         change = StoreChange()

@@ -46,7 +46,10 @@ def test_bench_smoke_runs_every_host_part(tmp_path):
     assert "loop" in second["daemon"]["draining"]["profile"]
 
     mem = json.loads((tmp_path / "memory.json").read_text())["result"]
-    assert mem["events_applied"] >= mem["watch_events"] == 300
+    # A version merged in the backlog and flipped back reaches no kernel (both unobserved)
+    unseen = 2 * mem["events_merged_in_backlog"]
+    assert mem["events_applied"] + unseen >= mem["watch_events"] == 300
+    assert mem["events_applied"] >= 200
     assert mem["rss_peak_mb"] > 0 and mem["cpu_total_s"] > 0
 
 
