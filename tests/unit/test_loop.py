@@ -280,3 +280,34 @@ def test_the_gc_comes_back_after_the_grace_without_a_first_sync():
         assert gc.isenabled() and not h.engine.started
     finally:
         gc.enable()
+
+
+class Raw(dict):
+    """A raw object that can be watched for its release (a plain dict cannot)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def test_each_raw_object_of_a_batch_is_released_once_handled():
+    import weakref
+
+    h, events, loop = make()
+    h.start([service("web")], [endpoint_slice("web", [endpoint("10.0.0.1")])])
+    refs = []
+    for i in range(3):
+        obj = Raw(endpoint_slice("web", [endpoint(f"10.0.0.{i + 2}")]))
+        refs.append(weakref.ref(obj))
+        events.put(Upsert(ObjectKind.ENDPOINT_SLICE, obj, 0))
+    del obj
+    alive_at_handle = []
+    handle = h.engine.handle
+
+    def watching(event):
+        alive_at_handle.append([r() is not None for r in refs])
+        handle(event)
+
+    h.engine.handle = watching
+    loop.step()
+    # a batch of 5,000 updates behind a slow apply held every one of them to the end
+    assert alive_at_handle == [[True, True, True], [False, True, True], [False, False, True]]
+    assert "10.0.0.4" in str(h.fake.services)
