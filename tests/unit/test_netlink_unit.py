@@ -35,6 +35,7 @@ from ipvsctl.kernel.netlink.codec import (
     virtual_server_from_message,
 )
 from ipvsctl.kernel.netlink.errors import (  # NetlinkError: pyroute2's, as the adapter sees it
+    DestSubject,
     NetlinkError,
     errors,
     translate_error,
@@ -79,6 +80,29 @@ def test_unknown_scheduler_message_says_which_module() -> None:
         errors("add_virtual_server", "x", scheduler="mh"),
     ):
         raise NetlinkError(errno.ENOENT)
+
+
+def test_a_failed_dest_call_names_both_servers_formatted_only_then() -> None:
+    formatted: list[str] = []
+
+    class Key(ServiceKey):
+        def __str__(self) -> str:
+            formatted.append("vs")
+            return ServiceKey.__str__(self)
+
+    key, rs = Key(Protocol.TCP, "10.96.0.1", 80), RealServerKey("10.244.1.5", 8080)
+    with errors("add_real_server", DestSubject(key, rs)):
+        pass
+    assert formatted == []  # the success path builds no message
+    with (
+        pytest.raises(
+            KernelExists, match=r"add_real_server 10\.96\.0\.1:80/TCP -> 10\.244\.1\.5:8080"
+        ),
+        errors("add_real_server", DestSubject(key, rs)),
+    ):
+        raise NetlinkError(errno.EEXIST)
+    with pytest.raises(ValueError), errors("add_real_server", DestSubject(key, rs)):
+        raise ValueError("not netlink's: goes on as it is")
 
 
 # --- messages -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts, timeouts_from_message, timeouts_message
-from ipvsctl.kernel.netlink.errors import errors
+from ipvsctl.kernel.netlink.errors import DestSubject, errors
 from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
@@ -74,15 +74,15 @@ class IPVSCalls:
             self._send(wire.del_service(key))
 
     def add_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        with errors("add_real_server", f"{key} -> {rs}"):
+        with errors("add_real_server", DestSubject(key, rs)):
             self._send(wire.new_dest(key, rs, weight))
 
     def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        with errors("set_real_server_weight", f"{key} -> {rs}"):
+        with errors("set_real_server_weight", DestSubject(key, rs)):
             self._send(wire.set_dest(key, rs, weight))
 
     def delete_dest(self, key: ServiceKey, rs: RealServerKey) -> None:
-        with errors("delete_real_server", f"{key} -> {rs}"):
+        with errors("delete_real_server", DestSubject(key, rs)):
             self._send(wire.del_dest(key, rs))
 
     # --- connection timeouts ----------------------------------------------------------
