@@ -466,10 +466,12 @@ def _daemon_phases(
         deadline = time.monotonic() + 600
         while not audit_reads and time.monotonic() < deadline:
             time.sleep(0.05)
+        first = bd.loop.events_first
         with Sampler(every=SAMPLE_EVERY) as s:
-            reads_before = len(audit_reads)
+            reads_before, gave_way = len(audit_reads), first.gave_way
             lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
             reads_during = len(audit_reads) - reads_before
+            gave_way = first.gave_way - gave_way
     finally:
         runner.pace = orig_pace
         auditor.snapshot, auditor.read, auditor.apply = (  # type: ignore[method-assign]
@@ -480,6 +482,8 @@ def _daemon_phases(
     phases["audit"] = summary(lat) | {
         "audit_reads": summary(audit_reads),
         "audit_reads_during_changes": reads_during,
+        # times a reader stepped aside for an event (ipvsctl/reconcile/events_first.py)
+        "readers_gave_way": gave_way,
         "audit_lock_held": summary(locked),
         "over_idle_p99": _ratio(summary(lat), phases["idle"]),
         "profile": s.report(),

@@ -13,7 +13,9 @@ A round's start compares every virtual server with the applied state; that compa
 made in the read too, off the lock, on the live state (optimistically, as a seqlock reader:
 the loop may change the state meanwhile, and then `changed` moved and the reading is
 dropped at `apply`), so the lock is held for the differences only, not for a walk of 10,000
-virtual servers (up to ~30 ms at 1,000 under emulation).
+virtual servers (up to ~30 ms at 1,000 under emulation). The read gives way to the loop's
+events every few dozen virtual servers (`give_way`, `events_first.py`): a change does not
+wait for the walk.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from ipvsctl.reconcile.apply import Applier
 from ipvsctl.reconcile.termination import Terminations
 
 log = logging.getLogger("ipvsctl.engine")
+
+# Items between two give-way points: ~20-60 us of the read's Python each on the host.
+LISTED_PER_GIVE_WAY = 256  # kernel virtual servers put in the reading's map
+SERVICES_PER_GIVE_WAY = 32  # Services whose applied virtual servers are compared
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,7 @@ class Auditor:
         batch: int,
         ready: Callable[[], bool],
         on_repair: Callable[[set[ServiceRef]], None],
+        give_way: Callable[[], None] = lambda: None,
     ) -> None:
         self.kernel = kernel
         self.state = state
@@ -89,6 +96,7 @@ class Auditor:
         self.batch = batch  # virtual servers whose real servers a step reads
         self.ready = ready  # the first sync is done: there is an applied state to audit
         self.on_repair = on_repair  # differences found: these Services to sync again
+        self.give_way = give_way  # called in the read's loops: events first
         self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
         # Applied virtual servers compared with a kernel dump, ever: the walk's work, which
         # belongs off the loop's lock (the cost tests read it around each part of a step).
@@ -112,12 +120,17 @@ class Auditor:
         reading = AuditReading(plan)
         if plan.full:
             try:
-                reading.virtual_servers = {vs.key: vs for vs in self.kernel.list_virtual_servers()}
+                listed = self.kernel.list_virtual_servers()
             except KernelError as exc:
                 self.metrics.netlink_errors.labels(exc.operation or "list_virtual_servers").inc()
             else:
-                reading.drift = self._compare(reading.virtual_servers)
+                reading.virtual_servers = in_kernel = {}
+                for i in range(0, len(listed), LISTED_PER_GIVE_WAY):
+                    self.give_way()
+                    in_kernel.update({vs.key: vs for vs in listed[i : i + LISTED_PER_GIVE_WAY]})
+                reading.drift = self._compare(in_kernel)
         for key in plan.keys:
+            self.give_way()
             try:
                 reading.real_servers[key] = {
                     s.key: s.weight for s in self.kernel.list_real_servers(key)
@@ -155,8 +168,11 @@ class Auditor:
         in `changed()` and drops the reading at apply."""
         missing: list[tuple[ServiceRef, ServiceKey]] = []
         changed: list[tuple[ServiceRef, ServiceKey, VirtualServer]] = []
+        give_way = self.give_way
         try:
-            for ref, states in self.state.by_service.items():
+            for n, (ref, states) in enumerate(self.state.by_service.items()):
+                if not n % SERVICES_PER_GIVE_WAY:
+                    give_way()  # the loop may change the state meanwhile: see above
                 self.compared += len(states)
                 for key, applied in states.items():
                     vs = in_kernel.get(key)

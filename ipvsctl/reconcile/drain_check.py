@@ -52,7 +52,8 @@ class DrainCheck:
         return self.drains.snapshot()
 
     def read(self, snapshot: DrainSnapshot) -> DrainVerdict:
-        return self.drains.judge(self.reader.read(snapshot), self.clock.wall())
+        reading = self.reader.read(snapshot)
+        return self.drains.judge(reading, self.clock.wall(), self.reader.give_way)
 
     def apply(self, verdict: DrainVerdict) -> DrainCheckResult:
         result = DrainCheckResult()

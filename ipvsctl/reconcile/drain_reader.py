@@ -15,7 +15,7 @@ a million connections checks less often rather than spending every check reading
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound, KernelUnavailable
@@ -62,8 +62,15 @@ class DrainReading:
 class DrainReader:
     """Reads for drain checks. Used by one thread at a time (the drain check's runner)."""
 
-    def __init__(self, kernel: IPVSKernel, metrics: Metrics, clock: Clock) -> None:
+    def __init__(
+        self,
+        kernel: IPVSKernel,
+        metrics: Metrics,
+        clock: Clock,
+        give_way: Callable[[], None] = lambda: None,
+    ) -> None:
         self.kernel = kernel
+        self.give_way = give_way  # called between dumps and while judging: events first
         self.metrics = metrics
         self.clock = clock
         self._next_conn_scan = 0.0
@@ -121,6 +128,7 @@ class DrainReader:
         observed_: dict[ServiceKey, list[RealServerStatus] | None] = {}
         t0 = self.clock.monotonic()
         for key in keys:
+            self.give_way()
             try:
                 observed_[key] = self.kernel.list_real_servers(key)
             except KernelNotFound:

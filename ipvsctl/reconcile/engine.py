@@ -145,6 +145,9 @@ class Engine:
         self.pending_since: float | None = None
         self.last_updated: float | None = None
 
+        # The background reads call this in their loops; the loop sets its own
+        # (`EventsFirst.give_way`: a reader steps aside while an event waits).
+        self.give_way: Callable[[], None] = lambda: None
         self.state = AppliedState(self.clock)
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
@@ -173,10 +176,11 @@ class Engine:
             batch=config.audit_batch,
             ready=lambda: self.started,
             on_repair=self._repaired,
+            give_way=lambda: self.give_way(),
         )
         self.drain_check = DrainCheck(
             self.drains,
-            DrainReader(kernel, self.metrics, self.clock),
+            DrainReader(kernel, self.metrics, self.clock, give_way=lambda: self.give_way()),
             self.applier,
             self.state,
             self.clock,

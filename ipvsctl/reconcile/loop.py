@@ -8,7 +8,9 @@ status under `lock`.
 
 The drain check and the audit read the kernel on threads of their own, each run by a
 `PacedRunner` (`paced.py`) that takes `lock` only for their snapshot and their apply
-(`drain_runner`, `audit_runner`: the daemon starts them; tests step them).
+(`drain_runner`, `audit_runner`: the daemon starts them; tests step them). While an event
+waits or is applied, those readers step aside at their next give-way point
+(`events_first.py`): a change does not wait for a reader's Python.
 
 Node addresses (without --node-ip) are re-read every `node_ips_interval`, as kube-proxy
 re-reads them every sync: NodePort virtual servers follow an address added or removed.
@@ -29,6 +31,7 @@ from ipvsctl.model import DrainEntry
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.engine import Engine
+from ipvsctl.reconcile.events_first import EventsFirst
 from ipvsctl.reconcile.paced import Pace, PacedRunner
 from ipvsctl.source.events import SourceEvent
 
@@ -69,6 +72,9 @@ class Loop:
         self.save_queue = save_queue
         self.read_node_ips = read_node_ips  # None: fixed addresses (--node-ip)
         self.lock = threading.Lock()
+        # The readers give way to events (the engine's audit and drain reads call it).
+        self.events_first = EventsFirst(events)
+        engine.give_way = self.events_first.give_way
         self.heartbeat = self.clock.monotonic()
         self._retry_at: float | None = None
         self._retry_delay = self.config.retry_min
@@ -104,6 +110,9 @@ class Loop:
             ),
             clock=self.clock,
             survive=True,
+            # its reads at the short switch interval: their dump's parse and sort have no
+            # give-way point (not the drain check's: see events_first.py)
+            events_first=self.events_first,
             on_health=lambda exc: engine.metrics.degraded.set("audit", exc),
         )
 
@@ -147,10 +156,17 @@ class Loop:
             batch.append(
                 self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
             )
+            self.events_first.took_events()
             while len(batch) < self.config.max_batch:
                 batch.append(self.events.get_nowait())
         except queue.Empty:
             pass
+        try:
+            self._step(batch)
+        finally:
+            self.events_first.step_done()  # the readers waiting for this step read on
+
+    def _step(self, batch: list[SourceEvent]) -> None:
         if self._gc_paused_until is not None and self.clock.monotonic() >= self._gc_paused_until:
             self._resume_gc()  # no first sync within the grace: the GC back on
         node_ips = self._read_node_ips()  # outside the lock: a netlink dump

@@ -11,7 +11,9 @@ event would wait behind every read; so each is three parts, the lock held only a
 `PacedRunner` runs one of them on its own thread (a drain check must never wait behind a
 full dump of the audit), paced by one rule (`paced`): at least `every` from start to start,
 and at least `duty` times the read's own duration after it, so a slow kernel makes it read
-less often rather than all the time. Tests run one pass in their own thread (`run_once`).
+less often rather than all the time; with the loop's `EventsFirst` the read runs at the
+short switch interval (`events_first.py`). Tests run one pass in their own thread
+(`run_once`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from ipvsctl.obs.logging import fields
 from ipvsctl.reconcile.clock import Clock, SystemClock, paced
+from ipvsctl.reconcile.events_first import EventsFirst
 
 log = logging.getLogger("ipvsctl.loop")
 
@@ -81,8 +84,10 @@ class PacedRunner:
         wake: threading.Event | None = None,
         survive: bool = False,
         on_health: Callable[[BaseException | None], None] | None = None,
+        events_first: EventsFirst | None = None,
     ) -> None:
         self.name = name
+        self.events_first = events_first
         self.survive = survive
         # With `survive`: told the error of each pass that raised, None after a good one.
         self.on_health = on_health
@@ -109,7 +114,8 @@ class PacedRunner:
         t0 = self.clock.monotonic()
         took: float | None = None
         try:
-            reading = self.task.read(plan)
+            with self.events_first.reading() if self.events_first else nullcontext():
+                reading = self.task.read(plan)
             took = self.clock.monotonic() - t0
             with self.lock:
                 self.task.apply(reading)

@@ -11,6 +11,7 @@ their application removes entries here (`remove`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ipvsctl.model import (
@@ -28,6 +29,7 @@ from ipvsctl.reconcile.drain_reader import DrainReading, DrainSnapshot
 
 RsKey = tuple[ServiceKey, RealServerKey]
 DrainOp = DeleteRealServer | ForgetDrain  # what plan/drain.py's check gives
+VS_PER_GIVE_WAY = 16  # virtual servers judged between two give-way points (events_first.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +131,19 @@ class Terminations:
         copy of its map (`DrainQueue.snapshot`)."""
         return DrainSnapshot(self.queue.snapshot())
 
-    def judge(self, reading: DrainReading, now: float) -> DrainVerdict:
+    def judge(
+        self, reading: DrainReading, now: float, give_way: Callable[[], None] = lambda: None
+    ) -> DrainVerdict:
         """Off the lock: the deletions (and forgettings) the reading calls for, per virtual
-        server, judged on the snapshot's entries; touches no state of this object."""
+        server, judged on the snapshot's entries; touches no state of this object.
+        `give_way` is called every few virtual servers (the loop's events first)."""
         previous = self._seen  # replaced whole by accept(), never changed: safe to read
         seen: dict[RsKey, Seen] = {}
         out: list[tuple[ServiceKey, list[tuple[DrainEntry, Op]]]] = []
-        for key, snapped in sorted(reading.snapshot.entries.items(), key=by_service):
+        entries = sorted(reading.snapshot.entries.items(), key=by_service)
+        for n, (key, snapped) in enumerate(entries):
+            if not n % VS_PER_GIVE_WAY:
+                give_way()
             if key not in reading.observed:  # not read this time: what was seen stays
                 for rs, entry in snapped.items():
                     old = previous.get((key, rs))
