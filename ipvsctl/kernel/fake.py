@@ -39,6 +39,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.model.ipvs import IPVS_SCHEDULERS
+from ipvsctl.model.keys import service_order
 from ipvsctl.plan.conntrack import real_server_entries
 
 __all__ = ["FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
@@ -126,7 +127,7 @@ class FakeKernel:
 
     # --- IPVSKernel ---------------------------------------------------------------
     def list_virtual_servers(self) -> list[VirtualServer]:
-        return [self.services[k].vs for k in sorted(self.services)]
+        return [self.services[k].vs for k in sorted(self.services, key=service_order)]
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         self.dumps += 1

@@ -23,6 +23,7 @@ from ipvsctl.kernel.netlink.errors import DestSubject, errors
 from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
+from ipvsctl.model.keys import service_order
 
 
 class IPVSCalls:
@@ -43,7 +44,9 @@ class IPVSCalls:
     def list_virtual_servers(self) -> list[VirtualServer]:
         with errors("list_virtual_servers"):
             found = [wire.parse_service(m) for m in self._send(wire.dump_services())]
-        return sorted((vs for vs in found if vs is not None), key=lambda vs: vs.key)
+        # the keys' order, compared as plain tuples in C (the dataclass's `__lt__` made this
+        # sort most of a 10,000-Service dump's time on the host)
+        return sorted((vs for vs in found if vs is not None), key=lambda vs: service_order(vs.key))
 
     def read_service_stats(self) -> dict[ServiceKey, ServiceStats]:
         """Every virtual server's traffic counters: the same one service dump (the kernel
