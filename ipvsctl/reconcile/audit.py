@@ -64,6 +64,8 @@ class AuditReading:
     real_servers: dict[ServiceKey, dict[RealServerKey, int]] = field(default_factory=dict)
     # None: not compared (not a round start, not read, or the state moved under the walk)
     drift: VirtualServerDrift | None = None
+    # A round start's keys to read, last first, listed with the walk (off the lock)
+    cursor: list[ServiceKey] | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +131,10 @@ class Auditor:
                     self.give_way()
                     in_kernel.update({vs.key: vs for vs in listed[i : i + LISTED_PER_GIVE_WAY]})
                 reading.drift = self._compare(in_kernel)
+                if reading.drift is not None:
+                    reading.cursor = self._round_keys()
+                    if reading.cursor is None:
+                        reading.drift = None  # the state moved: read the round's start again
         for key in plan.keys:
             self.give_way()
             try:
@@ -150,7 +156,11 @@ class Auditor:
                 return out  # the walk met a change: read the round's start again
             if reading.drift is not None:
                 self._repair(reading.drift, out)
-            self._cursor = list(self.state.owner)[::-1]
+            # listed in the read, the state unchanged since (else dropped above); under the
+            # lock only when the dump failed
+            self._cursor = (
+                reading.cursor if reading.cursor is not None else list(self.state.owner)[::-1]
+            )
         for key in reading.plan.keys:
             if self._cursor and self._cursor[-1] == key:
                 self._cursor.pop()
@@ -184,6 +194,14 @@ class Auditor:
         except RuntimeError:  # "dictionary changed size during iteration"
             return None
         return VirtualServerDrift(missing, changed, sorted(unknown, key=service_order))
+
+    def _round_keys(self) -> list[ServiceKey] | None:
+        """Off the lock: every applied key, last first (a round's cursor); None when the loop
+        changed the owners meanwhile."""
+        try:
+            return list(self.state.owner)[::-1]
+        except RuntimeError:  # "dictionary changed size during iteration"
+            return None
 
     def _repair(self, drift: VirtualServerDrift, out: Findings) -> None:
         """Under the lock, the state unchanged since the walk: O(the differences)."""

@@ -303,3 +303,33 @@ def test_a_drain_snapshot_is_one_shallow_copy_and_later_changes_leave_it_alone()
     assert set(snap[keys[0]]) == {a, b} and set(snap[keys[1]]) == {a, b}
     assert len(snap[keys[2]]) == 2 and len(q.for_vs(keys[2])) == 3
     assert set(q.for_vs(keys[0])) == {b} and not q.for_vs(keys[1]) and len(q) == 98
+
+
+def test_a_round_start_lists_its_keys_off_the_lock():
+    """The round's cursor (every applied key) is listed in the read with the walk; the part
+    under the lock lists none (a list of 10,000 keys held the loop's lock at every round
+    start)."""
+    h = Harness()
+    h.start(
+        [service(f"s{i}", cluster_ip=f"10.96.{i // 200}.{i % 200 + 1}") for i in range(300)], []
+    )
+    listed = 0
+
+    class Owners(dict):
+        def __iter__(self):
+            nonlocal listed
+            listed += 1
+            return super().__iter__()
+
+    h.engine.state.owner = Owners(h.engine.state.owner)
+    auditor = h.engine.audit
+    plan = auditor.snapshot()
+    assert plan is not None and plan.full
+    reading = auditor.read(plan)  # off the lock
+    assert listed >= 1
+    listed = 0
+    auditor.apply(reading)  # under the lock
+    assert listed == 0
+    next_plan = auditor.snapshot()
+    assert next_plan is not None and not next_plan.full  # the round goes on from the cursor
+    assert len(next_plan.keys) == auditor.batch
