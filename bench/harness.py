@@ -112,6 +112,11 @@ class Watcher:
         table = self.impl.read_real_servers(keys, only)
         return {k: self._hold(k, v) for k, v in table.items()}
 
+    def dump_real_servers(self, keys: Any, only: Any = None) -> dict[ServiceKey, Any]:
+        self.calls += 1
+        found = self.impl.dump_real_servers(keys, only)
+        return {k: v if isinstance(v, Exception) else self._hold(k, v) for k, v in found.items()}
+
     # --- writes -------------------------------------------------------------------------
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self.calls += 1

@@ -241,6 +241,9 @@ class ModelKernelSocket:
     def recv(self, size: int) -> bytes:
         return self.ours.recv(size)
 
+    def recv_into(self, buffer: bytearray) -> int:
+        return self.ours.recv_into(buffer)
+
     def close(self) -> None:
         self.ours.close()
         self.kernel.close()

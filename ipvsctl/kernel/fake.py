@@ -6,12 +6,13 @@ scenarios against the real kernel.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipvsctl.kernel.port import (
     ConntrackTable,
     IPVSKernel,
+    KernelError,
     KernelExists,
     KernelNotFound,
     KernelUnavailable,
@@ -153,6 +154,23 @@ class FakeKernel:
             else None
             for k in keys
         }
+
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        out: dict[ServiceKey, list[RealServerStatus] | KernelError | None] = {}
+        for k in keys:  # one dump each, as the kernel answers them (counted in `dumps`)
+            try:
+                found = self.list_real_servers(k)
+            except KernelNotFound:
+                out[k] = None
+            except KernelError as exc:
+                out[k] = exc
+            else:
+                out[k] = [s for s in found if only is None or s.key in only.get(k, ())]
+        return out
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         self.conn_reads += 1

@@ -6,7 +6,7 @@ so nothing above `kernel/` ever sees a foreign exception.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
@@ -68,6 +68,17 @@ class IPVSKernel(Protocol):
         out could not be read this time (ask again later). With `only`, a virtual server's
         list holds just those of its real servers that are in the kernel (a drain check
         needs no others: parsing them was most of its read)."""
+        ...
+
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        """The real servers of these virtual servers, one dump each, back to back (its cost
+        grows with the keys, where read_real_servers' grows with the whole table): None for
+        a virtual server that is not in the kernel, the KernelError of one whose dump
+        failed (the others are still read). `only` as in read_real_servers."""
         ...
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:

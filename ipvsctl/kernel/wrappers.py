@@ -10,10 +10,10 @@ read them all spell a call the same way
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from ipvsctl.kernel.port import IPVSKernel, KernelTransient
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelTransient
 from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
@@ -67,6 +67,13 @@ class _Passthrough(Generic[K]):
         only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         return self.impl.read_real_servers(keys, only)
+
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        return self.impl.dump_real_servers(keys, only)
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         return self.impl.read_connections(pairs)

@@ -34,7 +34,7 @@ import dataclasses
 import json
 import os
 import zlib
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ import yaml
 from ipvsctl.cli.render import plan_text
 from ipvsctl.cli.status import join_status, render_status
 from ipvsctl.daemon.status_json import engine_status
-from ipvsctl.kernel.port import IPVSKernel
+from ipvsctl.kernel.port import IPVSKernel, KernelError
 from ipvsctl.kernel.table import read_statuses
 from ipvsctl.manifests import load_file
 from ipvsctl.model import (
@@ -153,6 +153,16 @@ class GoldenKernel:
         return {
             k: None if v is None else [self._counted(k, s) for s in v]
             for k, v in self.impl.read_real_servers(keys, only).items()
+        }
+
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        return {
+            k: v if v is None or isinstance(v, KernelError) else [self._counted(k, s) for s in v]
+            for k, v in self.impl.dump_real_servers(keys, only).items()
         }
 
 

@@ -19,7 +19,7 @@ from ipvsctl.kernel import (
     KernelUnavailable,
 )
 from ipvsctl.kernel.fake import FakeKernel
-from ipvsctl.kernel.netlink import NetlinkKernel, configure_host, read_host_statuses
+from ipvsctl.kernel.netlink import NetlinkKernel, configure_host, read_host_statuses, wire
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.procfs.sysctl import wanted_sysctls
@@ -420,3 +420,67 @@ def test_every_packed_message_kind_on_the_real_kernel(node: Node) -> None:
         k.delete_virtual_server(vs.key, bind_address=True)  # DEL_SERVICE
     assert k.list_virtual_servers() == [] and node.ipvsadm() == {}
     assert k.bound_addresses() == []
+
+
+def test_batched_dest_dumps_read_the_draining_counts_ipvsadm_shows(node: Node, client: Pod) -> None:
+    """The drain check's batched dumps (`dump_real_servers`, only the draining real servers
+    parsed, found by address in the receive buffer) read the counts `ipvsadm -Ln` shows and
+    the other two reads give, over 300 virtual servers with 5 real servers each, IPv4 and
+    IPv6, real connections held on a few, a missing virtual server among them."""
+    a, b = node.make_pod("10.244.1.1", "fd00::1"), node.make_pod("10.244.1.2", "fd00::2")
+    served = ServiceKey(Protocol.TCP, VIP, 80)
+    backend(node, served, a, b)
+    held = [client.connect(VIP, 80) for _ in range(4)]  # rr: two on each pod
+    served6 = ServiceKey(Protocol.TCP, VIP6, 80)
+    backend(node, served6, a, family=6)
+    held.append(client.connect(VIP6, 80))
+    keys = [served, served6]
+    for i in range(300):
+        key = ServiceKey(Protocol.TCP if i % 2 else Protocol.UDP, f"10.97.{i // 200}.{i % 200}", 53)
+        node.kernel.add_virtual_server(VirtualServer(key), bind_address=False)
+        for j in range(5):
+            node.kernel.add_real_server(key, RealServerKey(f"10.245.{j}.{i % 200}", 53), 1)
+        keys.append(key)
+    draining = {
+        served: {RealServerKey(a.ip, 8080), RealServerKey(b.ip, 8080)},
+        served6: {RealServerKey("fd00::1", 8080)},
+        **{k: {RealServerKey(f"10.245.{n % 5}.{n % 200}", 53)} for n, k in enumerate(keys[2:])},
+    }
+    for key, servers in draining.items():
+        for rs in servers:
+            node.kernel.set_real_server_weight(key, rs, 0)
+    gone = ServiceKey(Protocol.TCP, "10.97.9.9", 80)
+    wait_for(
+        lambda: sum(s.active_conns for s in node.kernel.list_real_servers(served)) >= 4,
+        what="ActiveConn",
+    )
+    asked = [*keys, gone]
+    batched = node.kernel.dump_real_servers(asked, draining)
+    table = node.kernel.read_real_servers(asked, draining)
+    one_each = {
+        k: [s for s in node.kernel.list_real_servers(k) if s.key in draining[k]] for k in keys
+    }
+    witness = node.ipvsadm()
+
+    def in_order(reading: dict) -> dict:  # the table file lists real servers in its own order
+        return {k: v if v is None else sorted(v, key=lambda s: s.key) for k, v in reading.items()}
+
+    assert batched == in_order(table) == {**one_each, gone: None}
+    assert sum(s.active_conns for s in batched[served]) >= 4  # type: ignore[union-attr]
+    assert batched[served6][0].active_conns >= 1  # type: ignore[index]
+    for key in keys:
+        got = batched[key]
+        assert isinstance(got, list) and len(got) == len(draining[key])
+        for s in got:
+            seen = witness[str(key)].real_servers[str(s.key)]
+            assert (s.weight, s.active_conns, s.inactive_conns) == (0, seen.active, seen.inactive)
+            assert seen.weight == 0
+    # the kernel's dest layout is learned and then read with one unpack (wire._dest_fixed)
+    answer = node.kernel._calls._send(wire.dump_dests(served))
+    wire.parse_dest(answer[0], served)
+    order = list(wire._attrs(answer[0], 24))  # the attribute types, in the kernel's order
+    assert len(answer) == 2
+    assert all(wire._dest_fixed(m, served) is not None for m in answer), order
+    for h in held:
+        assert h.echo("still served")
+        h.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from ipvsctl.kernel import table
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts
@@ -105,6 +105,13 @@ class NetlinkKernel:
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         scan = procfs.read_real_servers(keys, only, netns=self.netns)
         return {k: scan.real_servers.get(k) for k in keys if k not in scan.unreadable}
+
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        return self._calls.dump_real_servers(keys, only)
 
     def read_connections(self, pairs: Collection[tuple[ServiceKey, RealServerKey]]) -> ConnScan:
         return procfs.read_connections(pairs, netns=self.netns)

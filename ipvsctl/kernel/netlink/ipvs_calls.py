@@ -1,5 +1,6 @@
 """The IPVS commands ipvsctl sends, one method each, on the calling thread's IPVS socket:
-service and dest add/set/del, the two dumps, and the connection timeouts.
+service and dest add/set/del, the two dumps (the dest dump also many back to back, for the
+drain check), and the connection timeouts.
 
 The service and dest commands and the dumps' requests are packed by wire.py (pyroute2's
 bytes, ~60x cheaper to build) and sent on pyroute2's own socket for this thread, with its
@@ -7,21 +8,25 @@ family id; answers are read until the ACK, error or end of dump, dump messages p
 wire.py too (pyroute2's generic decoding was most of a dump's cost), and errors go through
 errors.py like every other netlink error. Only add/set/del/get/dump are used (pyroute2's
 "update" sends a DELETE). A dest dump of a missing service is an empty list, not an error,
-so an empty one is followed by a get. The timeouts go through pyroute2's own request path
+so an empty one is followed by a get. The drain check's batch of dest dumps reads the
+answers' bytes for its draining real servers only (wire.find_dests). The timeouts go
+through pyroute2's own request path
 (rare, and pyroute2 has no wrapper for them to bypass).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts, timeouts_from_message, timeouts_message
-from ipvsctl.kernel.netlink.errors import DestSubject, errors
+from ipvsctl.kernel.netlink.errors import DestSubject, NetlinkError, errors, translate_error
 from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
+from ipvsctl.kernel.port import KernelError, KernelNotFound
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
 from ipvsctl.model.keys import service_order
 
@@ -63,6 +68,42 @@ class IPVSCalls:
                 self._send(wire.get_service(key))
         return sorted(found, key=lambda r: r.key)
 
+    def dump_real_servers(
+        self,
+        keys: Sequence[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]] | None = None,
+    ) -> dict[ServiceKey, list[RealServerStatus] | KernelError | None]:
+        """One dest dump per virtual server, back to back on this thread's socket (port.py's
+        `dump_real_servers`). With `only`, the wanted dests are found in the answer's
+        bytes by their address (wire.find_dests): the others are never parsed."""
+        with errors("list_real_servers"):  # the socket itself failed: no reading at all
+            ipvs = self._ipvs()
+            answers = self._raw.dumps(ipvs, ipvs.prid, [wire.dump_dests(k)[1] for k in keys])
+        out: dict[ServiceKey, list[RealServerStatus] | KernelError | None] = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, int):
+                out[key] = _not_found_is_none(
+                    translate_error(NetlinkError(answer), "list_real_servers", str(key))
+                )
+                continue
+            want = None if only is None else only.get(key, ())
+            try:
+                with errors("list_real_servers", key):
+                    if want is None:
+                        msgs = wire.dump_messages(answer)
+                    else:
+                        msgs = wire.find_dests(answer, wire.packed_addresses(want))
+                    found = [wire.parse_dest(m, key) for m in msgs]
+                    if not answer:  # an empty dump, also for a missing service:
+                        self._send(wire.get_service(key))  # a get says ESRCH
+            except KernelError as exc:
+                out[key] = _not_found_is_none(exc)
+                continue
+            out[key] = sorted(
+                (r for r in found if want is None or r.key in want), key=lambda r: r.key
+            )
+        return out
+
     # --- writes -----------------------------------------------------------------------
     def add_service(self, vs: VirtualServer) -> None:
         with errors("add_virtual_server", vs.key, scheduler=vs.scheduler):
@@ -102,3 +143,7 @@ class IPVSCalls:
         ipvs = self._ipvs()
         with errors("set_timeouts"):
             list(ipvs.nlm_request(msg, msg_type=ipvs.prid, msg_flags=NLM_F_REQUEST | NLM_F_ACK))
+
+
+def _not_found_is_none(exc: KernelError) -> KernelError | None:
+    return None if isinstance(exc, KernelNotFound) else exc

@@ -13,6 +13,7 @@ import errno
 import itertools
 import select
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from pyroute2 import NetlinkError
@@ -33,6 +34,7 @@ class RawSocket:
         self.sock = sock
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
+        self._buffer: bytearray | None = None  # dumps(): one buffer for every answer
 
     def request(self, msg_type: int, request: wire.Request, seq: int) -> list[bytes]:
         """The answers to one request (whole messages) before its ACK or end of dump;
@@ -63,6 +65,53 @@ class RawSocket:
                     return out
                 out.append(msg)
 
+    def dumps(
+        self, msg_type: int, payloads: Sequence[bytes], seqs: Sequence[int]
+    ) -> list[list[bytes] | int]:
+        """Many dumps, one after another (the kernel runs one dump per socket at a time: a
+        second request while one is running gets EBUSY): per request the datagrams of its
+        answer (whole, for wire.py), or the kernel's errno. A drain check dumps 1,000
+        virtual servers for one real server of each, found in these bytes
+        (wire.find_dests): no Python here walks their messages. The kernel answers each
+        request in datagrams of its own and ends a dump with NLMSG_DONE alone in the last
+        (netlink_dump adds it only on the call after the data): a datagram is told by its
+        first message. Three system calls a dump (send, the answer, NLMSG_DONE: the kernel
+        makes the last while the answer is read)."""
+        buf = self._buffer
+        if buf is None:  # only the drain check's thread dumps so
+            buf = self._buffer = bytearray(_DUMP_BUFFER)
+        view = memoryview(buf)
+        head = wire.HEADER
+        out: list[list[bytes] | int] = []
+        for payload, seq in zip(payloads, seqs, strict=True):
+            self.sock.send(
+                head.pack(16 + len(payload), msg_type, wire.FLAGS_DUMP, seq, 0) + payload
+            )
+            datagrams: list[bytes] = []
+            result: list[bytes] | int | None = None
+            while result is None:
+                try:
+                    n = self.sock.recv_into(buf)
+                except BlockingIOError:
+                    # the end inside a datagram with data (no kernel sends it so): no wait
+                    result = wire.dump_end(datagrams, seq)
+                    if result is None and not self._poll.poll(ANSWER_TIMEOUT * 1000):
+                        raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
+                    continue
+                if n < 16:
+                    continue
+                _length, kind, _flags, answer_seq, _pid = head.unpack_from(buf, 0)
+                if answer_seq != seq:
+                    continue  # an answer to an earlier request, dropped as pyroute2 does
+                if kind == wire.NLMSG_DONE:
+                    result = datagrams
+                elif kind == wire.NLMSG_ERROR:
+                    result = -wire.ERROR_CODE.unpack_from(buf, 16)[0] or datagrams
+                else:
+                    datagrams.append(bytes(view[:n]))
+            out.append(result)
+        return out
+
 
 class RawRequests:
     """Requests on the calling thread's pyroute2 object (`owner`: its socket is
@@ -75,6 +124,14 @@ class RawRequests:
     def send(self, owner: Any, msg_type: int, request: wire.Request) -> list[bytes]:
         seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
         return self._raw(owner).request(msg_type, request, seq)
+
+    def dumps(
+        self, owner: Any, msg_type: int, payloads: Sequence[bytes]
+    ) -> list[list[bytes] | int]:
+        """RawSocket.dumps on the calling thread's socket."""
+        span = _SEQ_LAST - _SEQ_FIRST
+        seqs = [_SEQ_FIRST + next(self._seq) % span for _ in payloads]
+        return self._raw(owner).dumps(msg_type, payloads, seqs)
 
     def _raw(self, owner: Any) -> RawSocket:
         cached = getattr(self._local, "raw", None)

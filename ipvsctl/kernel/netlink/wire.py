@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import operator
 import socket
 import struct
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from ipvsctl.kernel.netlink.codec import FWD_MASQ, SVC_F_PERSISTENT
 from ipvsctl.model import (
@@ -57,6 +61,7 @@ DEST_TUN_TYPE, DEST_TUN_PORT, DEST_TUN_FLAGS = 13, 14, 15
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 _ERROR = struct.Struct("=i")
+HEADER, ERROR_CODE = _HEADER, _ERROR  # for raw.py's in-place reads of answers
 _U16 = struct.Struct("=H")
 _BE16 = struct.Struct("!H")
 _U32 = struct.Struct("=I")
@@ -431,9 +436,105 @@ class MalformedAnswer(Exception):
     """An answer that does not hold what its kind must (errors.py: a KernelTransient)."""
 
 
+# A drain check parses one dest message per draining real server. The generic walk builds a
+# dict of ~17 attributes each time; instead, the kernel's layout (every dest message from a
+# kernel is laid out alike: attribute order and lengths) is learned from the first message
+# and then read with one unpack, its lengths and types checked; a message that does not
+# match a learned layout takes the walk (and its layout is learned, up to 4).
+_DEST_WANTED = (DEST_ADDR, DEST_PORT, DEST_WEIGHT, DEST_ACTIVE_CONNS, DEST_INACT_CONNS)
+_VALUE_FORMATS = {1: "B", 2: "H", 4: "I"}
+_DEST_SIZES = {
+    DEST_ADDR: 20,
+    DEST_PORT: 6,
+    DEST_WEIGHT: 8,
+    DEST_ACTIVE_CONNS: 8,
+    DEST_INACT_CONNS: 8,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _DestLayout:
+    fixed: struct.Struct  # from the dest attribute's header to the last attribute read
+    shape: Callable[[tuple[Any, ...]], Any]  # the unpacked lengths and types ...
+    expected: tuple[int, ...]  # ... as learned
+    at: dict[int, int]  # attribute type -> the index of its value in the unpacked tuple
+
+
+_dest_layouts: list[_DestLayout] = []
+
+
+def _learn_dest_layout(msg: bytes) -> _DestLayout | None:
+    top = _NLA.unpack_from(msg, _GENL_ATTRS) if len(msg) >= _GENL_ATTRS + 4 else (0, 0)
+    if top[1] & _NLA_TYPE_MASK != ATTR_DEST or top[0] > len(msg) - _GENL_ATTRS:
+        return None
+    fmt, shape_fields, expected, at = ["=HH"], [0, 1], [top[0], top[1]], {}
+    i, end, n = _GENL_ATTRS + 4, _GENL_ATTRS + top[0], 2
+    while i + 4 <= end and not all(t in at for t in (*_DEST_WANTED, DEST_ADDR_FAMILY)):
+        length, kind = _NLA.unpack_from(msg, i)
+        if length < 4 or i + length > end or (kind & _NLA_TYPE_MASK) in at:
+            return None
+        size = length - 4
+        fmt.append("HH" + (_VALUE_FORMATS.get(size, f"{size}s") if kind != DEST_PORT else "2s"))
+        fmt.append("x" * (-length & 3))
+        shape_fields += [n, n + 1]
+        expected += [length, kind]
+        at[kind & _NLA_TYPE_MASK] = n + 2
+        n += 3
+        i += (length + 3) & ~3
+    sizes = dict(zip(expected[3::2], expected[2::2], strict=True))  # type -> attribute length
+    if (
+        any(sizes.get(t) != n for t, n in _DEST_SIZES.items())
+        or sizes.get(DEST_ADDR_FAMILY, 6) != 6
+    ):
+        return None
+    if len(msg) < _GENL_ATTRS + struct.calcsize("".join(fmt)):
+        return None
+    # the dest attribute's own length is checked against the message, not learned
+    return _DestLayout(
+        struct.Struct("".join(fmt)),
+        operator.itemgetter(*shape_fields[2:]),
+        tuple(expected[2:]),
+        at,
+    )
+
+
+def _dest_fixed(msg: bytes, vs: ServiceKey) -> RealServerStatus | None:
+    for layout in _dest_layouts:
+        if len(msg) < _GENL_ATTRS + layout.fixed.size:
+            continue
+        h = layout.fixed.unpack_from(msg, _GENL_ATTRS)
+        if h[1] & _NLA_TYPE_MASK != ATTR_DEST or h[0] > len(msg) - _GENL_ATTRS:
+            continue
+        if layout.shape(h) != layout.expected:
+            continue
+        at = layout.at
+        family = h[at[DEST_ADDR_FAMILY]] if DEST_ADDR_FAMILY in at else _family(vs.address)
+        addr = _address(family, h[at[DEST_ADDR]])
+        port = h[at[DEST_PORT]]
+        if addr is None or len(port) != 2:
+            return None
+        return RealServerStatus(
+            key=RealServerKey(addr, int.from_bytes(port, "big")),
+            weight=h[at[DEST_WEIGHT]],
+            active_conns=h[at[DEST_ACTIVE_CONNS]],
+            inactive_conns=h[at[DEST_INACT_CONNS]],
+        )
+    if len(_dest_layouts) < 4:
+        layout_ = _learn_dest_layout(msg)
+        if layout_ is not None and all(
+            (k.fixed.format, k.expected) != (layout_.fixed.format, layout_.expected)
+            for k in _dest_layouts
+        ):
+            _dest_layouts.append(layout_)
+    return None
+
+
 def parse_dest(msg: bytes, vs: ServiceKey) -> RealServerStatus:
     """A dest dump message of virtual server `vs` as a RealServerStatus (the virtual
     server's family stands in on kernels that do not send IPVS_DEST_ATTR_ADDR_FAMILY)."""
+    fixed = _dest_fixed(msg, vs)
+    if fixed is not None:
+        return fixed
     a = _nested(msg, ATTR_DEST)
     family = _u16(a.get(DEST_ADDR_FAMILY)) or _family(vs.address)
     addr = _address(family, a.get(DEST_ADDR, b""))
@@ -446,3 +547,75 @@ def parse_dest(msg: bytes, vs: ServiceKey) -> RealServerStatus:
         active_conns=_u32(a.get(DEST_ACTIVE_CONNS)),
         inactive_conns=_u32(a.get(DEST_INACT_CONNS)),
     )
+
+
+# A drain check dumps its virtual servers but needs only their draining real servers (one
+# of ~10 each): they are found in the answer's bytes by their address attribute, as every
+# kernel's ip_vs_genl_fill_dest writes it (IPVS_DEST_ATTR_ADDR: the 16-byte union
+# nf_inet_addr, an IPv4 address in its first 4), with bytes.find; only a message holding it
+# is parsed (parse_dest, whose exact key decides). Parsing every dest was most of a read.
+_DEST_ADDR_ATTR = _NLA.pack(4 + 16, DEST_ADDR)
+_DEST_ADDR_IN_MSG = _GENL_ATTRS + 4  # the address attribute, first in the dest attribute
+_NLMSG_MIN_TYPE = 0x10  # below: netlink's own (NOOP, ERROR, DONE, OVERRUN)
+
+
+def packed_addresses(real_servers: Iterable[RealServerKey]) -> frozenset[bytes]:
+    """These real servers' address attributes' leading bytes, as find_dests looks for them."""
+    return frozenset(
+        _DEST_ADDR_ATTR + socket.inet_pton(_family(r.address), r.address) for r in real_servers
+    )
+
+
+def find_dests(datagrams: Iterable[bytes], wanted: Collection[bytes]) -> list[bytes]:
+    """The messages of a dump's answer that hold one of the wanted address attributes
+    (packed_addresses), each once, in order. A hit is framed by the kernel's layout (the
+    address first in the dest attribute, 24 bytes into its message), checked; a hit that
+    does not frame so takes a walk of its datagram's messages."""
+    out: list[bytes] = []
+    for data in datagrams:
+        hits: set[int] = set()
+        for pattern in wanted:
+            at = data.find(pattern)
+            while at >= 0:
+                hits.add(at)
+                at = data.find(pattern, at + 1)
+        if not hits:
+            continue
+        mine: list[bytes] = []
+        for h in sorted(hits):
+            start = h - _DEST_ADDR_IN_MSG
+            if start >= 0:
+                length, kind, _f, _s, _p = _HEADER.unpack_from(data, start)
+                nest_len, nest_type = _NLA.unpack_from(data, start + _GENL_ATTRS)
+                if (
+                    kind >= _NLMSG_MIN_TYPE
+                    and start + length <= len(data)
+                    and nest_len == length - _GENL_ATTRS
+                    and nest_type & _NLA_TYPE_MASK == ATTR_DEST
+                ):
+                    mine.append(data[start : start + length])
+                    continue
+            # another layout: every message of the datagram that holds one
+            mine = [m for _k, _fl, _sq, m in split(data) if any(p in m for p in wanted)]
+            break
+        out += mine
+    return out
+
+
+def dump_end(datagrams: list[bytes], seq: int) -> list[bytes] | int | None:
+    """The end of dump `seq` inside datagrams that also hold data (raw.py looks for it at
+    the head of a datagram, where the kernel puts it): None while not ended, else the
+    datagrams cut before it, or the errno of an NLMSG_ERROR."""
+    for n, data in enumerate(datagrams):
+        at = 0
+        for kind, _flags, answer_seq, msg in split(data):
+            if answer_seq == seq and kind in (NLMSG_DONE, NLMSG_ERROR):
+                code = error_code(msg) if kind == NLMSG_ERROR else 0
+                return code or [*datagrams[:n], data[:at]]
+            at += (len(msg) + 3) & ~3
+    return None
+
+
+def dump_messages(datagrams: Iterable[bytes]) -> list[bytes]:
+    """Every message of a dump's answer (raw.py's datagrams)."""
+    return [m for data in datagrams for kind, _f, _s, m in split(data) if kind >= _NLMSG_MIN_TYPE]
