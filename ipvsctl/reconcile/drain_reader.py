@@ -1,8 +1,9 @@
 """The drain check's kernel reads, done without the loop's lock.
 
 A check is three steps (`drain_check.py`): a snapshot of the queue (under the lock, one
-shallow copy), the reads (here, no lock: one read of /proc/net/ip_vs for every draining
-real server's counts, and at most one streamed pass over /proc/net/ip_vs_conn for the TCP
+shallow copy), the reads (here, no lock: the draining real servers' counts, by one read of
+/proc/net/ip_vs or one netlink dump per draining virtual server, whichever is measured cheaper,
+and at most one streamed pass over /proc/net/ip_vs_conn for the TCP
 ones whose connections are all inactive), then the check applies the reading under the lock,
 only to entries that are still the very ones snapshotted (`DrainCheck.apply`): a count read
 before an endpoint came back never deletes it.
@@ -18,7 +19,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelNotFound, KernelUnavailable
+from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelUnavailable
 from ipvsctl.model import (
     ConnCounts,
     DrainEntry,
@@ -35,7 +36,8 @@ from ipvsctl.reconcile.clock import Clock, paced
 log = logging.getLogger("ipvsctl.drain")
 
 DUTY = 9.0  # the conn-table pass waits at least DUTY x its last duration before the next
-PROBE_DUMPS = 8  # checks with at most this many virtual servers may measure a dump's cost
+PROBE_DUMPS = 8  # virtual servers read by dumps to measure a dump's cost
+DUMP_BATCH = 16  # virtual servers per batch of dumps; the loop may go first between batches
 RETRY_TABLE = 60  # checks by dumps before the table read is measured again
 
 
@@ -106,48 +108,73 @@ class DrainReader:
         """The cheaper of one table read (its cost grows with the whole table) and one
         netlink dump per draining virtual server (grows with the drains), by the costs
         measured here so far (`read_choice`); dumps also when the table file cannot be read
-        (the counts are what the drain rule needs, so they must come from somewhere)."""
-        if self.read_choice(len(keys)) == "table":
-            t0 = self.clock.monotonic()
-            try:
-                # only the draining real servers: the rule needs no others (at 1,000 draining
-                # of 10,000 virtual servers, parsing the other 9,000 real server lines was
-                # most of the read)
-                observed = self.kernel.read_real_servers(keys, only)
-            except KernelError as exc:
-                self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
-                self._table_cost = float("inf")  # dumps from now on
-                self._table_failing.failed(
-                    logging.WARNING,
-                    "ipvs table file unreadable, reading per virtual server",
-                    error=exc,
-                )
-            else:
-                self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
+        (the counts are what the drain rule needs, so they must come from somewhere). Only
+        the draining real servers are read either way: the rule needs no others (at 1,000
+        draining of 10,000 virtual servers, parsing the other 9,000 was most of a read)."""
+        choice = self.read_choice(len(keys))
+        observed: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        if choice == "probe":  # a dump's cost is not known yet: measured on the first few
+            observed = self._dumps(keys[:PROBE_DUMPS], only)
+            keys = keys[PROBE_DUMPS:]
+            choice = self.read_choice(len(keys))
+        if choice == "table":
+            table = self._table(keys, only)
+            if table is not None:
+                observed.update(table)
                 return observed
-        observed_: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        observed.update(self._dumps(keys, only))
+        return observed
+
+    def _table(
+        self, keys: list[ServiceKey], only: Mapping[ServiceKey, Collection[RealServerKey]]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None] | None:
         t0 = self.clock.monotonic()
-        for key in keys:
-            self.give_way()
+        try:
+            observed = self.kernel.read_real_servers(keys, only)
+        except KernelError as exc:
+            self.metrics.netlink_errors.labels(exc.operation or "read_real_servers").inc()
+            self._table_cost = float("inf")  # dumps from now on
+            self._table_failing.failed(
+                logging.WARNING,
+                "ipvs table file unreadable, reading per virtual server",
+                error=exc,
+            )
+            return None
+        self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
+        return observed
+
+    def _dumps(
+        self, keys: list[ServiceKey], only: Mapping[ServiceKey, Collection[RealServerKey]]
+    ) -> dict[ServiceKey, list[RealServerStatus] | None]:
+        if not keys:
+            return {}
+        observed: dict[ServiceKey, list[RealServerStatus] | None] = {}
+        t0 = self.clock.monotonic()
+        for start in range(0, len(keys), DUMP_BATCH):
+            self.give_way()  # between batches: a waiting change goes first
             try:
-                observed_[key] = self.kernel.list_real_servers(key)
-            except KernelNotFound:
-                observed_[key] = None
-            except KernelError as exc:
+                found = self.kernel.dump_real_servers(keys[start : start + DUMP_BATCH], only)
+            except KernelError as exc:  # no reading at all (the socket): asked again next check
                 self.metrics.netlink_errors.labels(exc.operation or "list_real_servers").inc()
+                return observed
+            for key, got in found.items():
+                if isinstance(got, KernelError):  # left out: read again at the next check
+                    self.metrics.netlink_errors.labels(got.operation or "list_real_servers").inc()
+                else:
+                    observed[key] = got
         self._dump_cost = _ewma(self._dump_cost, (self.clock.monotonic() - t0) / len(keys))
         self._dump_checks += 1
-        return observed_
+        return observed
 
     def read_choice(self, n: int) -> str:
-        """ "table" or "dumps" for n draining virtual servers. The table is tried first;
-        a dump's cost is learned on small checks (a few virtual servers); then whichever
-        is estimated cheaper. The table is re-tried now and then (every 60 checks), as
-        its cost changes with the node's table."""
+        """ "table", "dumps" or "probe" (dumps for the first few to learn their cost, then
+        the cheaper for the rest) for n draining virtual servers. The table is tried first;
+        then whichever is estimated cheaper. The table is re-tried now and then (every 60
+        checks by dumps), as its cost changes with the node's table."""
         if self._table_cost is None:
             return "table"
         if self._dump_cost is None:
-            return "dumps" if n <= PROBE_DUMPS or self._table_cost == float("inf") else "table"
+            return "dumps" if n <= PROBE_DUMPS or self._table_cost == float("inf") else "probe"
         if self._dump_checks >= RETRY_TABLE and self._table_cost != float("inf"):
             self._dump_checks = 0
             return "table"
