@@ -65,6 +65,7 @@ class Plan:
     baseline_changes: int = 10  # per baseline (minimum wanted)
     baseline_budget_s: float = 300.0  # per baseline: stop after this (and say so)
     phases: bool = True  # False: the table and the daemon's start only
+    drain_only: bool = False  # True: of the daemon's phases only draining and its reaction
 
 
 class Table:
@@ -420,6 +421,24 @@ def _daemon_phases(
 
     # 3. through the daemon
     phases: dict[str, Any] = {}
+    if not plan.drain_only:
+        _idle_and_audit_phases(bd, w, t, rng, plan, phases, pick_any)
+    _draining_phases(bd, w, t, rng, plan, phases, n, e, eng)
+    if not plan.drain_only:
+        _burst_and_idle_cpu(bd, w, t, rng, plan, phases, n, e, eng)
+    out["daemon"] = phases
+
+
+def _idle_and_audit_phases(
+    bd: BenchDaemon,
+    w: Watcher,
+    t: Table,
+    rng: random.Random,
+    plan: Plan,
+    phases: dict[str, Any],
+    pick_any: Any,
+) -> None:
+    n, eng = t.n, bd.engine
     # every compared phase runs under the sampler, so its cost weighs on all alike
     with Sampler(every=SAMPLE_EVERY) as s:
         lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_any)
@@ -493,6 +512,18 @@ def _daemon_phases(
         f"{phases['audit']['p99']} ms; audit reads {phases['audit']['audit_reads']}"
     )
 
+
+def _draining_phases(
+    bd: BenchDaemon,
+    w: Watcher,
+    t: Table,
+    rng: random.Random,
+    plan: Plan,
+    phases: dict[str, Any],
+    n: int,
+    e: int,
+    eng: Any,
+) -> None:
     # draining: D real servers held at weight 0 with a connection each
     d = min(plan.draining, n * e // 2)
     per = math.ceil(d / n)
@@ -520,7 +551,7 @@ def _daemon_phases(
         lat = _loop_changes(bd, w, t, rng, plan.loop_changes, plan.gap, pick_free)
     phases["draining"] = summary(lat) | {
         "draining": len(eng.drains.queue),
-        "over_idle_p99": _ratio(summary(lat), phases["idle"]),
+        "over_idle_p99": _ratio(summary(lat), phases.get("idle", {})),
         "profile": s.report(),
     }
     log(
@@ -563,6 +594,18 @@ def _daemon_phases(
             t.set(i, j, True)
     _send_all(bd, w, t, [(i, js[-1], True) for i, js in by_service.items()], 3600)
 
+
+def _burst_and_idle_cpu(
+    bd: BenchDaemon,
+    w: Watcher,
+    t: Table,
+    rng: random.Random,
+    plan: Plan,
+    phases: dict[str, Any],
+    n: int,
+    e: int,
+    eng: Any,
+) -> None:
     # burst: one change on each of B Services, put on the queue at once
     b = min(plan.burst, n)
     svcs = rng.sample(range(n), b)
@@ -599,7 +642,6 @@ def _daemon_phases(
         "profile": s.report(),
     }
     log(f"{n} services: idle CPU {phases['idle_cpu']}")
-    out["daemon"] = phases
 
 
 def _baseline(

@@ -1,7 +1,7 @@
 """Run the benchmarks; each part writes one JSON file into --out.
 
     python -m bench.run vm    [--out out/bench] [--sizes ...] [--mode initial|restart]
-                              [--parts e2k,drain,rollout]
+                              [--parts e2k,drain,rollout] [--drain-only]
     python -m bench.run host  [--out out/bench] [--parts e2k,restart,memory]
     python -m bench.run smoke [--out out/bench-smoke]        (also BENCH_SMOKE=1)
 
@@ -10,6 +10,11 @@ kernel (the table, the daemon's phases, both baselines), the drain reaction with
 connections, the demo's rollout. `host` runs the same on the in-memory kernel, the restart
 over a 1,000 and a 10,000-Service table, and the memory/CPU benchmark. `smoke` runs every
 host part at tiny sizes, in seconds (tests/unit/test_bench_smoke.py).
+
+`--drain-only` keeps of the VM's e2k part the draining phase and the drain reaction (the
+rows issue 32 worked on): 15 min at 10,000 on a loaded machine, most of it the table's
+set-up and the daemon's restart. One read of 1,000 draining counts
+by each path is `python -m bench.drain_read` (its docstring).
 
 Scale (sizes, changes per phase, baseline samples and budgets, initial sync or restart per
 size) is in VM_PLAN / HOST_PLAN below; see docs/benchmarks.md.
@@ -220,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="vm e2k: the daemon's phases without the two baselines",
     )
+    p.add_argument(
+        "--drain-only",
+        action="store_true",
+        help="vm e2k: of the daemon's phases only draining and the drain reaction (no "
+        "idle, audit, burst or idle CPU phases, no baselines, 20 changes' cost)",
+    )
     p.add_argument("--memory-services", type=int, default=10000)
     p.add_argument("--memory-events", type=int, default=10000)
     p.add_argument("--memory-repeat", type=int, default=3)
@@ -251,6 +262,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.no_baselines:
                 plan = {
                     n: (mode, dataclasses.replace(size_plan, baseline_changes=0))
+                    for n, (mode, size_plan) in VM_PLAN.items()
+                }
+            if args.drain_only:
+                plan = {
+                    n: (
+                        mode,
+                        dataclasses.replace(
+                            size_plan, baseline_changes=0, engine_changes=20, drain_only=True
+                        ),
+                    )
                     for n, (mode, size_plan) in VM_PLAN.items()
                 }
             ok &= _part(
