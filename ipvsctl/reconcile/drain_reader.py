@@ -80,7 +80,9 @@ class DrainReader:
         # Measured costs (seconds): one table read, one dump; None until first measured.
         self._table_cost: float | None = None
         self._dump_cost: float | None = None
-        self._dump_checks = 0
+        self._dump_checks = 0  # checks by dumps since the table's last measure
+        self._table_checks = 0  # checks by the table since a dump's last measure
+        self._dumps_opened = False
         # The table read is not tried again for a while after a failure (dumps instead): its
         # streak is logged once for good.
         self._table_failing = FailureStreaks(log)
@@ -112,12 +114,18 @@ class DrainReader:
         (the counts are what the drain rule needs, so they must come from somewhere). Only
         the draining real servers are read either way: the rule needs no others (at 1,000
         draining of 10,000 virtual servers, parsing the other 9,000 was most of a read)."""
-        choice = self.read_choice(len(keys))
         observed: dict[ServiceKey, list[RealServerStatus] | None] = {}
-        if choice != "table":
+        choice = self.read_choice(len(keys))
+        if choice == "table":
+            self._table_checks += 1
+        else:
             self._dump_checks += 1
-        if choice == "probe":  # a dump's cost is not known yet: measured on the first few
-            observed = self._dumps(keys[:PROBE_DUMPS], only)
+        # a dump's cost not known (or not lately): measured on the first few; at most twice,
+        # as the first dumps of this thread also open its netlink socket (not measured)
+        for _ in range(2):
+            if choice != "probe" or len(keys) <= PROBE_DUMPS:
+                break
+            observed.update(self._dumps(keys[:PROBE_DUMPS], only, probe=True))
             keys = keys[PROBE_DUMPS:]
             choice = self.read_choice(len(keys))
         if choice == "table":
@@ -147,7 +155,10 @@ class DrainReader:
         return observed
 
     def _dumps(
-        self, keys: list[ServiceKey], only: Mapping[ServiceKey, Collection[RealServerKey]]
+        self,
+        keys: list[ServiceKey],
+        only: Mapping[ServiceKey, Collection[RealServerKey]],
+        probe: bool = False,
     ) -> dict[ServiceKey, list[RealServerStatus] | None]:
         if not keys:
             return {}
@@ -165,14 +176,20 @@ class DrainReader:
                     self.metrics.netlink_errors.labels(got.operation or "list_real_servers").inc()
                 else:
                     observed[key] = got
-        self._dump_cost = _ewma(self._dump_cost, (self.clock.monotonic() - t0) / len(keys))
+        if self._dumps_opened:
+            cost = (self.clock.monotonic() - t0) / len(keys)
+            # a probe replaces a measure taken long ago (or none); checks by dumps average
+            self._dump_cost = cost if probe else _ewma(self._dump_cost, cost)
+        else:  # the first on this thread opened its socket (in the namespace: seconds under
+            self._dumps_opened = True  # emulation): no measure of a dump
         return observed
 
     def read_choice(self, n: int) -> str:
         """ "table", "dumps" or "probe" (dumps for the first few to learn their cost, then
         the cheaper for the rest) for n draining virtual servers. The table is tried first;
-        then whichever is estimated cheaper. The table is re-tried now and then (every 60
-        checks by dumps), as its cost changes with the node's table, but only while it
+        then whichever is estimated cheaper. Dumps are probed again every 60 checks by the
+        table. The table is re-tried every 60 checks by dumps, as its cost changes with the
+        node's table, but only while it
         could plausibly win (the dumps cost at least half its last measure): at 10,000
         Services under emulation one table read costs ~2 s against ~0.5 s of dumps, and a
         needless re-read delays every drain that ends during it."""
@@ -184,7 +201,12 @@ class DrainReader:
         if self._dump_checks >= RETRY_TABLE and dumps * RETRY_SHARE >= self._table_cost:
             self._dump_checks = 0
             return "table"
-        return "dumps" if dumps < self._table_cost else "table"
+        if dumps < self._table_cost:
+            return "dumps"
+        if self._table_checks >= RETRY_TABLE and n > PROBE_DUMPS:
+            self._table_checks = 0
+            return "probe"
+        return "table"
 
     def _read_conns(
         self, wanted: list[tuple[ServiceKey, RealServerKey]]
