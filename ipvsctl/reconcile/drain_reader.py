@@ -73,7 +73,7 @@ class DrainReader:
         give_way: Callable[[], None] = lambda: None,
     ) -> None:
         self.kernel = kernel
-        self.give_way = give_way  # called between dumps and while judging: events first
+        self.give_way = give_way  # between batches of dumps and while judging: events first
         self.metrics = metrics
         self.clock = clock
         self._next_conn_scan = 0.0

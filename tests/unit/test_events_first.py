@@ -5,6 +5,7 @@ timed."""
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -16,6 +17,7 @@ from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.model import ServiceKey
 from ipvsctl.reconcile.audit import SERVICES_PER_GIVE_WAY
+from ipvsctl.reconcile.drain_reader import DUMP_BATCH, PROBE_DUMPS
 from ipvsctl.reconcile.events_first import READING_SWITCH_INTERVAL, EventsFirst
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.source.events import ObjectKind, Upsert
@@ -147,4 +149,5 @@ def test_drain_checks_give_way_between_dumps_and_while_judging():
     calls = 0
     h.engine.drain_check.reader._table_cost = float("inf")  # by dumps
     check.read(check.snapshot())
-    assert calls == n + 3  # one per dump, and the judging
+    # one per batch of dumps (the probe's, then the rest's), and the judging
+    assert calls == 1 + math.ceil((n - PROBE_DUMPS) / DUMP_BATCH) + 3
