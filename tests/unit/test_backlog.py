@@ -138,3 +138,27 @@ def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger():
     skipped = "ipvsctl_network_programming_skipped_total"
     assert m.value(skipped, {"reason": "malformed"}) == 1
     assert "10.0.0.4" in str(h.kernel.services) and "10.0.0.2" not in str(h.kernel.services)
+
+
+def test_a_long_history_of_one_waiting_slice_keeps_every_stamp_and_trigger_in_order():
+    # A stalled loop and one hot slice: every version is still observed, oldest first.
+    q = Backlog()
+    n = 3_000
+    for i in range(n):
+        q.put(Upsert(SLICE, sl("a", "10.0.0.1", trigger=f"2026-01-01T00:00:{i % 60:02d}Z"), i))
+    (got,) = drain(q)
+    assert got.received == n - 1
+    assert got.earlier == tuple(float(i) for i in range(n - 1))
+    assert got.earlier_triggers == tuple(f"2026-01-01T00:00:{i % 60:02d}Z" for i in range(n - 1))
+    assert q.merged == n - 1 and q.unfinished_tasks == 1
+
+
+def test_a_premerged_event_keeps_its_own_history_after_the_waiting_ones():
+    q = Backlog()
+    q.put(Upsert(SLICE, sl("a", "10.0.0.1", trigger="2026-01-01T00:00:01Z"), 1.0))
+    q.put(Upsert(SLICE, sl("a", "10.0.0.2"), 5.0, (2.0, 3.0), ("t2",)))
+    q.put(Delete(SLICE, "default", "a", 6.0))
+    (got,) = drain(q)
+    assert isinstance(got, Delete)
+    assert got.earlier == (1.0, 2.0, 3.0, 5.0)
+    assert got.earlier_triggers == ("2026-01-01T00:00:01Z", "t2")
