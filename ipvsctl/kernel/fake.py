@@ -40,7 +40,6 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.model.ipvs import IPVS_SCHEDULERS
-from ipvsctl.model.keys import service_order
 from ipvsctl.plan.conntrack import real_server_entries
 
 __all__ = ["FakeKernel", "FaultyKernel"]  # FaultyKernel: wrappers.py
@@ -128,7 +127,8 @@ class FakeKernel:
 
     # --- IPVSKernel ---------------------------------------------------------------
     def list_virtual_servers(self) -> list[VirtualServer]:
-        return [self.services[k].vs for k in sorted(self.services, key=service_order)]
+        # in no particular order, as the kernel's dump (its hash order): here, insertion
+        return [svc.vs for svc in self.services.values()]
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
         self.dumps += 1

@@ -50,7 +50,7 @@ class IPVSKernel(Protocol):
     callers handle KernelExists/KernelNotFound themselves."""
 
     def list_virtual_servers(self) -> list[VirtualServer]:
-        """Every virtual server in the table (one dump)."""
+        """Every virtual server in the table (one dump), in no particular order."""
         ...
 
     def list_real_servers(self, key: ServiceKey) -> list[RealServerStatus]:
