@@ -120,6 +120,8 @@ class RequestRecord:
     resource: str | None
     namespace: str | None
     name: str | None
+    raw_query: str = ""  # the query string as sent (order and encoding: the wire tests)
+    accept: str | None = None  # the Accept header
 
 
 @dataclass(slots=True)
@@ -736,6 +738,8 @@ class FakeAPIServer:
             info.plural if info else None,
             namespace,
             name,
+            parts.query,
+            h.headers.get("Accept"),
         )
         h.acct = (verb, info.plural if info else parts.path)
         if REQUEST_LOG_ENV in os.environ:
