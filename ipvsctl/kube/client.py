@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes import client as k8s_client
+from kubernetes.client import ApiClient
 
 from ipvsctl.kube.config import load_configuration, new_api_client
+from ipvsctl.kube.listwatch import ENDPOINT_SLICES, NODES, SERVICES, ListWatch
 from ipvsctl.kube.logs import log
 from ipvsctl.kube.node import node_list_func
 from ipvsctl.kube.probe import ReadyProbe
@@ -74,7 +75,7 @@ class KubeSource:
 
     def __init__(
         self,
-        api_client: k8s_client.ApiClient,
+        api_client: ApiClient,
         *,
         settings: KubeSettings | None = None,
         on_watch_restart: WatchRestartCallback | None = None,
@@ -96,8 +97,10 @@ class KubeSource:
         self._on_watch_restart = on_watch_restart
         self._clock = clock
         self._rng = rng or random.Random()
-        self._core = k8s_client.CoreV1Api(api_client)
-        self._discovery = k8s_client.DiscoveryV1Api(api_client)
+        # Not the generated CoreV1Api/DiscoveryV1Api: ~20 MB of imports (kube.listwatch)
+        self._services = ListWatch(api_client, SERVICES)
+        self._endpoint_slices = ListWatch(api_client, ENDPOINT_SLICES)
+        self._nodes = ListWatch(api_client, NODES)
         s = self.settings
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
@@ -139,7 +142,7 @@ class KubeSource:
         )
 
     @property
-    def api_client(self) -> k8s_client.ApiClient:
+    def api_client(self) -> ApiClient:
         """The configured client, shared with the Events writer (`kube.events`)."""
         return self._api
 
@@ -175,7 +178,7 @@ class KubeSource:
             "probe": self.probe,
             "cluster_nodes": lambda: self.cluster_nodes,
         }
-        list_services: Any = self._core.list_service_for_all_namespaces
+        list_services: Any = self._services
         if self._service_selector:
             # On the list and on every watch: a Service relabelled away from the selector
             # then arrives as DELETED (the store also drops one that does not match).
@@ -192,7 +195,7 @@ class KubeSource:
             Reflector(
                 kind=ObjectKind.ENDPOINT_SLICE,
                 resource="endpointslices",
-                list_func=self._discovery.list_endpoint_slice_for_all_namespaces,
+                list_func=self._endpoint_slices,
                 trim=trim_endpoint_slice,
                 **common,
             ),
@@ -202,9 +205,7 @@ class KubeSource:
                 Reflector(
                     kind=ObjectKind.NODE,
                     resource="nodes",
-                    list_func=node_list_func(
-                        self._core.list_node, self.node_name, emit, clock=self._clock
-                    ),
+                    list_func=node_list_func(self._nodes, self.node_name, emit, clock=self._clock),
                     trim=trim_node,
                     **common,
                 )

@@ -16,7 +16,7 @@ a node catches up within seconds of an outage instead of after its grown backoff
 client-go does), not from etcd: see `_list` for what that means for time going backwards.
 
 The resourceVersion is taken from every event, bookmarks included, so a re-watch after a
-quiet period does not replay or expire. Raw JSON is read (`_preload_content=False`) and
+quiet period does not replay or expire. Raw JSON is read (`kube.listwatch`) and
 trimmed at once (decode.py): deserialising into the generated models is slow and heavy at
 this scale. What to do after a watch ends (wait how, relist or not) is `retry.py`'s pure
 rule; this module does the requests and the waiting.
@@ -46,7 +46,9 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
 
-ListFunc = Callable[..., Any]  # a generated `list_*_for_all_namespaces` method
+# A list or watch request returning the raw response (`kube.listwatch.ListWatch`; it takes
+# the keyword arguments of the generated `list_*_for_all_namespaces` methods)
+ListFunc = Callable[..., Any]
 WatchRestartCallback = Callable[[str, str], None]  # (resource, reason)
 
 
@@ -364,7 +366,7 @@ class Reflector:
     # ---- requests -----------------------------------------------------------------------
 
     def _open(self, halt: threading.Event, **kwargs: Any) -> Any:
-        resp = self._list_func(_preload_content=False, **kwargs)
+        resp = self._list_func(**kwargs)
         with self._resp_lock:
             self._resp = resp
         if halt.is_set():  # stop came while the request was being sent

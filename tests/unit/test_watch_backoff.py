@@ -14,11 +14,11 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client as k8s_client
 
 from devkit.fakeapi import FakeAPIServer
 from ipvsctl.kube.backoff import BackoffManager
 from ipvsctl.kube.config import load_configuration, new_api_client
+from ipvsctl.kube.listwatch import SERVICES, ListWatch
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_service
 from ipvsctl.kube.watch import Reflector
@@ -59,7 +59,7 @@ def run_reflector(api: FakeAPIServer, minutes: int = MINUTES) -> tuple[list[floa
     """Runs a Service reflector for `minutes` of virtual time; the virtual times of its
     completed lists."""
     vt = VirtualTime(minutes * 60.0)
-    core = k8s_client.CoreV1Api(new_api_client(load_configuration(None, api.url, environ={})))
+    services = ListWatch(new_api_client(load_configuration(None, api.url, environ={})), SERVICES)
     lists: list[float] = []
 
     def emit(event: SourceEvent) -> None:
@@ -70,7 +70,7 @@ def run_reflector(api: FakeAPIServer, minutes: int = MINUTES) -> tuple[list[floa
     reflector = Reflector(
         kind=ObjectKind.SERVICE,
         resource="services",
-        list_func=core.list_service_for_all_namespaces,
+        list_func=services,
         trim=trim_service,
         emit=emit,
         settings=SETTINGS,
