@@ -9,6 +9,7 @@ kubernetes 37 sent, so a difference is a change on the wire, not a refactoring.
 from __future__ import annotations
 
 import dataclasses
+import json
 import queue
 import sys
 import threading
@@ -17,8 +18,16 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from kubernetes.client.exceptions import (
+    ApiException,
+    ForbiddenException,
+    ServiceException,
+    UnauthorizedException,
+)
 
 from ipvsctl.kube.client import KubeSource
+from ipvsctl.kube.config import load_configuration, new_api_client
+from ipvsctl.kube.listwatch import SERVICES, ListWatch
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.convert import service_label_selector
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
@@ -191,3 +200,71 @@ def test_watch_list_on_the_wire(api) -> None:
         "&timeoutSeconds=60&watch=true",
         JSON,
     )
+
+
+# ---- error answers: the exceptions kube.watch's retry rules see --------------------------
+
+
+def _services(api: FakeAPIServer) -> ListWatch:
+    return ListWatch(new_api_client(load_configuration(None, api.url, environ={})), SERVICES)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "exc_type"),
+    [
+        (401, "Unauthorized", UnauthorizedException),
+        (403, "Forbidden", ForbiddenException),
+        (410, "Gone", ApiException),
+        (503, "Service Unavailable", ServiceException),
+    ],
+)
+def test_an_error_answer_is_the_generated_methods_api_exception(
+    api, status: int, reason: str, exc_type: type[ApiException]
+) -> None:
+    api.fail_next("list", "Service", status=status, retry_after=2)
+    with pytest.raises(ApiException) as caught:
+        _services(api)(limit=1, _request_timeout=(1.0, 2.0))
+    exc = caught.value
+    assert type(exc) is exc_type
+    assert (exc.status, exc.reason) == (status, reason)
+    assert exc.headers is not None and exc.headers["Retry-After"] == "2"
+    assert json.loads(exc.body)["code"] == status  # the Status, as the generated methods kept it
+
+
+def test_parameters_are_checked_as_the_generated_methods_checked_them(api) -> None:
+    services = _services(api)
+    with pytest.raises(TypeError, match="unexpected query parameters: pretty"):
+        services(pretty="true")
+    with pytest.raises(TypeError, match="resource_version must be str, not int"):
+        services(resource_version=1007)  # e.g. a hostile server's number
+    with pytest.raises(TypeError, match="limit must be int, not bool"):
+        services(limit=True)
+    assert not api.requests
+
+
+def test_a_bearer_token_is_sent(tmp_path) -> None:
+    server = FakeAPIServer(token="s3cret").start()
+    try:
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+                    "users": [{"name": "u", "user": {"token": "s3cret"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        cfg = load_configuration(str(kubeconfig), None, environ={})
+        resp = ListWatch(new_api_client(cfg), SERVICES)(limit=1)
+        try:
+            assert json.loads(resp.data)["kind"] == "ServiceList"
+        finally:
+            resp.release_conn()
+        with pytest.raises(UnauthorizedException):
+            _services(server)(limit=1)  # no token: the fake refuses it
+    finally:
+        server.stop()
