@@ -17,7 +17,10 @@ Two measures, both here:
   (a long sync must not stop the drain checks for its whole length).
 - `reading()`: while the audit reads (its runner is given this object), the switch
   interval is `READING_SWITCH_INTERVAL`, so a loop that wakes while it parses and sorts a
-  dump (no give-way point there) waits for the GIL that long, not 1 ms. Not for the drain
+  dump (no give-way point there) waits for the GIL that long, not 1 ms. Only while the
+  loop waits: from `took_events` to `step_done` the loop's own interval is back, so its step
+  is not cut into 50 us turns with the reader's Python (each a GIL handoff; under emulation
+  that made the loop's steps during an audit several times slower). Not for the drain
   check: a short interval also cuts the loop's own work into 50 us turns with a reader
   that has no give-way point (its table scan), and in the one VM run with it (a loaded
   host) the draining phase's p99 was 2.8x idle against 1.7x before.
@@ -56,8 +59,14 @@ class EventsFirst:
     # --- the loop -----------------------------------------------------------------------
     def took_events(self) -> None:
         self._applying = True
+        with self._reading_lock:
+            if self._reading:  # the loop's own work is not cut into short turns
+                sys.setswitchinterval(self._interval)
 
     def step_done(self) -> None:
+        with self._reading_lock:
+            if self._reading:
+                sys.setswitchinterval(min(self._interval, READING_SWITCH_INTERVAL))
         with self._cond:
             self._applying = False
             self.steps += 1
@@ -94,7 +103,8 @@ class EventsFirst:
             self._reading += 1
             if self._reading == 1:
                 self._interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._interval, READING_SWITCH_INTERVAL))
+                if not self._applying:
+                    sys.setswitchinterval(min(self._interval, READING_SWITCH_INTERVAL))
         try:
             yield
         finally:

@@ -127,6 +127,31 @@ def test_the_switch_interval_is_short_only_while_a_reader_reads():
         sys.setswitchinterval(before)
 
 
+def test_the_loops_step_runs_at_its_own_interval_while_a_reader_reads():
+    # A short interval during the loop's step cut its work into 50 us turns with the
+    # reader's Python: only the loop's wake-up gets it.
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    first = EventsFirst(queue.Queue())
+    try:
+        with first.reading():
+            first.took_events()
+            assert sys.getswitchinterval() == pytest.approx(0.001)
+            first.step_done()
+            assert sys.getswitchinterval() == pytest.approx(READING_SWITCH_INTERVAL)
+        first.took_events()  # a read that starts during a step waits for its end
+        with first.reading():
+            assert sys.getswitchinterval() == pytest.approx(0.001)
+            first.step_done()
+            assert sys.getswitchinterval() == pytest.approx(READING_SWITCH_INTERVAL)
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+        first.took_events()
+        first.step_done()  # no reader: the interval is left alone
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_drain_checks_give_way_between_dumps_and_while_judging():
     calls = 0
 
