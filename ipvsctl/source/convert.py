@@ -23,6 +23,7 @@ from ipvsctl.model.objects import (
 )
 from ipvsctl.source.duration import parse_duration
 from ipvsctl.source.hints import parse_hints, parse_traffic_distribution
+from ipvsctl.source.shared import share
 from ipvsctl.source.validate import (
     InvalidObject,
     affinity_timeout,
@@ -168,7 +169,7 @@ def parse_service(obj: Mapping[str, Any], default_scheduler: str = "rr") -> Pars
     hc_port = port(hc, "spec.healthCheckNodePort") if hc else None
 
     info = ServiceInfo(
-        ref=ServiceRef(namespace, name),
+        ref=ServiceRef(share(namespace), name),
         type=svc_type,
         cluster_ips=cluster_ips,
         families=_FAMILIES[frozenset(families or (4, 6))],
@@ -260,7 +261,7 @@ def _service_ports(spec: Mapping[str, Any]) -> tuple[ServicePortInfo, ...]:
         if (port_name, proto, number) in seen_names:
             continue
         seen_names.add((port_name, proto, number))
-        ports.append(ServicePortInfo(port_name, proto, number, node_port))
+        ports.append(ServicePortInfo(share(port_name), proto, number, node_port))
     return tuple(ports)
 
 
@@ -424,7 +425,8 @@ def _endpoint(
         uid = target.get("uid")
         if uid is not None and (type(uid) is not str or len(uid) > 128):
             raise InvalidObject(f"endpoints[{i}].targetRef.uid: {short(uid)} is not a uid")
-        pod = PodRef(ns or namespace, pod_name or "", uid or "")
+        # Most targetRefs are in the slice's namespace: its string (shared), not a copy.
+        pod = PodRef(share(ns) if ns and ns != namespace else namespace, pod_name or "", uid or "")
     node_name = ep.get("nodeName")
     raw_hints = ep.get("hints")
     hints = None
@@ -437,7 +439,7 @@ def _endpoint(
         ready,
         condition(conditions, "serving", True),
         condition(conditions, "terminating", False),
-        node_name if isinstance(node_name, str) else None,
+        share(node_name) if isinstance(node_name, str) else None,
         pod,
         hints,
     )
@@ -445,6 +447,7 @@ def _endpoint(
 
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
     namespace, name, meta = object_meta(obj)
+    namespace = share(namespace)  # and every endpoint's pod in it (most are)
     labels = mapping(meta.get("labels"), "metadata.labels")
     service_name = (
         optional_str(labels.get(SERVICE_NAME_LABEL), f"metadata.labels.{SERVICE_NAME_LABEL}")
@@ -468,7 +471,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> Parsed[SliceInfo]:
             raise InvalidObject(f"ports[{i}].name is not a string")
         ports.append(
             SlicePortInfo(
-                port_name,
+                share(port_name),
                 protocol(p.get("protocol"), f"ports[{i}].protocol"),
                 port(p.get("port"), f"ports[{i}].port"),
             )

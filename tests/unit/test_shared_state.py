@@ -1,0 +1,77 @@
+"""One copy of what many endpoints repeat (issue 32, memory): the sharing must never make
+two different values equal, nor two equal values different."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from devkit.builders import endpoint, endpoint_slice, service
+from ipvsctl.source import shared
+from ipvsctl.source.convert import parse_endpoint_slice, parse_service
+
+
+def decoded(obj: dict[str, Any]) -> dict[str, Any]:
+    """As the API's JSON arrives: every string value a new object (literals are shared)."""
+    return json.loads(json.dumps(obj))
+
+
+def test_endpoints_share_their_node_names_namespaces_and_port_names():
+    eps = [endpoint(f"10.244.0.{i}", node="node-b", pod=f"web-{i}", uid=f"u{i}") for i in (1, 2)]
+    a = parse_endpoint_slice(decoded(endpoint_slice("web", eps))).value
+    b = parse_endpoint_slice(decoded(endpoint_slice("web", eps, name="web-xyz"))).value
+    nodes = {id(ep.node_name) for sl in (a, b) for ep in sl.endpoints}
+    namespaces = {
+        id(x) for sl in (a, b) for x in (sl.namespace, *(e.pod.namespace for e in sl.endpoints))
+    }
+    assert len(nodes) == 1 and len(namespaces) == 1
+    assert a.ports[0].name is b.ports[0].name
+    svc = parse_service(decoded(service("web"))).value
+    assert svc.ref.namespace is a.namespace and svc.ports[0].name is a.ports[0].name
+
+
+def test_a_slice_differing_only_in_a_shared_field_is_a_change():
+    before = parse_endpoint_slice(decoded(endpoint_slice("web", [endpoint("10.244.0.1")])))
+    moved = parse_endpoint_slice(
+        decoded(endpoint_slice("web", [endpoint("10.244.0.1", node="node-b")]))
+    )
+    renamed = endpoint_slice("web", [endpoint("10.244.0.1")])
+    renamed["ports"][0]["name"] = "https"
+    again = parse_endpoint_slice(decoded(endpoint_slice("web", [endpoint("10.244.0.1")])))
+    assert before.value.endpoints[0].node_name == "node-a"
+    assert moved.value.endpoints[0].node_name == "node-b"
+    assert moved.value != before.value
+    assert parse_endpoint_slice(decoded(renamed)).value != before.value
+    assert again.value == before.value
+
+
+def test_two_pods_of_one_name_with_different_uids_still_differ():
+    one = parse_endpoint_slice(
+        decoded(endpoint_slice("web", [endpoint("10.244.0.1", pod="web-0", uid="uid-1")]))
+    ).value
+    other = parse_endpoint_slice(
+        decoded(endpoint_slice("web", [endpoint("10.244.0.1", pod="web-0", uid="uid-2")]))
+    ).value
+    assert one.endpoints[0].pod != other.endpoints[0].pod
+    assert not one.endpoints[0].pod.same_pod(other.endpoints[0].pod)
+    assert one != other
+
+
+def test_a_pod_in_another_namespace_keeps_its_namespace():
+    sl = parse_endpoint_slice(
+        decoded(endpoint_slice("web", [endpoint("10.244.0.1", pod="p", namespace="other")]))
+    ).value
+    assert sl.namespace == "default" and sl.endpoints[0].pod.namespace == "other"
+
+
+def test_the_table_is_bounded_and_starts_again_when_full(monkeypatch):
+    monkeypatch.setattr(shared, "_table", {})
+    monkeypatch.setattr(shared, "MAX_SHARED", 3)
+    first = shared.share("".join(["node-", "1"]))
+    assert shared.share("".join(["node-", "1"])) is first
+    for i in range(2, 5):
+        shared.share(f"node-{i}")
+    assert len(shared._table) <= 3
+    fresh = "".join(["node-", "1"])
+    assert shared.share(fresh) == first  # equal either way; the copy is what was dropped
+    assert shared.share("".join(["node-", "1"])) is shared.share(fresh)
