@@ -69,7 +69,9 @@ class DesiredVirtualServer:
     vs: VirtualServer
     kind: VirtualServerKind
     port_name: str
-    real_servers: frozenset[RealServerKey] = frozenset()
+    # Sorted (address, port), so equal sets compare equal: a tuple is a fifth of a
+    # frozenset's size (~140 against ~700 bytes at 10 real servers, one per virtual server).
+    real_servers: tuple[RealServerKey, ...] = ()
     local_only: bool = False  # traffic policy Local: only this node's endpoints, no SNAT
     # loadBalancerSourceRanges of a load-balancer IP, this family's (None: open to all)
     source_ranges: tuple[str, ...] | None = None

@@ -75,6 +75,16 @@ def select_endpoints(
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
+def _address_port(rs: RealServerKey) -> tuple[str, int]:
+    return (rs.address, rs.port)
+
+
+def sorted_real_servers(real_servers: Iterable[RealServerKey]) -> tuple[RealServerKey, ...]:
+    """`DesiredVirtualServer.real_servers`: in RealServerKey's order, sorted by a tuple key
+    (compared in C, not by the dataclass's `__lt__`)."""
+    return tuple(sorted(real_servers, key=_address_port))
+
+
 def source_ranges(
     ranges: tuple[str, ...] | None, lb_ip: str, node_ips: tuple[str, ...]
 ) -> tuple[str, ...] | None:
@@ -137,7 +147,7 @@ def build_desired_service(
         port: int,
         proto: Protocol,
         port_name: str,
-        real_servers: dict[int, frozenset[RealServerKey]],
+        real_servers: dict[int, tuple[RealServerKey, ...]],
     ) -> None:
         key = ServiceKey(proto, address, port)
         if key in wanted:  # e.g. an external IP equal to the cluster IP: first one wins
@@ -158,25 +168,27 @@ def build_desired_service(
             vs,
             kind,
             port_name,
-            real_servers.get(family_of(address), frozenset()),
+            real_servers.get(family_of(address), ()),
             local,
             ranges,
         )
 
     has_external = bool(svc.external_ips) or svc.type in ("NodePort", "LoadBalancer")
     for p in svc.ports:
-        cluster: dict[int, frozenset[RealServerKey]] = {}
-        external: dict[int, frozenset[RealServerKey]] = {}
+        cluster: dict[int, tuple[RealServerKey, ...]] = {}
+        external: dict[int, tuple[RealServerKey, ...]] = {}
         for family in (4, 6):
             eps = collect_endpoints(slices, family, p.name, p.protocol)
-            cluster[family] = select_endpoints(eps, svc.internal_local, node.node_name, topo)
+            selected = select_endpoints(eps, svc.internal_local, node.node_name, topo)
+            cluster[family] = sorted_real_servers(selected)
             # Most Services have no external addresses, and most that do share the cluster
-            # policy: one set then serves both (memory at 100,000 endpoints).
+            # policy: one tuple then serves both (memory at 100,000 endpoints).
             if not has_external:
                 continue
+            same = svc.external_local == svc.internal_local
             ext = (
-                cluster[family]
-                if svc.external_local == svc.internal_local
+                selected
+                if same
                 else select_endpoints(eps, svc.external_local, node.node_name, topo)
             )
             if svc.external_local and not ext:
@@ -184,7 +196,7 @@ def build_desired_service(
                 # (kubernetes#97081), so pods and the host here still reach their own load
                 # balancer; the healthCheckNodePort's 503 keeps outside traffic away.
                 ext = select_endpoints(eps, False, node.node_name, topo)
-            external[family] = ext
+            external[family] = cluster[family] if ext is selected else sorted_real_servers(ext)
         for ip in svc.cluster_ips:
             add(VirtualServerKind.CLUSTER_IP, ip, p.port, p.protocol, p.name, cluster)
         for ip in svc.external_ips:

@@ -82,7 +82,7 @@ def adopt(
         if desired is None:
             continue
         for key, dvs in desired.virtual_servers.items():
-            wanted_rs[key] = dvs.real_servers
+            wanted_rs[key] = frozenset(dvs.real_servers)  # tested per destination below
             if key in observed:
                 vs, dests = observed[key]
                 state.add(

@@ -7,8 +7,12 @@ import json
 from typing import Any
 
 from devkit.builders import endpoint, endpoint_slice, service
+from ipvsctl.model import NodeContext, RealServerKey
+from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source import shared
 from ipvsctl.source.convert import parse_endpoint_slice, parse_service
+
+NODE = NodeContext("node-a", ("192.0.2.10",))
 
 
 def decoded(obj: dict[str, Any]) -> dict[str, Any]:
@@ -75,3 +79,25 @@ def test_the_table_is_bounded_and_starts_again_when_full(monkeypatch):
     fresh = "".join(["node-", "1"])
     assert shared.share(fresh) == first  # equal either way; the copy is what was dropped
     assert shared.share("".join(["node-", "1"])) is shared.share(fresh)
+
+
+def test_real_servers_are_sorted_whatever_the_slices_order():
+    svc = parse_service(service("web")).value
+    addresses = ["10.244.0.10", "10.244.0.2", "10.244.0.100", "10.244.0.9"]
+    one = parse_endpoint_slice(endpoint_slice("web", [endpoint(a) for a in addresses])).value
+    other = parse_endpoint_slice(
+        endpoint_slice("web", [endpoint(a) for a in reversed(addresses)])
+    ).value
+    a, b = (build_desired_service(svc, [sl], NODE) for sl in (one, other))
+    (dvs,) = a.virtual_servers.values()
+    assert dvs.real_servers == tuple(sorted(RealServerKey(x, 8080) for x in addresses))
+    assert a == b
+
+
+def test_external_addresses_share_the_cluster_real_servers():
+    svc = parse_service(service("web", type="NodePort", externalIPs=["192.0.2.99"])).value
+    sl = parse_endpoint_slice(endpoint_slice("web", [endpoint("10.244.0.1")])).value
+    desired = build_desired_service(svc, [sl], NODE)
+    sets = [dvs.real_servers for dvs in desired.virtual_servers.values()]
+    assert len(sets) == 2 and sets[0] == (RealServerKey("10.244.0.1", 8080),)
+    assert sets[0] is sets[1]
