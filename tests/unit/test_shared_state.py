@@ -8,6 +8,7 @@ from typing import Any
 
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.model import NodeContext, RealServerKey
+from ipvsctl.plan.conflicts import Claims, claims_of
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source import shared
 from ipvsctl.source.convert import parse_endpoint_slice, parse_service
@@ -101,3 +102,13 @@ def test_external_addresses_share_the_cluster_real_servers():
     sets = [dvs.real_servers for dvs in desired.virtual_servers.values()]
     assert len(sets) == 2 and sets[0] == (RealServerKey("10.244.0.1", 8080),)
     assert sets[0] is sets[1]
+
+
+def test_claims_are_replaced_and_released():
+    svc = parse_service(service("web")).value
+    desired = build_desired_service(svc, [], NODE)
+    claims = Claims()
+    assert claims.update(svc.ref, claims_of(desired, None)) == set()
+    assert claims.by_ref[svc.ref] == tuple(desired.virtual_servers)
+    claims.update(svc.ref, {})
+    assert claims.by_key == {} and claims.by_ref == {}
