@@ -48,7 +48,11 @@ def normalize_ip(text: str) -> str:
             out = socket.inet_ntop(family, socket.inet_pton(family, text))
         except OSError:
             continue
-        if family == socket.AF_INET and out != text:
+        if out == text and type(text) is str:
+            # The caller's string, not an equal copy: the raw object it came from is still
+            # alive while a list is parsed (100,000 addresses, ~6 MB at the list's peak).
+            return text
+        if family == socket.AF_INET:
             break  # leading zeros and the like: let ipaddress decide
         return out
     return ipaddress.ip_address(text).compressed

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.model import NodeContext, RealServerKey
+from ipvsctl.model import NodeContext, RealServerKey, normalize_ip
 from ipvsctl.plan.conflicts import Claims, claims_of
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source import shared
@@ -112,3 +112,11 @@ def test_claims_are_replaced_and_released():
     assert claims.by_ref[svc.ref] == tuple(desired.virtual_servers)
     claims.update(svc.ref, {})
     assert claims.by_key == {} and claims.by_ref == {}
+
+
+def test_an_address_already_in_its_normal_form_is_kept_not_copied():
+    for text in ("10.244.0.1", "2001:db8::1"):
+        raw = json.loads(json.dumps(text))
+        assert normalize_ip(raw) is raw
+    assert normalize_ip("2001:DB8:0::1") == "2001:db8::1"
+    assert normalize_ip(" 10.0.0.1 ") == "10.0.0.1"
