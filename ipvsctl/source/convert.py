@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from ipvsctl.model import EndpointInfo, PodRef, Protocol, ServiceRef, family_of, normalize_ip
+from ipvsctl.model import EndpointInfo, Protocol, ServiceRef, family_of, normalize_ip
 from ipvsctl.model.ipvs import IPVS_SCHEDULERS, SCHED_FLAG_1, SCHED_FLAG_2, SCHED_FLAG_3
 from ipvsctl.model.objects import (
     ServiceInfo,
@@ -415,7 +415,9 @@ def _endpoint(
     target = ep.get("targetRef")
     if type(target) is not dict:
         target = mapping(target, f"endpoints[{i}].targetRef")
-    pod = None
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    uid = ""
     if target.get("kind") == "Pod" and target.get("name"):
         ns, pod_name = target.get("namespace"), target["name"]
         if ns is not None and type(ns) is not str:
@@ -425,8 +427,10 @@ def _endpoint(
         uid = target.get("uid")
         if uid is not None and (type(uid) is not str or len(uid) > 128):
             raise InvalidObject(f"endpoints[{i}].targetRef.uid: {short(uid)} is not a uid")
+        uid = uid or ""
+        pod_name = pod_name or ""
         # Most targetRefs are in the slice's namespace: its string (shared), not a copy.
-        pod = PodRef(share(ns) if ns and ns != namespace else namespace, pod_name or "", uid or "")
+        pod_namespace = share(ns) if ns and ns != namespace else namespace
     node_name = ep.get("nodeName")
     raw_hints = ep.get("hints")
     hints = None
@@ -440,7 +444,9 @@ def _endpoint(
         condition(conditions, "serving", True),
         condition(conditions, "terminating", False),
         share(node_name) if isinstance(node_name, str) else None,
-        pod,
+        pod_namespace,
+        pod_name,
+        uid,
         hints,
     )
 

@@ -4,10 +4,13 @@ two different values equal, nor two equal values different."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.model import NodeContext, RealServerKey, normalize_ip
+from devkit.harness import Harness
+from ipvsctl.model import NodeContext, PodRef, Protocol, RealServerKey, ServiceKey, normalize_ip
+from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.plan.conflicts import Claims, claims_of
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.source import shared
@@ -112,6 +115,33 @@ def test_claims_are_replaced_and_released():
     assert claims.by_ref[svc.ref] == tuple(desired.virtual_servers)
     claims.update(svc.ref, {})
     assert claims.by_key == {} and claims.by_ref == {}
+
+
+def test_a_drained_endpoint_keeps_its_pod_and_the_state_file_round_trips(tmp_path: Path):
+    key, rs = ServiceKey(Protocol.TCP, "10.96.0.10", 80), RealServerKey("10.244.0.1", 8080)
+    h = Harness()
+    gone = endpoint("10.244.0.1", pod="web-0", namespace="other", uid="uid-1")
+    h.start(
+        [decoded(service("web"))],
+        [decoded(endpoint_slice("web", [gone, endpoint("10.244.0.2", pod="web-1")]))],
+    )
+    h.fake.set_connections(key, rs, active=1, inactive=0)
+    h.upsert(decoded(endpoint_slice("web", [endpoint("10.244.0.2", pod="web-1")])))
+    (entry,) = h.engine.drains.queue.entries()
+    assert entry.rs == rs and entry.pod == PodRef("other", "web-0", "uid-1")
+    f = DrainStateFile(tmp_path)
+    f.save([entry])
+    assert f.load() == [entry]
+
+
+def test_an_endpoint_without_a_pod_target_has_no_pod():
+    node = endpoint("10.244.0.1")
+    node["targetRef"] = {"kind": "Node", "name": "node-a"}
+    sl = parse_endpoint_slice(decoded(endpoint_slice("web", [node, endpoint("10.244.0.2")])))
+    assert [ep.pod for ep in sl.value.endpoints] == [None, None]
+    named = parse_endpoint_slice(decoded(endpoint_slice("web", [endpoint("10.244.0.1", pod="p")])))
+    assert named.value.endpoints[0].pod == PodRef("default", "p", "")
+    assert named.value != sl.value
 
 
 def test_an_address_already_in_its_normal_form_is_kept_not_copied():
