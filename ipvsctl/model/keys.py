@@ -147,6 +147,11 @@ def service_order(key: ServiceKey) -> tuple[str, str, int]:
     return (key.protocol, key.address, key.port)
 
 
+def real_server_order(rs: RealServerKey) -> tuple[str, int]:
+    """The order of RealServerKey's `<` as a plain tuple (compared in C), as `service_order`."""
+    return (rs.address, rs.port)
+
+
 def by_service(item: tuple[ServiceKey, object]) -> tuple[str, str, int]:
     """`service_order` of a (ServiceKey, value) pair, for sorting a dict's items."""
     k = item[0]

@@ -21,6 +21,7 @@ from ipvsctl.model import (
     family_of,
 )
 from ipvsctl.model.ipvs import SCHED_FLAG_2
+from ipvsctl.model.keys import real_server_order
 from ipvsctl.model.objects import ServiceInfo, SliceInfo
 from ipvsctl.plan.guard import refused_address, too_many
 from ipvsctl.plan.topology import Topology, by_topology
@@ -75,14 +76,10 @@ def select_endpoints(
     return frozenset(k for k, e in endpoints.items() if e.serving and e.terminating)
 
 
-def _address_port(rs: RealServerKey) -> tuple[str, int]:
-    return (rs.address, rs.port)
-
-
 def sorted_real_servers(real_servers: Iterable[RealServerKey]) -> tuple[RealServerKey, ...]:
     """`DesiredVirtualServer.real_servers`: in RealServerKey's order, sorted by a tuple key
     (compared in C, not by the dataclass's `__lt__`)."""
-    return tuple(sorted(real_servers, key=_address_port))
+    return tuple(sorted(real_servers, key=real_server_order))
 
 
 def source_ranges(
