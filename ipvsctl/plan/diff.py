@@ -236,12 +236,13 @@ def diff_service(
             continue
         if have is None:
             add_vs.append(AddVirtualServer(want.vs, want.kind, ref))
-            add_rs.extend(AddRealServer(key, rs) for rs in sorted(want.real_servers))
+            # real_servers is kept in RealServerKey's order (plan/desired.py): no sort here
+            add_rs.extend(AddRealServer(key, rs) for rs in want.real_servers)
             continue
         if have.vs != want.vs:
             add_vs.append(UpdateVirtualServer(want.vs))
         queued = draining.get(key, {})
-        for rs in sorted(want.real_servers):
+        for rs in want.real_servers:
             weight = have.weights.get(rs)
             if weight is None:
                 add_rs.append(AddRealServer(key, rs))
