@@ -1,4 +1,4 @@
-"""Equal strings that many parsed objects repeat, kept once. Pure.
+"""Equal strings that many parsed objects repeat, kept once (one bounded table per process).
 
 The JSON decoder makes a new string for every value it reads, so 10,000 Services and their
 slices hold 20,000 copies of a few namespaces and port names (~55 bytes each), and
