@@ -1,1 +1,3 @@
-"""The Kubernetes API adapter: the only package that may import the `kubernetes` client."""
+"""The Kubernetes API adapter: the only package that may import the `kubernetes` client.
+Its generated API classes are never imported (~20 MB): listwatch makes the list and watch
+requests on the client's ApiClient; watch runs one reflector per resource."""
