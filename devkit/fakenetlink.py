@@ -232,10 +232,14 @@ class ModelKernelSocket:
         return self.ours.fileno()
 
     def send(self, data: bytes) -> int:
+        """As the kernel: every message of the datagram in turn, each answered, but a
+        done one only when it asks for an ACK (a failure always)."""
         self.sent.append(data)
-        (kind, flags, seq, msg) = wire.split(data)[0]
-        for datagram in self.answer(Request(kind, flags, seq, msg)):
-            self.kernel.send(datagram)
+        for kind, flags, seq, msg in wire.split(data):
+            for datagram in self.answer(Request(kind, flags, seq, msg)):
+                if not flags & wire.NLM_F_ACK and datagram == ack(seq):
+                    continue
+                self.kernel.send(datagram)
         return len(data)
 
     def recv(self, size: int) -> bytes:

@@ -16,6 +16,8 @@ from ipvsctl.kernel.port import (
     KernelExists,
     KernelNotFound,
     KernelUnavailable,
+    RealServerBatch,
+    add_each,
 )
 from ipvsctl.kernel.procfs.codec import ConnScan, kernel_address, scan_connections
 from ipvsctl.kernel.table import format_table
@@ -224,6 +226,12 @@ class FakeKernel:
         svc.dests[rs] = _Dest(weight)
         self.ops.append(add_rs_line(key, rs, weight))
 
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        """RealServerBatch, as the netlink adapter's: an add each, each one's error."""
+        return add_each(self, key, real_servers, weight)
+
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self._dest(key, rs, "set_real_server_weight").weight = weight
         self.ops.append(set_rs_line(key, rs, weight))
@@ -277,3 +285,4 @@ class FakeKernel:
 
 _: type[IPVSKernel] = FakeKernel  # FakeKernel satisfies the interface
 _ct: type[ConntrackTable] = FakeKernel  # and the conntrack table the sweep reads
+_batch: type[RealServerBatch] = FakeKernel  # and the batched adds the engine uses

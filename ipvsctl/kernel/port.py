@@ -115,6 +115,34 @@ class IPVSKernel(Protocol):
 
 
 @runtime_checkable
+class RealServerBatch(Protocol):
+    """Many real servers of one virtual server added in one exchange with the kernel (the
+    netlink adapter: one send for a Service's endpoints, where an add each costs two
+    system calls). Separate from IPVSKernel: a kernel without it gets an add each."""
+
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        """add_real_server for each, in order: per real server its error, None for one
+        added. Raises a KernelError only when none is known added."""
+        ...
+
+
+def add_each(
+    kernel: IPVSKernel, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+) -> list[KernelError | None]:
+    """RealServerBatch.add_real_servers as one add_real_server call each."""
+    out: list[KernelError | None] = []
+    for rs in real_servers:
+        try:
+            kernel.add_real_server(key, rs, weight)
+            out.append(None)
+        except KernelError as exc:
+            out.append(exc)
+    return out
+
+
+@runtime_checkable
 class ServiceStatsReader(Protocol):
     """The kernel's per-virtual-server traffic counters, for the per-Service traffic
     metrics (reconcile/service_traffic.py). Separate from IPVSKernel: the engine never

@@ -271,3 +271,50 @@ def test_address_add_and_del(address: str, index: int) -> None:
             kind,
             wire.message(kind, request, SEQ, PID),
         )
+
+
+def test_a_batch_of_dest_adds_is_one_send_and_each_failure_comes_back() -> None:
+    """A virtual server's new real servers go in one send, only the last asking for an ACK;
+    the kernel (the model, as the real one) answers a failed one whatever its flags, so
+    each add's own error comes back, and the ones after a failure are still made."""
+    model = IPVSModel()
+    calls = IPVSCalls(model_sockets(model))
+    vs = VIRTUAL_SERVERS[0]
+    calls.add_service(vs)
+    rss = [RealServerKey(f"10.244.1.{i}", 8080) for i in range(1, 6)]
+    calls.add_dest(vs.key, rss[2], 1)  # already there: EEXIST in the batch
+    sock = calls.sockets.ipvs().asyncore.socket
+    sent = len(sock.sent)
+    got = calls.add_dests(vs.key, rss, 1)
+    assert [type(e).__name__ if e else None for e in got] == [
+        None,
+        None,
+        "KernelExists",
+        None,
+        None,
+    ]
+    assert "10.244.1.3" in str(got[2]) and "add_real_server" in str(got[2])
+    (datagram,) = sock.sent[sent:]  # one send
+    messages = wire.split(datagram)
+    assert [m[0] for m in messages] == [FAMILY] * 5
+    assert [bool(m[1] & wire.NLM_F_ACK) for m in messages] == [False] * 4 + [True]
+    assert [r.key for r in model.table.list_real_servers(vs.key)] == sorted(rss)
+    # a missing virtual server: every add fails, each with its own error
+    missing = VIRTUAL_SERVERS[6].key
+    assert all(isinstance(e, KernelNotFound) for e in calls.add_dests(missing, rss, 1))
+
+
+def test_a_batch_longer_than_one_send_is_split() -> None:
+    from ipvsctl.kernel.netlink.ipvs_calls import BATCH_SIZE
+
+    model = IPVSModel()
+    calls = IPVSCalls(model_sockets(model))
+    vs = VIRTUAL_SERVERS[0]
+    calls.add_service(vs)
+    n = BATCH_SIZE * 2 + 3
+    rss = [RealServerKey(f"10.244.{i // 250}.{i % 250 + 1}", 8080) for i in range(n)]
+    sock = calls.sockets.ipvs().asyncore.socket
+    sent = len(sock.sent)
+    assert calls.add_dests(vs.key, rss, 1) == [None] * n
+    assert [len(wire.split(d)) for d in sock.sent[sent:]] == [BATCH_SIZE, BATCH_SIZE, 3]
+    assert len(model.table.list_real_servers(vs.key)) == n

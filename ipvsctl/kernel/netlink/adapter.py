@@ -24,6 +24,7 @@ from ipvsctl.kernel.port import (
     KernelExists,
     KernelNotFound,
     KernelUnavailable,
+    RealServerBatch,
     ServiceStatsReader,
 )
 from ipvsctl.kernel.procfs import ipvs as procfs
@@ -150,6 +151,12 @@ class NetlinkKernel:
     def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self._calls.add_dest(key, rs, weight)
 
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        """RealServerBatch: the adds in one send (ipvs_calls.py)."""
+        return self._calls.add_dests(key, real_servers, weight)
+
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self._calls.set_dest(key, rs, weight)
 
@@ -272,3 +279,4 @@ def read_host_statuses(netns: str | None = None) -> list[VirtualServerStatus]:
 
 _: type[IPVSKernel] = NetlinkKernel  # NetlinkKernel satisfies the interface
 _stats: type[ServiceStatsReader] = NetlinkKernel
+_batch: type[RealServerBatch] = NetlinkKernel

@@ -1,6 +1,7 @@
 """The IPVS commands ipvsctl sends, one method each, on the calling thread's IPVS socket:
-service and dest add/set/del, the two dumps (the dest dump also many back to back, for the
-drain check), and the connection timeouts.
+service and dest add/set/del (the dest add also many in one send, for a Service's new real
+servers), the two dumps (the dest dump also many back to back, for the drain check), and
+the connection timeouts.
 
 The service and dest commands and the dumps' requests are packed by wire.py (pyroute2's
 bytes, ~60x cheaper to build) and sent on pyroute2's own socket for this thread, with its
@@ -28,6 +29,10 @@ from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
 from ipvsctl.kernel.port import KernelError, KernelNotFound
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
+
+# Requests in one send: each failure's answer echoes its request (~150 bytes), so even a
+# batch that fails whole stays far below a socket's receive buffer (~200 KB).
+BATCH_SIZE = 128
 
 
 class IPVSCalls:
@@ -120,6 +125,27 @@ class IPVSCalls:
     def add_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         with errors("add_real_server", DestSubject(key, rs)):
             self._send(wire.new_dest(key, rs, weight))
+
+    def add_dests(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        """add_dest for each, BATCH_SIZE to a send (raw.py's batch): the error of each,
+        None for one added. A KernelError raised: the socket failed, none is known added."""
+        ipvs = self._ipvs()
+        out: list[KernelError | None] = []
+        for start in range(0, len(real_servers), BATCH_SIZE):
+            chunk = real_servers[start : start + BATCH_SIZE]
+            with errors("add_real_server", key):
+                codes = self._raw.batch(
+                    ipvs, ipvs.prid, [wire.new_dest(key, rs, weight) for rs in chunk]
+                )
+            out.extend(
+                translate_error(NetlinkError(code), "add_real_server", str(DestSubject(key, rs)))
+                if code
+                else None
+                for rs, code in zip(chunk, codes, strict=True)
+            )
+        return out
 
     def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         with errors("set_real_server_weight", DestSubject(key, rs)):

@@ -65,6 +65,41 @@ class RawSocket:
                     return out
                 out.append(msg)
 
+    def batch(
+        self, msg_type: int, requests: Sequence[wire.Request], seqs: Sequence[int]
+    ) -> list[int]:
+        """Many requests in one send(), the kernel's errno per request (0: done). The kernel
+        runs a datagram's messages one after another inside send() and answers a failed
+        one whatever its flags, a done one only when it asks for an ACK: only the last
+        asks, so its answer is the end and the answers before it are the failures. Two
+        system calls for the batch where one request each takes two; NetlinkError when
+        the answers cannot be read whole (a full receive buffer drops them: ENOBUFS)."""
+        last = len(requests) - 1
+        head = wire.HEADER
+        parts = []
+        for i, ((flags, payload), seq) in enumerate(zip(requests, seqs, strict=True)):
+            if i != last:
+                flags &= ~wire.NLM_F_ACK
+            parts.append(head.pack(16 + len(payload), msg_type, flags, seq, 0) + payload)
+        self.sock.send(b"".join(parts))
+        index = {seq: i for i, seq in enumerate(seqs)}
+        codes = [0] * len(requests)
+        end = seqs[last]
+        while True:
+            try:
+                data = self.sock.recv(_ACK_BUFFER)
+            except BlockingIOError:
+                if not self._poll.poll(ANSWER_TIMEOUT * 1000):
+                    raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
+                continue
+            for kind, _flags, answer_seq, msg in wire.split(data):
+                at = index.get(answer_seq)
+                if at is None or kind != wire.NLMSG_ERROR:
+                    continue  # another request's answer, dropped as pyroute2 does
+                codes[at] = wire.error_code(msg)
+                if answer_seq == end:
+                    return codes
+
     def dumps(
         self, msg_type: int, payloads: Sequence[bytes], seqs: Sequence[int]
     ) -> list[list[bytes] | int]:
@@ -124,6 +159,12 @@ class RawRequests:
     def send(self, owner: Any, msg_type: int, request: wire.Request) -> list[bytes]:
         seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
         return self._raw(owner).request(msg_type, request, seq)
+
+    def batch(self, owner: Any, msg_type: int, requests: Sequence[wire.Request]) -> list[int]:
+        """RawSocket.batch on the calling thread's socket."""
+        span = _SEQ_LAST - _SEQ_FIRST
+        seqs = [_SEQ_FIRST + next(self._seq) % span for _ in requests]
+        return self._raw(owner).batch(msg_type, requests, seqs)
 
     def dumps(
         self, owner: Any, msg_type: int, payloads: Sequence[bytes]
