@@ -24,10 +24,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.kernel.port import KernelError, RealServerBatch, add_each
 from ipvsctl.model import NodeContext, RealServerKey, RealServerStatus, ServiceKey
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent, Upsert
@@ -129,6 +130,21 @@ class Watcher:
         self.writes += 1
         self.impl.add_real_server(key, rs, weight)
         self._done(key, rs, weight)
+
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        """RealServerBatch (`impl`'s, or an add each): one call, a write per real server."""
+        self.calls += 1
+        self.writes += len(real_servers)
+        if isinstance(self.impl, RealServerBatch):
+            out = self.impl.add_real_servers(key, real_servers, weight)
+        else:
+            out = add_each(self.impl, key, real_servers, weight)
+        for rs, error in zip(real_servers, out, strict=True):
+            if error is None:
+                self._done(key, rs, weight)
+        return out
 
     def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
         self.calls += 1

@@ -12,10 +12,12 @@ import struct
 import subprocess
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ipvsctl.kernel.fake import FakeKernel
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.port import KernelError
 from ipvsctl.model import RealServerKey, ServiceKey, VirtualServer
 
 MODULES = ("ip_vs", "ip_vs_rr", "dummy", "veth", "nf_conntrack")
@@ -74,7 +76,10 @@ class AckSocket:
         return self.ours.fileno()
 
     def send(self, data: bytes) -> int:
-        self.peer.send(ack(struct.unpack_from("=I", data, 8)[0]))
+        # each message that asks for an ACK gets one (a batch: only its last asks)
+        for _kind, flags, seq, _msg in wire.split(data):
+            if flags & wire.NLM_F_ACK:
+                self.peer.send(ack(seq))
         return len(data)
 
     def recv(self, size: int) -> bytes:
@@ -130,6 +135,19 @@ class PackedFakeKernel(BenchFakeKernel):
         super().add_real_server(key, rs, weight)
         self.calls.add_dest(key, rs, weight)
 
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        out: list[KernelError | None] = []
+        for rs in real_servers:
+            try:
+                FakeKernel.add_real_server(self, key, rs, weight)
+                out.append(None)
+            except KernelError as exc:
+                out.append(exc)
+        self.calls.add_dests(key, real_servers, weight)  # one batch, as the adapter sends it
+        return out
+
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         super().set_real_server_weight(key, rs, weight)
         self.calls.set_dest(key, rs, weight)
@@ -183,3 +201,19 @@ class TimedKernel:
         self.impl.add_real_server(key, rs, weight)
         if self.done_at is None and self.watch == (key, rs, weight):
             self.done_at = time.monotonic()
+
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        self.calls += 1
+        out: list[KernelError | None] = self.impl.add_real_servers(key, real_servers, weight)
+        w = self.watch
+        done = zip(real_servers, out, strict=True)
+        if (
+            self.done_at is None
+            and w is not None
+            and (w[0], w[2]) == (key, weight)
+            and any(rs == w[1] and e is None for rs, e in done)
+        ):
+            self.done_at = time.monotonic()
+        return out

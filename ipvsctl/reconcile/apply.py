@@ -3,7 +3,9 @@ type that mypy checks is exhaustive (`assert_never`: a new kind of op fails the 
 until it is applied).
 
 Each function makes the kernel call(s) and records the result in the applied state (and the
-drain queue), nothing else: deciding what to do was the planner's job. Every call is
+drain queue), nothing else: deciding what to do was the planner's job. The one exception to
+an op at a time: real servers added to one virtual server one after another go to a kernel
+that can (`RealServerBatch`: netlink) as one batch, a Service's endpoints in one send. Every call is
 idempotent against a kernel that moved on its own (as Cilium's BPFOps Update/Delete): an
 add that finds the entry takes it over, a delete of what is gone is done. A function
 returns True when the kernel turned out to hold something the applied state did not know
@@ -13,12 +15,19 @@ returns True when the kernel turned out to hold something the applied state did 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
+from ipvsctl.kernel.port import (
+    IPVSKernel,
+    KernelError,
+    KernelExists,
+    KernelNotFound,
+    RealServerBatch,
+)
 from ipvsctl.model import (
     NO_DEADLINE,
     ConnectionsCut,
@@ -95,11 +104,28 @@ class Applier:
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
+    def __post_init__(self) -> None:
+        # Whether the kernel adds a virtual server's real servers in one exchange.
+        self._batch = self.kernel if isinstance(self.kernel, RealServerBatch) else None
+
     def apply(self, ref: ServiceRef | None, ops: list[Op]) -> Applied:
-        """Apply in order; stop at the first failure (the Service stays dirty)."""
+        """Apply in order; stop at the first failure (the Service stays dirty). Real
+        servers added to one virtual server one after another go to the kernel as one
+        batch: all of them are tried, and each added one is recorded even after one that
+        failed (the state says what the kernel holds)."""
         surprised = False
         done = 0
-        for op in ops:
+        i, n = 0, len(ops)
+        while i < n:
+            op = ops[i]
+            run = _adds_at(ops, i) if self._batch is not None else ()
+            if len(run) > 1:
+                added, failure = self._add_real_servers(ref, run)
+                done += added
+                if failure is not None:
+                    return self._failed(ref, *failure, done, surprised)
+                i += len(run)
+                continue
             try:
                 self.state.mutations += 1
                 surprised |= _apply_op(self, ref, op)
@@ -109,33 +135,71 @@ class Applier:
                 self.on_foreign(ref, exc.key)
                 return Applied(done, False, True)
             except KernelError as exc:
-                operation = exc.operation or type(op).__name__
-                self.metrics.netlink_errors.labels(operation).inc()
-                self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
-                if ref is not None:
-                    self._failing.failed(
-                        logging.ERROR,
-                        "kernel operation failed",
-                        key=ref,
-                        service=ref,
-                        op=op,
-                        operation=operation,
-                        error=exc,
-                    )
-                return Applied(done, True, surprised)
+                return self._failed(ref, op, exc, done, surprised)
             done += 1
             # the queue's bookkeeping (RetimeDrain, ForgetDrain) is no kernel operation
             if not isinstance(op, RetimeDrain | ForgetDrain):
-                ok = self._ok.get(type(op))
-                if ok is None:  # labels() per op was a few percent of an initial sync
-                    ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(
-                        type(op).__name__, "ok"
-                    )
-                ok.inc()
+                self._count_ok(op)
             log.debug("applied", extra=fields(service=ref, op=op))
+            i += 1
         if ref is not None:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)
         return Applied(done, False, surprised)
+
+    def _add_real_servers(
+        self, ref: ServiceRef | None, run: list[AddRealServer]
+    ) -> tuple[int, tuple[Op, KernelError] | None]:
+        """`_add_rs` for a run of adds to one virtual server, in one batch: (how many were
+        added, the first failure)."""
+        assert self._batch is not None
+        vs = run[0].vs
+        self.state.mutations += len(run)
+        try:
+            results = self._batch.add_real_servers(vs, [op.rs for op in run], 1)
+        except KernelError as exc:  # none known added: as a failure of the first
+            return 0, (run[0], exc)
+        state = self.state.get(ref, vs)
+        added = 0
+        failure: tuple[Op, KernelError] | None = None
+        for op, error in zip(run, results, strict=True):
+            if isinstance(error, KernelExists):  # as _add_rs: taken over at weight 1
+                try:
+                    self.kernel.set_real_server_weight(vs, op.rs, 1)
+                    error = None
+                except KernelError as exc:
+                    error = exc
+            if error is not None:
+                failure = failure or (op, error)
+                continue
+            self.state.set_weight(state, op.rs, 1)
+            added += 1
+            self._count_ok(op)
+            log.debug("applied", extra=fields(service=ref, op=op))
+        return added, failure
+
+    def _count_ok(self, op: Op) -> None:
+        ok = self._ok.get(type(op))
+        if ok is None:  # labels() per op was a few percent of an initial sync
+            ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(type(op).__name__, "ok")
+        ok.inc()
+
+    def _failed(
+        self, ref: ServiceRef | None, op: Op, exc: KernelError, done: int, surprised: bool
+    ) -> Applied:
+        operation = exc.operation or type(op).__name__
+        self.metrics.netlink_errors.labels(operation).inc()
+        self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
+        if ref is not None:
+            self._failing.failed(
+                logging.ERROR,
+                "kernel operation failed",
+                key=ref,
+                service=ref,
+                op=op,
+                operation=operation,
+                error=exc,
+            )
+        return Applied(done, True, surprised)
 
     def delete_orphan(self, key: ServiceKey, real_servers: int) -> bool:
         """A virtual server of ours that no Service wants. Returns whether it is gone."""
@@ -397,6 +461,20 @@ def _forget_drain(a: Applier, ref: ServiceRef | None, op: ForgetDrain) -> bool:
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, None)
     a.finish_vs_drain(ref, op.vs)
     return False
+
+
+def _adds_at(ops: list[Op], i: int) -> list[AddRealServer]:
+    """The run of AddRealServer ops to one virtual server that starts at i (none when
+    ops[i] is another op)."""
+    first = ops[i]
+    if not isinstance(first, AddRealServer):
+        return []
+    run = [first]
+    for op in itertools.islice(ops, i + 1, None):
+        if not isinstance(op, AddRealServer) or op.vs != first.vs:
+            break
+        run.append(op)
+    return run
 
 
 def _apply_op(a: Applier, ref: ServiceRef | None, op: Op) -> bool:

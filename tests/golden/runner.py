@@ -44,7 +44,7 @@ import yaml
 from ipvsctl.cli.render import plan_text
 from ipvsctl.cli.status import join_status, render_status
 from ipvsctl.daemon.status_json import engine_status
-from ipvsctl.kernel.port import IPVSKernel, KernelError
+from ipvsctl.kernel.port import IPVSKernel, KernelError, add_each
 from ipvsctl.kernel.table import read_statuses
 from ipvsctl.manifests import load_file
 from ipvsctl.model import (
@@ -123,6 +123,12 @@ class GoldenKernel:
     def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self.impl.add_real_server(key, rs, weight)
         self.ops.append(f"add-rs {key} -> {rs} weight {weight}")
+
+    def add_real_servers(
+        self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
+    ) -> list[KernelError | None]:
+        # an add each, so that each is recorded (not passed through to `impl` unseen)
+        return add_each(self, key, real_servers, weight)
 
     def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
         self.impl.set_real_server_weight(key, rs, weight)

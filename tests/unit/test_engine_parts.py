@@ -125,3 +125,81 @@ def _start(h: Harness):
         Replace(ObjectKind.ENDPOINT_SLICE, [endpoint_slice("web", [endpoint("10.0.0.1")])], 0)
     )
     return h.engine.sync()
+
+
+class CountingKernel(FakeKernel):
+    """Counts batched add calls; fails the adds of `failing` (a transient kernel error)."""
+
+    def __init__(self, failing: frozenset = frozenset()) -> None:
+        super().__init__()
+        self.failing = failing
+        self.batches: list[int] = []
+
+    def add_real_server(self, key, r, weight):
+        if r in self.failing:
+            from ipvsctl.kernel.port import KernelTransient
+
+            raise KernelTransient("injected", "add_real_server")
+        super().add_real_server(key, r, weight)
+
+    def add_real_servers(self, key, real_servers, weight):
+        self.batches.append(len(real_servers))
+        return super().add_real_servers(key, real_servers, weight)
+
+
+def test_a_services_new_real_servers_go_to_the_kernel_as_one_batch():
+    k = CountingKernel()
+    h = Harness(kernel=k)
+    h.start([service("web")], [endpoint_slice("web", [endpoint(f"10.0.0.{i}") for i in (1, 2, 3)])])
+    assert k.batches == [3]
+    assert sorted(h.fake.services[vs()].dests) == [rs(f"10.0.0.{i}") for i in (1, 2, 3)]
+    assert (
+        h.metrics.value("ipvsctl_kernel_ops_total", {"operation": "AddRealServer", "result": "ok"})
+        == 3
+    )
+    h.upsert(endpoint_slice("web", [endpoint(f"10.0.0.{i}") for i in (1, 2, 3, 4)]))
+    assert k.batches == [3]  # one add alone: no batch
+    assert rs("10.0.0.4") in h.fake.services[vs()].dests
+
+
+def test_a_failed_add_in_a_batch_fails_the_service_and_the_others_are_recorded():
+    """Every add of a batch is tried: the ones after a failure are in the kernel, so the
+    applied state has them too (it says what the kernel holds), the failed one is not, and
+    the Service stays dirty for the retry, which adds only the one that failed."""
+    bad = rs("10.0.0.2")
+    k = CountingKernel(failing=frozenset({bad}))
+    h = Harness(kernel=k)
+    ref, key = ServiceRef("default", "web"), vs("10.96.0.99")
+    ops: list[Op] = [
+        AddVirtualServer(VirtualServer(key), VirtualServerKind.CLUSTER_IP, ref),
+        AddRealServer(key, rs("10.0.0.1")),
+        AddRealServer(key, bad),
+        AddRealServer(key, rs("10.0.0.3")),
+    ]
+    applied = h.engine.applier.apply(ref, ops)
+    assert applied.failed and applied.ops == 3
+    assert sorted(k.services[key].dests) == [rs("10.0.0.1"), rs("10.0.0.3")]
+    state = h.engine.state.get(ref, key)
+    assert state is not None and state.weights == {rs("10.0.0.1"): 1, rs("10.0.0.3"): 1}
+    labels = {"operation": "AddRealServer", "result": "error"}
+    assert h.metrics.value("ipvsctl_kernel_ops_total", labels) == 1
+    k.failing = frozenset()
+    assert not h.engine.applier.apply(ref, [AddRealServer(key, bad)]).failed
+    assert sorted(k.services[key].dests) == [rs(f"10.0.0.{i}") for i in (1, 2, 3)]
+
+
+def test_an_add_in_a_batch_that_finds_its_real_server_takes_it_over_at_weight_1():
+    k = CountingKernel()
+    h = Harness(kernel=k)
+    ref, key = ServiceRef("default", "web"), vs("10.96.0.99")
+    k.add_virtual_server(VirtualServer(key), True)
+    k.add_real_server(key, rs("10.0.0.2"), 0)  # left at weight 0 by an earlier run
+    h.engine.state.add(ref, VirtualServer(key), True, {})
+    applied = h.engine.applier.apply(
+        ref, [AddRealServer(key, rs("10.0.0.1")), AddRealServer(key, rs("10.0.0.2"))]
+    )
+    assert applied.ops == 2 and not applied.failed and k.batches == [2]
+    assert {r: d.weight for r, d in k.services[key].dests.items()} == {
+        rs("10.0.0.1"): 1,
+        rs("10.0.0.2"): 1,
+    }
