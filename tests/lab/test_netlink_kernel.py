@@ -181,6 +181,29 @@ def test_real_server_add_set_delete_and_errors(node: Node) -> None:
     assert list(node.ipvsadm()[str(key)].real_servers) == [str(rs2)]
 
 
+def test_a_batch_of_real_server_adds_reports_each_ones_error(node: Node) -> None:
+    """One send of many NEW_DEST messages, only the last asking for an ACK: the kernel
+    answers each failed one, so an add that exists (EEXIST) or does not fit the virtual
+    server (an IPv6 real server on an IPv4 one) fails alone; the others are in the table,
+    NAT, as ipvsadm shows them."""
+    k = node.kernel
+    key = ServiceKey(Protocol.TCP, VIP, 80)
+    k.add_virtual_server(VirtualServer(key), bind_address=True)
+    rss = [RealServerKey(f"10.244.{2 + i // 250}.{i % 250 + 1}", 8080) for i in range(300)]
+    k.add_real_server(key, rss[5], 3)
+    mixed = [*rss[:150], RealServerKey("fd00:244::1", 8080), *rss[150:]]
+    got = k.add_real_servers(key, mixed, 1)
+    failed = {str(rs): type(e).__name__ for rs, e in zip(mixed, got, strict=True) if e}
+    assert failed.keys() == {str(rss[5]), "[fd00:244::1]:8080"}
+    assert failed[str(rss[5])] == "KernelExists"
+    seen = node.ipvsadm()[str(key)].real_servers
+    assert {str(rs): (s.forward, s.weight) for rs, s in seen.items()} == {
+        str(rs): ("Masq", 3 if rs == rss[5] else 1) for rs in rss
+    }
+    missing = ServiceKey(Protocol.TCP, VIP, 81)
+    assert all(isinstance(e, KernelNotFound) for e in k.add_real_servers(missing, rss[:3], 1))
+
+
 def test_nat_traffic_and_weight_zero_drain(node: Node, client: Pod) -> None:
     a, b = node.make_pod("10.244.1.1"), node.make_pod("10.244.1.2")
     key = ServiceKey(Protocol.TCP, VIP, 80)

@@ -318,3 +318,16 @@ def test_a_batch_longer_than_one_send_is_split() -> None:
     assert calls.add_dests(vs.key, rss, 1) == [None] * n
     assert [len(wire.split(d)) for d in sock.sent[sent:]] == [BATCH_SIZE, BATCH_SIZE, 3]
     assert len(model.table.list_real_servers(vs.key)) == n
+
+
+def test_a_real_server_that_cannot_be_packed_fails_alone_in_its_batch() -> None:
+    model = IPVSModel()
+    calls = IPVSCalls(model_sockets(model))
+    vs = VIRTUAL_SERVERS[0]
+    calls.add_service(vs)
+    good = [RealServerKey("10.244.1.1", 8080), RealServerKey("10.244.1.2", 8080)]
+    bad = RealServerKey("10.244.1.999", 8080)  # parsing never lets one through: still one
+    got = calls.add_dests(vs.key, [good[0], bad, good[1]], 1)
+    assert got[0] is None and got[2] is None
+    assert "10.244.1.999" in str(got[1]) and "add_real_server" in str(got[1])
+    assert [r.key for r in model.table.list_real_servers(vs.key)] == good

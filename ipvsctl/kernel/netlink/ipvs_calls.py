@@ -130,21 +130,34 @@ class IPVSCalls:
         self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
     ) -> list[KernelError | None]:
         """add_dest for each, BATCH_SIZE to a send (raw.py's batch): the error of each,
-        None for one added. A KernelError raised: the socket failed, none is known added."""
+        None for one added. One that cannot be packed fails alone; a failed socket fails
+        its batch and the rest (raised when it was the first: none is known added)."""
         ipvs = self._ipvs()
-        out: list[KernelError | None] = []
+        out: list[KernelError | None] = [None] * len(real_servers)
         for start in range(0, len(real_servers), BATCH_SIZE):
-            chunk = real_servers[start : start + BATCH_SIZE]
-            with errors("add_real_server", key):
-                codes = self._raw.batch(
-                    ipvs, ipvs.prid, [wire.new_dest(key, rs, weight) for rs in chunk]
-                )
-            out.extend(
-                translate_error(NetlinkError(code), "add_real_server", str(DestSubject(key, rs)))
-                if code
-                else None
-                for rs, code in zip(chunk, codes, strict=True)
-            )
+            sent: list[int] = []  # indexes into real_servers, in the batch's order
+            requests: list[wire.Request] = []
+            for i in range(start, min(start + BATCH_SIZE, len(real_servers))):
+                try:
+                    with errors("add_real_server", DestSubject(key, real_servers[i])):
+                        requests.append(wire.new_dest(key, real_servers[i], weight))
+                    sent.append(i)
+                except KernelError as exc:
+                    out[i] = exc
+            if not requests:
+                continue
+            try:
+                with errors("add_real_server", key):
+                    codes = self._raw.batch(ipvs, ipvs.prid, requests)
+            except KernelError as exc:
+                if start == 0:
+                    raise
+                out[start:] = [exc] * (len(real_servers) - start)
+                return out
+            for i, code in zip(sent, codes, strict=True):
+                if code:
+                    subject = str(DestSubject(key, real_servers[i]))
+                    out[i] = translate_error(NetlinkError(code), "add_real_server", subject)
         return out
 
     def set_dest(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
