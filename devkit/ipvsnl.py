@@ -1,13 +1,13 @@
 """A lean IPVS client for the benchmarks: generic netlink messages packed with `struct` on a
 plain socket, one request and one answer per call, no event loop.
 
-It exists for the full-resync baseline. kube-router talks to IPVS from Go (moby/ipvs,
-vishvananda/netlink): a call costs it microseconds, while pyroute2's sync API (what ipvsctl's
-NetlinkKernel uses) costs milliseconds of Python per call. Giving the baseline this cheaper
-client keeps the comparison about the algorithm (one Service vs every Service per change) and
-errs in the baseline's favour. It implements the same `IPVSKernel` methods, so the baseline
-can also run on NetlinkKernel or FakeKernel, and it doubles as a measurement of what a
-hand-packed adapter would save ipvsctl (docs/benchmarks.md).
+It exists for the baselines and as the yardstick of the initial sync. kube-router talks to
+IPVS from Go (moby/ipvs, vishvananda/netlink): a call costs it microseconds. This client packs
+the same IPVS messages by hand (its own code, not kernel/netlink/wire.py's), with none of the
+daemon's bookkeeping, one request and its answer at a time, so the comparison stays about the
+algorithm (one Service vs every Service per change) and errs in the baselines' favour. It
+implements the same `IPVSKernel` methods, so the baselines can also run on NetlinkKernel or
+FakeKernel.
 
 Message layouts: include/uapi/linux/ip_vs.h and linux/genetlink.h.
 """
