@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from ipvsctl.daemon.wiring import Daemon, DaemonOptions
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
+    from ipvsctl.source.store import Preparer
 
     if args.netns:
         from ipvsctl.kernel.netlink import NetlinkKernel
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
         listen="127.0.0.1:0",
     )
-    daemon = Daemon(opts, kernel, KubeSource.from_config(apiserver=args.apiserver))
+    # As the daemon's wiring (open_source): lists parsed as they are decoded.
+    source = KubeSource.from_config(apiserver=args.apiserver, prepare=Preparer.for_node(opts.node))
+    daemon = Daemon(opts, kernel, source)
     _record_latencies(daemon)
     if args.tracemalloc:
         _trace_routes(daemon)

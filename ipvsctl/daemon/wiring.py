@@ -461,6 +461,7 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import SENTINEL_SERVICE, KubeSource
     from ipvsctl.source.convert import service_label_selector
+    from ipvsctl.source.store import Preparer
 
     try:
         return KubeSource.from_config(
@@ -474,6 +475,9 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             # default/kubernetes carries no proxy-name label: with a name it is never listed,
             # so it cannot vouch for a Service list (the empty-list guard is off then).
             sentinel=None if o.node.service_proxy_name else SENTINEL_SERVICE,
+            # Lists parsed as they are decoded, as the engine's store would (its
+            # configuration is the same o.node): never all raw objects alive at once.
+            prepare=Preparer.for_node(o.node),
         )
     except SourceConfigError as exc:
         raise StartupError(str(exc)) from None

@@ -32,17 +32,24 @@ from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
 from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
+from ipvsctl.source.convert import SliceInfo
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
+from ipvsctl.source.store import Prepared
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
 # (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
 SENTINEL_SERVICE = ("default", "kubernetes")
 
 
-def count_nodes(slices: list[RawObject]) -> int:
-    """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread."""
+def count_nodes(slices: list[Any]) -> int:
+    """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread.
+    Of a prepared list, the nodes of the slices that parsed."""
     nodes: set[str] = set()
     for sl in slices:
+        if isinstance(sl, Prepared):
+            if isinstance(sl.value, SliceInfo):
+                nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name is not None)
+            continue
         for ep in sl.get("endpoints") or ():
             if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
                 nodes.add(ep["nodeName"])
@@ -50,8 +57,12 @@ def count_nodes(slices: list[RawObject]) -> int:
 
 
 def require_service(namespace: str, name: str) -> ListCheck:
-    def check(objects: list[RawObject]) -> str | None:
+    def check(objects: list[Any]) -> str | None:
         for obj in objects:
+            if isinstance(obj, Prepared):
+                if obj.key == (namespace, name):
+                    return None
+                continue
             meta = obj.get("metadata") or {}
             if meta.get("name") == name and meta.get("namespace") == namespace:
                 return None
@@ -68,7 +79,11 @@ class KubeSource:
     (410, relist), timeout (read timeout, relist), error (relist); the daemon counts them in
     `ipvsctl_watch_restarts_total`. `sink` is called from several threads, one call at a
     time; emitted objects are trimmed (`kube.trim`) and must be treated as read-only.
-    `clock` stamps `received`; `rng` drives the jitter. A Service list without `sentinel` (default
+    `clock` stamps `received`; `rng` drives the jitter. With `prepare` (the store's
+    `Preparer`), every listed object is parsed as it is decoded and a Replace carries
+    `Prepared` objects: the raw tree of one object lives only while it is parsed, so a list
+    of 100,000 endpoints never exists raw beside the store built from it. Watch events stay
+    raw. A Service list without `sentinel` (default
     `default/kubernetes`; None: no check) is refused: the table is kept, one warning is
     logged, the restart is counted with reason `suspect`, and the list is retried with backoff.
     """
@@ -84,8 +99,10 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        prepare: Callable[[ObjectKind, RawObject], Prepared] | None = None,
     ) -> None:
         self._api = api_client
+        self._prepare = prepare
         self._sentinel = sentinel
         # --service-proxy-name: only Services this proxy serves are listed and watched
         self._service_selector = service_label_selector
@@ -124,6 +141,7 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
+        prepare: Callable[[ObjectKind, RawObject], Prepared] | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -139,6 +157,7 @@ class KubeSource:
             service_label_selector=service_label_selector,
             node_name=node_name,
             sentinel=sentinel,
+            prepare=prepare,
         )
 
     @property
@@ -189,6 +208,7 @@ class KubeSource:
                 resource="services",
                 list_func=list_services,
                 trim=trim_service,
+                prepare=self._prepared(ObjectKind.SERVICE),
                 check=require_service(*self._sentinel) if self._sentinel else None,
                 **common,
             ),
@@ -197,6 +217,7 @@ class KubeSource:
                 resource="endpointslices",
                 list_func=self._endpoint_slices,
                 trim=trim_endpoint_slice,
+                prepare=self._prepared(ObjectKind.ENDPOINT_SLICE),
                 **common,
             ),
         ]
@@ -207,6 +228,7 @@ class KubeSource:
                     resource="nodes",
                     list_func=node_list_func(self._nodes, self.node_name, emit, clock=self._clock),
                     trim=trim_node,
+                    prepare=self._prepared(ObjectKind.NODE),
                     **common,
                 )
             )
@@ -246,6 +268,9 @@ class KubeSource:
         return [t.name for t in threads if not t.is_alive()]
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _prepared(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
+        return None if self._prepare is None else functools.partial(self._prepare, kind)
 
     @staticmethod
     def _run_reflector(reflector: Reflector, halt: threading.Event) -> None:

@@ -6,21 +6,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
-
-from ipvsctl.source.events import RawObject
+from typing import Any, TypeVar
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
 
 
+T = TypeVar("T")
+
+
 def decode_list(
-    body: bytes, trim: Callable[[Mapping[str, Any]], RawObject]
-) -> tuple[list[RawObject], dict[str, Any]]:
-    """Decode a list response item by item, trimming each at once: a list answered in one
-    piece (resourceVersion=0 from the watch cache of a server older than 1.34 ignores
-    `limit`) never exists as one full object tree, only as its text and the trimmed items.
-    Returns (trimmed items, metadata). ValueError on anything but a JSON object."""
+    body: bytes, load: Callable[[Mapping[str, Any]], T]
+) -> tuple[list[T], dict[str, Any]]:
+    """Decode a list response item by item, each handed to `load` at once (which trims it,
+    and may parse it): a list answered in one piece (resourceVersion=0 from the watch cache
+    of a server older than 1.34 ignores `limit`) never exists as one full object tree, only
+    as its text and what `load` keeps of each item. Returns (loaded items, metadata).
+    ValueError on anything but a JSON object."""
     text = body.decode()
     del body
     n = len(text)
@@ -33,7 +35,7 @@ def decode_list(
     i = skip(0)
     if i >= n or text[i] != "{":
         raise ValueError("list response is not a JSON object")
-    items: list[RawObject] = []
+    items: list[T] = []
     meta: dict[str, Any] = {}
     i = skip(i + 1)
     if i < n and text[i] == "}":
@@ -52,7 +54,7 @@ def decode_list(
                 while True:
                     item, i = _DECODER.raw_decode(text, i)
                     if isinstance(item, dict):
-                        items.append(trim(item))
+                        items.append(load(item))
                     del item
                     i = skip(i)
                     if i < n and text[i] == ",":

@@ -52,8 +52,12 @@ ListFunc = Callable[..., Any]
 WatchRestartCallback = Callable[[str, str], None]  # (resource, reason)
 
 
-# A list that must not be applied: returns a short reason, or None when the list is fine.
-ListCheck = Callable[[list[RawObject]], str | None]
+# A list that must not be applied (its objects raw, or as `prepare` made them): returns a
+# short reason, or None when the list is fine.
+ListCheck = Callable[[list[Any]], str | None]
+# What a list keeps of each trimmed object in place of it (the store's `Preparer`, bound
+# to the kind): parsed where it is decoded, so a list never holds every raw object at once.
+Prepare = Callable[[RawObject], Any]
 # Is the API server answering again? (a cheap request; see kube.probe)
 Probe = Callable[[], bool]
 
@@ -164,6 +168,7 @@ class Reflector:
         list_func: ListFunc,
         trim: Callable[[Mapping[str, Any]], RawObject],
         emit: Callable[[SourceEvent], None],
+        prepare: Prepare | None = None,
         settings: KubeSettings,
         on_restart: WatchRestartCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -177,6 +182,11 @@ class Reflector:
         self.resource = resource
         self._list_func = list_func
         self._trim = trim
+        # A listed object: trimmed, and prepared when there is a `prepare` (then a Replace
+        # carries what it made). Watch events stay raw: the backlog merges them.
+        self._load: Callable[[Mapping[str, Any]], Any] = (
+            trim if prepare is None else lambda obj: prepare(trim(obj))
+        )
         self._emit = emit
         self._settings = settings
         self._on_restart = on_restart
@@ -383,7 +393,7 @@ class Reflector:
             resp.close()
         resp.release_conn()
 
-    def _list_or_stream(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+    def _list_or_stream(self, halt: threading.Event) -> tuple[list[Any], str]:
         if self._watch_list:
             try:
                 return self._stream_list(halt)
@@ -402,7 +412,7 @@ class Reflector:
             )
         return self._list(halt)
 
-    def _stream_list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+    def _stream_list(self, halt: threading.Event) -> tuple[list[Any], str]:
         """WatchList (KEP-3157): the initial state as a watch stream of ADDED events, ended
         by a bookmark annotated `k8s.io/initial-events-end`, served from the watch cache
         without a list's one big response. The stream is closed there; the regular watch
@@ -421,8 +431,8 @@ class Reflector:
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
         resp = self._open(halt, **kwargs)
-        objects: list[RawObject] = []
-        trim = self._trim
+        objects: list[Any] = []
+        load = self._load
         try:
             for line in iter_lines(resp.stream(None, decode_content=False)):
                 if halt.is_set():
@@ -433,7 +443,7 @@ class Reflector:
                 obj = event["object"]
                 type_ = event.get("type")
                 if type_ == "ADDED":
-                    objects.append(trim(obj))
+                    objects.append(load(obj))
                 elif type_ == "BOOKMARK":
                     meta = obj.get("metadata") or {}
                     annotations = meta.get("annotations") or {}
@@ -468,12 +478,12 @@ class Reflector:
             return {}
         return {"resource_version": self.resource_version, "resource_version_match": "NotOlderThan"}
 
-    def _list(self, halt: threading.Event) -> tuple[list[RawObject], str]:
+    def _list(self, halt: threading.Event) -> tuple[list[Any], str]:
         s = self._settings
-        objects: list[RawObject] = []
+        objects: list[Any] = []
         token: str | None = None
         rv: str | None = None
-        trim = self._trim
+        load = self._load
         first = self._list_options()
         while True:
             # A page size is always asked for: servers that paginate cache reads (1.34+)
@@ -499,7 +509,7 @@ class Reflector:
                 clean = True
             finally:
                 self._release(resp, clean=clean)
-            items, meta = decode_list(body, trim)
+            items, meta = decode_list(body, load)
             del body
             objects.extend(items)
             del items

@@ -1,6 +1,7 @@
 """What every object source (API server watch, manifest folder) emits, and the port it
 implements. Sources pass raw JSON-like dicts (trimmed to the fields ipvsctl reads); parsing
-and validation happen once, in `source.convert`, on the engine's side.
+and validation happen once, in `source.convert`: on the engine's side, or for the API
+source's lists where each item is decoded (the store's `Preparer`, source/store.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class Replace:
     as synced."""
 
     kind: ObjectKind
-    objects: list[RawObject]
+    # Raw objects, or what the store's `Preparer` (source/store.py) made of them where the
+    # list was decoded (the API source: no list of raw objects beside the parsed store).
+    objects: list[Any]
     received: float
 
 

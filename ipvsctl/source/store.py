@@ -11,9 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipvsctl.model import ServiceRef
+from ipvsctl.model import NodeContext, ServiceRef
 from ipvsctl.source.convert import (
     InvalidObject,
+    Parsed,
     ServiceInfo,
     SliceInfo,
     is_proxied,
@@ -55,6 +56,74 @@ class StoreChange:
         self.malformed_triggers += other.malformed_triggers
 
 
+@dataclass(slots=True)  # not frozen: built once per object and event, frozen's init is slow
+class Prepared:
+    """One object as a Replace applies it, parsed but not yet stored: what the store makes
+    of a raw object with its fixed configuration alone (`Preparer`). A source may prepare
+    the objects of a list as it decodes them (kube/watch.py), so the raw tree of one object
+    lives only while it is parsed and a list never holds them all at once."""
+
+    kind: ObjectKind
+    key: tuple[str, str] | None  # (namespace, name) the Replace counts as listed
+    value: ServiceInfo | SliceInfo | NodeInfo | None  # None: skipped, not ours, other Node
+    by: Preparer
+    warnings: tuple[str, ...] = ()
+    problem: str | None = None  # fatal: the object is skipped
+    label: str | None = None  # namespace/name for the problems (only with one)
+    unproxied: tuple[str, str] | None = None  # a Service not ours: delete this one
+
+
+@dataclass(frozen=True, slots=True)
+class Preparer:
+    """Parses raw objects as the store with this configuration does (pure)."""
+
+    default_scheduler: str = "rr"
+    node_name: str | None = None
+    service_proxy_name: str | None = None  # --service-proxy-name
+
+    @classmethod
+    def for_node(cls, node: NodeContext) -> Preparer:
+        """The one the engine's store uses with this node's configuration."""
+        return cls(node.default_scheduler, node.node_name, node.service_proxy_name)
+
+    def __call__(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
+        return self.prepare(kind, obj, _listed_key(obj))
+
+    def prepare(
+        self, kind: ObjectKind, obj: Mapping[str, Any], key: tuple[str, str] | None
+    ) -> Prepared:
+        """As called, with the listed key given (None where no Replace reads it)."""
+        try:
+            if kind is ObjectKind.SERVICE:
+                if not is_proxied(obj, self.service_proxy_name):
+                    namespace, name = _name_of(obj)
+                    return Prepared(
+                        kind, key, None, self, unproxied=(namespace, name) if name else None
+                    )
+                parsed: Parsed[Any] | None = parse_service(obj, self.default_scheduler)
+            elif kind is ObjectKind.ENDPOINT_SLICE:
+                parsed = parse_endpoint_slice(obj)
+            elif kind is ObjectKind.NODE:
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                mine = isinstance(meta, Mapping) and meta.get("name") == self.node_name
+                parsed = parse_node(obj) if mine else None
+            else:
+                parsed = None
+        except InvalidObject as exc:
+            return Prepared(kind, key, None, self, problem=str(exc), label=object_name(obj))
+        except (TypeError, AttributeError, OverflowError, RecursionError) as exc:
+            # A shape the converters did not foresee: still one object skipped, never a dead
+            # loop (the fuzz test hunts these down; each found gets a proper check).
+            return Prepared(
+                kind, key, None, self, problem=f"malformed: {exc}", label=object_name(obj)
+            )
+        if parsed is None:
+            return Prepared(kind, key, None, self)
+        if not parsed.warnings:
+            return Prepared(kind, key, parsed.value, self)
+        return Prepared(kind, key, parsed.value, self, parsed.warnings, label=object_name(obj))
+
+
 class ObjectStore:
     def __init__(
         self,
@@ -62,8 +131,11 @@ class ObjectStore:
         node_name: str | None = None,
         service_proxy_name: str | None = None,
     ) -> None:
+        # How raw objects are parsed (--scheduler, --service-proxy-name, --node-name); a
+        # source that prepares its lists must use an equal one.
+        self.preparer = Preparer(default_scheduler, node_name, service_proxy_name)
         self.default_scheduler = default_scheduler
-        self.service_proxy_name = service_proxy_name  # --service-proxy-name
+        self.service_proxy_name = service_proxy_name
         # This node's Node (other Nodes are ignored): None until seen; once seen and then
         # deleted, a NodeInfo with present=False. Replaced whole, so other threads (the
         # health server) can read it without a lock.
@@ -107,35 +179,28 @@ class ObjectStore:
                 change.malformed_triggers += 1
 
     def _upsert(self, kind: ObjectKind, obj: Mapping[str, Any]) -> StoreChange:
+        return self._put(self.preparer.prepare(kind, obj, None))
+
+    def _put(self, prepared: Prepared) -> StoreChange:
         change = StoreChange()
-        try:
-            if kind is ObjectKind.SERVICE:
-                if not is_proxied(obj, self.service_proxy_name):
-                    # Not ours (another proxy's, or headless), perhaps since a relabel:
-                    # as if deleted.
-                    namespace, name = _name_of(obj)
-                    return self._delete(kind, namespace, name) if name else change
-                service = parse_service(obj, self.default_scheduler)
-                self._warn(change, kind, obj, service.warnings)
-                self._put_service(service.value, change)
-            elif kind is ObjectKind.ENDPOINT_SLICE:
-                endpoint_slice = parse_endpoint_slice(obj)
-                self._warn(change, kind, obj, endpoint_slice.warnings)
-                self._put_slice(endpoint_slice.value, change)
-            elif kind is ObjectKind.NODE:
-                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-                if isinstance(meta, Mapping) and meta.get("name") == self.node_name:
-                    node = parse_node(obj)
-                    self._warn(change, kind, obj, node.warnings)
-                    self._set_node(node.value, change)
-        except InvalidObject as exc:
+        kind = prepared.kind
+        if prepared.problem is not None:
             # The last good version (if any) stays in force: skipping a bad update must
             # not take traffic away from a working Service.
-            change.problems.append(Problem(kind, object_name(obj), str(exc)))
-        except (TypeError, AttributeError, OverflowError, RecursionError) as exc:
-            # A shape the converters did not foresee: still one object skipped, never a dead
-            # loop (the fuzz test hunts these down; each found gets a proper check).
-            change.problems.append(Problem(kind, object_name(obj), f"malformed: {exc}"))
+            change.problems.append(Problem(kind, prepared.label or "", prepared.problem))
+            return change
+        if prepared.unproxied is not None:
+            # Not ours (another proxy's, or headless), perhaps since a relabel: as if deleted.
+            return self._delete(kind, *prepared.unproxied)
+        for w in prepared.warnings:
+            change.problems.append(Problem(kind, prepared.label or "", w, fatal=False))
+        value = prepared.value
+        if isinstance(value, ServiceInfo):
+            self._put_service(value, change)
+        elif isinstance(value, SliceInfo):
+            self._put_slice(value, change)
+        elif isinstance(value, NodeInfo):
+            self._set_node(value, change)
         return change
 
     def _delete(self, kind: ObjectKind, namespace: str, name: str) -> StoreChange:
@@ -155,16 +220,22 @@ class ObjectStore:
             self._set_node(NodeInfo(name, present=False), change)
         return change
 
-    def _replace(self, kind: ObjectKind, objects: list[dict[str, Any]]) -> StoreChange:
+    def _replace(self, kind: ObjectKind, objects: list[Any]) -> StoreChange:
         change = StoreChange(synced=kind)
         listed: set[tuple[str, str]] = set()
+        preparer = self.preparer
+        for obj in objects:  # before anything changes
+            if isinstance(obj, Prepared) and (
+                obj.kind is not kind or (obj.by is not preparer and obj.by != preparer)
+            ):
+                # A wiring bug (the source's preparer is not this store's): parsing with
+                # another scheduler or proxy name would be silently wrong.
+                raise ValueError(f"a {obj.kind} prepared by {obj.by} in a {kind} Replace")
         for obj in objects:
-            change.merge(self._upsert(kind, obj))
-            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-            if isinstance(meta, Mapping) and isinstance(meta.get("name"), str) and meta["name"]:
-                namespace = meta.get("namespace") or "default"
-                if isinstance(namespace, str):  # else skipped above as invalid
-                    listed.add((namespace, meta["name"]))
+            prepared = obj if isinstance(obj, Prepared) else preparer(kind, obj)
+            change.merge(self._put(prepared))
+            if prepared.key is not None:
+                listed.add(prepared.key)
         if kind is ObjectKind.SERVICE:
             gone: Iterable[tuple[str, str]] = [
                 (r.namespace, r.name) for r in self.services if (r.namespace, r.name) not in listed
@@ -185,12 +256,6 @@ class ObjectStore:
         return change
 
     # --- internals ----------------------------------------------------------------
-    def _warn(
-        self, change: StoreChange, kind: ObjectKind, obj: Mapping[str, Any], warnings: Iterable[str]
-    ) -> None:
-        for w in warnings:
-            change.problems.append(Problem(kind, object_name(obj), w, fatal=False))
-
     def _put_service(self, info: ServiceInfo, change: StoreChange) -> None:
         if self.services.get(info.ref) != info:
             self.services[info.ref] = info
@@ -234,3 +299,18 @@ def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
         return "", None
     namespace = meta.get("namespace") or "default"
     return (namespace if isinstance(namespace, str) else ""), meta["name"] or None
+
+
+def _listed_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) as a Replace counts the object present, None when unreadable."""
+    # type() first: isinstance against the Mapping ABC costs ~0.5 us, and these are dicts
+    meta = obj.get("metadata") if type(obj) is dict or isinstance(obj, Mapping) else None
+    if (
+        (type(meta) is dict or isinstance(meta, Mapping))
+        and isinstance(meta.get("name"), str)
+        and meta["name"]
+    ):
+        namespace = meta.get("namespace") or "default"
+        if isinstance(namespace, str):  # else skipped as invalid
+            return namespace, meta["name"]
+    return None

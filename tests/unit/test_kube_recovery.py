@@ -11,6 +11,7 @@ import pytest
 from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.events import Replace, Upsert
+from ipvsctl.source.store import Preparer
 from tests.unit.test_kube_source import (  # noqa: F401  (fixtures)
     EPS,
     FAST,
@@ -155,9 +156,16 @@ def test_probe_does_not_raise_the_retry_rate_of_a_server_that_answers_but_fails(
 # ---- 11.7: a Service list without default/kubernetes ---------------------------------------
 
 
-def test_empty_service_list_is_refused_and_retried_with_backoff(api, harness, logs) -> None:
+# Raw lists, and lists parsed as they are decoded (the daemon's): the check reads either.
+PREPARE = pytest.mark.parametrize("prepare", [None, Preparer()], ids=["raw", "prepared"])
+
+
+@PREPARE
+def test_empty_service_list_is_refused_and_retried_with_backoff(
+    api, harness, logs, prepare
+) -> None:
     api.add(objects.service("web", cluster_ip="10.96.0.10"))
-    h = harness(_with(STRICT, backoff_initial=0.01, backoff_max=0.08)).start()
+    h = harness(_with(STRICT, backoff_initial=0.01, backoff_max=0.08), prepare).start()
     h.synced()
     api.serve_empty_lists("Service", times=3)
     api.expire_watches("Service")
@@ -178,10 +186,11 @@ def test_empty_service_list_is_refused_and_retried_with_backoff(api, harness, lo
     h.close()
 
 
-def test_initial_list_without_default_kubernetes_is_not_applied() -> None:
+@PREPARE
+def test_initial_list_without_default_kubernetes_is_not_applied(prepare) -> None:
     with FakeAPIServer(kubernetes_service=False) as bare:
         bare.add(objects.service("web", cluster_ip="10.96.0.10"))
-        hh = Harness(bare, _with(FAST, backoff_initial=0.01, backoff_max=0.02)).start()
+        hh = Harness(bare, _with(FAST, backoff_initial=0.01, backoff_max=0.02), prepare).start()
         try:
             assert hh.restart("services") == "suspect"
             assert isinstance(hh.next(EPS), Replace)  # slices are not held back
@@ -299,13 +308,14 @@ def test_daemon_keeps_its_table_when_a_relist_comes_back_empty(tmp_path) -> None
 # ---- 17.4: relists after a long outage are spread by cluster size --------------------------
 
 
-def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs) -> None:
+@PREPARE
+def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs, prepare) -> None:
     api.add(
         objects.endpoint_slice(
             "web-1", "web", [objects.endpoint(f"10.244.{n}.5", node=f"node-{n}") for n in range(3)]
         )
     )
-    h = harness(_with(FAST, relist_spread_per_node=0.05, probe_interval=0.0)).start()
+    h = harness(_with(FAST, relist_spread_per_node=0.05, probe_interval=0.0), prepare).start()
     h.synced()
     assert h.source.cluster_nodes == 3
     api.down()

@@ -18,6 +18,7 @@ from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+from ipvsctl.source.store import ObjectStore, Prepared, Preparer
 
 try:
     from devkit.fakeapi import FakeAPIServer, objects
@@ -105,7 +106,9 @@ def logs() -> Iterator[LogQueue]:
 class Harness:
     """Runs a KubeSource in a thread; events are sorted into one queue per kind."""
 
-    def __init__(self, api: FakeAPIServer, settings: KubeSettings = FAST) -> None:
+    def __init__(
+        self, api: FakeAPIServer, settings: KubeSettings = FAST, prepare: Preparer | None = None
+    ) -> None:
         self.api = api
         self.queues: dict[ObjectKind, queue.Queue[SourceEvent]] = {
             k: queue.Queue() for k in ObjectKind
@@ -117,6 +120,7 @@ class Harness:
             environ={},
             settings=settings,
             on_watch_restart=lambda resource, reason: self.restarts.put((resource, reason)),
+            prepare=prepare,
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(
@@ -169,8 +173,8 @@ class Harness:
 def harness(api: FakeAPIServer) -> Iterator[Any]:
     made: list[Harness] = []
 
-    def make(settings: KubeSettings = FAST) -> Harness:
-        h = Harness(api, settings)
+    def make(settings: KubeSettings = FAST, prepare: Preparer | None = None) -> Harness:
+        h = Harness(api, settings, prepare)
         made.append(h)
         return h
 
@@ -183,11 +187,16 @@ def harness(api: FakeAPIServer) -> Iterator[Any]:
 
 
 def names(event: Replace) -> list[str]:
-    """Names of a Replace's objects, without the fake server's `default/kubernetes`."""
-    return sorted(
-        o["metadata"]["name"]
+    """Names of a Replace's objects (raw or prepared), without the fake server's
+    `default/kubernetes`."""
+    keys = [
+        o.key
+        if isinstance(o, Prepared)
+        else (o["metadata"].get("namespace"), o["metadata"]["name"])
         for o in event.objects
-        if (o["metadata"].get("namespace"), o["metadata"]["name"]) != ("default", "kubernetes")
+    ]
+    return sorted(
+        name for namespace, name in keys if (namespace, name) != ("default", "kubernetes")
     )
 
 
@@ -216,6 +225,49 @@ def test_initial_list_is_one_replace_per_kind_with_trimmed_objects(api, harness)
     ep = slices.objects[0]["endpoints"][0]
     assert set(ep) == {"addresses", "conditions", "nodeName", "targetRef"}  # zone dropped
     assert h.empty(SVC) and h.empty(EPS)
+    h.close()
+
+
+@pytest.mark.parametrize("watch_list", [False, True])
+def test_a_prepared_list_hands_the_store_parsed_objects(api, harness, watch_list) -> None:
+    # Parsed where each item is decoded (no list of raw objects beside the store), with the
+    # outcome of the raw list: valid, invalid, warned about and not proxied objects alike.
+    api.add(objects.service("web", cluster_ip="10.96.0.10"))
+    api.add(objects.service("bad", cluster_ip="10.96.0.300"))
+    api.add(
+        objects.service(
+            "sched", cluster_ip="10.96.0.12", annotations={"ipvsctl.io/scheduler": "nope"}
+        )
+    )
+    headless = objects.service("headless", cluster_ip="10.96.0.13")
+    headless["metadata"]["labels"] = {"service.kubernetes.io/headless": ""}
+    api.add(headless)
+    api.add(objects.endpoint_slice("web-1", "web", [objects.endpoint("10.244.1.5", pod="p1")]))
+    api.add(objects.endpoint_slice("bad-1", "bad", [objects.endpoint("10.244.1.300")]))
+    settings = _with(FAST, watch_list=watch_list)
+    preparer = Preparer(default_scheduler="wrr")
+    lists = []
+    for prepare in (preparer, None):
+        h = harness(settings, prepare).start()
+        lists.append(h.synced())
+        h.close()
+    prepared, raw = lists
+    assert all(isinstance(o, Prepared) for r in prepared for o in r.objects)
+    assert not any(isinstance(o, Prepared) for r in raw for o in r.objects)
+    assert names(prepared[0]) == names(raw[0]) == ["bad", "headless", "sched", "web"]
+    from_prepared, from_raw = ObjectStore("wrr"), ObjectStore("wrr")
+    for p, r in zip(prepared, raw, strict=True):
+        change = from_raw.apply(r)
+        assert from_prepared.apply(p) == change
+    assert change.problems and from_raw.services  # not a vacuous comparison
+    assert from_prepared.services == from_raw.services
+    assert from_prepared.slices == from_raw.slices
+    # Watch events stay raw (the backlog merges them).
+    h = harness(settings, preparer).start()
+    h.synced()
+    api.add(objects.service("later", cluster_ip="10.96.0.20"))
+    event = h.next(SVC)
+    assert isinstance(event, Upsert) and isinstance(event.obj, dict)
     h.close()
 
 

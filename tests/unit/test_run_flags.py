@@ -220,6 +220,19 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)
 
 
+def test_the_api_source_prepares_its_lists_as_the_engines_store_parses() -> None:
+    # A Replace of prepared objects is applied only by a store of the same configuration.
+    from ipvsctl.model import NodeContext
+    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.reconcile.intake import Intake
+
+    node = NodeContext("node-a", default_scheduler="wrr", service_proxy_name="mine")
+    options = ipvsctl.daemon.wiring.DaemonOptions(node=node, apiserver="http://127.0.0.1:9")
+    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
+    assert source._prepare == Intake(node, Metrics()).store.preparer
+    assert source._prepare.default_scheduler == "wrr"
+
+
 def test_draining_taints_and_lb_grace(monkeypatch, tmp_path):
     r, opts, _ = invoke(monkeypatch, tmp_path)
     assert r.exit_code == 0, r.output
