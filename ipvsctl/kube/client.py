@@ -34,7 +34,7 @@ from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
 from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
 from ipvsctl.source.convert import SliceInfo
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
-from ipvsctl.source.store import Prepared
+from ipvsctl.source.store import Prepared, Preparer
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
 # (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
@@ -82,10 +82,11 @@ class KubeSource:
     `clock` stamps `received`; `rng` drives the jitter. With `prepare` (the store's
     `Preparer`), every listed object is parsed as it is decoded and a Replace carries
     `Prepared` objects: the raw tree of one object lives only while it is parsed, so a list
-    of 100,000 endpoints never exists raw beside the store built from it. Watch events stay
-    raw. A Service list without `sentinel` (default
-    `default/kubernetes`; None: no check) is refused: the table is kept, one warning is
-    logged, the restart is counted with reason `suspect`, and the list is retried with backoff.
+    of 100,000 endpoints never exists raw beside the store built from it. Watch events'
+    objects are prepared too (`Preparer.event`): a backlog of updates waits parsed. A Service
+    list without `sentinel` (default `default/kubernetes`; None: no check) is refused: the
+    table is kept, one warning is logged, the restart is counted with reason `suspect`, and
+    the list is retried with backoff.
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
-        prepare: Callable[[ObjectKind, RawObject], Prepared] | None = None,
+        prepare: Preparer | None = None,
     ) -> None:
         self._api = api_client
         self._prepare = prepare
@@ -141,7 +142,7 @@ class KubeSource:
         service_label_selector: str | None = None,
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
-        prepare: Callable[[ObjectKind, RawObject], Prepared] | None = None,
+        prepare: Preparer | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -209,6 +210,7 @@ class KubeSource:
                 list_func=list_services,
                 trim=trim_service,
                 prepare=self._prepared(ObjectKind.SERVICE),
+                prepare_event=self._prepared_event(ObjectKind.SERVICE),
                 check=require_service(*self._sentinel) if self._sentinel else None,
                 **common,
             ),
@@ -218,6 +220,7 @@ class KubeSource:
                 list_func=self._endpoint_slices,
                 trim=trim_endpoint_slice,
                 prepare=self._prepared(ObjectKind.ENDPOINT_SLICE),
+                prepare_event=self._prepared_event(ObjectKind.ENDPOINT_SLICE),
                 **common,
             ),
         ]
@@ -229,6 +232,7 @@ class KubeSource:
                     list_func=node_list_func(self._nodes, self.node_name, emit, clock=self._clock),
                     trim=trim_node,
                     prepare=self._prepared(ObjectKind.NODE),
+                    prepare_event=self._prepared_event(ObjectKind.NODE),
                     **common,
                 )
             )
@@ -271,6 +275,9 @@ class KubeSource:
 
     def _prepared(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
         return None if self._prepare is None else functools.partial(self._prepare, kind)
+
+    def _prepared_event(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
+        return None if self._prepare is None else functools.partial(self._prepare.event, kind)
 
     @staticmethod
     def _run_reflector(reflector: Reflector, halt: threading.Event) -> None:

@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
+from ipvsctl.source.convert import trigger_annotation
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+from ipvsctl.source.store import Prepared
 
 SliceKey = tuple[str, str]  # (namespace, name)
 
@@ -76,6 +77,8 @@ def slice_key(event: SourceEvent) -> SliceKey | None:
     if isinstance(event, Delete):
         return (event.namespace, event.name)
     if isinstance(event, Upsert):
+        if isinstance(event.obj, Prepared):  # parsed in the source's thread
+            return event.obj.key
         meta = event.obj.get("metadata") if isinstance(event.obj, Mapping) else None
         if not isinstance(meta, Mapping):
             return None
@@ -89,9 +92,9 @@ def _trigger(event: Upsert | Delete) -> Any:
     """The superseded version's trigger-time annotation as sent (parsed by the store)."""
     if isinstance(event, Delete):
         return None
-    meta = event.obj.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return annotations.get(TRIGGER_TIME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if isinstance(event.obj, Prepared):
+        return event.obj.trigger
+    return trigger_annotation(event.obj)
 
 
 class Backlog(queue.Queue[SourceEvent]):

@@ -513,6 +513,13 @@ def _trigger_time(meta: Mapping[str, Any]) -> tuple[float | None, bool]:
     return parse_trigger_time(raw)
 
 
+def trigger_annotation(obj: Any) -> Any:
+    """An object's trigger-time annotation as sent (None when absent or unreadable)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return annotations.get(TRIGGER_TIME_ANNOTATION) if isinstance(annotations, Mapping) else None
+
+
 def parse_trigger_time(raw: Any) -> tuple[float | None, bool]:
     """The trigger-time annotation's value, as `_trigger_time` says."""
     if raw is None:

@@ -22,6 +22,7 @@ from ipvsctl.source.convert import (
     parse_endpoint_slice,
     parse_service,
     parse_trigger_time,
+    trigger_annotation,
 )
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
 from ipvsctl.source.node import NodeInfo, parse_node
@@ -71,6 +72,9 @@ class Prepared:
     problem: str | None = None  # fatal: the object is skipped
     label: str | None = None  # namespace/name for the problems (only with one)
     unproxied: tuple[str, str] | None = None  # a Service not ours: delete this one
+    # A watch event's slice: its trigger-time annotation as sent, for when a newer version
+    # replaces it while it waits (source/backlog.py; the store parses it as a raw one's).
+    trigger: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,14 @@ class Preparer:
 
     def __call__(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
         return self.prepare(kind, obj, _listed_key(obj))
+
+    def event(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
+        """A watch event's object: as listed, and a slice's trigger-time annotation kept
+        (a raw waiting event's is read from it when a newer version replaces it)."""
+        prepared = self.prepare(kind, obj, _listed_key(obj))
+        if kind is ObjectKind.ENDPOINT_SLICE:
+            prepared.trigger = trigger_annotation(obj)
+        return prepared
 
     def prepare(
         self, kind: ObjectKind, obj: Mapping[str, Any], key: tuple[str, str] | None
@@ -154,7 +166,12 @@ class ObjectStore:
     # --- events -------------------------------------------------------------------
     def apply(self, event: SourceEvent) -> StoreChange:
         if isinstance(event, Upsert):
-            change = self._upsert(event.kind, event.obj)
+            obj = event.obj
+            if isinstance(obj, Prepared):
+                self._check_prepared(event.kind, obj)
+                change = self._put(obj)
+            else:
+                change = self._upsert(event.kind, obj)
         elif isinstance(event, Delete):
             change = self._delete(event.kind, event.namespace, event.name)
         elif isinstance(event, Replace):
@@ -225,12 +242,8 @@ class ObjectStore:
         listed: set[tuple[str, str]] = set()
         preparer = self.preparer
         for obj in objects:  # before anything changes
-            if isinstance(obj, Prepared) and (
-                obj.kind is not kind or (obj.by is not preparer and obj.by != preparer)
-            ):
-                # A wiring bug (the source's preparer is not this store's): parsing with
-                # another scheduler or proxy name would be silently wrong.
-                raise ValueError(f"a {obj.kind} prepared by {obj.by} in a {kind} Replace")
+            if isinstance(obj, Prepared):
+                self._check_prepared(kind, obj)
         for obj in objects:
             prepared = obj if isinstance(obj, Prepared) else preparer(kind, obj)
             change.merge(self._put(prepared))
@@ -256,6 +269,12 @@ class ObjectStore:
         return change
 
     # --- internals ----------------------------------------------------------------
+    def _check_prepared(self, kind: ObjectKind, obj: Prepared) -> None:
+        if obj.kind is not kind or (obj.by is not self.preparer and obj.by != self.preparer):
+            # A wiring bug (the source's preparer is not this store's): parsing with
+            # another scheduler or proxy name would be silently wrong.
+            raise ValueError(f"a {obj.kind} prepared by {obj.by} in a {kind} event")
+
     def _put_service(self, info: ServiceInfo, change: StoreChange) -> None:
         if self.services.get(info.ref) != info:
             self.services[info.ref] = info

@@ -109,9 +109,17 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger():
+@pytest.mark.parametrize("prepared", [False, True], ids=["raw", "prepared"])
+def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger(prepared):
+    """Raw, or prepared in the source's thread (kube/watch.py): a waiting parsed slice keeps
+    its trigger-time annotation as sent, so a merged one is observed alike."""
     h = Harness()
     h.start([service("web")], [sl("web-1", "10.0.0.1")])
+    preparer = h.engine.intake.store.preparer
+
+    def load(obj: dict):
+        return preparer.event(SLICE, obj) if prepared else obj
+
     h.clock.advance(100)  # trigger times from before the daemon started are not observed
     m = h.metrics
     before = m.value("ipvsctl_event_to_kernel_seconds_count")
@@ -119,11 +127,11 @@ def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger():
     q = Backlog()
     t0 = h.clock.monotonic()
     wall = h.clock.wall()
-    q.put(Upsert(SLICE, sl("web-1", "10.0.0.2", trigger=rfc3339(wall - 5)), t0))
+    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.2", trigger=rfc3339(wall - 5))), t0))
     h.clock.advance(1)
-    q.put(Upsert(SLICE, sl("web-1", "10.0.0.3", trigger="not a time"), t0 + 1))
+    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.3", trigger="not a time")), t0 + 1))
     h.clock.advance(1)
-    q.put(Upsert(SLICE, sl("web-1", "10.0.0.4", trigger=rfc3339(wall - 1)), t0 + 2))
+    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.4", trigger=rfc3339(wall - 1))), t0 + 2))
     (event,) = drain(q)
     h.clock.advance(1)
     h.engine.handle(event)

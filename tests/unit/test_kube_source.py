@@ -17,6 +17,9 @@ import pytest
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
+from ipvsctl.kube.trim import trim_service
+from ipvsctl.model import ServiceRef
+from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
 from ipvsctl.source.store import ObjectStore, Prepared, Preparer
 
@@ -262,13 +265,26 @@ def test_a_prepared_list_hands_the_store_parsed_objects(api, harness, watch_list
     assert change.problems and from_raw.services  # not a vacuous comparison
     assert from_prepared.services == from_raw.services
     assert from_prepared.slices == from_raw.slices
-    # Watch events stay raw (the backlog merges them).
+    # Watch events are prepared too (a backlog of updates waits parsed), a slice's with
+    # its trigger-time annotation as sent, and give the store what their raw objects give.
     h = harness(settings, preparer).start()
     h.synced()
     api.add(objects.service("later", cluster_ip="10.96.0.20"))
     event = h.next(SVC)
-    assert isinstance(event, Upsert) and isinstance(event.obj, dict)
+    assert isinstance(event, Upsert) and isinstance(event.obj, Prepared)
+    assert event.obj.key == ("default", "later") and event.obj.trigger is None
+    sl = objects.endpoint_slice("later-1", "later", [objects.endpoint("10.244.1.9")])
+    sl["metadata"]["annotations"] = {TRIGGER_TIME_ANNOTATION: "2026-11-27T01:00:00Z"}
+    api.add(sl)
+    sl_event = h.next(EPS)
+    assert isinstance(sl_event, Upsert) and isinstance(sl_event.obj, Prepared)
+    assert sl_event.obj.trigger == "2026-11-27T01:00:00Z"
     h.close()
+    raw_store = ObjectStore("wrr")
+    later = trim_service(objects.service("later", cluster_ip="10.96.0.20"))
+    assert from_prepared.apply(event) == raw_store.apply(Upsert(SVC, later, 0))
+    ref = ServiceRef("default", "later")
+    assert from_prepared.services[ref] == raw_store.services[ref]
 
 
 def test_watch_events_arrive_in_order(api, harness) -> None:
