@@ -89,12 +89,14 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
         def status() -> dict[str, Any]:
             return manager.barrier.status()
 
-        # the node still sends the pod new connections: the barrier waits for it
-        wait_for(
-            lambda: status().get("stage") == "daemons" and status()["daemons"]["not_quiesced"],
-            timeout=120,
-            what="the barrier asking the daemon",
-        )
+        # the node still sends the pod new connections: the barrier waits for it (past
+        # "no answer yet", the reason before the daemon's first answer arrives)
+        def answered() -> bool:
+            s = status()
+            waiting = s["daemons"]["not_quiesced"] if s.get("stage") == "daemons" else {}
+            return bool(waiting) and "no answer yet" not in waiting.values()
+
+        wait_for(answered, timeout=120, what="the daemon's answer to the barrier")
         # reached from the pod's netns, at the node's address: a real answer, not an error
         assert status()["daemons"]["not_quiesced"] == {
             daemon_url_from_pods(daemon): "1 real server with weight > 0"
