@@ -36,6 +36,19 @@ class RawSocket:
         self._poll.register(sock.fileno(), select.POLLIN)
         self._buffer: bytearray | None = None  # dumps(): one buffer for every answer
 
+    def _receive(self, size: int) -> bytes:
+        """The next datagram. The kernel answers inside send() (and makes each further dump
+        part inside recv()), so the answer is normally there already: recv first, poll
+        only when it is not. Each call releases the GIL, and getting it back costs up to
+        the switch interval while a reader thread is busy: one fewer per request."""
+        while True:
+            try:
+                data: bytes = self.sock.recv(size)
+                return data
+            except BlockingIOError:
+                if not self._poll.poll(ANSWER_TIMEOUT * 1000):
+                    raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
+
     def request(self, msg_type: int, request: wire.Request, seq: int) -> list[bytes]:
         """The answers to one request (whole messages) before its ACK or end of dump;
         NetlinkError with the kernel's errno for an error answer."""
@@ -43,17 +56,7 @@ class RawSocket:
         size = _DUMP_BUFFER if request[0] == wire.FLAGS_DUMP else _ACK_BUFFER
         out: list[bytes] = []
         while True:
-            # The kernel answers inside send() (and makes each further dump part inside
-            # recv()), so the answer is normally there already: recv first, poll only when
-            # it is not. Each call releases the GIL, and getting it back costs up to the
-            # switch interval while a reader thread is busy: one fewer per request.
-            try:
-                data = self.sock.recv(size)
-            except BlockingIOError:
-                if not self._poll.poll(ANSWER_TIMEOUT * 1000):
-                    raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
-                continue
-            for kind, _flags, answer_seq, msg in wire.split(data):
+            for kind, _flags, answer_seq, msg in wire.split(self._receive(size)):
                 if answer_seq != seq:
                     continue
                 if kind == wire.NLMSG_ERROR:
@@ -86,13 +89,7 @@ class RawSocket:
         codes = [0] * len(requests)
         end = seqs[last]
         while True:
-            try:
-                data = self.sock.recv(_ACK_BUFFER)
-            except BlockingIOError:
-                if not self._poll.poll(ANSWER_TIMEOUT * 1000):
-                    raise NetlinkError(errno.ETIMEDOUT, "no answer from the kernel") from None
-                continue
-            for kind, _flags, answer_seq, msg in wire.split(data):
+            for kind, _flags, answer_seq, msg in wire.split(self._receive(_ACK_BUFFER)):
                 at = index.get(answer_seq)
                 if at is None or kind != wire.NLMSG_ERROR:
                     continue  # another request's answer, dropped as pyroute2 does
