@@ -6,7 +6,9 @@ held every version of every slice (trimmed API objects, ~7 KB per 10-endpoint sl
 10,000 Services the backlog of 10,000 updates was ~30 MB, the daemon's peak. Only a slice's
 newest version matters to the store, so a newer Upsert or Delete of a slice still waiting
 takes the older one's place in the queue (client-go's DeltaFIFO keeps a key's first
-position too): the backlog is bounded by the number of slices, not of events.
+position too): the backlog is bounded by the number of slices, not of events. The API
+source parses a watch event's object before it queues it (`store.Prepared`, ~1 KB a
+slice), so what waits is the parsed slice, not its raw object.
 
 Nothing is lost by it: the merged event carries the arrival stamps and the trigger-time
 annotations of the versions it replaced (`Upsert.earlier`, `earlier_triggers`), so every

@@ -1,7 +1,8 @@
 """What every object source (API server watch, manifest folder) emits, and the port it
 implements. Sources pass raw JSON-like dicts (trimmed to the fields ipvsctl reads); parsing
 and validation happen once, in `source.convert`: on the engine's side, or for the API
-source's lists where each item is decoded (the store's `Preparer`, source/store.py).
+source's lists and watch events where each object is decoded (the store's `Preparer`,
+source/store.py).
 """
 
 from __future__ import annotations

@@ -59,10 +59,11 @@ class StoreChange:
 
 @dataclass(slots=True)  # not frozen: built once per object and event, frozen's init is slow
 class Prepared:
-    """One object as a Replace applies it, parsed but not yet stored: what the store makes
-    of a raw object with its fixed configuration alone (`Preparer`). A source may prepare
-    the objects of a list as it decodes them (kube/watch.py), so the raw tree of one object
-    lives only while it is parsed and a list never holds them all at once."""
+    """One object as a Replace or Upsert applies it, parsed but not yet stored: what the
+    store makes of a raw object with its fixed configuration alone (`Preparer`). A source
+    may prepare objects as it decodes them (kube/watch.py), so the raw tree of one object
+    lives only while it is parsed: a list never holds them all at once, and an update
+    waiting in the backlog waits parsed."""
 
     kind: ObjectKind
     key: tuple[str, str] | None  # (namespace, name) the Replace counts as listed
