@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import queue
 from collections import deque
-from collections.abc import Mapping
 from typing import Any
 
 from ipvsctl.source.convert import trigger_annotation
 from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from ipvsctl.source.store import Prepared
+from ipvsctl.source.store import Prepared, listed_key
 
 SliceKey = tuple[str, str]  # (namespace, name)
 
@@ -79,14 +78,9 @@ def slice_key(event: SourceEvent) -> SliceKey | None:
     if isinstance(event, Delete):
         return (event.namespace, event.name)
     if isinstance(event, Upsert):
-        if isinstance(event.obj, Prepared):  # parsed in the source's thread
-            return event.obj.key
-        meta = event.obj.get("metadata") if isinstance(event.obj, Mapping) else None
-        if not isinstance(meta, Mapping):
-            return None
-        name, namespace = meta.get("name"), meta.get("namespace") or "default"
-        if isinstance(name, str) and name and isinstance(namespace, str):
-            return (namespace, name)
+        obj = event.obj
+        # parsed in the source's thread: its key was read then, by the same rule
+        return obj.key if isinstance(obj, Prepared) else listed_key(obj)
     return None
 
 

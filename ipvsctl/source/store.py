@@ -92,12 +92,12 @@ class Preparer:
         return cls(node.default_scheduler, node.node_name, node.service_proxy_name)
 
     def __call__(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
-        return self.prepare(kind, obj, _listed_key(obj))
+        return self.prepare(kind, obj, listed_key(obj))
 
     def event(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
         """A watch event's object: as listed, and a slice's trigger-time annotation kept
         (a raw waiting event's is read from it when a newer version replaces it)."""
-        prepared = self.prepare(kind, obj, _listed_key(obj))
+        prepared = self.prepare(kind, obj, listed_key(obj))
         if kind is ObjectKind.ENDPOINT_SLICE:
             prepared.trigger = trigger_annotation(obj)
         return prepared
@@ -321,8 +321,9 @@ def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
     return (namespace if isinstance(namespace, str) else ""), meta["name"] or None
 
 
-def _listed_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, name) as a Replace counts the object present, None when unreadable."""
+def listed_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) as a Replace counts the object present and the backlog merges its
+    updates by, None when unreadable."""
     # type() first: isinstance against the Mapping ABC costs ~0.5 us, and these are dicts
     meta = obj.get("metadata") if type(obj) is dict or isinstance(obj, Mapping) else None
     if (
