@@ -2,4 +2,4 @@
 API server and manifest adapters implement), conversion (convert, with every field check in
 validate; node, hints, duration; shared: one copy of the few-valued strings they repeat), the
 event backlog (one waiting event per EndpointSlice) and the object store (which Services an
-event touches)."""
+event touches; its Preparer parses an object where a source decodes it)."""

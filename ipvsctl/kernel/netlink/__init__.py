@@ -9,7 +9,7 @@ address code and pkg/proxy/conntrack):
   parsed by hand
 - errors: the one place where netlink errors become KernelErrors
 - sockets: pyroute2's sockets, one set per calling thread; raw: those sockets used raw for
-  wire's messages
+  wire's messages (a request, dumps back to back, a batch of dest adds in one send)
 - ipvs_calls: the IPVS commands; interface: the dummy interface (`kube-ipvs0`) and the
   index of addresses in use
 - conntrack: the conntrack table (filtered dumps, deletes by original tuple), for the
