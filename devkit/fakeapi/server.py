@@ -450,6 +450,21 @@ class FakeAPIServer:
             self._cond.notify_all()
         return n
 
+    def put_raw(self, kind: str, namespace: str, name: str, raw: bytes) -> None:
+        """A broken server: store `raw` verbatim as the JSON of `kind` namespace/name,
+        served as it is in lists and as the object of the ADDED or MODIFIED watch event it
+        makes (any JSON: an object no client can read, a number, deep nesting). `update`
+        or `upsert` of a proper object under that name replaces it."""
+        with self._cond:
+            store = self._store[kind]
+            key = (namespace, name)
+            old = store.get(key)
+            self._rv += 1
+            store[key] = _Entry(key, self._rv, old.uid if old else str(uuid.uuid4()), raw)
+            self._sorted[kind] = None
+            self._record_event(kind, b"ADDED" if old is None else b"MODIFIED", namespace, raw)
+            self._cond.notify_all()
+
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """Delete an object (DELETED, carrying its last state); KeyError if missing."""
         with self._cond:

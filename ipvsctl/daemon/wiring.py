@@ -52,6 +52,7 @@ from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 if TYPE_CHECKING:
     from ipvsctl.kube.events import EventWriter
+    from ipvsctl.kube.settings import KubeSettings
 
 SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
 
@@ -448,7 +449,9 @@ def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
     return lambda: in_cidrs(read(), o.node_port_cidrs)
 
 
-def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
+def open_source(
+    o: DaemonOptions, metrics: Metrics, kube_settings: KubeSettings | None = None
+) -> ObjectSource:
     if o.manifests:
         from ipvsctl.manifests import ManifestSource
 
@@ -468,6 +471,7 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             kubeconfig=o.kubeconfig,
             apiserver=o.apiserver,
             node_name=o.node.node_name,
+            settings=kube_settings,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
                 resource, reason
             ).inc(),
@@ -478,6 +482,8 @@ def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
             # Lists parsed as they are decoded, as the engine's store would (its
             # configuration is the same o.node): never all raw objects alive at once.
             prepare=Preparer.for_node(o.node),
+            on_invalid_object=lambda kind: metrics.invalid_objects.labels(kind).inc(),
+            on_health=lambda why: metrics.degraded.set("source", why),
         )
     except SourceConfigError as exc:
         raise StartupError(str(exc)) from None

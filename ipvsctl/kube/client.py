@@ -31,7 +31,12 @@ from ipvsctl.kube.node import node_list_func
 from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
-from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
+from ipvsctl.kube.watch import (
+    InvalidObjectCallback,
+    ListCheck,
+    Reflector,
+    WatchRestartCallback,
+)
 from ipvsctl.source.convert import SliceInfo
 from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
 from ipvsctl.source.store import Prepared, Preparer
@@ -50,7 +55,8 @@ def count_nodes(slices: list[Any]) -> int:
             if isinstance(sl.value, SliceInfo):
                 nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name is not None)
             continue
-        for ep in sl.get("endpoints") or ():
+        endpoints = sl.get("endpoints")
+        for ep in endpoints if isinstance(endpoints, list) else ():
             if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
                 nodes.add(ep["nodeName"])
     return len(nodes)
@@ -63,8 +69,11 @@ def require_service(namespace: str, name: str) -> ListCheck:
                 if obj.key == (namespace, name):
                     return None
                 continue
-            meta = obj.get("metadata") or {}
-            if meta.get("name") == name and meta.get("namespace") == namespace:
+            meta = obj.get("metadata")  # trimmed, but passed on as sent when not a mapping
+            if isinstance(meta, Mapping) and (meta.get("namespace"), meta.get("name")) == (
+                namespace,
+                name,
+            ):
                 return None
         return f"no Service {namespace}/{name} among {len(objects)}"
 
@@ -87,6 +96,12 @@ class KubeSource:
     list without `sentinel` (default `default/kubernetes`; None: no check) is refused: the
     table is kept, one warning is logged, the restart is counted with reason `suspect`, and
     the list is retried with backoff.
+
+    An object that cannot be read (in a list or a watch event) is skipped and
+    `on_invalid_object(kind)` called (ipvsctl_invalid_objects_total). `on_health(why)` is
+    told why the lists or watches of one or more resources keep failing
+    (`KubeSettings.degraded_after`), and None once they all work again: the daemon's `source`
+    degraded condition.
     """
 
     def __init__(
@@ -101,8 +116,14 @@ class KubeSource:
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         prepare: Preparer | None = None,
+        on_invalid_object: InvalidObjectCallback | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> None:
         self._api = api_client
+        self._on_invalid_object = on_invalid_object
+        self._on_health = on_health
+        self._failing: dict[str, str] = {}  # resource -> why it keeps failing
+        self._health_lock = threading.Lock()
         self._prepare = prepare
         self._sentinel = sentinel
         # --service-proxy-name: only Services this proxy serves are listed and watched
@@ -143,6 +164,8 @@ class KubeSource:
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         prepare: Preparer | None = None,
+        on_invalid_object: InvalidObjectCallback | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -159,6 +182,8 @@ class KubeSource:
             node_name=node_name,
             sentinel=sentinel,
             prepare=prepare,
+            on_invalid_object=on_invalid_object,
+            on_health=on_health,
         )
 
     @property
@@ -197,6 +222,8 @@ class KubeSource:
             "rng": self._rng,
             "probe": self.probe,
             "cluster_nodes": lambda: self.cluster_nodes,
+            "on_invalid": self._on_invalid_object,
+            "on_health": self._resource_health,
         }
         list_services: Any = self._services
         if self._service_selector:
@@ -272,6 +299,20 @@ class KubeSource:
         return [t.name for t in threads if not t.is_alive()]
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _resource_health(self, resource: str, why: str | None) -> None:
+        """One reflector's failing streak began, went on or ended: `on_health` gets every
+        failing resource's reason, or None when none is failing. Called from the reflector
+        threads and their timers; serialised, so the last word is the current one."""
+        with self._health_lock:
+            if why is None:
+                if self._failing.pop(resource, None) is None:
+                    return
+            else:
+                self._failing[resource] = why
+            if self._on_health is not None:
+                summary = "; ".join(f"{r}: {w}" for r, w in sorted(self._failing.items()))
+                self._on_health(summary or None)
 
     def _prepared(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
         return None if self._prepare is None else functools.partial(self._prepare, kind)

@@ -225,8 +225,8 @@ class Metrics:
         )
         self.degraded_conditions = Gauge(
             "ipvsctl_degraded",
-            "1 while a part of the daemon keeps failing (nftables, state_write, audit); "
-            "readiness is not failed for it.",
+            "1 while a part of the daemon keeps failing (nftables, state_write, audit, "
+            "source); readiness is not failed for it.",
             ["condition"],
             registry=r,
         )

@@ -105,6 +105,16 @@ MUTATIONS = {
         "(ipvsctl_virtual_server_conflict_losers) > 5",
         "IpvsctlVirtualServerConflict",
     ),
+    "source-not-its-own": (
+        '(ipvsctl_degraded{condition="source"}) > 0',
+        '(ipvsctl_degraded{condition="nftables"}) > 0',
+        "IpvsctlSourceFailing",
+    ),
+    "source-twice": (
+        '(ipvsctl_degraded{condition!="source"}) > 0',
+        "(ipvsctl_degraded) > 0",
+        "IpvsctlDegraded",
+    ),
     "node-draining-threshold": (
         "(ipvsctl_node_draining_seconds) > 1800",
         "(ipvsctl_node_draining_seconds) > 3600",

@@ -120,3 +120,56 @@ def test_failing_nft_pushes_are_degraded_not_unready(tmp_path: Path) -> None:
         assert degraded(d, "nftables") == 0 and readyz(d) == (200, "ready\n")
     finally:
         d.shutdown()
+
+
+def test_an_api_source_that_keeps_failing_is_degraded_not_unready(tmp_path: Path) -> None:
+    """The daemon's own source wiring against the fake API server: an object it cannot read
+    is counted and skipped (the rest is programmed); an API server gone for good is said in
+    /readyz's body and the gauge while the node stays ready with the table it has."""
+    from devkit.fakeapi import FakeAPIServer
+    from ipvsctl.daemon.wiring import open_source
+    from ipvsctl.kube.settings import KubeSettings
+
+    settings = KubeSettings(
+        backoff_initial=0.01, backoff_max=0.05, healthy_watch_seconds=0.2, degraded_after=3
+    )
+    with FakeAPIServer() as api:
+        api.add(service("web"))
+        api.add(endpoint_slice("web", [endpoint(B)]))
+        api.put_raw("Service", "default", "bad-metadata", b'{"kind":"Service","metadata":"x"}')
+        api.put_raw("Service", "default", "not-an-object", b"7")
+        opts = DaemonOptions(
+            node=NodeContext("node-a"),
+            apiserver=api.url,
+            state_dir=str(tmp_path / "state"),
+            listen="127.0.0.1:0",
+            drain_check_interval=0.05,
+        )
+        metrics = Metrics()
+        kernel = FakeKernel()
+        d = Daemon(
+            opts,
+            kernel,
+            open_source(opts, metrics, settings),
+            metrics=metrics,
+            loop_config=LoopConfig(drain_check_interval=0.05, idle_wakeup=0.05),
+        )
+        try:
+            d.start()
+            wait_for(lambda: readyz(d)[0] == 200)
+            assert readyz(d) == (200, "ready\n")
+            table = kernel.dump()
+            assert f"-> {B}:" in table  # the Services around the unreadable ones are in
+            # One skipped by the store (its metadata), one by the source (not an object).
+            assert metrics.value("ipvsctl_invalid_objects_total", {"kind": "Service"}) == 2
+            api.down()
+            wait_for(lambda: degraded(d, "source") == 1)
+            status, body = readyz(d)
+            assert status == 200 and body.startswith("ready\n")
+            assert "degraded: source: " in body and "attempts failed in a row" in body
+            assert kernel.dump() == table  # kept, not flushed
+            api.up()
+            wait_for(lambda: degraded(d, "source") == 0)
+            assert readyz(d) == (200, "ready\n")
+        finally:
+            d.shutdown()

@@ -117,6 +117,8 @@ class Harness:
             k: queue.Queue() for k in ObjectKind
         }
         self.restarts: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.invalid: queue.Queue[str] = queue.Queue()  # kinds of unreadable objects skipped
+        self.health: queue.Queue[str | None] = queue.Queue()  # the `source` condition's word
         self.source = KubeSource.from_config(
             None,
             api.url,
@@ -124,6 +126,8 @@ class Harness:
             settings=settings,
             on_watch_restart=lambda resource, reason: self.restarts.put((resource, reason)),
             prepare=prepare,
+            on_invalid_object=self.invalid.put,
+            on_health=self.health.put,
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(
