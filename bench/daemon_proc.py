@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tracemalloc", action="store_true", help="trace allocations (bench/memprofile.py)"
     )
+    p.add_argument("--max-table-entries", type=int, default=None, help="as `run`'s flag")
     args = p.parse_args(argv)
     if args.tracemalloc:  # before ipvsctl and its libraries are imported
         from bench import memprofile
@@ -109,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             kernel = FakeKernel()
         kernel.ops = __import__("collections").deque(maxlen=0)
+    node = NodeContext("bench-node")
+    if args.max_table_entries is not None:
+        node = NodeContext("bench-node", max_table_entries=args.max_table_entries)
     opts = DaemonOptions(
-        node=NodeContext("bench-node"),
+        node=node,
         apiserver=args.apiserver,
         state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
         listen="127.0.0.1:0",

@@ -28,6 +28,7 @@ host route to the pod.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -561,6 +562,7 @@ def start_daemon(
     conntrack: Any = None,
     events: bool = False,
     real_ownership: bool = False,
+    max_table_entries: int | None = None,
 ) -> Any:
     """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
@@ -577,8 +579,11 @@ def start_daemon(
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig
 
+    node_context = NodeContext(node_name, node_ips)
+    if max_table_entries is not None:  # `run --max-table-entries`
+        node_context = dataclasses.replace(node_context, max_table_entries=max_table_entries)
     opts = DaemonOptions(
-        node=NodeContext(node_name, node_ips),
+        node=node_context,
         state_dir=state_dir,
         listen="0.0.0.0:0",
         drain_timeout=drain_timeout,

@@ -27,6 +27,7 @@ from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.model import NodeContext, normalize_ip
+from ipvsctl.model.desired import DEFAULT_MAX_TABLE_ENTRIES
 
 
 class _Commands(typer.core.TyperGroup):
@@ -129,6 +130,16 @@ MaxVirtualServers = Annotated[
         help="A Service that would make more virtual servers is refused whole.",
     ),
 ]
+MaxTableEntries = Annotated[
+    int,
+    typer.Option(
+        "--max-table-entries",
+        metavar="N",
+        min=1,
+        help="The most IPVS entries (virtual servers plus their real servers) the node's "
+        "Services may make; past it, the newest Services are refused whole.",
+    ),
+]
 ServiceProxyName = Annotated[
     str | None,
     typer.Option(
@@ -207,6 +218,7 @@ def _node(
     node_port_range: str = "30000-32767",
     max_virtual_servers: int = 1024,
     node_port_cidrs: tuple[str, ...] = (),
+    max_table_entries: int = DEFAULT_MAX_TABLE_ENTRIES,
 ) -> NodeContext:
     """The node's flags checked (exit 2); without --node-ip, the host's addresses, unless
     `host_addresses` is False (`plan` may find them in the input)."""
@@ -249,6 +261,7 @@ def _node(
         service_proxy_name=service_proxy_name or None,
         node_port_range=node_ports,
         max_virtual_servers=max_virtual_servers,
+        max_table_entries=max_table_entries,
     )
 
 
@@ -283,6 +296,7 @@ def plan(
     service_proxy_name: ServiceProxyName = None,
     service_node_port_range: NodePortRange = "30000-32767",
     max_virtual_servers_per_service: MaxVirtualServers = 1024,
+    max_table_entries: MaxTableEntries = DEFAULT_MAX_TABLE_ENTRIES,
     output: OutputOpt = None,
     as_json: AsJson = False,
 ) -> None:
@@ -301,6 +315,7 @@ def plan(
         host_addresses=False,
         node_port_range=service_node_port_range,
         max_virtual_servers=max_virtual_servers_per_service,
+        max_table_entries=max_table_entries,
     )
     try:
         objects = load_paths(files)
@@ -376,6 +391,7 @@ def run(
     service_proxy_name: ServiceProxyName = None,
     service_node_port_range: NodePortRange = "30000-32767",
     max_virtual_servers_per_service: MaxVirtualServers = 1024,
+    max_table_entries: MaxTableEntries = DEFAULT_MAX_TABLE_ENTRIES,
     drain_timeout: Annotated[
         str,
         typer.Option(
@@ -602,6 +618,7 @@ def run(
         node_port_range=service_node_port_range,
         max_virtual_servers=max_virtual_servers_per_service,
         node_port_cidrs=node_port_cidrs,
+        max_table_entries=max_table_entries,
     )
     if file is not None:
         log_config_notes(str(config), file)

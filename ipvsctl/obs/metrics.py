@@ -315,6 +315,23 @@ class Metrics:
             "Claims on virtual servers currently lost to another Service.",
             registry=r,
         )
+        # The node's table against --max-table-entries (plan/capacity.py)
+        self.table_entries = Gauge(
+            "ipvsctl_table_entries",
+            "IPVS entries (virtual servers and their real servers) the admitted Services "
+            "ask for, counted against --max-table-entries.",
+            registry=r,
+        )
+        self.table_entries_limit = Gauge(
+            "ipvsctl_table_entries_limit",
+            "--max-table-entries: past it, the newest Services are refused whole.",
+            registry=r,
+        )
+        self.table_refused_services = Gauge(
+            "ipvsctl_table_refused_services",
+            "Services refused whole because they do not fit in --max-table-entries.",
+            registry=r,
+        )
         self.build_info = Gauge(
             "ipvsctl_build_info",
             "Always 1; the running ipvsctl's version.",

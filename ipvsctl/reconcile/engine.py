@@ -40,8 +40,11 @@ from ipvsctl.model import (
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.capacity import Capacity, entries, refusal
+from ipvsctl.plan.capacity import rank as capacity_rank
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
+from ipvsctl.plan.guard import too_many
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier
@@ -151,6 +154,8 @@ class Engine:
         self.state = AppliedState(self.clock)
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
+        # How much of the node's table each Service may have (rule: plan/capacity.py)
+        self.capacity = Capacity(config.node.max_table_entries)
         self.intake = Intake(config.node, self.metrics, started=self.clock.wall())
         self.applier = Applier(
             kernel,
@@ -305,6 +310,13 @@ class Engine:
 
     def _build(self, ref: ServiceRef) -> DesiredService | None:
         """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
+        return self._claim(ref, *self._build_unclaimed(ref))
+
+    def _build_unclaimed(
+        self, ref: ServiceRef, settle: bool = True
+    ) -> tuple[DesiredService | None, list[str]]:
+        """The Service as built, its size recorded against the node's table (with
+        `settle`, the Services whose admission that changed are made dirty)."""
         svc = self.intake.store.services.get(ref)
         refused: list[str] = []
         desired = (
@@ -314,7 +326,24 @@ class Engine:
                 svc, self.intake.store.slices_of(ref), self.config.node, refused
             )
         )
-        self.intake.refused(ref, refused)
+        size = entries(desired) if desired is not None and svc is not None else 0
+        at = capacity_rank(svc.created, ref) if svc is not None else None
+        # Services let in or shut out by this change: rebuilt in this or the next pass
+        self.dirty |= self.capacity.update(ref, at, size, settle=settle)
+        return desired, refused
+
+    def _claim(
+        self, ref: ServiceRef, desired: DesiredService | None, refused: list[str]
+    ) -> DesiredService | None:
+        """What the Service may have of the table (refused whole when it does not fit:
+        then it claims nothing, so it takes no key from another Service either)."""
+        svc = self.intake.store.services.get(ref)
+        whole = too_many(svc, self.config.node) if svc is not None else None
+        if desired is not None and self.capacity.refuses(ref):
+            whole = refusal(self.capacity.limit)
+            refused.append(whole)
+            desired = dataclasses.replace(desired, virtual_servers={}, health_check_node_port=None)
+        self.intake.refused(ref, refused, whole)
         # Services that won or lost a key by this change: rebuilt in this or the next pass
         self.dirty |= self.contention.claim(ref, desired, svc.created if svc else None)
         return desired
@@ -402,8 +431,12 @@ class Engine:
         virtual servers nobody wants, then diff every Service against the adopted state.
         Wanted real servers found at weight 0 go back to 1 (kubernetes#92019)."""
         t0 = self.clock.monotonic()
-        # every claim first, so that who wins does not depend on the order of building
-        claimed = {ref: self._build(ref) for ref in sorted(self.intake.store.services)}
+        # every Service's size first, then every claim, so that neither who fits in the
+        # table nor who wins a key depends on the order of building
+        refs = sorted(self.intake.store.services)
+        unclaimed = {ref: self._build_unclaimed(ref, settle=False) for ref in refs}
+        self.capacity.settle()
+        claimed = {ref: self._claim(ref, *unclaimed.pop(ref)) for ref in refs}
         built: dict[ServiceRef, DesiredService | None] = {}
         for ref, desired in claimed.items():
             if desired is not None:
@@ -462,3 +495,7 @@ class Engine:
         m.drain_queue_length.set_function(lambda: len(drains))
         m.real_servers.labels("draining").set_function(lambda: len(drains))
         m.real_servers.labels("active").set_function(lambda: max(0, state.n_rs - len(drains)))
+        capacity = self.capacity
+        m.table_entries.set_function(lambda: capacity.used)
+        m.table_entries_limit.set(capacity.limit)
+        m.table_refused_services.set_function(lambda: len(capacity.refused))

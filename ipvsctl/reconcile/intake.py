@@ -48,6 +48,9 @@ class Intake:
         # What Node safety refused of each Service at its last build (plan/guard.py):
         # logged and counted when it changes, not at every rebuild of the Service.
         self._refused: dict[ServiceRef, tuple[str, ...]] = {}
+        # The Services refused whole, with why (the per-Service or the node's table
+        # limit): `/status` lists them as `plan` does.
+        self.skipped: dict[ServiceRef, str] = {}
 
     def handle(self, event: SourceEvent) -> tuple[set[ServiceRef], bool]:
         """Returns the Services the event changed, and whether this node's Node did (then
@@ -145,9 +148,13 @@ class Intake:
             ObjectKind.NODE in synced or not wait_for_node
         )
 
-    def refused(self, ref: ServiceRef, reasons: list[str]) -> None:
-        """Node safety refused these of the Service's virtual servers (or all of it): one
-        line and a count in ipvsctl_invalid_objects_total when that changes."""
+    def refused(self, ref: ServiceRef, reasons: list[str], whole: str | None = None) -> None:
+        """Node safety refused these of the Service's virtual servers (or all of it, for
+        `whole`): one line and a count in ipvsctl_invalid_objects_total when that changes."""
+        if whole is None:
+            self.skipped.pop(ref, None)
+        else:
+            self.skipped[ref] = whole
         now = tuple(reasons)
         if self._refused.get(ref, ()) == now:
             return

@@ -120,6 +120,16 @@ MUTATIONS = {
         "(ipvsctl_node_draining_seconds) > 3600",
         "IpvsctlNodeDrainingLong",
     ),
+    "table-threshold": (
+        "ipvsctl_table_entries_limit) > 0.8",
+        "ipvsctl_table_entries_limit) > 0.9",
+        "IpvsctlTableNearlyFull",
+    ),
+    "table-full-threshold": (
+        "(ipvsctl_table_refused_services) > 0",
+        "(ipvsctl_table_refused_services) > 10",
+        "IpvsctlTableFull",
+    ),
     # an aggregation that drops `node`: the alert loses the label the tests expect
     "node-dropped": (
         "max by (instance, node) (ipvsctl_virtual_server_conflict_losers)",
