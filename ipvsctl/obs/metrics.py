@@ -411,7 +411,7 @@ class Metrics:
         self.events = Counter(
             "ipvsctl_events",
             "Kubernetes Events, by reason and result (created, series, aggregated, "
-            "rate_limited, dropped, forbidden, refused, error).",
+            "rate_limited, dropped, forbidden, refused, error, other_namespace).",
             ["reason", "result"],
             registry=r,
         )
