@@ -397,6 +397,7 @@ class Daemon:
 def open_kernel(
     o: DaemonOptions,
     node_ips: Callable[[], Collection[str]] | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[IPVSKernel, Callable[[ServiceKey], bool], Callable[[ServiceKey], bool]]:
     """The netlink kernel, host set-up done, which virtual servers are ipvsctl's (those on
     its dummy interface's addresses and NodePorts on node IPs; others are left alone), and
@@ -406,7 +407,10 @@ def open_kernel(
     from ipvsctl.kernel import netlink
 
     try:
-        kernel = netlink.NetlinkKernel(interface=o.interface)
+        kernel = netlink.NetlinkKernel(
+            interface=o.interface,
+            on_answers_lost=metrics.netlink_answers_lost.inc if metrics is not None else None,
+        )
         netlink.configure_host(
             tcp_timeout=o.tcp_timeout,
             tcpfin_timeout=o.tcpfin_timeout,
@@ -532,7 +536,7 @@ def run(o: DaemonOptions) -> int:
         # during syncs, once `daemon` exists.
         return daemon.view.node_ips_known if daemon else o.node.node_ips
 
-    kernel, owned, take_over = open_kernel(o, node_ips)
+    kernel, owned, take_over = open_kernel(o, node_ips, metrics)
     event_writer = open_event_writer(o, source, metrics)
     nft = None
     if o.nftables:

@@ -172,6 +172,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.netlink_answers_lost = Counter(
+            "ipvsctl_netlink_answers_lost",
+            "Real server adds of a batch whose answer was lost (a full receive buffer, or "
+            "none in time): each reported failed, its Service retried.",
+            registry=r,
+        )
         self.invalid_objects = Counter(
             "ipvsctl_invalid_objects",
             "Objects skipped (or fields ignored) as invalid, by kind.",
