@@ -47,7 +47,7 @@ from ipvsctl.reconcile.service_traffic import (
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.backlog import Backlog
-from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+from ipvsctl.source.events import ObjectKind, ObjectSource, SourceConfigError, SourceEvent
 from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 if TYPE_CHECKING:
@@ -150,6 +150,11 @@ class Daemon:
             may_take_over=self.may_take_over,
         )
         self.view = EngineView(self.engine)
+        # A pod_gone grace counts only while the EndpointSlices are watched (an API source
+        # says when; a manifest folder has no stream to break).
+        watch_listeners = getattr(self.source, "watch_listeners", None)
+        if isinstance(watch_listeners, list):
+            watch_listeners.append(self._watched)
         if self.event_writer is not None:
             self.engine.applier.on_cut = self.event_writer.record
         if self.state.load_error:
@@ -275,6 +280,10 @@ class Daemon:
             if o.healthz_bind_address
             else None
         )
+
+    def _watched(self, kind: ObjectKind, watching: bool) -> None:
+        if kind is ObjectKind.ENDPOINT_SLICE:
+            self.engine.slices_watched(watching)
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:

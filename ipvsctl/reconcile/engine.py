@@ -210,6 +210,11 @@ class Engine:
             for listener in self.node_listeners:
                 listener(self.intake.store.node, event.received)
 
+    def slices_watched(self, watching: bool) -> None:
+        """The source's EndpointSlice watch opened or broke. Any thread: it only replaces
+        one value the drain check reads (`Terminations.slices_watched`)."""
+        self.drains.slices_watched(watching, self.clock.wall(), self.config.pod_gone_grace)
+
     def set_node_ips(self, ips: Iterable[str]) -> bool:
         """The node's addresses changed (kube-proxy re-reads them every sync): swap the
         NodeContext and mark dirty only the Services with a nodePort; the next sync adds
