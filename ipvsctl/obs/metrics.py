@@ -219,7 +219,8 @@ class Metrics:
         )
         self.node_address_errors = Counter(
             "ipvsctl_node_address_errors",
-            "Failed re-reads of the node's addresses (the addresses in force were kept).",
+            "Failed re-reads of the node's addresses, or failures of the socket that follows "
+            "them (the addresses in force were kept).",
             registry=r,
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
