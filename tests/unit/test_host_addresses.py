@@ -11,6 +11,7 @@ import dataclasses
 import queue
 import socket
 import struct
+import time
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import NODE, Harness
@@ -260,3 +261,53 @@ def test_plan_as_this_machine_refuses_any_of_its_addresses(tmp_path, monkeypatch
     # with --node-ip, this machine's other addresses are not known: as before
     r = CliRunner().invoke(cli.app, ["plan", "-f", str(f), "--json", "--node-ip", NODE_IP])
     assert len(json.loads(r.stdout)["virtual_servers"]) == 2
+
+
+# --- the watch on this machine's kernel (reading rtnetlink needs no privilege) ---------------
+def test_the_watch_reads_what_the_start_up_read_reads() -> None:
+    from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
+    from ipvsctl.kernel.netlink.addresses import node_addresses
+
+    watch = HostAddressWatch().open()
+    try:
+        assert watch.node_addresses() == node_addresses()
+        assert set(watch.node_addresses()) <= watch.host_addresses()
+        assert watch.version == 1
+        assert not watch.poll(0.0)  # nothing changed
+    finally:
+        watch.close()
+
+
+def test_a_failing_watch_keeps_the_addresses_and_opens_again(monkeypatch, caplog) -> None:
+    import logging
+    import threading
+
+    from ipvsctl.kernel.netlink import address_watch
+    from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
+
+    monkeypatch.setattr(address_watch, "RETRY_MIN", 0.01)
+    errors: list[int] = []
+    watch = HostAddressWatch(on_error=lambda: errors.append(1)).open()
+    known = watch.host_addresses()
+
+    class Broken:
+        def fileno(self) -> int:
+            raise OSError(9, "the socket failed")
+
+        def close(self) -> None:
+            pass
+
+    watch._sock = Broken()  # type: ignore[assignment]
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    with caplog.at_level(logging.INFO, logger="ipvsctl.kernel"):
+        thread.start()
+        deadline = time.monotonic() + 10
+        while "node addresses followed again" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive() and errors == [1]
+    assert watch.host_addresses() == known
+    assert caplog.text.count("node addresses not followed") == 1

@@ -336,7 +336,7 @@ class HostAddressWatch:
         while not stop.is_set():
             try:
                 self.poll(POLL)
-            except OSError as exc:
+            except Exception as exc:  # never a dead thread: the addresses known stay
                 self.on_error()
                 self._failing.failed(
                     logging.ERROR,
@@ -344,9 +344,7 @@ class HostAddressWatch:
                     error=exc,
                     retry_in=delay,
                 )
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
+                self.close()
                 if stop.wait(delay):
                     break
                 delay = min(delay * 2, RETRY_MAX)
@@ -356,9 +354,10 @@ class HostAddressWatch:
         self.close()
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 def _split(data: bytes) -> list[tuple[int, int, bytes]]:
