@@ -53,6 +53,7 @@ _NLA = struct.Struct("=HH")
 RECV_BUFFER = 1 << 16
 SOCKET_BUFFER = 1 << 20  # the receive buffer asked for (the kernel caps it at rmem_max)
 POLL = 1.0  # seconds between looks at `stop`
+POLL_DATAGRAMS = 256  # datagrams read before the state is published
 RETRY_MIN, RETRY_MAX = 1.0, 30.0  # seconds before a failed socket is opened again
 
 
@@ -313,7 +314,7 @@ class HostAddressWatch:
         ready, _, _ = select.select([sock], [], [], timeout)
         if not ready:
             return False
-        while True:
+        for _ in range(POLL_DATAGRAMS):  # a flood of changes cannot keep it from publishing
             try:
                 data = sock.recv(RECV_BUFFER, socket.MSG_DONTWAIT)
             except BlockingIOError:
