@@ -434,10 +434,10 @@ def open_kernel(
     from ipvsctl.kernel import netlink
 
     try:
-        kernel = netlink.NetlinkKernel(
-            interface=o.interface,
-            on_answers_lost=metrics.netlink_answers_lost.inc if metrics is not None else None,
+        counted: dict[str, Any] = (
+            {} if metrics is None else {"on_answers_lost": metrics.netlink_answers_lost.inc}
         )
+        kernel = netlink.NetlinkKernel(interface=o.interface, **counted)
         netlink.configure_host(
             tcp_timeout=o.tcp_timeout,
             tcpfin_timeout=o.tcpfin_timeout,
