@@ -279,6 +279,18 @@ def _host_addresses(interface: str) -> list[str]:
         return []
 
 
+def _all_addresses(interface: str) -> frozenset[str]:
+    """Every address of this machine (Node safety's), or none when they cannot be read."""
+    try:
+        from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
+
+        watch = HostAddressWatch(interface).open()
+        watch.close()
+        return watch.host_addresses()
+    except Exception:  # said once already by _host_addresses when netlink is missing
+        return frozenset()
+
+
 @app.command()
 def plan(
     files: Annotated[
@@ -326,6 +338,8 @@ def plan(
     if not node_ip:
         ips = from_node or tuple(dict.fromkeys(_host_addresses("kube-ipvs0")))
         node = dataclasses.replace(node, node_ips=ips)
+        if not from_node:  # planned as this machine: Node safety counts all its addresses
+            node = dataclasses.replace(node, host_ips=_all_addresses("kube-ipvs0"))
     result, problems = plan_objects(objects, node)
     for p in problems:
         what = "skipped" if p.fatal else "warning"

@@ -23,7 +23,13 @@ from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import HTTPServer, Limits
-from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError, ServiceStatsReader
+from ipvsctl.kernel.port import (
+    ConntrackTable,
+    HostAddresses,
+    IPVSKernel,
+    KernelError,
+    ServiceStatsReader,
+)
 from ipvsctl.model import NodeContext, ServiceKey
 from ipvsctl.model.cidrs import in_cidrs
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
@@ -47,7 +53,7 @@ from ipvsctl.reconcile.service_traffic import (
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.backlog import Backlog
-from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
+from ipvsctl.source.events import ObjectKind, ObjectSource, SourceConfigError, SourceEvent
 from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 if TYPE_CHECKING:
@@ -128,9 +134,16 @@ class Daemon:
     conntrack: ConntrackTable | None = None  # None: no stale-UDP-entry sweep
     # ConnectionsCut Events (CONTRACT.md "Events"); None: none (a manifest directory)
     event_writer: EventWriter | None = None
+    # Every address of the node, followed (kernel/netlink/address_watch.py): Node safety
+    # counts them all. None: only the NodePort addresses count (tests without a kernel).
+    host_addresses: HostAddresses | None = None
 
     def __post_init__(self) -> None:
         self.options = o = with_apiserver_addresses(self.options, self.source)
+        if self.host_addresses is not None:
+            self.options = o = dataclasses.replace(
+                o, node=dataclasses.replace(o.node, host_ips=self.host_addresses.host_addresses())
+            )
         self.state = DrainStateFile(o.state_dir)
         try:
             self.state.ensure_dir()
@@ -150,6 +163,11 @@ class Daemon:
             may_take_over=self.may_take_over,
         )
         self.view = EngineView(self.engine)
+        # A pod_gone grace counts only while the EndpointSlices are watched (an API source
+        # says when; a manifest folder has no stream to break).
+        watch_listeners = getattr(self.source, "watch_listeners", None)
+        if isinstance(watch_listeners, list):
+            watch_listeners.append(self._watched)
         if self.event_writer is not None:
             self.engine.applier.on_cut = self.event_writer.record
         if self.state.load_error:
@@ -166,6 +184,7 @@ class Daemon:
             self.loop_config or LoopConfig(drain_check_interval=o.drain_check_interval),
             save_queue=self.writer.submit,
             read_node_ips=self.read_node_ips,
+            host_addresses=self.host_addresses,
         )
         self.netfilter: NetfilterSync | None = None
         if self.nft is not None:
@@ -276,6 +295,10 @@ class Daemon:
             else None
         )
 
+    def _watched(self, kind: ObjectKind, watching: bool) -> None:
+        if kind is ObjectKind.ENDPOINT_SLICE:
+            self.engine.slices_watched(watching)
+
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
             return engine_status(self.view)
@@ -330,6 +353,10 @@ class Daemon:
                 )
             )
         for name, part in (
+            (
+                "node-addresses",
+                self.host_addresses if hasattr(self.host_addresses, "run") else None,
+            ),
             ("netfilter", self.netfilter),
             ("health", self.health),
             ("proxy-health", self.proxy_health),
@@ -397,6 +424,7 @@ class Daemon:
 def open_kernel(
     o: DaemonOptions,
     node_ips: Callable[[], Collection[str]] | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[IPVSKernel, Callable[[ServiceKey], bool], Callable[[ServiceKey], bool]]:
     """The netlink kernel, host set-up done, which virtual servers are ipvsctl's (those on
     its dummy interface's addresses and NodePorts on node IPs; others are left alone), and
@@ -406,7 +434,10 @@ def open_kernel(
     from ipvsctl.kernel import netlink
 
     try:
-        kernel = netlink.NetlinkKernel(interface=o.interface)
+        counted: dict[str, Any] = (
+            {} if metrics is None else {"on_answers_lost": metrics.netlink_answers_lost.inc}
+        )
+        kernel = netlink.NetlinkKernel(interface=o.interface, **counted)
         netlink.configure_host(
             tcp_timeout=o.tcp_timeout,
             tcpfin_timeout=o.tcpfin_timeout,
@@ -436,17 +467,34 @@ def open_kernel(
     return kernel, owned, take_over
 
 
-def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
-    """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses)."""
+def node_ips_reader(
+    o: DaemonOptions, watch: HostAddresses | None = None
+) -> Callable[[], list[str]] | None:
+    """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses).
+    With `watch` (the followed addresses) a re-read is a copy, no netlink dump."""
     if not o.follow_node_ips:
         return None
     from ipvsctl.kernel.netlink.addresses import node_addresses
 
     # As at start-up (cli._node): the VIP interface's addresses are ClusterIPs.
-    read = functools.partial(node_addresses, exclude_interfaces=(o.interface,))
+    read: Callable[[], list[str]] = (
+        watch.node_addresses
+        if watch is not None
+        else functools.partial(node_addresses, exclude_interfaces=(o.interface,))
+    )
     if not o.node_port_cidrs:
         return read
     return lambda: in_cidrs(read(), o.node_port_cidrs)
+
+
+def open_host_addresses(o: DaemonOptions, metrics: Metrics) -> HostAddresses:
+    """Every address of the node, dumped now and followed from `Daemon.start`."""
+    from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
+
+    try:
+        return HostAddressWatch(o.interface, on_error=metrics.node_address_errors.inc).open()
+    except OSError as exc:
+        raise StartupError(f"the node's addresses cannot be read (rtnetlink): {exc}") from None
 
 
 def open_source(
@@ -532,7 +580,8 @@ def run(o: DaemonOptions) -> int:
         # during syncs, once `daemon` exists.
         return daemon.view.node_ips_known if daemon else o.node.node_ips
 
-    kernel, owned, take_over = open_kernel(o, node_ips)
+    kernel, owned, take_over = open_kernel(o, node_ips, metrics)
+    host_addresses = open_host_addresses(o, metrics)
     event_writer = open_event_writer(o, source, metrics)
     nft = None
     if o.nftables:
@@ -550,9 +599,10 @@ def run(o: DaemonOptions) -> int:
         may_take_over=take_over,
         nft=nft,
         health=HealthServer(o.node.node_name),
-        read_node_ips=node_ips_reader(o),
+        read_node_ips=node_ips_reader(o, host_addresses),
         conntrack=NetlinkConntrack(),
         event_writer=event_writer,
+        host_addresses=host_addresses,
     )
     serve_until_signal(daemon.start)
     log.info("signal received, stopping")

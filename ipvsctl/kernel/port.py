@@ -170,3 +170,19 @@ class ConntrackTable(Protocol):
         """Delete these entries (by their original tuple); returns how many were deleted
         (one gone meanwhile is not an error)."""
         ...
+
+
+class HostAddresses(Protocol):
+    """The node's own addresses as the kernel has them, followed while running (netlink:
+    kernel/netlink/address_watch.py). `version` grows with every change; the two reads
+    are the state as of that version, O(1) each, from any thread."""
+
+    version: int
+
+    def host_addresses(self) -> frozenset[str]:
+        """Every address of the node but the proxies' dummy interfaces' (Node safety)."""
+        ...
+
+    def node_addresses(self) -> list[str]:
+        """The default NodePort addresses (global scope, not lo, not the VIP interface)."""
+        ...

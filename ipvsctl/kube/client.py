@@ -143,6 +143,10 @@ class KubeSource:
         s = self.settings
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
+        # Told (kind, watching) as each resource's watch opens and breaks (the reflectors'
+        # `on_watching`): the engine holds pod_gone deletions while EndpointSlices are not
+        # watched (reconcile/termination.py). Append before `run`.
+        self.watch_listeners: list[Callable[[ObjectKind, bool], None]] = []
         self._halt = threading.Event()
         self._sink_lock = threading.Lock()
         self._started = False
@@ -239,6 +243,7 @@ class KubeSource:
                 prepare=self._prepared(ObjectKind.SERVICE),
                 prepare_event=self._prepared_event(ObjectKind.SERVICE),
                 check=require_service(*self._sentinel) if self._sentinel else None,
+                on_watching=self._watching(ObjectKind.SERVICE),
                 **common,
             ),
             Reflector(
@@ -248,6 +253,7 @@ class KubeSource:
                 trim=trim_endpoint_slice,
                 prepare=self._prepared(ObjectKind.ENDPOINT_SLICE),
                 prepare_event=self._prepared_event(ObjectKind.ENDPOINT_SLICE),
+                on_watching=self._watching(ObjectKind.ENDPOINT_SLICE),
                 **common,
             ),
         ]
@@ -319,6 +325,13 @@ class KubeSource:
 
     def _prepared_event(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
         return None if self._prepare is None else functools.partial(self._prepare.event, kind)
+
+    def _watching(self, kind: ObjectKind) -> Callable[[bool], None]:
+        def tell(watching: bool) -> None:
+            for listener in self.watch_listeners:
+                listener(kind, watching)
+
+        return tell
 
     @staticmethod
     def _run_reflector(reflector: Reflector, halt: threading.Event) -> None:

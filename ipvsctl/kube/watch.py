@@ -63,6 +63,10 @@ WatchRestartCallback = Callable[[str, str], None]  # (resource, reason)
 InvalidObjectCallback = Callable[[str], None]  # (kind): one unreadable object skipped
 # (resource, why its lists or watches keep failing; None: they work again)
 HealthCallback = Callable[[str, str | None], None]
+# Told True when a watch is open (its response came, after any list), False when the
+# stream is broken or not yet open (at start, at every restart): a consumer can tell time
+# the stream was up from time it was not (the pod_gone grace, reconcile/termination.py).
+WatchingCallback = Callable[[bool], None]
 
 
 # A list that must not be applied (its objects raw, or as `prepare` made them): returns a
@@ -193,6 +197,7 @@ class Reflector:
         wait: Callable[[threading.Event, float], bool] | None = None,
         on_invalid: InvalidObjectCallback | None = None,
         on_health: HealthCallback | None = None,
+        on_watching: WatchingCallback | None = None,
     ) -> None:
         self.kind = kind
         self.resource = resource
@@ -207,6 +212,8 @@ class Reflector:
         self._emit = emit
         self._settings = settings
         self._on_restart = on_restart
+        self._on_watching = on_watching
+        self._watching: bool | None = None  # as last told (None: not yet)
         self._clock = clock
         self._rng = rng or random.Random()
         self._check = check
@@ -249,6 +256,7 @@ class Reflector:
         last_list: float | None = None  # when the last list started
         expired_streak = 0  # 410s in a row without progress: only the first relists at once
         shortcut_used = False  # the probe ended a pause early since the last progress
+        self._tell_watching(False)  # not until the first watch is open
         while not halt.is_set():
             started = self._clock()
             self._opened = False  # the watch request got a response
@@ -275,6 +283,7 @@ class Reflector:
                 reason, error = ERROR, exc
             if halt.is_set():
                 return
+            self._tell_watching(False)
             # As client-go: what a watch delivered before it failed is no sign of health
             # (a bookmark then a 410, 30,851 lists in 3 s); only time is.
             progress = self._opened and self._clock() - started >= s.healthy_watch_seconds
@@ -519,6 +528,15 @@ class Reflector:
         except Exception as exc:  # a metrics hook must never stop the watch
             log(logging.ERROR, "source health callback failed", error=describe(exc))
 
+    def _tell_watching(self, watching: bool) -> None:
+        if self._on_watching is None or self._watching is watching:
+            return
+        self._watching = watching
+        try:
+            self._on_watching(watching)
+        except Exception as exc:  # a listener must never stop the watch
+            log(logging.ERROR, "watch state callback failed", error=describe(exc))
+
     def interrupt(self) -> None:
         """Break the request in flight, if any (called from another thread on stop)."""
         with self._resp_lock:
@@ -702,6 +720,7 @@ class Reflector:
         )
         self._opened = True
         timer = self._watch_opened()
+        self._tell_watching(True)
         clean = False
         try:
             for line in iter_lines(resp.stream(None, decode_content=False)):

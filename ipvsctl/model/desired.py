@@ -44,6 +44,10 @@ class NodeContext:
     apiserver_ips: frozenset[str] = frozenset()
     max_virtual_servers: int = 1024
     max_table_entries: int = DEFAULT_MAX_TABLE_ENTRIES
+    # Every address of the node (all interfaces but the proxies' dummy ones), whatever
+    # `node_ips` (--node-ip, nodePortAddresses) chose for NodePorts: Node safety counts
+    # them all (docker0's, a second NIC's). Followed while the daemon runs.
+    host_ips: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

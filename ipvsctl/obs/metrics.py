@@ -172,6 +172,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.netlink_answers_lost = Counter(
+            "ipvsctl_netlink_answers_lost",
+            "Real server adds of a batch whose answer was lost (a full receive buffer, or "
+            "none in time): each reported failed, its Service retried.",
+            registry=r,
+        )
         self.invalid_objects = Counter(
             "ipvsctl_invalid_objects",
             "Objects skipped (or fields ignored) as invalid, by kind.",
@@ -213,7 +219,8 @@ class Metrics:
         )
         self.node_address_errors = Counter(
             "ipvsctl_node_address_errors",
-            "Failed re-reads of the node's addresses (the addresses in force were kept).",
+            "Failed re-reads of the node's addresses, or failures of the socket that follows "
+            "them (the addresses in force were kept).",
             registry=r,
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
@@ -411,7 +418,7 @@ class Metrics:
         self.events = Counter(
             "ipvsctl_events",
             "Kubernetes Events, by reason and result (created, series, aggregated, "
-            "rate_limited, dropped, forbidden, refused, error).",
+            "rate_limited, dropped, forbidden, refused, error, other_namespace).",
             ["reason", "result"],
             registry=r,
         )

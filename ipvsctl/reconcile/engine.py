@@ -210,6 +210,21 @@ class Engine:
             for listener in self.node_listeners:
                 listener(self.intake.store.node, event.received)
 
+    def set_host_ips(self, ips: frozenset[str]) -> bool:
+        """The node's own addresses changed (any interface, not only the NodePort ones):
+        mark dirty only the Services with an external or load-balancer IP among those that
+        came or went (Node safety: a node address at a port outside the NodePort range is
+        never a virtual server). Returns whether anything changed."""
+        changed = self.intake.set_host_ips(ips, self.config.node)
+        if changed is not None:
+            self._set_node(*changed)
+        return changed is not None
+
+    def slices_watched(self, watching: bool) -> None:
+        """The source's EndpointSlice watch opened or broke. Any thread: it only replaces
+        one value the drain check reads (`Terminations.slices_watched`)."""
+        self.drains.slices_watched(watching, self.clock.wall(), self.config.pod_gone_grace)
+
     def set_node_ips(self, ips: Iterable[str]) -> bool:
         """The node's addresses changed (kube-proxy re-reads them every sync): swap the
         NodeContext and mark dirty only the Services with a nodePort; the next sync adds

@@ -2,8 +2,8 @@
 event, node change or node address change makes dirty, O(the Services it touches).
 
 Keeps the indexes that make those answers cheap (Services with a nodePort, Services whose
-slices carry topology hints), the node IPs removed while running (NodePort virtual servers
-on them are still ours).
+slices carry topology hints, Services by their external and load-balancer IPs), the node
+IPs removed while running (NodePort virtual servers on them are still ours).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable
 
 from ipvsctl.model import NodeContext, ServiceRef
+from ipvsctl.model.objects import ServiceInfo
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
@@ -43,6 +44,10 @@ class Intake:
         self._node_port_services: set[ServiceRef] = set()
         # Services with a slice carrying topology hints: the only ones a zone change touches.
         self._hinted_services: set[ServiceRef] = set()
+        # Services by their external and load-balancer IPs (only those that have some):
+        # the ones a change of the node's own addresses touches (Node safety).
+        self._by_address: dict[str, set[ServiceRef]] = {}
+        self._addresses_of: dict[ServiceRef, frozenset[str]] = {}
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
         self.node_ips_known = frozenset(node.node_ips)
         # What Node safety refused of each Service at its last build (plan/guard.py):
@@ -85,11 +90,58 @@ class Intake:
             self._node_port_services.add(ref)
         else:
             self._node_port_services.discard(ref)
+        self._index_addresses(ref, svc)
         by_name = self.store.slices_by_service.get(ref)
         if by_name and any(sl.has_hints for sl in by_name.values()):
             self._hinted_services.add(ref)
         else:
             self._hinted_services.discard(ref)
+
+    def _index_addresses(self, ref: ServiceRef, svc: ServiceInfo | None) -> None:
+        new = (
+            frozenset((*svc.external_ips, *svc.load_balancer_ips))
+            if svc is not None
+            else frozenset()
+        )
+        old = self._addresses_of.get(ref, frozenset())
+        if new == old:
+            return
+        for address in old - new:
+            refs = self._by_address[address]
+            refs.discard(ref)
+            if not refs:
+                del self._by_address[address]
+        for address in new - old:
+            self._by_address.setdefault(address, set()).add(ref)
+        if new:
+            self._addresses_of[ref] = new
+        else:
+            del self._addresses_of[ref]
+
+    def set_host_ips(
+        self, ips: frozenset[str], node: NodeContext
+    ) -> tuple[NodeContext, set[ServiceRef]] | None:
+        """The node's own addresses changed (any interface): the new NodeContext and the
+        Services whose external or load-balancer IPs are among the addresses that came or
+        went (Node safety refuses, or lets through, their virtual servers at ports outside
+        the NodePort range); None when nothing changed. O(the change). ClusterIPs come from
+        the service range, no node address: they are checked whenever their Service is
+        built, not here."""
+        if ips == node.host_ips:
+            return None
+        changed = ips ^ node.host_ips
+        dirty: set[ServiceRef] = set()
+        for address in changed:
+            dirty |= self._by_address.get(address, set())
+        log.info(
+            "node's own addresses changed",
+            extra=fields(
+                added=",".join(sorted(ips - node.host_ips)) or None,
+                removed=",".join(sorted(node.host_ips - ips)) or None,
+                services=len(dirty),
+            ),
+        )
+        return dataclasses.replace(node, host_ips=ips), dirty
 
     def node_changed(self, node: NodeContext) -> tuple[NodeContext, set[ServiceRef]]:
         """This node's Node changed: a new zone marks dirty only the Services whose slices

@@ -173,6 +173,26 @@ def test_a_403_is_logged_once_and_counted(
     assert len(api.objects("Event")) == 1
 
 
+def test_a_pod_outside_its_slices_namespace_gets_no_event(
+    api: FakeAPIServer, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hand-written slice in shop whose targetRef names kube-system: the cut is counted,
+    # logged once, and nothing is written there (nor anywhere).
+    stranger = PodRef("kube-system", "coredns-5d7f", "uid-dns")
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.kube"):
+        assert not running.writer.record(cut(stranger))
+        assert not running.writer.record(cut(stranger, port=443))
+        assert running.writer.flush(WAIT)
+    lines = [r for r in caplog.records if "outside its slice's namespace" in r.getMessage()]
+    assert len(lines) == 1
+    assert running.result("other_namespace") == 2
+    assert api.count("create", "Event") == 0 and api.objects("Event") == []
+    assert running.writer.record(cut())  # the slice's own namespace: written as ever
+    assert running.writer.flush(WAIT)
+    (ev,) = api.objects("Event")
+    assert ev["metadata"]["namespace"] == "shop"
+
+
 def test_a_hung_server_never_blocks_record(api: FakeAPIServer) -> None:
     r = Running(api, queue_size=4, timeout=(0.5, 0.5))
     try:
