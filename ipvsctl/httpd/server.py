@@ -18,8 +18,8 @@ its headers one byte a second holds one for ever. Here:
   head, then stalled writing its answer, then parked unless `Park.protected`;
 - trusted peers (`trusted(peer)`: loopback and the node's own addresses, where the
   kubelet's probes and a preStop come from) are never refused or evicted, count by their
-  exact address, and for no other peer's share; at the cap, one closes at most another
-  peer's idle connection, else goes past the cap;
+  exact address, and for no other peer's share: their connections come on top of
+  `max_connections`, so the kubelet probing never costs a stranger a slot;
 - requests for which `inline(request)` is true (health probes: cheap, never blocking) are
   answered by the selector thread itself, as soon as their head is read: they never wait
   behind other requests in the worker pool;
@@ -76,7 +76,8 @@ LIMIT_LOG_INTERVAL = 60.0  # "connection limit reached" at most this often per s
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_connections: int = 64
-    """Open connections, whatever their state (trusted peers may go past it)."""
+    """Open connections of untrusted peers, whatever their state (trusted peers' come on
+    top: they take no room from anyone)."""
     max_per_peer: int = 16
     """Open connections of one (untrusted) peer: an IPv4 address or an IPv6 /64."""
     workers: int = 4
@@ -172,6 +173,7 @@ class BoundedServer:
         # Per peer key: its open connections (reading, busy, parked, writing), and its
         # reading ones oldest first (the first a bound closes).
         self._per_peer: Counter[str] = Counter()
+        self._trusted_open = 0  # open connections of trusted peers: outside the cap
         self._peer_reading: dict[str, OrderedDict[socket.socket, _Conn]] = {}
         self._parked: OrderedDict[socket.socket, _Parked] = OrderedDict()
         self._writing: OrderedDict[socket.socket, _Writing] = OrderedDict()
@@ -311,15 +313,20 @@ class BoundedServer:
                 self._reading[sock] = conn
                 self._peer_reading.setdefault(key, OrderedDict())[sock] = conn
                 self._per_peer[key] += 1
+                self._trusted_open += trusted
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _admit(self, key: str, trusted: bool) -> bool:
         """Room for a new connection of peer `key`, made by closing another if fair (see
-        the module docstring); False: refuse it."""
+        the module docstring); False: refuse it. A trusted peer's is always admitted and
+        takes no room (it comes on top of the cap)."""
+        if trusted:
+            return True
         with self._lock:
             mine = self._per_peer.get(key, 0)
-            total = len(self._reading) + self._busy + len(self._parked) + len(self._writing)
-        if not trusted and mine >= self.limits.max_per_peer:
+            open_ = len(self._reading) + self._busy + len(self._parked) + len(self._writing)
+            total = open_ - self._trusted_open
+        if mine >= self.limits.max_per_peer:
             victim = self._oldest_of(key)
             if victim is None:
                 return False
@@ -327,21 +334,18 @@ class BoundedServer:
             return True
         if total < self.limits.max_connections:
             return True
-        victim = self._victim(None if trusted else mine)
-        if victim is not None:
-            self._evict(victim)
-            return True
-        return trusted  # never refused; it may go past the cap
+        victim = self._victim(mine)
+        if victim is None:
+            return False
+        self._evict(victim)
+        return True
 
-    def _oldest_of(self, key: str, reading_only: bool = False) -> _Victim | None:
-        """The peer's oldest connection still sending its head, else (unless
-        `reading_only`) its oldest answer stalled in writing, else its oldest parked one
-        that is not protected."""
+    def _oldest_of(self, key: str) -> _Victim | None:
+        """The peer's oldest connection still sending its head, else its oldest answer
+        stalled in writing, else its oldest parked one that is not protected."""
         reading = self._peer_reading.get(key)
         if reading:
             return next(iter(reading.values()))
-        if reading_only:
-            return None
         for w in self._writing.values():
             if w.conn.key == key:
                 return w
@@ -349,20 +353,18 @@ class BoundedServer:
             (p for p in self._parked.values() if p.conn.key == key and not p.protected), None
         )
 
-    def _victim(self, newcomer: int | None) -> _Victim | None:
+    def _victim(self, newcomer: int) -> _Victim | None:
         """Whom a new connection may displace at the cap: the oldest closable connection of
         the untrusted peer holding the most, if it holds at least two more than the
-        newcomer. A trusted newcomer (None) goes past the cap rather than close anything
-        but a connection still sending its head (an idle one): it takes no answer from
-        anyone."""
+        newcomer's peer."""
         with self._lock:
             ranked = sorted(self._per_peer.items(), key=lambda kv: -kv[1])
         for key, n in ranked:
-            if newcomer is not None and n < newcomer + 2:
+            if n < newcomer + 2:
                 return None
             if self.trusted(key):
                 continue
-            victim = self._oldest_of(key, reading_only=newcomer is None)
+            victim = self._oldest_of(key)
             if victim is not None:
                 return victim
         return None
@@ -453,7 +455,7 @@ class BoundedServer:
             conn.sock.close()
         with self._lock:
             self._busy -= 1
-            self._release_peer(conn.key)
+            self._release(conn)
             self._idle.notify_all()
 
     def _forget(self, conn: _Conn, keep_count: bool = False) -> None:
@@ -466,15 +468,16 @@ class BoundedServer:
                     if not reading:
                         del self._peer_reading[conn.key]
                 if not keep_count:
-                    self._release_peer(conn.key)
+                    self._release(conn)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
 
-    def _release_peer(self, key: str) -> None:
-        """One connection of peer `key` closed. Called with the lock held."""
-        self._per_peer[key] -= 1
-        if self._per_peer[key] <= 0:
-            del self._per_peer[key]
+    def _release(self, conn: _Conn) -> None:
+        """One connection closed. Called with the lock held."""
+        self._trusted_open -= conn.trusted
+        self._per_peer[conn.key] -= 1
+        if self._per_peer[conn.key] <= 0:
+            del self._per_peer[conn.key]
 
     # --- answers written by the selector thread ---------------------------------------------
     def _start_write(self, conn: _Conn, req: Request, resp: Response) -> None:
@@ -524,7 +527,7 @@ class BoundedServer:
         with self._lock:
             if self._writing.pop(w.conn.sock, None) is None:
                 return
-            self._release_peer(w.conn.key)
+            self._release(w.conn)
             self._idle.notify_all()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(w.conn.sock)
@@ -566,7 +569,7 @@ class BoundedServer:
         with self._lock:
             if self._parked.pop(parked.conn.sock, None) is None:
                 return
-            self._release_peer(parked.conn.key)
+            self._release(parked.conn)
             self._idle.notify_all()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(parked.conn.sock)
