@@ -91,6 +91,7 @@ class ShutdownManager:
             DnsDaemons,
             ShutdownProbes,
             StaticDaemons,
+            default_gateways,
             resolve_addresses,
         )
         from ipvsctl.shutdown.runner import SharedBarrier
@@ -99,7 +100,11 @@ class ShutdownManager:
         # connections, so one address's flood or strays only ever close its own.
         limits = Limits(max_connections=1024, max_per_peer=16, workers=4)
         self.options = options
-        trusted = frozenset(options.node_ips)
+        # The node's addresses: --node-ip, and the pod's default gateways (the node as the
+        # pod sees it: with a bridge CNI the bridge's address, where the kubelet's probes
+        # and preStops come from).
+        trusted = frozenset(options.node_ips) | default_gateways(options.proc_net)
+        self.trusted = trusted
         try:
             self.http = HTTPServer(
                 options.listen,
@@ -180,6 +185,7 @@ class ShutdownManager:
             extra=fields(
                 listen=f"{o.listen} (port {self.http.port})",
                 pod_ips=",".join(o.pod_ips),
+                trusted=",".join(sorted(self.trusted)) or "-",
                 daemons=str(self.daemons),
                 ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
                 timeout=o.barrier.timeout,

@@ -513,3 +513,19 @@ def test_a_crowd_of_strangers_never_closes_a_parked_prestop(tmp_path, daemons):
         for s in held:
             s.close()
         m.stop()
+
+
+def test_the_pods_default_gateway_is_trusted_as_the_nodes_address(tmp_path, daemons):
+    """On a bridge CNI the kubelet's probes and preStops come from the bridge's address,
+    the pod's default gateway: trusted like --node-ip (never refused, no slot taken)."""
+    write_proc(tmp_path, connections=0)
+    (tmp_path / "route").write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "eth0\t00000000\t0101F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    )
+    m = manager(tmp_path, [d.url for d in daemons])
+    try:
+        assert m.http.server.trusted("10.244.1.1")
+        assert not m.http.server.trusted("10.244.1.7")  # another pod
+    finally:
+        m.stop()
