@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from ipvsctl.httpd import Park, Response
-from ipvsctl.obs.logging import FailureStreaks
+from ipvsctl.obs.logging import FailureStreaks, fields
 
 log = logging.getLogger("ipvsctl.metrics")
 
@@ -103,6 +103,8 @@ class MetricsDocument:
             log.debug("metrics rendering failed", exc_info=True)
             answer = Response(500, "text/plain; charset=utf-8", b"metrics rendering failed\n")
         took = self.clock() - started
+        if took > self.wait_timeout:  # its scrapes got 503: say why once it is known
+            log.warning("metrics rendering slow", extra=fields(seconds=round(took, 1)))
         with self._cond:
             self._done, self._rendering = generation, None
             self._answer = answer

@@ -73,3 +73,17 @@ def test_a_failing_rendering_is_500_and_the_next_one_works() -> None:
     doc.render_once()
     answer = w.poll(clock.now)
     assert answer is not None and (answer.code, answer.body) == (200, b"fine")
+
+
+def test_a_rendering_slower_than_a_scrape_waits_is_one_warning(caplog) -> None:
+    clock = Clock()
+
+    def slow() -> bytes:
+        clock.now += 12.0
+        return b"x"
+
+    doc = MetricsDocument(slow, "text/plain", clock=clock)
+    doc.handler({})
+    with caplog.at_level("WARNING", logger="ipvsctl.metrics"):
+        doc.render_once()
+    assert [r.getMessage() for r in caplog.records] == ["metrics rendering slow"]
