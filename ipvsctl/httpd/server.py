@@ -71,6 +71,11 @@ log = logging.getLogger("ipvsctl.http")
 
 REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request", "method", "forbidden")
 LIMIT_LOG_INTERVAL = 60.0  # "connection limit reached" at most this often per server
+# Writing answers shares the selector thread with reading requests (probes among them): a
+# write event sends at most SEND_CHUNK bytes, and a turn of the loop writes for at most
+# WRITE_SLICE seconds before it reads again (the rest are still writable: next turn).
+SEND_CHUNK = 65536
+WRITE_SLICE = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +189,7 @@ class BoundedServer:
         self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
         self._stop = threading.Event()
         self._last_limit_log = -LIMIT_LOG_INTERVAL
+        self._write_turn = 0
 
     # --- listeners (any thread) -------------------------------------------------------------
     def add_listener(self, sock: socket.socket, tag: object = None) -> None:
@@ -253,6 +259,7 @@ class BoundedServer:
                 timeout = min(timeout, p.waiter.deadline - now)
             events = self._selector.select(max(0.0, timeout))
             self._apply_pending()
+            writable: list[_Writing] = []
             for key, _ in events:
                 data = key.data
                 if key.fileobj is self._wake_r:
@@ -266,10 +273,10 @@ class BoundedServer:
                     if self._parked.get(data.conn.sock) is data:
                         self._parked_readable(data)
                 elif isinstance(data, _Writing):
-                    if self._writing.get(data.conn.sock) is data:
-                        self._send(data)
+                    writable.append(data)
                 else:  # a listener: ("listener", tag)
                     self._accept(key.fileobj, data[1])  # type: ignore[arg-type]
+            self._write_some(writable)
             self._expire(self.clock())
             self._poll_parked(self.clock())
             if tick is not None and self.clock() >= next_tick:
@@ -496,30 +503,56 @@ class BoundedServer:
         w = _Writing(conn, bufs, self.clock() + self.limits.write_timeout, req.path)
         with self._lock:
             self._writing[conn.sock] = w
-        if not self._send(w):
+        # A small answer (a probe's) goes at once; a large one waits its turns.
+        if sum(map(len, bufs)) <= SEND_CHUNK and not self._send(w):
             return
         try:
             self._selector.register(conn.sock, selectors.EVENT_WRITE, w)
         except (OSError, ValueError):
             self._end_write(w)
 
+    def _write_some(self, writable: list[_Writing]) -> None:
+        """A chunk for each writable answer, starting a turn later each time (none
+        starves), until WRITE_SLICE is spent."""
+        if not writable:
+            return
+        self._write_turn += 1
+        first = self._write_turn % len(writable)
+        started = time.monotonic()
+        for w in writable[first:] + writable[:first]:
+            if self._writing.get(w.conn.sock) is w:
+                self._send(w)
+            if time.monotonic() - started > WRITE_SLICE:
+                return
+
     def _send(self, w: _Writing) -> bool:
-        """Send what the socket takes now; False: done (written, or the client went)."""
+        """Send one chunk (at most SEND_CHUNK bytes); False: done (written, or the client
+        went)."""
+        chunk: list[memoryview] = []
+        room = SEND_CHUNK
+        for buf in w.bufs:
+            if room <= 0:
+                break
+            chunk.append(buf[:room])
+            room -= len(chunk[-1])
         try:
-            while w.bufs:
-                n = w.conn.sock.sendmsg(w.bufs)
-                while n and w.bufs:
-                    first = w.bufs[0]
-                    if n >= len(first):
-                        n -= len(first)
-                        w.bufs.pop(0)
-                    else:
-                        w.bufs[0], n = first[n:], 0
+            n = w.conn.sock.sendmsg(chunk)
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as exc:  # the client went away
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
                 log.debug("http write failed", extra=fields(server=self.name, error=exc))
+            self._end_write(w)
+            return False
+        while n and w.bufs:
+            head_ = w.bufs[0]
+            if n >= len(head_):
+                n -= len(head_)
+                w.bufs.pop(0)
+            else:
+                w.bufs[0], n = head_[n:], 0
+        if w.bufs:
+            return True
         self._end_write(w)
         return False
 
