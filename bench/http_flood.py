@@ -2,7 +2,8 @@
 
     python -m bench.http_flood host [--services 1000] [--opted 200] [--seconds 30]
                                     [--runs 2] [--before DIR] [--out FILE]
-    python -m bench.http_flood vm   [--services 200] [--opted 200] [--seconds 30] [--out FILE]
+    python -m bench.http_flood vm   [--services 200] [--opted 200] [--seconds 30]
+                                    [--runs 1] [--before DIR] [--out FILE]
 
 The flood as the issue found it: `opted` Services annotated `ipvsctl.io/metrics: "true"`
 (the first of `services`, 10 endpoints each), 64 connections scraping `/metrics` back to
@@ -25,7 +26,9 @@ another checkout (DIR, e.g. a worktree of main) too, alternating before and afte
 times in one window.
 
 `vm` (inside the lab VM, `python -m tests.lab.boot --run 'python -m bench.http_flood vm'`):
-the real `ipvsctl run` on the real kernel, from a manifests folder, in the node namespace.
+the real `ipvsctl run` (`python -m ipvsctl run`, with PYTHONPATH at the checkout measured)
+on the real kernel, from a manifests folder, in the node namespace, from an empty table each
+run; `--before DIR` alternates another checkout's as on the host.
 """
 
 from __future__ import annotations
@@ -265,31 +268,36 @@ def run_host(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def run_vm(args: argparse.Namespace) -> dict[str, Any]:
-    ns = Namespaces()
-    workdir = Path(tempfile.mkdtemp(prefix="h39-flood-"))
-    manifests = workdir / "m"
-    manifests.mkdir()
+def write_cluster(folder: Path, services: int, opted: int) -> int:
     items = []
     n = 0
-    for obj in objects.cluster(args.services, 10):
-        if obj["kind"] == "Service" and n < args.opted:
+    for obj in objects.cluster(services, 10):
+        if obj["kind"] == "Service" and n < opted:
             obj["metadata"].setdefault("annotations", {})["ipvsctl.io/metrics"] = "true"
             n += 1
         items.append(obj)
-    (manifests / "cluster.json").write_text(
+    (folder / "cluster.json").write_text(
         json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     )
-    for mod in ("ip_vs", "ip_vs_rr", "dummy", "veth", "nf_conntrack"):
-        subprocess.run(["modprobe", mod], capture_output=True)
+    return n
+
+
+def run_vm_once(manifests: Path, code: Path, seconds: float) -> dict[str, Any]:
+    """`ipvsctl run` of the checkout `code` (`python -m ipvsctl` with PYTHONPATH=code) on
+    the real kernel, in fresh namespaces (the table starts empty)."""
+    ns = Namespaces()
+    workdir = Path(tempfile.mkdtemp(prefix="h39-flood-"))
     log_file = open(workdir / "run.log", "w")  # noqa: SIM115 - closed below
+    env = dict(os.environ, PYTHONPATH=str(code), PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.Popen(
         [
             "ip",
             "netns",
             "exec",
             ns.node,
-            str(REPO / ".venv" / "bin" / "ipvsctl"),
+            PYTHON,
+            "-m",
+            "ipvsctl",
             "run",
             "--manifests",
             str(manifests),
@@ -304,19 +312,53 @@ def run_vm(args: argparse.Namespace) -> dict[str, Any]:
             "--node-ip",
             NODE_IP,
         ],
+        cwd="/",
+        env=env,
         stdout=log_file,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
-    out: dict[str, Any] = {"machine": machine(), "services": args.services, "opted_in": n}
     try:
-        out["ready_s"] = round(_wait_ready(ns.node, PORT, proc, 1800), 1)
-        out.update(measure(ns, proc.pid, args.seconds, HEALTH_PORT))
+        ready = _wait_ready(ns.node, PORT, proc, 1800)
+        out = measure(ns, proc.pid, seconds, HEALTH_PORT)
+        out["ready_s"] = round(ready, 1)
+        return out
     finally:
         proc.terminate()
-        proc.wait(120)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         log_file.close()
         ns.close()
+
+
+def run_vm(args: argparse.Namespace) -> dict[str, Any]:
+    for mod in ("ip_vs", "ip_vs_rr", "dummy", "veth", "nf_conntrack", "nf_tables"):
+        subprocess.run(["modprobe", mod], capture_output=True)
+    manifests = Path(tempfile.mkdtemp(prefix="h39-manifests-"))
+    n = write_cluster(manifests, args.services, args.opted)
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "services": args.services,
+        "opted_in": n,
+        "seconds": args.seconds,
+        "runs": [],
+    }
+    codes = [("after", REPO)]
+    if args.before:
+        codes.insert(0, ("before", Path(args.before).resolve()))
+    for i in range(args.runs):
+        for label, code in codes:
+            log(f"http flood vm run {i} {label} ({code})")
+            try:
+                r = run_vm_once(manifests, code, args.seconds)
+            except Exception as exc:  # one run failing (its probes past every timeout)
+                r = {"error": repr(exc)}
+            r.update(run=i, code=label, tree=str(code))
+            log(json.dumps(r))
+            out["runs"].append(r)
     return out
 
 
@@ -330,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", default=None, help="another checkout's root, run alternately")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.where == "vm" and args.runs == 2 and not args.before:
+        args.runs = 1
     if args.services is None:
         args.services = 1000 if args.where == "host" else 200
     result = run_host(args) if args.where == "host" else run_vm(args)

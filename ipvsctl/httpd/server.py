@@ -190,6 +190,8 @@ class BoundedServer:
         self._stop = threading.Event()
         self._last_limit_log = -LIMIT_LOG_INTERVAL
         self._write_turn = 0
+        self._poll_due = False  # parked requests to poll at the end of this turn
+        self._next_poll = 0.0  # ... and no later than this
 
     # --- listeners (any thread) -------------------------------------------------------------
     def add_listener(self, sock: socket.socket, tag: object = None) -> None:
@@ -255,14 +257,15 @@ class BoundedServer:
                 timeout = min(timeout, next(iter(self._reading.values())).deadline - now)
             if self._writing:
                 timeout = min(timeout, next(iter(self._writing.values())).deadline - now)
-            for p in self._parked.values():
-                timeout = min(timeout, p.waiter.deadline - now)
+            if self._parked:
+                timeout = 0.0 if self._poll_due else min(timeout, self._next_poll - now)
             events = self._selector.select(max(0.0, timeout))
             self._apply_pending()
             writable: list[_Writing] = []
             for key, _ in events:
                 data = key.data
                 if key.fileobj is self._wake_r:
+                    self._poll_due = True  # a parked answer may be ready
                     with contextlib.suppress(OSError):
                         while self._wake_r.recv(4096):
                             pass
@@ -278,7 +281,9 @@ class BoundedServer:
                     self._accept(key.fileobj, data[1])  # type: ignore[arg-type]
             self._write_some(writable)
             self._expire(self.clock())
-            self._poll_parked(self.clock())
+            now = self.clock()
+            if self._parked and (self._poll_due or now >= self._next_poll):
+                self._poll_parked(now)
             if tick is not None and self.clock() >= next_tick:
                 next_tick = self.clock() + tick_interval
                 tick()
@@ -438,6 +443,7 @@ class BoundedServer:
             parked = _Parked(conn, req, answer)
             with self._lock:
                 self._parked[conn.sock] = parked
+            self._poll_due = True  # its answer may be ready already (woken before it came)
             try:
                 # Readable: the client closed (or sent more, which is read and dropped).
                 self._selector.register(conn.sock, selectors.EVENT_READ, parked)
@@ -581,6 +587,11 @@ class BoundedServer:
             self._unpark(parked, cancel=True)
 
     def _poll_parked(self, now: float) -> None:
+        """Poll every parked request: when woken, when one was parked, at the earliest
+        waiter's deadline, and at least every second (not at every turn of the loop: with
+        many parked, that would cost more than the writes it interleaves with)."""
+        self._poll_due = False
+        next_poll = now + 1.0
         for parked in list(self._parked.values()):
             try:
                 resp = parked.waiter.poll(now)
@@ -591,12 +602,14 @@ class BoundedServer:
                 )
                 resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
             if resp is None:
+                next_poll = min(next_poll, parked.waiter.deadline)
                 continue
             with self._lock:
                 self._parked.pop(parked.conn.sock, None)  # the peer's count goes on
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(parked.conn.sock)
             self._respond(parked.conn, parked.req, resp)
+        self._next_poll = next_poll
 
     def _unpark(self, parked: _Parked, cancel: bool, reason: str | None = None) -> None:
         with self._lock:
