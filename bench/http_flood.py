@@ -170,7 +170,11 @@ def measure(ns: Namespaces, pid: int, seconds: float, health_port: int | None) -
     stdout, _ = flood.communicate(timeout=seconds + 120)
     out["flood"] = json.loads(stdout.strip().splitlines()[-1])
     out["daemon_cpu_share_during_flood"] = round((cpu1 - cpu0) / (t1 - t0), 2)
-    text = _get(ns.node, PORT, "/metrics")
+    try:
+        text = _get(ns.node, PORT, "/metrics")
+    except OSError as exc:  # a daemon still buried in the flood's backlog
+        out["metrics_after_flood"] = repr(exc)
+        text = ""
     out["metrics_renders"] = _metric(text, "ipvsctl_metrics_renders_total")
     out["last_render_s"] = _metric(text, "ipvsctl_metrics_render_seconds")
     out["metrics_body_kb"] = round(len(text) / 1024, 1)
