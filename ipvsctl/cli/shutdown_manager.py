@@ -95,8 +95,9 @@ def shutdown_manager(
             metavar="IP",
             envvar="HOST_IP",
             help="The node's address (repeatable or comma-separated): the kubelet's probes and "
-            "preStop come from it, so it is never refused or evicted, like loopback; from "
-            "env HOST_IP (the downward API's status.hostIP) by default.",
+            "preStop come from it, so it is never refused or evicted, like loopback and the "
+            "pod's default gateways; from env HOST_IP (the downward API's status.hostIP) by "
+            "default.",
         ),
     ] = None,
     pod_ip: Annotated[

@@ -1,7 +1,11 @@
 """The node daemon's HTTP API on --listen: /metrics, /healthz, /readyz, /status and
 /v1/node-quiesced (this node's clients only), /v1/quiesced, and the inputs of kube-proxy's
 health answer on --healthz-bind-address (healthcheck/proxy.py). Read from the engine's view
-and the node drain; the loop's lock is taken only where the engine's state is walked."""
+and the node drain; the loop's lock is taken only where the engine's state is walked.
+
+The probes (`PROBES`) are answered by the HTTP server's selector thread, never behind other
+requests: they read plain attributes and take no lock another thread holds for long.
+/metrics is one rendering shared by the scrapes that come together (metrics_http.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ipvsctl.daemon.metrics_http import MetricsDocument
 from ipvsctl.daemon.status_http import StatusDocument
 from ipvsctl.daemon.status_json import quiesced_json
 from ipvsctl.healthcheck.proxy import ProxyState
@@ -21,10 +26,6 @@ from ipvsctl.model import normalize_ip
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.node_drain import NodeDrain
 from ipvsctl.reconcile.view import EngineView
-
-
-def metrics_body(render: Callable[[], bytes]) -> Handler:
-    return lambda q: (200, CONTENT_TYPE_LATEST, render())
 
 
 class DaemonAPI:
@@ -50,14 +51,26 @@ class DaemonAPI:
         self.source_dead_threads = source_dead_threads
         self.stale_after = stale_after  # /healthz fails when the loop has not turned since
         self.status_doc = StatusDocument(view, lock, on_render=self._rendered)
+        self.metrics_doc = MetricsDocument(
+            metrics.render, CONTENT_TYPE_LATEST, on_render=self._metrics_rendered
+        )
 
     def _rendered(self, seconds: float) -> None:
         self.metrics.status_renders.inc()
         self.metrics.status_render_seconds.set(seconds)
 
+    def _metrics_rendered(self, seconds: float) -> None:
+        self.metrics.metrics_renders.inc()
+        self.metrics.metrics_render_seconds.set(seconds)
+
+    # Answered inline by the server's selector thread (see the module docstring); /metrics
+    # only registers the scrape there and parks it.
+    PROBES = frozenset({"/healthz", "/readyz"})
+    INLINE = PROBES | {"/metrics"}
+
     def routes(self) -> dict[str, Handler]:
         return {
-            "/metrics": metrics_body(self.metrics.render),
+            "/metrics": self.metrics_doc.handler,
             "/healthz": self.healthz,
             "/readyz": self.readyz,
             "/status": self.status_doc.handler,

@@ -275,11 +275,13 @@ class Daemon:
                 limits=DAEMON_HTTP_LIMITS,
                 name="daemon",
                 local_only=DaemonAPI.LOCAL_ONLY,
+                inline=DaemonAPI.INLINE,
                 is_local=self.api.is_local_peer,
                 on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
             )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.listen}: {exc}") from None
+        self.api.metrics_doc.listeners.append(self.http.server.wake)
         self.metrics.ready.set_function(lambda: 1 if self.api.readyz({})[0] == 200 else 0)
         self.metrics.node_object_known.set_function(
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
@@ -353,6 +355,7 @@ class Daemon:
                 )
             )
         for name, part in (
+            ("metrics", self.api.metrics_doc),
             (
                 "node-addresses",
                 self.host_addresses if hasattr(self.host_addresses, "run") else None,

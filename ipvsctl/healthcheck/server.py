@@ -3,9 +3,10 @@
 `on_service` (an Engine service listener, on the loop's thread) updates the pure state and
 opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded server with every
 port as a listener: request heads are read by its selector (a slow or silent client holds
-no thread and is cut after a few seconds), answers come from a small worker pool, and
-connections are capped. A port that cannot be opened (already in use) is counted, logged
-once, and retried every `retry_interval` seconds while its Service wants it.
+no thread and is cut after a few seconds), every request is answered by that same thread as
+soon as it is read (a probe never waits behind another), and connections are capped. A
+port that cannot be opened (already in use) is counted, logged once, and retried every
+`retry_interval` seconds while its Service wants it.
 
 Requests are answered whatever their path, as kube-proxy does: load balancers probe
 `/healthz`, some probe `/`.
@@ -56,8 +57,14 @@ class HealthServer:
         self._failed = FailureStreaks(log)  # ports wanted but not open
         self._closed = False
         self._next_retry = 0.0
+        # Every request is a probe, answered at once by the selector thread (a dict look-up
+        # under a lock held only for dict updates): none waits behind another.
         self.http = BoundedServer(
-            self._answer, name="health", limits=HEALTH_HTTP_LIMITS, on_refused=self._refused
+            self._answer,
+            name="health",
+            limits=HEALTH_HTTP_LIMITS,
+            on_refused=self._refused,
+            inline=lambda req: True,
         )
 
     # --- the listener -----------------------------------------------------------------------

@@ -289,6 +289,16 @@ class Metrics:
             "How long the last /status rendering took.",
             registry=r,
         )
+        self.metrics_renders = Counter(
+            "ipvsctl_metrics_renders",
+            "/metrics renderings (the scrapes that come together share one).",
+            registry=r,
+        )
+        self.metrics_render_seconds = Gauge(
+            "ipvsctl_metrics_render_seconds",
+            "How long the last /metrics rendering took.",
+            registry=r,
+        )
         # This node's Node and kube-proxy's health server (--healthz-bind-address)
         self.node_object_known = Gauge(
             "ipvsctl_node_object_known",

@@ -312,3 +312,45 @@ class ShutdownProbes:
             return self.connections()
         except ProbeError as exc:
             return Failure(str(exc))
+
+
+def parse_default_gateways(route: str, ipv6_route: str) -> frozenset[str]:
+    """The default routes' gateways in /proc/net/route (IPv4: little-endian hex words) and
+    /proc/net/ipv6_route (IPv6: plain hex); malformed lines are skipped. In a pod, these are
+    the node as the pod sees it: with a bridge CNI the bridge's address, from which the
+    kubelet's probes and preStops come."""
+    found: set[str] = set()
+    for line in route.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 8 or cols[1] != "00000000" or cols[7] != "00000000":
+            continue
+        try:
+            gateway = decode_address(cols[2])
+        except ValueError:
+            continue
+        if gateway != "0.0.0.0":
+            found.add(gateway)
+    for line in ipv6_route.splitlines():
+        cols = line.split()
+        if len(cols) < 5 or cols[0] != "0" * 32 or cols[1] != "00":
+            continue
+        try:
+            raw = bytes.fromhex(cols[4])
+            gateway = socket.inet_ntop(socket.AF_INET6, raw) if len(raw) == 16 else "::"
+        except ValueError:
+            continue
+        if gateway != "::":
+            found.add(gateway)
+    return frozenset(found)
+
+
+def default_gateways(proc_net: str | Path = "/proc/net") -> frozenset[str]:
+    """parse_default_gateways of this network namespace's route files (one that cannot be
+    read counts as having none)."""
+    texts = []
+    for name in ("route", "ipv6_route"):
+        try:
+            texts.append((Path(proc_net) / name).read_text())
+        except OSError:
+            texts.append("")
+    return parse_default_gateways(*texts)

@@ -23,7 +23,15 @@ import pytest
 import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
-from devkit.labkit import Node, Pod, daemon_url_from_pods, http_get, http_json, wait_for
+from devkit.labkit import (
+    NODE_GW4,
+    Node,
+    Pod,
+    daemon_url_from_pods,
+    http_get,
+    http_json,
+    wait_for,
+)
 from ipvsctl.cli.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.manifests import ManifestSource
@@ -171,6 +179,9 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
 
     manager = start_manager_in(leaving, from_pod)
     try:
+        # The pod's default gateway (the node's veth address, where the kubelet's preStop
+        # comes from), read from the pod's own /proc/net/route, is trusted as the node's.
+        assert manager.trusted == {NODE_GW4}
         url = f"http://{leaving.ip}:{manager.port}/shutdown"
         stray = http_json(url, client.netns.name, timeout=TIMEOUT + 60)  # from another pod
         assert stray["outcome"] == "drained"  # nothing to wait for: in no Service yet

@@ -276,3 +276,27 @@ def test_query_combines_a_dual_stack_pods_ips_per_daemon(daemon):
     gone = query_daemons([other.url], [POD], 1)
     assert isinstance(gone[other.url], Failure)
     assert query_daemons([], [POD], 1) == {}
+
+
+ROUTE = (
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    "eth0\t00000000\t0101F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # default via 10.244.1.1
+    "eth0\t0001F40A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"  # on-link: no gateway
+    "eth0\t00000000\tzz\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # malformed: skipped
+)
+IPV6_ROUTE = (
+    "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n"
+    "00000000000000000000000000000000 00 00000000000000000000000000000000 00 "
+    "fd000000000000000000000000000001 00000400 00000002 00000000 00000003 eth0\n"
+)
+
+
+def test_default_gateways_are_the_node_as_the_pod_sees_it(tmp_path):
+    from ipvsctl.shutdown.probes import default_gateways, parse_default_gateways
+
+    assert parse_default_gateways(ROUTE, IPV6_ROUTE) == {"10.244.1.1", "fd00::1"}
+    assert parse_default_gateways("", "") == frozenset()
+    (tmp_path / "route").write_text(ROUTE)  # no ipv6_route: an IPv4-only pod
+    assert default_gateways(tmp_path) == {"10.244.1.1"}
+    assert default_gateways(tmp_path / "missing") == frozenset()
