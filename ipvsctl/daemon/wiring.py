@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ipvsctl.daemon.api import DaemonAPI
+from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
@@ -30,9 +31,8 @@ from ipvsctl.kernel.port import (
     KernelError,
     ServiceStatsReader,
 )
-from ipvsctl.model import NodeContext, ServiceKey
+from ipvsctl.model import ServiceKey
 from ipvsctl.model.cidrs import in_cidrs
-from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
@@ -46,7 +46,6 @@ from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.node_drain import NodeDrain
 from ipvsctl.reconcile.paced import Pace, PacedRunner
 from ipvsctl.reconcile.service_traffic import (
-    DEFAULT_MAX_SERIES,
     ServiceMetricsMode,
     ServiceTraffic,
 )
@@ -54,7 +53,6 @@ from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.backlog import Backlog
 from ipvsctl.source.events import ObjectKind, ObjectSource, SourceConfigError, SourceEvent
-from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 if TYPE_CHECKING:
     from ipvsctl.kube.events import EventWriter
@@ -64,53 +62,12 @@ SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
 
 log = logging.getLogger("ipvsctl.daemon")
 
-NODE_PORT_RANGE = DEFAULT_NODE_PORT_RANGE
 # Scrapes, probes, the shutdown-managers' /v1/quiesced and a few /status streams at once.
 DAEMON_HTTP_LIMITS = Limits(max_connections=64, workers=8)
 
 
 class StartupError(Exception):
     """A fatal start-up problem; the message is the one line the user sees."""
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonOptions:
-    node: NodeContext
-    kubeconfig: str | None = None
-    apiserver: str | None = None
-    manifests: str | None = None
-    interface: str = "kube-ipvs0"
-    drain_timeout: float = 30.0
-    service_drain_timeout: float = 30.0
-    drain_check_interval: float = 1.0
-    tcp_timeout: int = 0
-    tcpfin_timeout: int = 0
-    udp_timeout: int = 0
-    state_dir: str = "/var/lib/ipvsctl"
-    listen: str = "0.0.0.0:9796"
-    stale_after: float = 60.0  # /healthz fails when the loop has not turned for this long
-    cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr (normalized)
-    masquerade_all: bool = False  # --masquerade-all
-    nftables: bool = True  # --no-nftables: no nftables table (masquerading done elsewhere)
-    # No --node-ip: node.node_ips were read from the host and are re-read while running
-    # (NodePort virtual servers follow); with --node-ip they are fixed.
-    follow_node_ips: bool = False
-    # --service-node-port-range: NodePort virtual servers on node IPs in it are ipvsctl's
-    node_port_range: range = NODE_PORT_RANGE
-    # --healthz-bind-address: kube-proxy's health server ("" : none). The CLI's default is
-    # 0.0.0.0:10256; in-process daemons (tests) serve none unless asked.
-    healthz_bind_address: str = ""
-    # --service-metrics, --service-metrics-max-series: per-Service traffic series
-    service_metrics: ServiceMetricsMode = ServiceMetricsMode.ANNOTATED
-    service_metrics_max_series: int = DEFAULT_MAX_SERIES
-    # --draining-taints: taint keys that mean this node is leaving (docs/node-drain.md)
-    draining_taints: tuple[str, ...] = DEFAULT_DRAINING_TAINTS
-    lb_grace: float = 30.0  # --lb-grace: draining this long before it can be quiesced
-    # --config's ipvs.excludeCIDRs: virtual servers there are never ipvsctl's
-    exclude_cidrs: tuple[str, ...] = ()
-    # --config's nodePortAddresses: the followed node addresses are those in these CIDRs
-    node_port_cidrs: tuple[str, ...] = ()
-    strict_arp: bool = False  # --config's ipvs.strictARP: arp_ignore=1, arp_announce=2
 
 
 @dataclass
@@ -144,17 +101,17 @@ class Daemon:
             self.options = o = dataclasses.replace(
                 o, node=dataclasses.replace(o.node, host_ips=self.host_addresses.host_addresses())
             )
-        self.state = DrainStateFile(o.state_dir)
+        self.state = DrainStateFile(o.drain.state_dir)
         try:
             self.state.ensure_dir()
         except OSError as exc:
-            raise StartupError(f"--state-dir {o.state_dir}: {exc}") from None
+            raise StartupError(f"--state-dir {o.drain.state_dir}: {exc}") from None
         self.engine = Engine(
             self.kernel,
             EngineConfig(
                 o.node,
-                o.drain_timeout,
-                service_drain_timeout=o.service_drain_timeout,
+                o.drain.timeout,
+                service_drain_timeout=o.drain.service_timeout,
                 wait_for_node=getattr(self.source, "emits_node", False),
             ),
             metrics=self.metrics,
@@ -181,7 +138,7 @@ class Daemon:
         self.loop = Loop(
             self.engine,
             self.events,
-            self.loop_config or LoopConfig(drain_check_interval=o.drain_check_interval),
+            self.loop_config or LoopConfig(drain_check_interval=o.drain.check_interval),
             save_queue=self.writer.submit,
             read_node_ips=self.read_node_ips,
             host_addresses=self.host_addresses,
@@ -190,7 +147,7 @@ class Daemon:
         if self.nft is not None:
             self.netfilter = NetfilterSync(
                 self.nft,
-                SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
+                SyncConfig(RulesetConfig(o.netfilter.cluster_cidrs, o.netfilter.masquerade_all)),
                 batch_lock=self.loop.lock,
                 ready=lambda: self.view.started,
                 metrics=self.metrics,
@@ -206,13 +163,13 @@ class Daemon:
             self.engine.service_listeners.append(self.health.on_service)
         # Per-Service traffic: read at scrape time; the event path only keeps who opted in.
         self.service_traffic: ServiceTraffic | None = None
-        if o.service_metrics is not ServiceMetricsMode.NONE and isinstance(
+        if o.metrics.service_metrics is not ServiceMetricsMode.NONE and isinstance(
             self.kernel, ServiceStatsReader
         ):
             self.service_traffic = ServiceTraffic(
                 self.kernel,
-                o.service_metrics,
-                o.service_metrics_max_series,
+                o.metrics.service_metrics,
+                o.metrics.max_series,
                 on_error=lambda exc: self.metrics.netlink_errors.labels(
                     exc.operation or "read_service_stats"
                 ).inc(),
@@ -225,8 +182,8 @@ class Daemon:
             self.kernel,
             self.metrics,
             self.engine.clock,
-            draining_taints=o.draining_taints,
-            lb_grace=o.lb_grace,
+            draining_taints=o.node_drain.draining_taints,
+            lb_grace=o.node_drain.lb_grace,
             interval=check_interval,
             ready=lambda: self.view.started,
         )
@@ -265,12 +222,12 @@ class Daemon:
             heartbeat=lambda: self.loop.heartbeat,
             threads=lambda: self.threads,
             source_dead_threads=lambda: getattr(self.source, "dead_threads", list)(),
-            stale_after=o.stale_after,
+            stale_after=o.http.stale_after,
             node_drain=self.node_drain,
         )
         try:
             self.http = HTTPServer(
-                o.listen,
+                o.http.listen,
                 self.api.routes(),
                 limits=DAEMON_HTTP_LIMITS,
                 name="daemon",
@@ -280,7 +237,7 @@ class Daemon:
                 on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
             )
         except (OSError, ValueError) as exc:
-            raise StartupError(f"--listen {o.listen}: {exc}") from None
+            raise StartupError(f"--listen {o.http.listen}: {exc}") from None
         self.api.metrics_doc.listeners.append(self.http.server.wake)
         self.metrics.ready.set_function(lambda: 1 if self.api.readyz({})[0] == 200 else 0)
         self.metrics.node_object_known.set_function(
@@ -288,12 +245,12 @@ class Daemon:
         )
         self.proxy_health = (
             ProxyHealthServer(
-                o.healthz_bind_address,
+                o.http.healthz_bind_address,
                 self.api.proxy_state,
                 self.metrics,
                 trusted=self.api.is_local_peer,
             )
-            if o.healthz_bind_address
+            if o.http.healthz_bind_address
             else None
         )
 
@@ -380,8 +337,8 @@ class Daemon:
                 node=self.options.node.node_name,
                 node_ips=",".join(self.options.node.node_ips),
                 node_ips_followed=self.read_node_ips is not None,
-                listen=f"{self.options.listen} (port {self.http.port})",
-                source=self.options.manifests or self.options.apiserver or "kubeconfig",
+                listen=f"{self.options.http.listen} (port {self.http.port})",
+                source=self.options.source.describe(),
             ),
         )
 
@@ -440,13 +397,13 @@ def open_kernel(
         counted: dict[str, Any] = (
             {} if metrics is None else {"on_answers_lost": metrics.netlink_answers_lost.inc}
         )
-        kernel = netlink.NetlinkKernel(interface=o.interface, **counted)
+        kernel = netlink.NetlinkKernel(interface=o.kernel.interface, **counted)
         netlink.configure_host(
-            tcp_timeout=o.tcp_timeout,
-            tcpfin_timeout=o.tcpfin_timeout,
-            udp_timeout=o.udp_timeout,
+            tcp_timeout=o.kernel.tcp_timeout,
+            tcpfin_timeout=o.kernel.tcpfin_timeout,
+            udp_timeout=o.kernel.udp_timeout,
             kernel=kernel,
-            strict_arp=o.strict_arp,
+            strict_arp=o.kernel.strict_arp,
         )
         bound = set(kernel.bound_addresses())
     except KernelError as exc:
@@ -458,8 +415,8 @@ def open_kernel(
         proxy_addresses = bound
     fixed = frozenset(o.node.node_ips)
     current = node_ips or (lambda: fixed)
-    node_ports = o.node_port_range
-    excluded = o.exclude_cidrs
+    node_ports = o.node.node_port_range
+    excluded = o.kernel.exclude_cidrs
 
     def owned(key: ServiceKey) -> bool:
         return is_owned(key, bound, current(), node_ports, excluded)
@@ -475,7 +432,7 @@ def node_ips_reader(
 ) -> Callable[[], list[str]] | None:
     """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses).
     With `watch` (the followed addresses) a re-read is a copy, no netlink dump."""
-    if not o.follow_node_ips:
+    if not o.node_ips.follow:
         return None
     from ipvsctl.kernel.netlink.addresses import node_addresses
 
@@ -483,11 +440,11 @@ def node_ips_reader(
     read: Callable[[], list[str]] = (
         watch.node_addresses
         if watch is not None
-        else functools.partial(node_addresses, exclude_interfaces=(o.interface,))
+        else functools.partial(node_addresses, exclude_interfaces=(o.kernel.interface,))
     )
-    if not o.node_port_cidrs:
+    if not o.node_ips.cidrs:
         return read
-    return lambda: in_cidrs(read(), o.node_port_cidrs)
+    return lambda: in_cidrs(read(), o.node_ips.cidrs)
 
 
 def open_host_addresses(o: DaemonOptions, metrics: Metrics) -> HostAddresses:
@@ -495,7 +452,7 @@ def open_host_addresses(o: DaemonOptions, metrics: Metrics) -> HostAddresses:
     from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
 
     try:
-        return HostAddressWatch(o.interface, on_error=metrics.node_address_errors.inc).open()
+        return HostAddressWatch(o.kernel.interface, on_error=metrics.node_address_errors.inc).open()
     except OSError as exc:
         raise StartupError(f"the node's addresses cannot be read (rtnetlink): {exc}") from None
 
@@ -503,12 +460,12 @@ def open_host_addresses(o: DaemonOptions, metrics: Metrics) -> HostAddresses:
 def open_source(
     o: DaemonOptions, metrics: Metrics, kube_settings: KubeSettings | None = None
 ) -> ObjectSource:
-    if o.manifests:
+    if o.source.manifests:
         from ipvsctl.manifests import ManifestSource
 
         try:
             return ManifestSource(
-                o.manifests,
+                o.source.manifests,
                 on_file_error=lambda: metrics.invalid_objects.labels("ManifestFile").inc(),
             )
         except SourceConfigError as exc:
@@ -519,8 +476,8 @@ def open_source(
 
     try:
         return KubeSource.from_config(
-            kubeconfig=o.kubeconfig,
-            apiserver=o.apiserver,
+            kubeconfig=o.source.kubeconfig,
+            apiserver=o.source.apiserver,
             node_name=o.node.node_name,
             settings=kube_settings,
             on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
@@ -587,7 +544,7 @@ def run(o: DaemonOptions) -> int:
     host_addresses = open_host_addresses(o, metrics)
     event_writer = open_event_writer(o, source, metrics)
     nft = None
-    if o.nftables:
+    if o.netfilter.enabled:
         from ipvsctl.netfilter.nft import Nft
 
         nft = Nft(metrics=metrics)

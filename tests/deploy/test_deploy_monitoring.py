@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 from .helpers import DAEMONSET_DIR, NAMESPACE, REPO, find, one, overlay_with, render
 
 MONITORING = DAEMONSET_DIR / "monitoring"
@@ -397,7 +399,8 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
 
     from devkit.builders import endpoint, endpoint_slice, service
     from devkit.harness import vs
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kernel.fake import FakeKernel
     from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext, ServiceStats
@@ -414,9 +417,9 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
     d = Daemon(
         DaemonOptions(
             node=NodeContext("node-a", ("192.0.2.10",)),
-            manifests=str(folder),
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
+            source=SourceOptions(manifests=str(folder)),
+            drain=DrainOptions(state_dir=str(tmp_path / "state")),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         ),
         kernel,
         ManifestSource(folder, interval=0.05),

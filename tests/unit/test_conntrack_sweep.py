@@ -18,7 +18,8 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
@@ -569,9 +570,9 @@ def test_the_daemon_sweeps_at_start_up_on_its_own_thread(tmp_path) -> None:
     kernel.conntrack = {stale, live}
     opts = DaemonOptions(
         node=NodeContext("node-a", (NODE_IP,)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), conntrack=kernel)
     d.start()

@@ -12,7 +12,8 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.harness import rs, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
@@ -37,11 +38,9 @@ def start_daemon(api: FakeAPIServer, tmp_path, kernel: FakeKernel) -> Daemon:
     settings = KubeSettings(backoff_initial=0.05, backoff_max=0.2, healthy_watch_seconds=0.05)
     opts = DaemonOptions(
         node=NodeContext("node-a"),
-        apiserver=api.url,
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        drain_timeout=300,
-        drain_check_interval=0.05,
+        source=SourceOptions(apiserver=api.url),
+        drain=DrainOptions(state_dir=str(tmp_path / "state"), timeout=300, check_interval=0.05),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     metrics = Metrics()
     source = KubeSource.from_config(

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
@@ -92,10 +93,9 @@ def test_failing_nft_pushes_are_degraded_not_unready(tmp_path: Path) -> None:
     nft = FakeNft()
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        drain_check_interval=0.05,
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state"), check_interval=0.05),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     d = Daemon(
         opts,
@@ -140,10 +140,9 @@ def test_an_api_source_that_keeps_failing_is_degraded_not_unready(tmp_path: Path
         api.put_raw("Service", "default", "not-an-object", b"7")
         opts = DaemonOptions(
             node=NodeContext("node-a"),
-            apiserver=api.url,
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
-            drain_check_interval=0.05,
+            source=SourceOptions(apiserver=api.url),
+            drain=DrainOptions(state_dir=str(tmp_path / "state"), check_interval=0.05),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         )
         metrics = Metrics()
         kernel = FakeKernel()

@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.cli.app import app
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    NetfilterOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
@@ -38,10 +45,10 @@ def lb(local: bool = True):
 def make(tmp_path: Path, nft: FakeNft, ports: Ports) -> Daemon:
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        cluster_cidrs=("10.244.0.0/16",),
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
+        netfilter=NetfilterOptions(cluster_cidrs=("10.244.0.0/16",)),
     )
     d = Daemon(
         opts,

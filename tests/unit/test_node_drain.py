@@ -16,7 +16,14 @@ from typer.testing import CliRunner
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.cli.app import app
 from ipvsctl.cli.node_drain import Answer, describe, wait_quiesced
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    NodeDrainOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.manifests import ManifestSource
@@ -489,12 +496,12 @@ def daemon(tmp_path: Path) -> Any:
     d = Daemon(
         DaemonOptions(
             node=NodeContext("node-a", (NODE_IP,)),
-            manifests=str(folder),
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
-            healthz_bind_address="127.0.0.1:0",
-            lb_grace=0.5,
-            draining_taints=("example.com/retire", "karpenter.sh/disrupted"),
+            source=SourceOptions(manifests=str(folder)),
+            drain=DrainOptions(state_dir=str(tmp_path / "state")),
+            http=HTTPOptions(listen="127.0.0.1:0", healthz_bind_address="127.0.0.1:0"),
+            node_drain=NodeDrainOptions(
+                lb_grace=0.5, draining_taints=("example.com/retire", "karpenter.sh/disrupted")
+            ),
         ),
         kernel,
         ManifestSource(folder, interval=0.05),

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.healthcheck.proxy import ZERO_TIME, ProxyState, answer, go_time
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
@@ -101,11 +102,11 @@ def daemon(tmp_path: Path, healthz: str = "127.0.0.1:0", stale_after: float = 60
     folder = tmp_path / "m"
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        stale_after=stale_after,
-        healthz_bind_address=healthz,
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(
+            listen="127.0.0.1:0", stale_after=stale_after, healthz_bind_address=healthz
+        ),
     )
     d = Daemon(
         opts,
@@ -226,17 +227,19 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
     ],
 )
 def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
-    from ipvsctl.cli.app import _healthz_address
+    from ipvsctl.daemon.options import healthz_address
 
-    assert _healthz_address(value) == want
+    assert healthz_address(value) == want
 
 
 @pytest.mark.parametrize("value", ["bogus", "1.2.3.4:99999", ":10256", "1.2.3.4:x"])
 def test_bad_bind_address_is_exit_2(value: str) -> None:
-    import typer
+    from typer.testing import CliRunner
 
-    from ipvsctl.cli.app import _healthz_address
+    from ipvsctl.cli.app import app
+    from ipvsctl.daemon.options import OptionsError, healthz_address
 
-    with pytest.raises(typer.Exit) as exc:
-        _healthz_address(value)
-    assert exc.value.exit_code == 2
+    with pytest.raises(OptionsError, match="--healthz-bind-address"):
+        healthz_address(value)
+    r = CliRunner().invoke(app, ["run", "--healthz-bind-address", value])
+    assert r.exit_code == 2 and "--healthz-bind-address" in r.output

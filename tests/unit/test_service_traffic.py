@@ -11,7 +11,14 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.fakenetlink import IPVSModel, model_sockets
 from devkit.harness import Harness, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    MetricsOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import NetlinkKernel
 from ipvsctl.kernel.port import KernelTransient
@@ -251,10 +258,10 @@ def _daemon(tmp_path: Path, kernel: FakeKernel, mode: ServiceMetricsMode) -> Dae
     write(tmp_path / "m", "web.yaml", web(annotations=ON), slice_of())
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        service_metrics=mode,
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
+        metrics=MetricsOptions(service_metrics=mode),
     )
     return Daemon(
         opts,
