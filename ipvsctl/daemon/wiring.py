@@ -42,6 +42,7 @@ from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.plan.ownership import is_owned, may_take_over
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.feed import ChangeFeed, Subscriptions
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.reconcile.node_drain import NodeDrain
 from ipvsctl.reconcile.paced import Pace, PacedRunner
@@ -106,6 +107,7 @@ class Daemon:
             self.state.ensure_dir()
         except OSError as exc:
             raise StartupError(f"--state-dir {o.drain.state_dir}: {exc}") from None
+        self.feed = ChangeFeed()
         self.engine = Engine(
             self.kernel,
             EngineConfig(
@@ -118,6 +120,7 @@ class Daemon:
             owned=self.owned,
             restored_queue=self.state.load(),
             may_take_over=self.may_take_over,
+            feed=self.feed,
         )
         self.view = EngineView(self.engine)
         # A pod_gone grace counts only while the EndpointSlices are watched (an API source
@@ -126,7 +129,7 @@ class Daemon:
         if isinstance(watch_listeners, list):
             watch_listeners.append(self._watched)
         if self.event_writer is not None:
-            self.engine.applier.on_cut = self.event_writer.record
+            self.feed.subscribe(Subscriptions(cut=self.event_writer.record))
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
@@ -153,14 +156,16 @@ class Daemon:
                 metrics=self.metrics,
                 node_ips=lambda: self.view.node.node_ips,
             )
-            self.engine.service_listeners.append(self.netfilter.on_service)
-            self.engine.vs_drain_listeners.append(self.netfilter.on_virtual_server_drain)
+            self._netfilter_feed = Subscriptions(
+                service=self.netfilter.on_service, vs_drain=self.netfilter.on_virtual_server_drain
+            )
+            self.feed.subscribe(self._netfilter_feed)
         if self.health is not None:
             self.health.metrics = self.metrics
             # The node's own peers are never refused on a healthCheckNodePort either.
             self.health.http.trusted = lambda peer: self.api.is_local_peer(peer)
             self.health.proxy_healthy = lambda: self.api.healthz({})[0] == 200
-            self.engine.service_listeners.append(self.health.on_service)
+            self.feed.subscribe(Subscriptions(service=self.health.on_service))
         # Per-Service traffic: read at scrape time; the event path only keeps who opted in.
         self.service_traffic: ServiceTraffic | None = None
         if o.metrics.service_metrics is not ServiceMetricsMode.NONE and isinstance(
@@ -174,7 +179,7 @@ class Daemon:
                     exc.operation or "read_service_stats"
                 ).inc(),
             )
-            self.engine.service_listeners.append(self.service_traffic.on_service)
+            self.feed.subscribe(Subscriptions(service=self.service_traffic.on_service))
             self.metrics.service_traffic.read = self.service_traffic.read
         # Node drain: since when the node is leaving, and what still comes through it.
         check_interval = self.loop.config.drain_check_interval
@@ -187,8 +192,9 @@ class Daemon:
             interval=check_interval,
             ready=lambda: self.view.started,
         )
-        self.engine.node_listeners.append(self.node_drain.on_node)
-        self.engine.service_listeners.append(self.node_drain.on_service)
+        self.feed.subscribe(
+            Subscriptions(service=self.node_drain.on_service, node=self.node_drain.on_node)
+        )
         # The background reads of the kernel, each on its own thread (reconcile/paced.py).
         self.readers: list[PacedRunner] = [
             self.loop.drain_runner,
@@ -204,7 +210,7 @@ class Daemon:
         self.sweeper: ConntrackSweeper | None = None
         if self.conntrack is not None:
             self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock, self.metrics)
-            self.engine.service_listeners.append(self.sweeper.on_service)
+            self.feed.subscribe(Subscriptions(service=self.sweeper.on_service))
             self.readers.append(
                 PacedRunner(
                     "conntrack",
@@ -287,8 +293,7 @@ class Daemon:
                     "(no masquerade, hairpin or NodePort from outside)",
                     extra=fields(error=f"{exc}{hint}"),
                 )
-                self.engine.service_listeners.remove(self.netfilter.on_service)
-                self.engine.vs_drain_listeners.remove(self.netfilter.on_virtual_server_drain)
+                self.feed.unsubscribe(self._netfilter_feed)
                 self.netfilter = None
         self.http.start()
         self.loop.pause_gc_until_started()

@@ -1,10 +1,11 @@
 """The healthCheckNodePort server: one thread multiplexing every health-check port.
 
-`on_service` (an Engine service listener, on the loop's thread) updates the pure state and
-opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded server with every
-port as a listener: request heads are read by its selector (a slow or silent client holds
-no thread and is cut after a few seconds), every request is answered by that same thread as
-soon as it is read (a probe never waits behind another), and connections are capped. A
+`on_service` (a service listener on the engine's change feed, on the loop's thread) updates
+the pure state and opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded
+server with every port as a listener: request heads are read by its selector (a slow or
+silent client holds no thread and is cut after a few seconds), every request is answered by
+that same thread as soon as it is read (a probe never waits behind another), and
+connections are capped. A
 port that cannot be opened (already in use) is counted, logged once, and retried every
 `retry_interval` seconds while its Service wants it.
 
@@ -71,7 +72,7 @@ class HealthServer:
     def on_service(
         self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
     ) -> None:
-        """Engine service listener: new counts, and ports opened or closed."""
+        """A service listener (the change feed): new counts, and ports opened or closed."""
         if (old is None or old.health_check_node_port is None) and (
             new is None or new.health_check_node_port is None
         ):

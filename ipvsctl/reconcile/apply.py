@@ -55,6 +55,7 @@ from ipvsctl.plan.ops import (
 )
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.clock import Clock
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.termination import Terminations
 
 log = logging.getLogger("ipvsctl.engine")
@@ -86,11 +87,10 @@ class Applier:
     metrics: Metrics
     clock: Clock
     node_ips: Callable[[], Collection[str]]  # now: they change while running
+    # Where a virtual server's drain and the connections a deadline cut are told (feed.py).
+    feed: ChangeFeed = field(default_factory=ChangeFeed)
     # A virtual server was deleted: a Service waiting for its key may have it now.
     on_released: Callable[[ServiceKey], None] = lambda key: None
-    # A deadline cut established connections of a pod's endpoint: its Event (never blocks:
-    # the writer queues it, `kube/events.py`).
-    on_cut: Callable[[ConnectionsCut], object] = lambda cut: None
     # Whether an existing virtual server not ours may be taken over: only another
     # Kubernetes service proxy's (plan/ownership.py's `may_take_over`).
     may_take_over: Callable[[ServiceKey], bool] = lambda key: True
@@ -99,8 +99,6 @@ class Applier:
     # A draining virtual server whose last real server went could not be deleted: its
     # Service is synced again (the diff deletes a draining virtual server left empty).
     on_retry: Callable[[ServiceRef], None] = lambda ref: None
-    # A virtual server began to drain, was taken over or went (the engine's listeners).
-    on_vs_drain: Callable[[ServiceKey, VirtualServerDrainEvent], None] = lambda k, e: None
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -221,7 +219,7 @@ class Applier:
         old = self.state.move(key, ref)
         self.drains.take_over(key)
         self.state.mutations += 1
-        self.on_vs_drain(key, VirtualServerDrainEvent.TAKEN_OVER)
+        self.feed.vs_drain(key, VirtualServerDrainEvent.TAKEN_OVER)
         log.info("draining virtual server taken over", extra=fields(service=ref, vs=key, was=old))
 
     def finish_vs_drain(self, ref: ServiceRef | None, key: ServiceKey) -> None:
@@ -263,7 +261,7 @@ class Applier:
         draining = key in self.drains.draining_virtual_servers
         self.drains.remove_vs(key)
         if draining:
-            self.on_vs_drain(key, VirtualServerDrainEvent.GONE)
+            self.feed.vs_drain(key, VirtualServerDrainEvent.GONE)
         if real_servers:
             self.metrics.real_server_deletions.labels(DeletionReason.SERVICE_DELETED.value).inc(
                 real_servers
@@ -320,7 +318,7 @@ def _delete_vs(a: Applier, ref: ServiceRef | None, op: DeleteVirtualServer) -> b
 
 def _drain_vs(a: Applier, ref: ServiceRef | None, op: DrainVirtualServer) -> bool:
     a.drains.drain_virtual_server(op.key, op.service)
-    a.on_vs_drain(op.key, VirtualServerDrainEvent.DRAINING)
+    a.feed.vs_drain(op.key, VirtualServerDrainEvent.DRAINING)
     state = a.state.get(ref, op.key)
     log.info(
         "virtual server draining",
@@ -442,7 +440,7 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
     if established > 0:
         a.metrics.drain_connections_cut.labels(op.vs.protocol.value).inc(established)
         if entry is not None and entry.pod is not None:
-            a.on_cut(
+            a.feed.connections_cut(
                 ConnectionsCut(
                     entry.pod,
                     entry.service or ref,

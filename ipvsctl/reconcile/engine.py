@@ -10,6 +10,7 @@ A thin facade over parts split by the state each owns, bottom to top (imports go
     audit        Auditor: the drift audit, a background read too
     contention   Contention: claims on contested virtual servers (rule: plan/conflicts.py)
     intake       Intake: the object store and what each event makes dirty
+    feed         ChangeFeed: what the engine tells the rest of the daemon, given to it built
 
 The engine's own surface is `handle` (an event), `sync` and `set_node_ips`; the drain
 check and the audit are run by the loop's paced runners, and everything else reads the
@@ -36,7 +37,6 @@ from ipvsctl.model import (
     NodeContext,
     ServiceKey,
     ServiceRef,
-    VirtualServerDrainEvent,
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
@@ -53,20 +53,16 @@ from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.contention import Contention, LiveOwners
 from ipvsctl.reconcile.drain_check import DrainCheck
 from ipvsctl.reconcile.drain_reader import DrainReader
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.intake import Intake
 from ipvsctl.reconcile.termination import Terminations
 from ipvsctl.source.events import Replace, SourceEvent
-from ipvsctl.source.node import NodeInfo
 
 log = logging.getLogger("ipvsctl.engine")
 
 __all__ = ["Engine", "EngineConfig", "SyncResult"]
 
 FOREIGN_RETRY = 60.0  # seconds before a Service tries again a key another tool held
-
-ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
-VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], None]
-NodeListener = Callable[[NodeInfo | None, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +112,7 @@ class Engine:
         owned: Callable[[ServiceKey], bool] = lambda key: True,
         restored_queue: Iterable[DrainEntry] = (),
         may_take_over: Callable[[ServiceKey], bool] = lambda key: True,
+        feed: ChangeFeed | None = None,
     ) -> None:
         self.kernel = kernel
         self.config = config
@@ -131,17 +128,9 @@ class Engine:
         self.repaired = False
         self.started = False
         self._restored = list(restored_queue)
-        # Called after a Service's changes reached the kernel: (ref, old, new). Netfilter
-        # rules and health checks follow Services through this, O(the Service) each.
-        self.service_listeners: list[ServiceListener] = []
-        # Told when a virtual server that left the wanted set begins to drain, is taken
-        # over, or goes: a listener that keeps something per virtual server (the nftables
-        # elements) keeps it while the virtual server drains, though its Service no longer
-        # names it.
-        self.vs_drain_listeners: list[VirtualServerDrainListener] = []
-        # Called when this node's Node changed: (the Node as now read, the event's arrival,
-        # monotonic). The node drain stamps when the node began leaving through this.
-        self.node_listeners: list[NodeListener] = []
+        # What the rest of the daemon hears (feed.py): a Service's changes once they are in
+        # the kernel, a virtual server's drain, this node's Node, connections a drain cut.
+        self.feed = feed if feed is not None else ChangeFeed()
         # For kube-proxy's health server: monotonic arrival of the oldest event not yet in
         # the kernel (None: all applied), wall time of the last complete sync (None: none
         # yet). Plain attributes, read by the HTTP thread without the lock.
@@ -168,7 +157,7 @@ class Engine:
             may_take_over=lambda key: self.may_take_over(key),
             on_foreign=self._foreign,
             on_retry=self._repaired_one,
-            on_vs_drain=self._vs_drain_event,
+            feed=self.feed,
         )
         # The two background reads (`paced.py`), run by the loop's paced runners.
         self.audit = Auditor(
@@ -207,8 +196,7 @@ class Engine:
             self.pending_since = earlier[0] if earlier else event.received
         if node:
             self._set_node(*self.intake.node_changed(self.config.node))
-            for listener in self.node_listeners:
-                listener(self.intake.store.node, event.received)
+            self.feed.node_changed(self.intake.store.node, event.received)
 
     def set_host_ips(self, ips: frozenset[str]) -> bool:
         """The node's own addresses changed (any interface, not only the NodePort ones):
@@ -279,10 +267,6 @@ class Engine:
     def _repaired(self, refs: set[ServiceRef]) -> None:
         self.dirty |= refs
         self.repaired = True
-
-    def _vs_drain_event(self, key: ServiceKey, event: VirtualServerDrainEvent) -> None:
-        for listener in self.vs_drain_listeners:
-            listener(key, event)
 
     def _repaired_one(self, ref: ServiceRef) -> None:
         self._repaired({ref})
@@ -414,8 +398,7 @@ class Engine:
                 if new is None or self.state.get(ref, key) is not None:
                     del self.foreign[key]
         if new != old:
-            for listener in self.service_listeners:
-                listener(ref, old, new)
+            self.feed.service_changed(ref, old, new)
         now = self.clock.monotonic()
         for t in self.intake.arrivals.pop(ref, ()):
             self.metrics.event_to_kernel.observe(max(0.0, now - t))

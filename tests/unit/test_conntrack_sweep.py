@@ -33,6 +33,7 @@ from ipvsctl.plan.conntrack import (
     sweep_table,
 )
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig, SweepResult
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.paced import PacedRunner
 
 CLUSTER_IP, CLUSTER_IP6 = "10.96.0.10", "fd96::10"
@@ -265,7 +266,7 @@ class Sweep:
             clock=self.h.clock,
             wake=self.sweeper.wake,
         )
-        self.h.engine.service_listeners.append(self.sweeper.on_service)
+        self.h.feed.subscribe(Subscriptions(service=self.sweeper.on_service))
         self.services, self.slices = services, slices
 
     def step(self) -> SweepResult | None:
@@ -346,7 +347,8 @@ def test_requests_coalesce_and_respect_the_minimum_interval() -> None:
 
 def test_node_address_change_asks_for_a_sweep() -> None:
     s = Sweep(*SERVED)
-    s.h.engine.service_listeners.clear()  # the address poll alone (new NodePorts also ask)
+    # the address poll alone (new NodePorts also ask)
+    s.h.feed.unsubscribe(Subscriptions(service=s.sweeper.on_service))
     s.start()
     s.step()
     s.h.clock.advance(5)

@@ -21,6 +21,7 @@ from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, VirtualServer
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.source.events import ObjectKind, Replace
 from tests.unit.test_daemon import wait_for, write
@@ -149,7 +150,7 @@ def test_node_port_listeners_see_the_move():
     they are told about the NodePort Services, with the new address's virtual server."""
     h = started()
     seen: list[tuple[ServiceRef, DesiredService | None, DesiredService | None]] = []
-    h.engine.service_listeners.append(lambda ref, old, new: seen.append((ref, old, new)))
+    h.feed.subscribe(Subscriptions(service=lambda ref, old, new: seen.append((ref, old, new))))
     h.engine.set_node_ips([NEW])
     h.engine.sync()
     assert sorted(ref for ref, _, _ in seen) == [LB, WEB]

@@ -26,6 +26,7 @@ from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, ServiceStats
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.traffic import MonotonicSums, admit
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.reconcile.service_traffic import ServiceMetricsMode, ServiceTraffic
 
@@ -46,7 +47,7 @@ def slice_of(name: str = "web") -> dict:
 def traffic_harness(mode: ServiceMetricsMode, max_series: int = 10000):
     h = Harness()
     traffic = ServiceTraffic(h.fake, mode, max_series)
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     return h, traffic
 
 
@@ -232,7 +233,7 @@ def test_a_failed_read_is_a_gap_a_count_and_one_log_line(caplog):
     traffic = ServiceTraffic(
         h.fake, ServiceMetricsMode.ALL, on_error=lambda e: errors.append(e.operation)
     )
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     h.start([web()], [slice_of()])
     assert traffic.read() == ([], 0) and traffic.read() == ([], 0)
     assert errors == ["read_service_stats"] * 2
@@ -244,7 +245,7 @@ def test_the_counters_come_through_netlink_in_one_service_dump():
     kernel = NetlinkKernel(sockets=model_sockets(model), create_interface=False)
     h = Harness(kernel=kernel)
     traffic = ServiceTraffic(kernel, ServiceMetricsMode.ALL)
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     h.start([web(), web("db", "10.96.0.11")], [slice_of(), slice_of("db")])
     model.table.add_traffic(vs(), TRAFFIC)
     dumps = model.service_dumps
