@@ -27,8 +27,9 @@ from typing import Any
 
 from devkit.fakeapi import FakeAPIServer, objects
 from devkit.harness import rs, vs
+from ipvsctl.daemon.adapters import open_event_writer
 from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
-from ipvsctl.daemon.wiring import Daemon, open_event_writer
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.client import KubeSource

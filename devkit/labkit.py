@@ -575,8 +575,9 @@ def start_daemon(
     `ipvsctl run` decides (its interface's and the proxy interfaces' addresses, read in the
     node); else every one (the defaults of an in-process Daemon). The caller shuts it down
     (the `make_daemon` fixture does)."""
+    from ipvsctl.daemon.adapters import open_event_writer
     from ipvsctl.daemon.options import DaemonOptions
-    from ipvsctl.daemon.wiring import Daemon, open_event_writer
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig

@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The node daemon: follow Services and EndpointSlices, program IPVS, drain gracefully."""
         from ipvsctl.daemon import wiring
+        from ipvsctl.daemon.adapters import StartupError
         from ipvsctl.daemon.options import OptionsError, RunFlags, complete
         from ipvsctl.obs import logging as obs_logging
 
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
             options.config.log_notes()
         try:
             code = wiring.run(options)
-        except wiring.StartupError as exc:
+        except StartupError as exc:
             raise fail(str(exc), 1) from None
         raise typer.Exit(code)
 

@@ -22,7 +22,14 @@ import time
 from collections.abc import Callable
 
 from ipvsctl.healthcheck.state import HealthState
-from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
+from ipvsctl.httpd import (
+    BoundedServer,
+    Limits,
+    Request,
+    Response,
+    is_loopback_peer,
+    listen_socket,
+)
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
@@ -47,6 +54,7 @@ class HealthServer:
         listen: Callable[[int], socket.socket] = listen_any,
         proxy_healthy: Callable[[], bool] = lambda: True,
         retry_interval: float = 5.0,
+        trusted: Callable[[str], bool] = is_loopback_peer,
     ) -> None:
         self.state = HealthState(node_name)
         self.metrics = metrics
@@ -66,6 +74,7 @@ class HealthServer:
             limits=HEALTH_HTTP_LIMITS,
             on_refused=self._refused,
             inline=lambda req: True,
+            trusted=trusted,  # the node's own peers: never refused
         )
 
     # --- the listener -----------------------------------------------------------------------

@@ -41,10 +41,12 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def exported_metrics() -> set[str]:
     """Every series name a daemon's /metrics can carry (histograms: _bucket, _sum, _count)."""
-    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.obs.metrics import Metrics, ServiceTrafficCollector
 
+    metrics = Metrics()
+    metrics.registry.register(ServiceTrafficCollector())  # the service-metrics feature's
     names: set[str] = set()
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", Metrics().render().decode(), re.M):
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", metrics.render().decode(), re.M):
         names.add(name)
         if kind == "histogram":
             names.update(f"{name}{s}" for s in ("_bucket", "_sum", "_count"))
@@ -405,6 +407,7 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
     from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext, ServiceStats
     from ipvsctl.reconcile.loop import LoopConfig
+    from ipvsctl.reconcile.service_traffic import ServiceTraffic
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -428,7 +431,12 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
     d.start()
     try:
         for _ in range(200):
-            if vs() in kernel.services and d.view.started and d.service_traffic.read()[0]:
+            if (
+                vs() in kernel.services
+                and d.view.started
+                and (t := d.part(ServiceTraffic)) is not None
+                and t.read()[0]
+            ):
                 break
             __import__("time").sleep(0.05)
         kernel.add_traffic(vs(), ServiceStats(2, 10, 8, 900, 4000))

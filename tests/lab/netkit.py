@@ -169,7 +169,6 @@ def run_daemon(
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
     from ipvsctl.daemon.options import DaemonOptions
     from ipvsctl.daemon.wiring import Daemon
-    from ipvsctl.healthcheck.server import HealthServer
     from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext
     from ipvsctl.netfilter.nft import Nft
@@ -187,7 +186,7 @@ def run_daemon(
         node.kernel,
         ManifestSource(manifests, interval=0.2),
         nft=Nft(netns=node.name),
-        health=HealthServer("node-a", listen=health_socket_factory(node.name)),
+        health_ports=health_socket_factory(node.name),
     )
     d.start()
     try:

@@ -14,8 +14,9 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import rs, vs
+from ipvsctl.daemon.adapters import StartupError
 from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
-from ipvsctl.daemon.wiring import Daemon, StartupError
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DrainEntry, NodeContext

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 DAEMON = """
     from ipvsctl.daemon.options import DaemonOptions, SourceOptions
-    from ipvsctl.daemon.wiring import open_event_writer, open_source
+    from ipvsctl.daemon.adapters import open_event_writer, open_source
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
 

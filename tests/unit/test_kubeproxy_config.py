@@ -437,8 +437,8 @@ def test_kinds_are_three():
 
 def test_node_port_addresses_filter_the_followed_addresses(monkeypatch):
     """nodePortAddresses CIDRs select the node addresses at start-up and while running."""
+    from ipvsctl.daemon.adapters import node_ips_reader
     from ipvsctl.daemon.options import DaemonOptions
-    from ipvsctl.daemon.wiring import node_ips_reader
     from ipvsctl.model import NodeContext
 
     addresses = ["192.0.2.10", "10.1.2.3", "2001:db8::10"]

@@ -24,6 +24,7 @@ from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
 from ipvsctl.netfilter.nft import NftUnavailable
+from ipvsctl.netfilter.sync import NetfilterSync
 from ipvsctl.reconcile.loop import LoopConfig
 from tests.unit.test_daemon import wait_for, write
 from tests.unit.test_healthcheck_server import Ports, get
@@ -55,7 +56,7 @@ def make(tmp_path: Path, nft: FakeNft, ports: Ports) -> Daemon:
         FakeKernel(),
         ManifestSource(tmp_path / "m", interval=0.05),
         nft=nft,
-        health=HealthServer("node-a", listen=ports),
+        health_ports=ports,
         loop_config=LoopConfig(idle_wakeup=0.05),
     )
     return d
@@ -92,7 +93,7 @@ def test_daemon_keeps_the_table_and_serves_health_checks(tmp_path):
         )
         wait_for(lambda: nft.elements().get("192.0.2.10 . tcp . 30080") == "external")
         assert [op for op, _ in nft.scripts][-1] == "elements"
-        wait_for(lambda: d.health.ports() == [])
+        wait_for(lambda: d.part(HealthServer).ports() == [])
         assert d.metrics.value("ipvsctl_netfilter_elements") == 2
     finally:
         d.shutdown()
@@ -112,7 +113,7 @@ def test_nft_unavailable_runs_degraded_and_says_so(tmp_path, caplog):
     try:
         d.start()
         wait_for(lambda: d.engine.started)
-        assert d.netfilter is None
+        assert d.part(NetfilterSync) is None
         assert any("nftables unavailable" in r.getMessage() for r in caplog.records)
     finally:
         d.shutdown()

@@ -15,8 +15,9 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
+from ipvsctl.daemon.adapters import node_ips_reader
 from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, NodeIPs, SourceOptions
-from ipvsctl.daemon.wiring import Daemon, node_ips_reader
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, VirtualServer

@@ -24,6 +24,7 @@ from ipvsctl.daemon.options import (
     SourceOptions,
 )
 from ipvsctl.daemon.wiring import Daemon
+from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.manifests import ManifestSource
@@ -507,11 +508,11 @@ def daemon(tmp_path: Path) -> Any:
         ManifestSource(folder, interval=0.05),
         loop_config=LoopConfig(idle_wakeup=0.05, drain_check_interval=0.05),
     )
-    assert d.proxy_health is not None
-    d.proxy_health.retry_interval = 0.05
+    assert d.part(ProxyHealthServer) is not None
+    d.part(ProxyHealthServer).retry_interval = 0.05
     d.start()
     try:
-        wait_for(lambda: d.engine.started and d.proxy_health.port)
+        wait_for(lambda: d.engine.started and d.part(ProxyHealthServer).port)
         yield d, folder, kernel
     finally:
         d.shutdown()
@@ -524,8 +525,8 @@ def node_state(d: Daemon) -> dict[str, Any]:
 
 
 def health(d: Daemon) -> int:
-    assert d.proxy_health is not None
-    return get(f"http://127.0.0.1:{d.proxy_health.port}/healthz")[0]
+    assert d.part(ProxyHealthServer) is not None
+    return get(f"http://127.0.0.1:{d.part(ProxyHealthServer).port}/healthz")[0]
 
 
 def test_daemon_drains_the_node_for_its_taint_and_the_hook_waits(daemon: Any) -> None:

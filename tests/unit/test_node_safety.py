@@ -233,8 +233,8 @@ def test_node_context_defaults_are_the_contracts():
 
 
 def test_the_api_servers_host_is_resolved_once_at_start(caplog):
+    from ipvsctl.daemon.adapters import with_apiserver_addresses
     from ipvsctl.daemon.options import DaemonOptions
-    from ipvsctl.daemon.wiring import with_apiserver_addresses
     from ipvsctl.kube.config import host_addresses
 
     assert host_addresses("https://127.0.0.1:6443") == frozenset({"127.0.0.1"})

@@ -7,6 +7,7 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
+import ipvsctl.daemon.adapters
 import ipvsctl.daemon.options
 import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
@@ -224,7 +225,7 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
         node=NodeContext("node-a", service_proxy_name=proxy_name),
         source=SourceOptions(apiserver="http://127.0.0.1:9"),
     )
-    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
+    source = ipvsctl.daemon.adapters.open_source(options, Metrics())
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)
 
 
@@ -238,7 +239,7 @@ def test_the_api_source_prepares_its_lists_as_the_engines_store_parses() -> None
     options = ipvsctl.daemon.options.DaemonOptions(
         node=node, source=SourceOptions(apiserver="http://127.0.0.1:9")
     )
-    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
+    source = ipvsctl.daemon.adapters.open_source(options, Metrics())
     assert source._prepare == Intake(node, Metrics()).store.preparer
     assert source._prepare.default_scheduler == "wrr"
 

@@ -202,8 +202,8 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
     import threading
 
     from devkit.fakeapi import FakeAPIServer
+    from ipvsctl.daemon.adapters import open_source
     from ipvsctl.daemon.options import DaemonOptions
-    from ipvsctl.daemon.wiring import open_source
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.source.convert import service_label_selector
 
@@ -310,8 +310,8 @@ def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
 def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     """A NodePort virtual server outside the default range is the daemon's (adopted and
     removed when nothing wants it) once --service-node-port-range says so."""
+    from ipvsctl.daemon.adapters import open_kernel
     from ipvsctl.daemon.options import DaemonOptions
-    from ipvsctl.daemon.wiring import open_kernel
     from ipvsctl.kernel import netlink
 
     class Kernel:

@@ -24,7 +24,7 @@ from ipvsctl.kernel.netlink import NetlinkKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, ServiceStats
-from ipvsctl.obs.metrics import Metrics
+from ipvsctl.obs.metrics import Metrics, ServiceTrafficCollector
 from ipvsctl.plan.traffic import MonotonicSums, admit
 from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.loop import LoopConfig
@@ -160,7 +160,7 @@ def test_the_daemon_exports_the_dropped_count_and_no_series_past_the_cap():
     rows, dropped = traffic.read()
     assert [tuple(r[0]) for r in rows] == [("default", "a", "http", "TCP")] and dropped == 1
     m = Metrics()
-    m.service_traffic.read = traffic.read
+    m.registry.register(ServiceTrafficCollector(traffic.read))  # as the daemon's feature does
     assert m.value("ipvsctl_service_metrics_dropped") == 1
     assert (
         m.value(
@@ -278,7 +278,7 @@ def test_a_scrape_shows_the_series_without_taking_the_loops_lock(tmp_path):
     d.start()
     try:
         wait_for(lambda: vs() in kernel.services and d.view.started)
-        wait_for(lambda: d.service_traffic is not None and d.service_traffic.read()[0])
+        wait_for(lambda: (t := d.part(ServiceTraffic)) is not None and t.read()[0])
         kernel.add_traffic(vs(), TRAFFIC)
         base = f"http://127.0.0.1:{d.http.port}"
         with d.loop.lock:  # the loop busy: a scrape still answers
@@ -303,7 +303,7 @@ def test_none_reads_nothing_and_exports_no_series(tmp_path):
     try:
         wait_for(lambda: vs() in kernel.services and d.view.started)
         text = get(f"http://127.0.0.1:{d.http.port}/metrics")[1]
-        assert d.service_traffic is None and kernel.stats_reads == 0
+        assert d.part(ServiceTraffic) is None and kernel.stats_reads == 0
         assert "ipvsctl_service_bytes_total{" not in text
         assert "ipvsctl_service_metrics_dropped 0.0" in text
     finally:
