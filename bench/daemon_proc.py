@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
-    from ipvsctl.source.store import Preparer
+    from ipvsctl.source.prepare import Preparer
 
     if args.netns:
         from ipvsctl.kernel.netlink import NetlinkKernel

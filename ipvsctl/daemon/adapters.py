@@ -122,7 +122,7 @@ def open_source(
             raise StartupError(str(exc)) from None
     from ipvsctl.kube.client import SENTINEL_SERVICE, KubeSource
     from ipvsctl.source.convert import service_label_selector
-    from ipvsctl.source.store import Preparer
+    from ipvsctl.source.prepare import Preparer
 
     try:
         return KubeSource.from_config(

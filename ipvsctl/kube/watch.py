@@ -54,7 +54,17 @@ from ipvsctl.kube.retry import CLOSED, ERROR, EXPIRED, SUSPECT, TIMEOUT, Wait, d
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.convert import object_name
-from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    RawObject,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Prepared
 
 # A list or watch request returning the raw response (`kube.listwatch.ListWatch`; it takes
 # the keyword arguments of the generated `list_*_for_all_namespaces` methods)
@@ -71,10 +81,10 @@ WatchingCallback = Callable[[bool], None]
 
 # A list that must not be applied (its objects raw, or as `prepare` made them): returns a
 # short reason, or None when the list is fine.
-ListCheck = Callable[[list[Any]], str | None]
+ListCheck = Callable[[Replace | PreparedReplace], str | None]
 # What a list keeps of each trimmed object in place of it (the store's `Preparer`, bound
 # to the kind): parsed where it is decoded, so a list never holds every raw object at once.
-Prepare = Callable[[RawObject], Any]
+Prepare = Callable[[RawObject], Prepared]
 # Is the API server answering again? (a cheap request; see kube.probe)
 Probe = Callable[[], bool]
 
@@ -209,6 +219,13 @@ class Reflector:
         # None for an object that raised there: skipped and counted.
         self._load = self._guarded(trim, prepare)
         self._load_event = self._guarded(trim, prepare_event)
+        # The events at the stage their objects are at (source/events.py)
+        self._replace: type[Replace] | type[PreparedReplace] = (
+            Replace if prepare is None else PreparedReplace
+        )
+        self._upsert: type[Upsert] | type[PreparedUpsert] = (
+            Upsert if prepare_event is None else PreparedUpsert
+        )
         self._emit = emit
         self._settings = settings
         self._on_restart = on_restart
@@ -329,9 +346,11 @@ class Reflector:
         with gc_paused():
             objects, rv = self._list_or_stream(halt)
         skipped = self.skipped - skipped
-        problem = self._check(objects) if self._check is not None else None
+        replace = self._replace(self.kind, objects, self._clock())
+        del objects
+        problem = self._check(replace) if self._check is not None else None
         if problem is not None:
-            del objects
+            del replace
             self._suspect.failed(
                 logging.WARNING, "list refused, table kept", resource=self.resource, problem=problem
             )
@@ -341,8 +360,8 @@ class Reflector:
             self._unreadable.recovered("every object readable again", resource=self.resource)
         self.resource_version = rv
         self.lists += 1
-        self._emit(Replace(self.kind, objects, self._clock()))
-        del objects
+        self._emit(replace)
+        del replace
         log(
             logging.DEBUG,
             "list complete",
@@ -768,7 +787,7 @@ class Reflector:
         if type_ in ("ADDED", "MODIFIED"):
             loaded = self._load_event(obj)
             if loaded is not None:
-                self._emit(Upsert(self.kind, loaded, received))
+                self._emit(self._upsert(self.kind, loaded, received))
         elif type_ == "DELETED":
             name, namespace = meta.get("name"), meta.get("namespace") or "default"
             if isinstance(name, str) and name and isinstance(namespace, str):

@@ -56,7 +56,7 @@ from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.intake import Intake
 from ipvsctl.reconcile.termination import Terminations
-from ipvsctl.source.events import Replace, SourceEvent
+from ipvsctl.source.events import SourceEvent
 
 log = logging.getLogger("ipvsctl.engine")
 
@@ -192,8 +192,7 @@ class Engine:
         services, node = self.intake.handle(event)
         self.dirty |= services
         if services and self.pending_since is None:
-            earlier = () if isinstance(event, Replace) else event.earlier
-            self.pending_since = earlier[0] if earlier else event.received
+            self.pending_since = event.arrivals[0]
         if node:
             self._set_node(*self.intake.node_changed(self.config.node))
             self.feed.node_changed(self.intake.store.node, event.received)

@@ -20,8 +20,17 @@ from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_service
 from ipvsctl.model import ServiceRef
 from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
-from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from ipvsctl.source.store import ObjectStore, Prepared, Preparer
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Prepared, Preparer
+from ipvsctl.source.store import ObjectStore
 
 try:
     from devkit.fakeapi import FakeAPIServer, objects
@@ -144,12 +153,13 @@ class Harness:
     def next(self, kind: ObjectKind) -> SourceEvent:
         return self.queues[kind].get(timeout=WAIT)
 
-    def replace(self, kind: ObjectKind) -> Replace:
+    def replace(self, kind: ObjectKind) -> Replace | PreparedReplace:
+        """A list's event: raw objects, or prepared (a source with a Preparer)."""
         event = self.next(kind)
-        assert isinstance(event, Replace), event
+        assert isinstance(event, Replace | PreparedReplace), event
         return event
 
-    def synced(self) -> tuple[Replace, Replace]:
+    def synced(self) -> tuple[Replace | PreparedReplace, Replace | PreparedReplace]:
         """The first Replace of both kinds, once both watches are open."""
         services, slices = self.replace(SVC), self.replace(EPS)
         self.wait_watching()
@@ -275,13 +285,13 @@ def test_a_prepared_list_hands_the_store_parsed_objects(api, harness, watch_list
     h.synced()
     api.add(objects.service("later", cluster_ip="10.96.0.20"))
     event = h.next(SVC)
-    assert isinstance(event, Upsert) and isinstance(event.obj, Prepared)
+    assert isinstance(event, PreparedUpsert)
     assert event.obj.key == ("default", "later") and event.obj.trigger is None
     sl = objects.endpoint_slice("later-1", "later", [objects.endpoint("10.244.1.9")])
     sl["metadata"]["annotations"] = {TRIGGER_TIME_ANNOTATION: "2026-11-27T01:00:00Z"}
     api.add(sl)
     sl_event = h.next(EPS)
-    assert isinstance(sl_event, Upsert) and isinstance(sl_event.obj, Prepared)
+    assert isinstance(sl_event, PreparedUpsert)
     assert sl_event.obj.trigger == "2026-11-27T01:00:00Z"
     h.close()
     raw_store = ObjectStore("wrr")
