@@ -282,6 +282,29 @@ def test_the_gc_comes_back_after_the_grace_without_a_first_sync():
         gc.enable()
 
 
+def test_a_list_ending_meanwhile_leaves_the_start_up_pause_in_force():
+    """The API source pauses the GC while it decodes a list; the loop, until its first sync.
+    Whichever began first, the GC comes back only when both are done."""
+    import gc
+
+    from ipvsctl.obs import gcpause
+
+    h, events, loop = make()
+    try:
+        with gcpause.paused():  # a list being decoded when the daemon starts
+            loop.pause_gc_until_started()
+        assert not gc.isenabled()  # the list is done, the first sync is not
+        events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+        events.put(Replace(ObjectKind.ENDPOINT_SLICE, [], 0))
+        with gcpause.paused():  # a relist under way as the first sync ends
+            loop.step()
+            assert h.engine.started and not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 class Raw(dict):
     """A raw object that can be watched for its release (a plain dict cannot)."""
 
