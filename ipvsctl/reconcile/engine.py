@@ -47,7 +47,7 @@ from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
 from ipvsctl.plan.guard import too_many
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
-from ipvsctl.reconcile.apply import Applier
+from ipvsctl.reconcile.apply import Applier, Then
 from ipvsctl.reconcile.audit import Auditor
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.contention import Contention, LiveOwners
@@ -287,7 +287,7 @@ class Engine:
 
     def _rounds(self, result: SyncResult, rounds: int) -> None:
         """Sync the dirty Services. One can make others dirty while syncing (it released or
-        lost a virtual server another one waits for, or the kernel surprised it): those go
+        lost a virtual server another one waits for, or must be diffed again): those go
         in a further round of the same sync."""
         for _ in range(rounds):
             todo, self.dirty = self.dirty - result.failed, set()
@@ -384,7 +384,7 @@ class Engine:
         outcome = self.applier.apply(ref, ops)
         result.ops += outcome.ops
         result.services += 1
-        if outcome.failed:
+        if outcome.then is Then.RETRY:
             result.failed.add(ref)
             return
         if new is None:
@@ -392,7 +392,7 @@ class Engine:
             self.state.forget_service(ref, [k for k in kept if k in draining_vs])
         else:
             self.state.desired[ref] = new
-        if self.foreign and not outcome.surprised:  # marks of keys now ours, or unwanted
+        if self.foreign and outcome.then is Then.DONE:  # marks of keys now ours, or unwanted
             for key in [k for k, (r, _) in self.foreign.items() if r == ref]:
                 if new is None or self.state.get(ref, key) is not None:
                     del self.foreign[key]
@@ -404,7 +404,7 @@ class Engine:
         triggers = self.intake.triggers.pop(ref, None)
         if triggers:
             self._observe_programming(triggers)
-        if outcome.surprised:  # the kernel held something we did not know: diff once more
+        if outcome.then is Then.DIFF_AGAIN:
             self.dirty.add(ref)
 
     def _observe_programming(self, triggers: list[float]) -> None:
@@ -465,7 +465,7 @@ class Engine:
         todo, self.dirty = self.dirty | set(self.intake.store.services) | draining_refs, set()
         for ref in sorted(todo):
             self._sync_service(ref, result, built)
-        self._rounds(result, 2)  # what the first pass made dirty (a kernel surprise)
+        self._rounds(result, 2)  # what the first pass made dirty (Then.DIFF_AGAIN)
         # Only now, and not when the sync raised: `started` is /readyz ("the first full
         # list is in the kernel") and what /v1/quiesced calls ready, and other threads read
         # it without the lock.
