@@ -26,8 +26,7 @@ from devkit.harness import Harness
 from devkit.labkit import Node, Pod, RecordingKernel, wait_for
 from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.netns import run_in_netns
-from ipvsctl.kernel.procfs.codec import ConnScan
-from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.model import ConnScan, Protocol, RealServerKey, ServiceKey, VirtualServer
 
 pytestmark = pytest.mark.lab
 
