@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
@@ -31,12 +30,6 @@ from ipvsctl.source.events import (
 )
 from ipvsctl.source.prepare import Prepared, Preparer
 from ipvsctl.source.store import ObjectStore
-
-try:
-    from devkit.fakeapi import FakeAPIServer, objects
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer, objects
 
 SVC, EPS = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE
 WAIT = 5.0  # generous upper bound for conditions; tests normally pass far sooner
