@@ -84,7 +84,7 @@ RESOURCES: dict[str, ResourceInfo] = {
 
 
 # A file every FakeAPIServer of this process (and its children) appends each request to,
-# one JSON line: the lab checks a whole run's log (no Pod is ever read, issue 23).
+# one JSON line: the lab checks a whole run's log (no Pod is ever read).
 REQUEST_LOG_ENV = "IPVSCTL_FAKEAPI_REQUEST_LOG"
 _log_lock = threading.Lock()
 

@@ -418,7 +418,7 @@ class Metrics:
             "external-IP virtual servers, at the last reading of the IPVS table.",
             registry=r,
         )
-        # Drains that Kubernetes can see (ipvsctl/kube/events.py, issue 28)
+        # Drains that Kubernetes can see (ipvsctl/kube/events.py)
         self.drain_connections_cut = Counter(
             "ipvsctl_drain_connections_cut",
             "Established connections cut when a drain deadline deleted their real server "

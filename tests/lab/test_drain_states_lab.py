@@ -1,4 +1,4 @@
-"""Drains that end when the connections end (issue 13), on the real kernel with real TCP:
+"""Drains that end when the connections end, on the real kernel with real TCP:
 the engine reads /proc/net/ip_vs for counts and /proc/net/ip_vs_conn for the states of
 TCP real servers whose connections are all inactive.
 

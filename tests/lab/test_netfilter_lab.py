@@ -500,7 +500,7 @@ def test_health_check_node_port_answers_with_local_endpoints(world: World) -> No
     assert world.daemon.part(HealthServer).ports() == []
 
 
-# --- a deleted Service's virtual servers drain (issue 26) -------------------------------------
+# --- a deleted Service's virtual servers drain -------------------------------------
 def diagnose(world: World, what: object) -> str:
     """The kernel's and the daemon's view, for a failure's message (and the lab's out dir)."""
     node = world.node

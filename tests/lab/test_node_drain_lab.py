@@ -1,4 +1,4 @@
-"""Node drain on a real kernel with real traffic (issue 27): a client outside the node (its
+"""Node drain on a real kernel with real traffic: a client outside the node (its
 own netns, routed over a LAN veth) holds a connection through a NodePort while the node is
 tainted for removal. kube-proxy's health answers 503 within seconds, the connection keeps
 working, the node is not quiesced while it lives, and `ipvsctl node-drain --wait` (the

@@ -1,4 +1,4 @@
-"""kubectl's habits in the CLI (issue 31): -h, -o=json, metavars, values checked while
+"""kubectl's habits in the CLI: -h, -o=json, metavars, values checked while
 parsing (exit 2, one line, nothing touched), HOST:PORT endpoints, one source, one exit code
 for a missing path, `completion SHELL`, and cleanup saying what it could not check."""
 

@@ -213,7 +213,7 @@ def test_unwritable_state_dir_is_a_startup_error(tmp_path):
 
 
 def test_the_daemon_takes_its_loop_configuration(tmp_path):
-    # Issue 12: tests used to rewrite d.loop.config after construction, too late for what
+    # Tests used to rewrite d.loop.config after construction, too late for what
     # the loop derives from it when built (its first audit time, its retry delay).
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),

@@ -91,7 +91,7 @@ def test_terminating_endpoint_drains_until_its_pod_goes_with_no_pod_read(api, tm
 
 
 def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_path):
-    """Issue 23.1: `web-0` terminated twice within an hour took its first incarnation's
+    """Regression: `web-0` terminated twice within an hour took its first incarnation's
     deletionTimestamp (kept by namespace/name) and was cut at the first drain check with
     its connections open. The endpoint (name and uid) bounds the drain, not a pod read."""
     kernel = FakeKernel()

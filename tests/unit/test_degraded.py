@@ -1,4 +1,4 @@
-"""Degraded while green (issue 25.7): a part of the daemon that keeps failing is named in
+"""Degraded while green: a part of the daemon that keeps failing is named in
 /readyz's body and in `ipvsctl_degraded{condition}`, and readiness stays 200 for what still
 works. The daemon's real wiring, the in-memory kernel, real HTTP."""
 

@@ -597,7 +597,7 @@ class _FailingRestore(FakeKernel):
 
 
 def test_a_failed_weight_restore_never_lets_the_drain_check_delete_a_wanted_server():
-    """Issue 25.6: the entry stayed queued when the restore failed, and the drain check
+    """Regression: the entry stayed queued when the restore failed, and the drain check
     then deleted the wanted real server at its deadline, live connections and all."""
     kernel = _FailingRestore()
     h = started(A, B, h=Harness(kernel=kernel, drain_timeout=10))

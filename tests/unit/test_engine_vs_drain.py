@@ -1,4 +1,4 @@
-"""CONTRACT.md "Draining", the virtual server bullets (issue 26): a virtual server that
+"""CONTRACT.md "Draining", the virtual server bullets: a virtual server that
 leaves the wanted set drains as its real servers do, on the in-memory kernel."""
 
 from __future__ import annotations

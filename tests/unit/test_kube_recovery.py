@@ -1,6 +1,6 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_kube_source)
 """Backoff, outage recovery, suspect lists and cache reads of the API adapter, against the
-fake API server (issues 16.1, 16.2, 11.7, 17.2). Requests are counted on the server."""
+fake API server. Requests are counted on the server."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_error_events_back_off_instead_of_relisting_at_the_initial_delay(
 
 
 def test_a_watch_that_delivered_then_failed_does_not_reset_the_backoff(api, harness, logs):
-    """Issue 25.1: delivering something and failing within the healthy time is no progress
+    """Delivering something and failing within the healthy time is no progress
     (client-go: only time resets the backoff, `BackoffManager`'s tests)."""
     h = harness(STRICT).start()
     h.synced()

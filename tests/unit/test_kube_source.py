@@ -540,7 +540,7 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
 
 
 def test_a_crashed_reflector_is_a_dead_thread_for_healthz(api, harness, monkeypatch) -> None:
-    # Issue 16.4: the source's run() thread lived on, so /healthz never saw the dead reflector.
+    # Regression: the source's run() thread lived on, so /healthz never saw the dead reflector.
     from ipvsctl.kube import watch
 
     real_run = watch.Reflector.run

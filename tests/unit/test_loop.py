@@ -120,7 +120,7 @@ def _persisting_loop(h: Harness, saved: list[int], locked: list[bool]) -> tuple[
 
 
 def test_a_new_drain_is_written_at_once_other_changes_at_most_every_persist_interval():
-    # Issue 16.6: a drain started just before a SIGKILL lost its 600 s deadline because its
+    # Regression: a drain started just before a SIGKILL lost its 600 s deadline because its
     # first write waited for the coalescing interval.
     h = Harness()
     saved: list[int] = []
@@ -216,7 +216,7 @@ def test_a_failing_state_write_is_retried_per_interval_not_per_step():
 
 
 def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
-    # Issue 12: such a sync used to count its Service as failed: "sync incomplete,
+    # Regression: such a sync used to count its Service as failed: "sync incomplete,
     # retrying" and a doubled backoff, for a sync where nothing failed.
     from devkit.harness import rs, vs
     from ipvsctl.model import VirtualServer

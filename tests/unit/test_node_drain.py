@@ -1,4 +1,4 @@
-"""Node drain (issue 27): the Node's taints and conditions as read (pure), the quiesced rule
+"""Node drain: the Node's taints and conditions as read (pure), the quiesced rule
 (pure), the running part on a fake kernel (which virtual servers count, when a reading
 decides), a real daemon in-process (health 503, /v1/node-quiesced, node-local), and
 `ipvsctl node-drain --wait` against it."""
@@ -371,7 +371,7 @@ def test_a_virtual_server_that_left_the_wanted_set_counts_while_the_kernel_has_i
     w.conns(EXTERNAL, 2)
     w.drain.on_service(REF, desired(*KINDS), desired(CLUSTER, NODE_PORT, LB))
     assert w.step()
-    assert w.drain.established == 2  # draining (issue 26): still established through us
+    assert w.drain.established == 2  # draining: still established through us
     w.kernel.delete_virtual_server(EXTERNAL, bind_address=False)
     w.clock.advance(1.0)
     assert w.step()

@@ -1,4 +1,4 @@
-"""Node safety (issue 25.2 and 25.3): what a Service may never make of a node, in the daemon's
+"""Node safety: what a Service may never make of a node, in the daemon's
 engine and in `ipvsctl plan` alike: one line, a count, and the other Services go on."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15: the Service semantics kube-proxy and kube-router users rely on (CONTRACT.md
+"""The Service semantics kube-proxy and kube-router users rely on (CONTRACT.md
 "What becomes a virtual server", "Durations"), table-style as kube-proxy's tests, through
 the real conversion and planner (`plan --json`) and the engine on the in-memory kernel."""
 
@@ -331,7 +331,7 @@ def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     custom_node = dataclasses.replace(node, node_port_range=range(20000, 22768))
     _, custom, _ = open_kernel(DaemonOptions(node=custom_node))
     assert (custom(k20080), custom(k30080), custom(kvip)) == (True, False, True)
-    # Issue 25.4: ours, or a Kubernetes proxy's (kube-dummy-if), may be taken over; not
+    # Ours, or a Kubernetes proxy's (kube-dummy-if), may be taken over; not
     # anyone else's (keepalived's address, a node address outside the NodePort range)
     (krouter, kkeepalived) = _keys(("10.96.0.77", 80), ("198.51.100.50", 80))
     assert [take_over(k) for k in (kvip, k30080, krouter, kkeepalived, k20080)] == [
