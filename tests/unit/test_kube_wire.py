@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import (
 )
 
 from devkit.fakeapi import FakeAPIServer, objects
-from devkit.fakeapi.server import RequestRecord
+from devkit.fakeapi.state import RequestRecord
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.listwatch import SERVICES, ListWatch
