@@ -127,7 +127,7 @@ def test_daemons_in_two_namespaces_on_one_node_ask_for_one(kubectl):
     r, calls = plugin(kubectl, "--node", "n1", pods="kube-system/a ipvsctl-system/b")
     assert r.returncode == 1 and len(calls) == 1
     assert "ipvsctl-system,kube-system" in r.stderr and "-n" in r.stderr
-    r, (get, exe) = plugin(
+    r, (_, exe) = plugin(
         kubectl, "-n", "kube-system", "--node", "n1", pods="kube-system/a ipvsctl-system/b"
     )
     assert r.returncode == 0 and flag(exe, "--namespace") == "kube-system" and "a" in exe
