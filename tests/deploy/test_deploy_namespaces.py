@@ -129,3 +129,35 @@ def test_the_shutdown_managers_default_lookup_names_the_metrics_service(componen
     name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
     assert name in DEFAULT_DAEMON_SERVICES
     assert [p["port"] for p in svc["spec"]["ports"]] == [DEFAULT_DAEMON_PORT]
+
+
+def runbooks() -> str:
+    """operations.md's alert runbooks: from the commands' preamble to the next section."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    start = text.index("In the commands below, `NODE` is the alert's `node` label")
+    return text[start : text.index("\n## ", start)]
+
+
+def test_the_runbooks_name_no_fixed_namespace():
+    text = runbooks()
+    assert "### IpvsctlDown" in text and "### IpvsctlTableFull" in text
+    assert "ipvsctl-system:" not in text and "-n ipvsctl-system" not in text
+    namespaced = re.findall(r"kubectl\s+-n\s+(\S+)", text)
+    assert len(namespaced) > 10 and set(namespaced) == {'"$NS"'}, sorted(set(namespaced))
+
+
+@pytest.mark.parametrize("components", [(), ("kube-proxy-takeover",)], ids=["base", "takeover"])
+def test_the_runbooks_find_the_daemonset_and_the_pod_in_either_namespace(components):
+    """The preamble's two lookups, by label: the DaemonSet (its metadata's labels) across
+    namespaces, then the node's pod (its template's labels) in that namespace."""
+    block = re.search(r"```sh\n(NS=.*?)```", runbooks(), re.S)
+    assert block, "the runbooks' NS= and pod= lookups are gone"
+    commands = block.group(1).replace("\\\n", " ")
+    ns_line, pod_line = (line for line in commands.splitlines() if line.strip())
+    docs = render(overlay_with(*components))
+    ds = one(docs, "DaemonSet")
+    for line, labels in ((ns_line, ds["metadata"]["labels"]), (pod_line, pod_labels(docs))):
+        (selector,) = re.findall(r"-l (\S+)", line)
+        assert selects(dict(p.split("=") for p in selector.split(",")), labels), line
+    assert " -A " in ns_line and "{.items[0].metadata.namespace}" in ns_line
+    assert '-n "$NS"' in pod_line and "spec.nodeName=NODE" in pod_line
