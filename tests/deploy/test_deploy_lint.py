@@ -22,9 +22,10 @@ from .helpers import (
 
 
 def shell_scripts() -> list[Path]:
-    """Every shell script under vagrant/, daemonset/ and tests/deploy/ (by suffix or shebang)."""
+    """Every shell script under vagrant/, daemonset/, release/ and tests/deploy/ (by suffix or
+    shebang)."""
     found = []
-    for root in (VAGRANT_DIR, DAEMONSET_DIR, Path(__file__).parent):
+    for root in (VAGRANT_DIR, DAEMONSET_DIR, REPO / "release", Path(__file__).parent):
         for p in sorted(root.rglob("*")):
             if not p.is_file() or ".vagrant" in p.parts:
                 continue
@@ -40,7 +41,7 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 def test_there_are_scripts_to_lint():
     names = {p.name for p in shell_scripts()}
-    assert {"node-prep.sh", "rollout.sh", "run.sh"} <= names
+    assert {"node-prep.sh", "rollout.sh", "run.sh", "dist.sh", "version.sh"} <= names
 
 
 @pytest.mark.parametrize("script", shell_scripts(), ids=lambda p: str(p.relative_to(REPO)))
