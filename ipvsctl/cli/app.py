@@ -26,6 +26,7 @@ from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
+from ipvsctl.cli.version import register as register_version
 from ipvsctl.model import NodeContext, normalize_ip
 from ipvsctl.model.desired import DEFAULT_MAX_TABLE_ENTRIES
 
@@ -792,6 +793,7 @@ def completion(
 register_shutdown_manager(app)
 register_cleanup(app)
 register_node_drain(app)
+register_version(app)
 
 
 def main() -> None:
