@@ -31,6 +31,7 @@ from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, split_short_equals
 from ipvsctl.cli.run import register as register_run
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
+from ipvsctl.cli.version import register as register_version
 from ipvsctl.daemon.options import DEFAULTS as D
 
 
@@ -273,6 +274,7 @@ def completion(
 register_shutdown_manager(app)
 register_cleanup(app)
 register_node_drain(app)
+register_version(app)
 
 
 def main() -> None:

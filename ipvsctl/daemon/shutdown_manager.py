@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.model import PodRef
 from ipvsctl.obs.logging import fields
-from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
+from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICES
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ class ManagerOptions:
     pod_ips: tuple[str, ...]
     listen: str = DEFAULT_LISTEN
     daemons: tuple[str, ...] = ()
-    """Explicit daemon base URLs; empty: look them up in DNS (daemon_service)."""
-    daemon_service: str = DEFAULT_DAEMON_SERVICE
+    """Explicit daemon base URLs; empty: look them up in DNS (daemon_services)."""
+    daemon_services: tuple[str, ...] = DEFAULT_DAEMON_SERVICES
+    """The names the daemons are behind: those of every name that exists."""
     daemon_port: int = DEFAULT_DAEMON_PORT
     ports: tuple[int, ...] = ()
     """Watched local ports; empty: every listening port but the manager's own."""
@@ -124,7 +125,7 @@ class ShutdownManager:
             StaticDaemons(options.daemons)
             if options.daemons
             else DnsDaemons(
-                options.daemon_service, options.daemon_port, resolve or resolve_addresses
+                options.daemon_services, options.daemon_port, resolve or resolve_addresses
             )
         )
         self.daemons: StaticDaemons | DnsDaemons = daemons

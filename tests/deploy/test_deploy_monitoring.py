@@ -382,7 +382,9 @@ def test_servicemonitor_scrapes_the_metrics_service():
     svc = one(docs, "Service", "ipvsctl-metrics")
     for key, value in sm["spec"]["selector"]["matchLabels"].items():
         assert svc["metadata"]["labels"].get(key) == value
-    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    # its own namespace, the Service's (no namespaceSelector: test_deploy_namespaces.py)
+    assert "namespaceSelector" not in sm["spec"]
+    assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     # the same node label as the PodMonitor's, which the dashboard and alerts expect
     pm = yaml.safe_load((DAEMONSET_DIR / "podmonitor" / "podmonitor.yaml").read_text())

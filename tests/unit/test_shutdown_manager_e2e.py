@@ -6,6 +6,7 @@ counts read), never by sleeping; the barrier polls with a short real interval.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -266,7 +267,7 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         ManagerOptions(
             pod_ips=(POD,),
             listen="127.0.0.1:0",
-            daemon_service="ipvsctl-metrics.test",
+            daemon_services=("ipvsctl-metrics.test",),
             daemon_port=a.http.port,
             proc_net=str(tmp_path),
             barrier=BarrierConfig(check_interval=0.02, timeout=10),
@@ -278,6 +279,47 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
         assert code == 200 and doc["outcome"] == "drained"
         assert asked[0] == ("ipvsctl-metrics.test", a.http.port)
+        assert doc["daemons"]["total"] == 1
+    finally:
+        m.stop()
+
+
+def test_by_default_the_daemons_are_found_in_kube_system_too(tmp_path, daemons, cli, monkeypatch):
+    """The kube-proxy takeover runs the daemons in kube-system: the command's defaults look
+    there as well as in ipvsctl-system, and a name that does not exist is no failure (the
+    system resolver's NXDOMAIN, stubbed under getaddrinfo)."""
+    a, _ = daemons
+    a.set(quiesced=True)
+    write_proc(tmp_path, connections=0)
+    seen: list[ManagerOptions] = []
+    monkeypatch.setattr("ipvsctl.cli.shutdown_manager.run", lambda o: seen.append(o) or 0)
+    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)
+    r = CliRunner().invoke(cli, ["shutdown-manager", "--pod-ip", POD])
+    assert r.exit_code == 0, r.output
+    (options,) = seen
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "ipvsctl-metrics.kube-system.svc.cluster.local":
+            return real_getaddrinfo("127.0.0.1", port, *args, **kwargs)
+        if str(host).startswith("ipvsctl-metrics."):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    m = ShutdownManager(
+        dataclasses.replace(
+            options,
+            listen="127.0.0.1:0",
+            daemon_port=a.http.port,
+            proc_net=str(tmp_path),
+            barrier=BarrierConfig(check_interval=0.02, timeout=5),
+        )
+    )
+    m.start()
+    try:
+        code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
+        assert code == 200 and doc["outcome"] == "drained", doc
         assert doc["daemons"]["total"] == 1
     finally:
         m.stop()
