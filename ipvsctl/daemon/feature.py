@@ -50,7 +50,8 @@ class Feature:
     local_only: frozenset[str] = frozenset()  # of `routes`: for this node's clients only
     collectors: tuple[Collector, ...] = ()  # on the daemon's registry
     # Before the threads start. False: it could not start (it said why, once) and is left
-    # out: it hears nothing and runs no thread; the daemon runs without it.
+    # out whole: it hears nothing, runs no thread, serves no route, adds no series; the
+    # daemon runs without it.
     start: Callable[[], bool] | None = None
     wake: Callable[[], None] | None = None  # at shutdown: ends its threads' waits
     stop: Callable[[], None] | None = None  # at shutdown, once its threads ended

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ipvsctl.daemon import adapters
 from ipvsctl.daemon.adapters import StartupError
 from ipvsctl.daemon.api import DaemonAPI
-from ipvsctl.daemon.feature import Builder, Parts, Run
+from ipvsctl.daemon.feature import Builder, Feature, Parts, Run
 from ipvsctl.daemon.features import (
     audit,
     conntrack_sweep,
@@ -207,6 +207,15 @@ class Daemon:
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
         )
 
+    def _leave_out(self, f: Feature) -> None:
+        """A feature that could not start: it hears, serves and counts nothing."""
+        self.feed.unsubscribe(f.hears)
+        for path in f.routes:
+            self.http.routes.pop(path, None)
+        for collector in f.collectors:
+            self.metrics.registry.unregister(collector)
+        self.running.remove(f)
+
     def part(self, kind: type[T]) -> T | None:
         """The running part of that type of a feature this daemon runs (None: none)."""
         for f in self.running:
@@ -233,8 +242,7 @@ class Daemon:
         sys.setswitchinterval(SWITCH_INTERVAL)
         for f in list(self.running):
             if f.start is not None and not f.start():  # it said why: run without it
-                self.feed.unsubscribe(f.hears)
-                self.running.remove(f)
+                self._leave_out(f)
         self.http.start()
         self.loop.pause_gc_until_started()
         core: list[tuple[str, Run | None]] = [
@@ -252,13 +260,7 @@ class Daemon:
             for f in self.running
             for thread in [*((r.name, r.run) for r in f.readers), *f.threads]
         ]
-        for name, run in threads:
-            if run is not None:
-                self.threads.append(
-                    threading.Thread(
-                        target=self._guard(run), args=(self.stop,), name=name, daemon=True
-                    )
-                )
+        self.threads += [_thread(name, run, self.stop) for name, run in threads if run]
         for t in self.threads:
             t.start()
         log.info(
@@ -271,17 +273,6 @@ class Daemon:
                 source=self.options.source.describe(),
             ),
         )
-
-    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
-
-        def run(*args: Any) -> None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("thread died", extra=fields(thread=threading.current_thread().name))
-
-        return run
 
     def shutdown(self) -> None:
         """Stop threads; leave the kernel's IPVS table exactly as it is."""
@@ -309,6 +300,18 @@ class Daemon:
                 draining=len(self.engine.drains),
             ),
         )
+
+
+def _thread(name: str, run: Run, stop: threading.Event) -> threading.Thread:
+    """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
+
+    def guarded() -> None:
+        try:
+            run(stop)
+        except Exception:
+            log.exception("thread died", extra=fields(thread=name))
+
+    return threading.Thread(target=guarded, name=name, daemon=True)
 
 
 def run(o: DaemonOptions) -> int:
