@@ -1,5 +1,6 @@
-"""The fake API server's HTTP side: each request routed, faults served, lists paginated over
-a snapshot, watches streamed. A mixin of FakeAPIServer (server.py), whose state it reads."""
+"""The fake API server's HTTP side: the threaded stdlib server and its handler, and each
+request routed, faults served, lists paginated over a snapshot, watches streamed (`Serving`,
+a mixin of FakeAPIServer in server.py, whose state it reads)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from devkit.fakeapi import wire
@@ -24,8 +26,76 @@ from devkit.fakeapi.state import (
     log_request,
 )
 
-if TYPE_CHECKING:
-    from devkit.fakeapi.server import _Handler
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], fake: Any) -> None:  # a FakeAPIServer
+        self.fake = fake
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients going away mid-stream is the normal case here, not worth a traceback.
+        import sys
+
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handle_error(request, client_address)
+
+
+class _CountingWriter:
+    """The handler's wfile, adding what is written to the server's byte count."""
+
+    def __init__(self, raw: Any, handler: _Handler) -> None:
+        self._raw = raw
+        self._h = handler
+
+    def write(self, data: bytes) -> int:
+        n = self._raw.write(data)
+        self._h.server.fake._count_bytes(self._h.acct, len(data))
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the client expects
+    server: _HTTPServer
+
+    acct: tuple[str, str] = ("", "")  # (verb, resource or path) of the current request
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.fake._register(self.connection)
+        self.wfile = _CountingWriter(self.wfile, self)  # type: ignore[assignment]
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.fake._unregister(self.connection)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.server.fake._handle(self, "GET")
+
+    def do_POST(self) -> None:
+        self.server.fake._handle(self, "POST")
+
+    def do_PUT(self) -> None:
+        self.server.fake._handle(self, "PUT")
+
+    def do_PATCH(self) -> None:
+        self.server.fake._handle(self, "PATCH")
+
+    def do_DELETE(self) -> None:
+        self.server.fake._handle(self, "DELETE")
 
 
 class Serving:

@@ -9,12 +9,11 @@ import json
 import select
 import socket
 import struct
-from typing import TYPE_CHECKING, Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from devkit.fakeapi.state import JSON, ResourceInfo
 
-if TYPE_CHECKING:
-    from devkit.fakeapi.server import _Handler
 NON_RESOURCE_PATHS = ("/readyz", "/livez", "/healthz")
 
 
@@ -59,7 +58,7 @@ def abort(sock: socket.socket) -> None:
 EVENT_REQUIRED = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
 
 
-def read_body(h: _Handler) -> bytes:
+def read_body(h: BaseHTTPRequestHandler) -> bytes:
     try:
         length = int(h.headers.get("Content-Length") or 0)
     except ValueError:

@@ -15,19 +15,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # prepare.py parses with ObjectKind: no import of it at run time
+from ipvsctl.source.kinds import ObjectKind
+
+if TYPE_CHECKING:
     from ipvsctl.source.prepare import Prepared
 
 RawObject = dict[str, Any]
-
-
-class ObjectKind(StrEnum):
-    SERVICE = "Service"
-    ENDPOINT_SLICE = "EndpointSlice"
-    NODE = "Node"  # this node's own Node (zone, deletion); no Replace of it is required
 
 
 @dataclass(frozen=True, slots=True)

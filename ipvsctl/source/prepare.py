@@ -1,14 +1,14 @@
 """The first step of every object: a raw Kubernetes object (JSON-like, trimmed to the
 fields ipvsctl reads) parsed with the node's fixed configuration into a `Prepared`, what the
 store applies. Sources may prepare objects as they decode them (kube/watch.py), so a list
-never holds all its raw objects at once; the engine's intake prepares the rest (a manifest
-folder's, the tests'). Pure."""
+never holds all its raw objects at once; the store prepares the rest as it applies them (a
+manifest folder's, the tests'). Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any
 
 from ipvsctl.model import NodeContext
 from ipvsctl.source.convert import (
@@ -22,16 +22,7 @@ from ipvsctl.source.convert import (
     parse_service,
     trigger_annotation,
 )
-from ipvsctl.source.events import (
-    Delete,
-    ObjectKind,
-    PreparedReplace,
-    PreparedUpsert,
-    Replace,
-    SourceEvent,
-    StoreEvent,
-    Upsert,
-)
+from ipvsctl.source.kinds import ObjectKind
 from ipvsctl.source.node import NodeInfo, parse_node
 
 
@@ -71,23 +62,6 @@ class Preparer:
 
     def __call__(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
         return self.prepare(kind, obj, listed_key(obj))
-
-    def prepared(self, event: SourceEvent) -> StoreEvent:
-        """The event at the store's stage: a raw one's objects prepared (a raw Replace's one
-        by one, as listed), a prepared one as the source made it."""
-        match event:
-            case Upsert():
-                obj = self.prepare(event.kind, event.obj, None)
-                return PreparedUpsert(
-                    event.kind, obj, event.received, event.earlier, event.earlier_triggers
-                )
-            case Replace():
-                objects = [self(event.kind, o) for o in event.objects]
-                return PreparedReplace(event.kind, objects, event.received)
-            case PreparedUpsert() | PreparedReplace() | Delete():
-                return event
-            case _:
-                assert_never(event)
 
     def event(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
         """A watch event's object: as listed, and a slice's trigger-time annotation kept

@@ -18,7 +18,10 @@ from ipvsctl.source.events import (
     ObjectKind,
     PreparedReplace,
     PreparedUpsert,
+    Replace,
     SourceEvent,
+    StoreEvent,
+    Upsert,
 )
 from ipvsctl.source.node import NodeInfo
 from ipvsctl.source.prepare import Prepared, Preparer
@@ -83,7 +86,7 @@ class ObjectStore:
     # --- events -------------------------------------------------------------------
     def apply(self, event: SourceEvent) -> StoreChange:
         """The event's changes (a raw one's objects prepared first, prepare.py)."""
-        e = self.preparer.prepared(event)
+        e = self._prepared(event)
         match e:
             case PreparedUpsert():
                 self._check_prepared(e.kind, e.obj)
@@ -97,6 +100,23 @@ class ObjectStore:
         if e.earlier_triggers and change.services:
             self._earlier_triggers(change, e.earlier_triggers)
         return change
+
+    def _prepared(self, event: SourceEvent) -> StoreEvent:
+        """The event at the store's stage: a raw one's objects prepared (a raw Replace's one
+        by one, as listed), a prepared one as the source made it."""
+        match event:
+            case Upsert():
+                obj = self.preparer.prepare(event.kind, event.obj, None)
+                return PreparedUpsert(
+                    event.kind, obj, event.received, event.earlier, event.earlier_triggers
+                )
+            case Replace():
+                objects = [self.preparer(event.kind, o) for o in event.objects]
+                return PreparedReplace(event.kind, objects, event.received)
+            case PreparedUpsert() | PreparedReplace() | Delete():
+                return event
+            case _:
+                assert_never(event)
 
     def _earlier_triggers(self, change: StoreChange, raws: Iterable[Any]) -> None:
         """The trigger times of the versions a merged event replaced (source/backlog.py):
