@@ -25,8 +25,22 @@ if TYPE_CHECKING:
 RawObject = dict[str, Any]
 
 
+class _Mergeable:
+    """An event the backlog (backlog.py) may merge newer versions of an object into: it then
+    stands for each version it replaced while waiting."""
+
+    __slots__ = ()
+    earlier: tuple[float, ...]
+    received: float
+
+    @property
+    def arrivals(self) -> tuple[float, ...]:
+        """Its arrival, after those of the versions it replaced while waiting."""
+        return (*self.earlier, self.received)
+
+
 @dataclass(frozen=True, slots=True)
-class Upsert:
+class Upsert(_Mergeable):
     """An object was added or modified (watch ADDED/MODIFIED), raw."""
 
     kind: ObjectKind
@@ -37,14 +51,9 @@ class Upsert:
     earlier: tuple[float, ...] = ()
     earlier_triggers: tuple[Any, ...] = ()
 
-    @property
-    def arrivals(self) -> tuple[float, ...]:
-        """Its arrival, after those of the versions it replaced while waiting."""
-        return (*self.earlier, self.received)
-
 
 @dataclass(frozen=True, slots=True)
-class PreparedUpsert:
+class PreparedUpsert(_Mergeable):
     """An Upsert whose object the source prepared as it decoded it (`Preparer.event`)."""
 
     kind: ObjectKind
@@ -53,14 +62,9 @@ class PreparedUpsert:
     earlier: tuple[float, ...] = ()  # as Upsert's
     earlier_triggers: tuple[Any, ...] = ()
 
-    @property
-    def arrivals(self) -> tuple[float, ...]:
-        """Its arrival, after those of the versions it replaced while waiting."""
-        return (*self.earlier, self.received)
-
 
 @dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(_Mergeable):
     """An object was deleted (watch DELETED)."""
 
     kind: ObjectKind
@@ -69,11 +73,6 @@ class Delete:
     received: float
     earlier: tuple[float, ...] = ()  # as Upsert's
     earlier_triggers: tuple[Any, ...] = ()
-
-    @property
-    def arrivals(self) -> tuple[float, ...]:
-        """Its arrival, after those of the versions it replaced while waiting."""
-        return (*self.earlier, self.received)
 
 
 @dataclass(frozen=True, slots=True)
