@@ -35,12 +35,16 @@ class ManifestError(Exception):
 
 
 ObjectId = tuple[ObjectKind, str, str]  # kind, namespace, name
+# A document ipvsctl does not read: its kind ("" when it is no object), namespace and name
+# ("document N of FILE" when it has none), for `plan`'s list of what it skipped.
+OtherId = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class FileObjects:
     objects: dict[ObjectId, RawObject]
     ignored: int  # documents of other kinds
+    others: tuple[OtherId, ...] = ()
 
 
 def _documents(path: Path) -> Iterator[Any]:
@@ -82,13 +86,13 @@ def load_file(path: Path) -> FileObjects:
     """The Services, EndpointSlices and Nodes of one file. ManifestError if
     unparseable."""
     objects: dict[ObjectId, RawObject] = {}
-    ignored = 0
+    others: list[OtherId] = []
     for doc in _documents(path):
         for obj in _unpack(path, doc):
             raw_kind = obj.get("kind") if isinstance(obj, dict) else None
             kind = _KINDS.get(raw_kind) if isinstance(raw_kind, str) else None
             if kind is None:
-                ignored += 1
+                others.append(_other(path, obj, len(others) + len(objects) + 1))
                 continue
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
             ns = meta.get("namespace") or "default"
@@ -99,7 +103,24 @@ def load_file(path: Path) -> FileObjects:
                 v if isinstance(v, str) else f"{short(v)} #{len(objects)}" for v in (ns, name)
             )
             objects[(kind, ns, name)] = obj
-    return FileObjects(objects, ignored)
+    return FileObjects(objects, len(others), tuple(others))
+
+
+def _other(path: Path, obj: Any, n: int) -> OtherId:
+    where = f"document {n} of {'standard input' if path == STDIN else path}"
+    if not isinstance(obj, dict):
+        return "", "", where
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+
+    def text(v: Any) -> str:
+        return v if isinstance(v, str) else short(v)
+
+    return (
+        text(obj.get("kind") or ""),
+        text(meta.get("namespace") or ""),
+        text(meta.get("name") or where),
+    )
 
 
 def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -115,11 +136,17 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_paths(paths: Iterable[str | Path]) -> dict[ObjectKind, list[RawObject]]:
-    """Every object in the paths, by kind (later files win on a duplicate name)."""
+def load_paths(
+    paths: Iterable[str | Path], others: list[OtherId] | None = None
+) -> dict[ObjectKind, list[RawObject]]:
+    """Every object in the paths, by kind (later files win on a duplicate name); the
+    documents of other kinds are added to `others` when it is given."""
     merged: dict[ObjectId, RawObject] = {}
     for f in manifest_files(paths):
-        merged.update(load_file(f).objects)
+        loaded = load_file(f)
+        merged.update(loaded.objects)
+        if others is not None:
+            others.extend(loaded.others)
     by_kind: dict[ObjectKind, list[RawObject]] = {k: [] for k in ObjectKind}
     for (kind, _, _), obj in merged.items():
         by_kind[kind].append(obj)
