@@ -131,8 +131,9 @@ def plan(
     from ipvsctl.cli.render import plan_json, plan_text
     from ipvsctl.daemon.options import OptionsError, RunFlags, node_context, read_host_addresses
     from ipvsctl.manifests import ManifestError, load_paths
+    from ipvsctl.manifests.files import OtherId
     from ipvsctl.model import VirtualServerKind
-    from ipvsctl.reconcile.cluster import node_object_addresses, plan_objects
+    from ipvsctl.reconcile.cluster import node_object_addresses, plan_report
 
     fmt = _output(output, as_json)
     raw = RunFlags(
@@ -148,8 +149,9 @@ def plan(
         node = node_context(raw, read_host=None)  # a cluster dump may name its Node's
     except OptionsError as exc:
         raise fail(str(exc), 2) from None
+    others: list[OtherId] = []
     try:
-        objects = load_paths(files)
+        objects = load_paths(files, others)
     except ManifestError as exc:
         raise fail(str(exc), 2) from None
     # A cluster dump's NodePorts are on its Node's addresses, not on this machine's.
@@ -159,8 +161,9 @@ def plan(
         node = dataclasses.replace(node, node_ips=ips)
         if not from_node:  # planned as this machine: Node safety counts all its addresses
             node = dataclasses.replace(node, host_ips=_all_addresses("kube-ipvs0"))
-    result, problems = plan_objects(objects, node)
-    for p in problems:
+    report = plan_report(objects, node, others)
+    result = report.virtual_servers
+    for p in report.problems:
         what = "skipped" if p.fatal else "warning"
         typer.echo(f"ipvsctl: {p.kind.value} {p.name} {what}: {p.reason}", err=True)
     if not node_ip and any(dvs.kind is VirtualServerKind.NODE_PORT for _, dvs in result):
@@ -172,10 +175,12 @@ def plan(
         )
         shown = ", ".join(node.node_ips) or "none"
         typer.echo(f"ipvsctl: NodePorts on {shown}: {source}", err=True)
+    name = node.node_name
     if fmt in (Output.json, Output.yaml):
-        typer.echo(dump(plan_json(result), fmt), nl=False)
+        typer.echo(dump(plan_json(result, report.skipped, name), fmt), nl=False)
     else:
-        typer.echo(plan_text(result, wide=fmt is Output.wide), nl=False)
+        wide = fmt is Output.wide
+        typer.echo(plan_text(result, wide, report.skipped, name), nl=False)
 
 
 register_run(app)  # here: `ipvsctl --help` lists the commands in this order
