@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ipvsctl.manifests.safeyaml import MAX_BYTES, load_all_yaml, load_json
+from ipvsctl.manifests.safeyaml import MAX_BYTES, load_all_yaml, load_json, parse_error
 from ipvsctl.source.events import (
     ObjectKind,
     RawObject,
@@ -65,9 +65,8 @@ def _documents(path: Path) -> Iterator[Any]:
         else:
             yield from load_all_yaml(text)
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
-        msg = " ".join(str(exc).split())
         name, fmt = ("standard input", "YAML") if path == STDIN else (path, path.suffix[1:].upper())
-        raise ManifestError(f"{name}: not valid {fmt}: {msg}") from None
+        raise ManifestError(parse_error(str(name), fmt, exc)) from None
 
 
 def _unpack(path: Path, doc: Any) -> Iterator[Any]:
