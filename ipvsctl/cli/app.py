@@ -14,7 +14,7 @@ import typer
 import typer.core
 
 from ipvsctl.cli.cleanup import register as register_cleanup
-from ipvsctl.cli.errors import fail
+from ipvsctl.cli.errors import fail, plain
 from ipvsctl.cli.flags import (
     AsJson,
     MaxTableEntries,
@@ -37,13 +37,27 @@ from ipvsctl.daemon.options import DEFAULTS as D
 
 class _Commands(typer.core.TyperGroup):
     """kubectl's `-o=json` as well as `-o json` (params.split_short_equals); the shell
-    completion of `ipvsctl completion SHELL`'s scripts."""
+    completion of `ipvsctl completion SHELL`'s scripts; a bad flag value said in one line,
+    in ipvsctl's words, as its own checks say it."""
 
     def main(self, args: Any = None, *rest: Any, **kw: Any) -> Any:
         from typer._completion_classes import completion_init
 
         completion_init()  # what add_completion would register: typer's bash, zsh, fish
         return super().main(split_short_equals(sys.argv[1:] if args is None else args), *rest, **kw)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)  # parses the command's flags
+        except typer.BadParameter as exc:
+            if type(exc) is not typer.BadParameter or exc.param is None:
+                raise  # a missing flag: click's own words are right
+            p = exc.param
+            if getattr(p, "param_type_name", "") == "argument":  # its metavar: SHELL
+                name = str(getattr(p, "metavar", None) or p.name or "").upper()
+            else:
+                name = "/".join(p.opts)
+            raise fail(f"{name}: {plain(exc.message)}", 2) from None
 
 
 app = typer.Typer(
