@@ -133,7 +133,9 @@ def register(app: typer.Typer) -> None:
         ] = False,
         timeout: Annotated[
             str,
-            typer.Option("--timeout", metavar="D", help="Longest wait (seconds or 10m, 1h...)."),
+            typer.Option(
+                "--timeout", metavar="DURATION", help="Longest wait (seconds or 10m, 1h...)."
+            ),
         ] = "10m",
         endpoint: Annotated[
             str,
