@@ -28,7 +28,7 @@ from ipvsctl.cli.flags import (
 )
 from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
-from ipvsctl.cli.params import daemon_url, split_short_equals
+from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url, split_short_equals
 from ipvsctl.cli.run import register as register_run
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.cli.version import register as register_version
@@ -207,6 +207,7 @@ def status(
         typer.Option(
             "--endpoint",
             metavar="URL",
+            envvar=ENDPOINT_ENV,
             help="The daemon to ask; one on another machine is shown without "
             "this machine's kernel table.",
         ),
