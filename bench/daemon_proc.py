@@ -13,6 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 
 def _record_latencies(daemon: Any) -> None:
     """Exact event-to-kernel times beside the histogram's buckets (too coarse for a p99
@@ -91,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
 
         memprofile.start()
     t0 = time.monotonic()
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
-    from ipvsctl.source.store import Preparer
+    from ipvsctl.source.prepare import Preparer
 
     if args.netns:
         from ipvsctl.kernel.netlink import NetlinkKernel
@@ -115,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         node = NodeContext("bench-node", max_table_entries=args.max_table_entries)
     opts = DaemonOptions(
         node=node,
-        apiserver=args.apiserver,
-        state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
-        listen="127.0.0.1:0",
+        source=SourceOptions(apiserver=args.apiserver),
+        drain=DrainOptions(state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     # As the daemon's wiring (open_source): lists parsed as they are decoded.
     source = KubeSource.from_config(apiserver=args.apiserver, prepare=Preparer.for_node(opts.node))

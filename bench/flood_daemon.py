@@ -10,6 +10,8 @@ import argparse
 import sys
 import tempfile
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -17,7 +19,8 @@ def main() -> int:
     p.add_argument("--listen", required=True)
     args = p.parse_args()
     from bench.service_metrics import WireStatsKernel
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
 
@@ -25,9 +28,9 @@ def main() -> int:
     kernel.ops = __import__("collections").deque(maxlen=0)
     opts = DaemonOptions(
         node=NodeContext("bench-node", ("198.51.100.1",)),
-        apiserver=args.apiserver,
-        state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
-        listen=args.listen,
+        source=SourceOptions(apiserver=args.apiserver),
+        drain=DrainOptions(state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-")),
+        http=HTTPOptions(listen=args.listen),
     )
     daemon = Daemon(opts, kernel, KubeSource.from_config(apiserver=args.apiserver))
     daemon.start()

@@ -386,7 +386,7 @@ def register(app: typer.Typer) -> None:
         excluded: tuple[str, ...] = ()
         node_port_cidrs: tuple[str, ...] = ()
         if config is not None:
-            from ipvsctl.cli.config_file import ConfigFileError, read_config_file
+            from ipvsctl.daemon.config_file import ConfigFileError, read_config_file
 
             try:
                 settings = read_config_file(Path(config))

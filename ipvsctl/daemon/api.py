@@ -1,7 +1,8 @@
-"""The node daemon's HTTP API on --listen: /metrics, /healthz, /readyz, /status and
-/v1/node-quiesced (this node's clients only), /v1/quiesced, and the inputs of kube-proxy's
-health answer on --healthz-bind-address (healthcheck/proxy.py). Read from the engine's view
-and the node drain; the loop's lock is taken only where the engine's state is walked.
+"""The node daemon's own HTTP API on --listen: /metrics, /healthz, /readyz, /status (this
+node's clients only), /v1/quiesced, and the inputs of kube-proxy's health answer on
+--healthz-bind-address (healthcheck/proxy.py); features add their routes beside these
+(daemon/feature.py). Read from the engine's view; the loop's lock is taken only where the
+engine's state is walked.
 
 The probes (`PROBES`) are answered by the HTTP server's selector thread, never behind other
 requests: they read plain attributes and take no lock another thread holds for long.
@@ -24,7 +25,6 @@ from ipvsctl.healthcheck.proxy import ProxyState
 from ipvsctl.httpd import Handler, as_json, is_loopback_peer, text
 from ipvsctl.model import normalize_ip
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.reconcile.node_drain import NodeDrain
 from ipvsctl.reconcile.view import EngineView
 
 
@@ -39,10 +39,8 @@ class DaemonAPI:
         threads: Callable[[], Sequence[threading.Thread]],
         source_dead_threads: Callable[[], list[str]],
         stale_after: float,
-        node_drain: NodeDrain,
     ) -> None:
         self.view = view
-        self.node_drain = node_drain
         self.lock = lock
         self.metrics = metrics
         self.heartbeat = heartbeat  # monotonic: the loop's last turn
@@ -75,12 +73,10 @@ class DaemonAPI:
             "/readyz": self.readyz,
             "/status": self.status_doc.handler,
             "/v1/quiesced": self.quiesced,
-            "/v1/node-quiesced": self.node_quiesced,
         }
 
-    # /status names Services, pods and their addresses; /v1/node-quiesced is the node's own
-    # lifecycle hook's question (from a stranger, a probe of when the node goes away).
-    LOCAL_ONLY = frozenset({"/status", "/v1/node-quiesced"})
+    # /status names Services, pods and their addresses.
+    LOCAL_ONLY = frozenset({"/status"})
 
     def is_local_peer(self, peer: str) -> bool:
         """A client on this node: loopback or one of the node's addresses (/status names
@@ -114,19 +110,15 @@ class DaemonAPI:
         with self.lock:
             return as_json(200, quiesced_json(self.view, ip))
 
-    def node_quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        """This node's drain for load balancers (`ipvsctl node-drain` asks it); no lock."""
-        return as_json(200, self.node_drain.state().to_json())
-
-    def proxy_state(self) -> ProxyState:
-        """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
+    def proxy_state(self, node_eligible: bool) -> ProxyState:
+        """kube-proxy's health inputs, read without the loop's lock (plain attributes);
+        `node_eligible`: this node is not leaving."""
         return ProxyState(
             now=time.time(),
             monotonic=time.monotonic(),
             heartbeat=self.heartbeat(),
             pending_since=self.view.pending_since,
             last_updated=self.view.last_updated,
-            # leaving_reasons: a Node never seen (not readable) counts eligible
-            node_eligible=not self.node_drain.reasons,
+            node_eligible=node_eligible,
             timeout=self.stale_after,
         )

@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
+from ipvsctl.model import (
+    ConnScan,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceStats,
+    VirtualServer,
+)
 
 if TYPE_CHECKING:
-    from ipvsctl.kernel.procfs.codec import ConnScan
     from ipvsctl.model import Protocol as TransportProtocol
     from ipvsctl.model.conntrack import ConntrackEntry
 

@@ -38,44 +38,54 @@ from ipvsctl.kube.watch import (
     WatchRestartCallback,
 )
 from ipvsctl.source.convert import SliceInfo
-from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
-from ipvsctl.source.store import Prepared, Preparer
+from ipvsctl.source.events import (
+    EventSink,
+    ObjectKind,
+    PreparedReplace,
+    RawObject,
+    Replace,
+    SourceEvent,
+)
+from ipvsctl.source.prepare import Prepared, Preparer
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
 # (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
 SENTINEL_SERVICE = ("default", "kubernetes")
 
 
-def count_nodes(slices: list[Any]) -> int:
+def count_nodes(event: Replace | PreparedReplace) -> int:
     """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread.
     Of a prepared list, the nodes of the slices that parsed."""
     nodes: set[str] = set()
-    for sl in slices:
-        if isinstance(sl, Prepared):
-            if isinstance(sl.value, SliceInfo):
-                nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name is not None)
-            continue
-        endpoints = sl.get("endpoints")
-        for ep in endpoints if isinstance(endpoints, list) else ():
-            if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
-                nodes.add(ep["nodeName"])
+    match event:
+        case PreparedReplace():
+            for sl in event.objects:
+                if isinstance(sl.value, SliceInfo):
+                    nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name)
+        case Replace():
+            for obj in event.objects:
+                endpoints = obj.get("endpoints")
+                for ep in endpoints if isinstance(endpoints, list) else ():
+                    if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
+                        nodes.add(ep["nodeName"])
     return len(nodes)
 
 
 def require_service(namespace: str, name: str) -> ListCheck:
-    def check(objects: list[Any]) -> str | None:
-        for obj in objects:
-            if isinstance(obj, Prepared):
-                if obj.key == (namespace, name):
+    def check(event: Replace | PreparedReplace) -> str | None:
+        match event:
+            case PreparedReplace():
+                if any(obj.key == (namespace, name) for obj in event.objects):
                     return None
-                continue
-            meta = obj.get("metadata")  # trimmed, but passed on as sent when not a mapping
-            if isinstance(meta, Mapping) and (meta.get("namespace"), meta.get("name")) == (
-                namespace,
-                name,
-            ):
-                return None
-        return f"no Service {namespace}/{name} among {len(objects)}"
+            case Replace():
+                for obj in event.objects:
+                    meta = obj.get("metadata")  # trimmed, but as sent when not a mapping
+                    if isinstance(meta, Mapping) and (
+                        meta.get("namespace"),
+                        meta.get("name"),
+                    ) == (namespace, name):
+                        return None
+        return f"no Service {namespace}/{name} among {len(event.objects)}"
 
     return check
 
@@ -211,8 +221,11 @@ class KubeSource:
         halt = self._halt
 
         def emit(event: SourceEvent) -> None:
-            if isinstance(event, Replace) and event.kind is ObjectKind.ENDPOINT_SLICE:
-                self.cluster_nodes = count_nodes(event.objects)
+            if (
+                isinstance(event, Replace | PreparedReplace)
+                and event.kind is ObjectKind.ENDPOINT_SLICE
+            ):
+                self.cluster_nodes = count_nodes(event)
             with self._sink_lock:
                 if not halt.is_set():
                     sink(event)

@@ -34,14 +34,13 @@ degraded condition), and cleared once a watch has worked `healthy_watch_seconds`
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -52,9 +51,20 @@ from ipvsctl.kube.decode import decode_list, iter_lines
 from ipvsctl.kube.logs import LOGGER, describe, log
 from ipvsctl.kube.retry import CLOSED, ERROR, EXPIRED, SUSPECT, TIMEOUT, Wait, decide_retry
 from ipvsctl.kube.settings import KubeSettings
+from ipvsctl.obs import gcpause
 from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.convert import object_name
-from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    RawObject,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Prepared
 
 # A list or watch request returning the raw response (`kube.listwatch.ListWatch`; it takes
 # the keyword arguments of the generated `list_*_for_all_namespaces` methods)
@@ -71,10 +81,10 @@ WatchingCallback = Callable[[bool], None]
 
 # A list that must not be applied (its objects raw, or as `prepare` made them): returns a
 # short reason, or None when the list is fine.
-ListCheck = Callable[[list[Any]], str | None]
+ListCheck = Callable[[Replace | PreparedReplace], str | None]
 # What a list keeps of each trimmed object in place of it (the store's `Preparer`, bound
 # to the kind): parsed where it is decoded, so a list never holds every raw object at once.
-Prepare = Callable[[RawObject], Any]
+Prepare = Callable[[RawObject], Prepared]
 # Is the API server answering again? (a cheap request; see kube.probe)
 Probe = Callable[[], bool]
 
@@ -138,34 +148,6 @@ class _Stopped(Exception):
     pass
 
 
-_gc_lock = threading.Lock()
-_gc_holders = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a list. Decoding allocates hundreds of
-    thousands of containers, and as the trimmed objects accumulate the generational GC
-    re-scans the growing heap over and over (measured: 10,000 slices of 10 endpoints listed
-    in 1.9 s with it, 1.25 s without). Reference counting still frees everything acyclic;
-    the pause ends with the list (each page is bounded by its read timeout). Nested and
-    concurrent uses (two reflectors) are counted; it only re-enables what it disabled."""
-    global _gc_holders, _gc_was_enabled
-    with _gc_lock:
-        if _gc_holders == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_holders += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holders -= 1
-            if _gc_holders == 0 and _gc_was_enabled:
-                gc.enable()
-
-
 def _shutdown(resp: Any) -> None:
     """Unblock a thread reading `resp` (a urllib3 response) from another thread."""
     sock = getattr(getattr(resp, "connection", None), "sock", None)
@@ -209,6 +191,13 @@ class Reflector:
         # None for an object that raised there: skipped and counted.
         self._load = self._guarded(trim, prepare)
         self._load_event = self._guarded(trim, prepare_event)
+        # The events at the stage their objects are at (source/events.py)
+        self._replace: type[Replace] | type[PreparedReplace] = (
+            Replace if prepare is None else PreparedReplace
+        )
+        self._upsert: type[Upsert] | type[PreparedUpsert] = (
+            Upsert if prepare_event is None else PreparedUpsert
+        )
         self._emit = emit
         self._settings = settings
         self._on_restart = on_restart
@@ -326,12 +315,19 @@ class Reflector:
 
     def _relist(self, halt: threading.Event) -> None:
         skipped = self.skipped
-        with gc_paused():
+        # Decoding allocates hundreds of thousands of containers, and as the trimmed objects
+        # accumulate the generational GC re-scans the growing heap over and over (measured:
+        # 10,000 slices of 10 endpoints listed in 1.9 s with it, 1.25 s without). Reference
+        # counting still frees everything acyclic; the pause ends with the list (each page
+        # is bounded by its read timeout).
+        with gcpause.paused():
             objects, rv = self._list_or_stream(halt)
         skipped = self.skipped - skipped
-        problem = self._check(objects) if self._check is not None else None
+        replace = self._replace(self.kind, objects, self._clock())
+        del objects
+        problem = self._check(replace) if self._check is not None else None
         if problem is not None:
-            del objects
+            del replace
             self._suspect.failed(
                 logging.WARNING, "list refused, table kept", resource=self.resource, problem=problem
             )
@@ -341,8 +337,8 @@ class Reflector:
             self._unreadable.recovered("every object readable again", resource=self.resource)
         self.resource_version = rv
         self.lists += 1
-        self._emit(Replace(self.kind, objects, self._clock()))
-        del objects
+        self._emit(replace)
+        del replace
         log(
             logging.DEBUG,
             "list complete",
@@ -768,7 +764,7 @@ class Reflector:
         if type_ in ("ADDED", "MODIFIED"):
             loaded = self._load_event(obj)
             if loaded is not None:
-                self._emit(Upsert(self.kind, loaded, received))
+                self._emit(self._upsert(self.kind, loaded, received))
         elif type_ == "DELETED":
             name, namespace = meta.get("name"), meta.get("namespace") or "default"
             if isinstance(name, str) and name and isinstance(namespace, str):

@@ -79,11 +79,12 @@ _SERVICE_LABELS = ["namespace", "service", "port", "protocol"]
 
 
 class ServiceTrafficCollector:
-    """The per-Service traffic series, made at scrape time by `read` (the daemon sets it:
-    reconcile/service_traffic.py; until then, and with --service-metrics none, none)."""
+    """The per-Service traffic series, made at scrape time by `read` (the daemon's
+    service-metrics feature gives reconcile/service_traffic.py's; with --service-metrics
+    none, none: the families are described, with no series)."""
 
-    def __init__(self) -> None:
-        self.read: TrafficRead = lambda: ((), 0)
+    def __init__(self, read: TrafficRead = lambda: ((), 0)) -> None:
+        self.read = read
 
     def _families(self) -> tuple[CounterMetricFamily, ...]:
         return (
@@ -417,7 +418,7 @@ class Metrics:
             "external-IP virtual servers, at the last reading of the IPVS table.",
             registry=r,
         )
-        # Drains that Kubernetes can see (ipvsctl/kube/events.py, issue 28)
+        # Drains that Kubernetes can see (ipvsctl/kube/events.py)
         self.drain_connections_cut = Counter(
             "ipvsctl_drain_connections_cut",
             "Established connections cut when a drain deadline deleted their real server "
@@ -447,9 +448,6 @@ class Metrics:
         )
         for reason in ("malformed", "future"):
             self.network_programming_skipped.labels(reason)
-        # Per-Service traffic (reconcile/service_traffic.py), last: read at scrape time
-        self.service_traffic = ServiceTrafficCollector()
-        r.register(self.service_traffic)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,7 +16,7 @@ from ipvsctl.model import NodeContext, ServiceRef
 from ipvsctl.model.objects import ServiceInfo
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
+from ipvsctl.source.events import ObjectKind, SourceEvent
 from ipvsctl.source.store import ObjectStore, Problem
 
 log = logging.getLogger("ipvsctl.engine")
@@ -65,9 +65,7 @@ class Intake:
             self._report_problem(problem)
         # A merged event (source/backlog.py) stands for every version it replaced: each is
         # observed from its own arrival.
-        stamps = (
-            (event.received,) if isinstance(event, Replace) else (*event.earlier, event.received)
-        )
+        stamps = event.arrivals
         for ref in change.services:
             self.arrivals.setdefault(ref, []).extend(stamps)
             self._index(ref)

@@ -31,6 +31,7 @@ from typing import overload
 
 from ipvsctl.kernel.port import HostAddresses, KernelError
 from ipvsctl.model import DrainEntry
+from ipvsctl.obs import gcpause
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.engine import Engine
@@ -138,14 +139,14 @@ class Loop:
         growing heap, ~40% of a 10,000-Service initial sync's CPU on the host. The first
         sync ends it (collect, freeze, enable); so does STARTUP_GC_GRACE without one (an
         API server that never answers must not leave the GC off for good)."""
-        if gc.isenabled():
-            gc.disable()
+        if self._gc_paused_until is None:
+            gcpause.hold()
             self._gc_paused_until = self.clock.monotonic() + STARTUP_GC_GRACE
 
     def _resume_gc(self) -> None:
         if self._gc_paused_until is not None:
             self._gc_paused_until = None
-            gc.enable()
+            gcpause.release()
 
     def _timeout(self) -> float:
         now = self.clock.monotonic()

@@ -200,7 +200,7 @@ def drain_of(node: Node, d: Any, ip: str) -> dict[str, Any] | None:
 def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
 ) -> None:
-    """Issue 23.1 on the real kernel with real traffic: `web-0` deleted and created again
+    """On the real kernel with real traffic: `web-0` deleted and created again
     (a new uid, a new address) and terminated again within the hour took its former
     incarnation's deadline and was cut at the first drain check."""
     d, pods = kube_daemon
@@ -263,9 +263,10 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
 def test_a_deleted_services_connection_survives_without_nftables(
     node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
 ) -> None:
-    """Issue 26 on the real kernel, IPVS alone (no nftables table: test_netfilter_lab.py has
-    the whole path): a connection held through a deleted Service's ClusterIP goes on, a new
-    one is refused at once, and the virtual server goes with its last real server."""
+    """A deleted Service's virtual server drains, on the real kernel, IPVS alone (no
+    nftables table: test_netfilter_lab.py has the whole path): a connection held through a
+    deleted Service's ClusterIP goes on, a new one is refused at once, and the virtual
+    server goes with its last real server."""
     d, pods = kube_daemon
     held, gone, _ = held_connection(node, client, pods)
     api.delete("Service", "default", "web")

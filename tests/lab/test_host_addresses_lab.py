@@ -16,7 +16,8 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, Pod, wait_for
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.netlink.address_watch import HostAddressWatch
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.manifests import ManifestSource
@@ -65,10 +66,10 @@ def daemon(node: Node, tmp_path: Path) -> Iterator[Daemon]:
     watch = HostAddressWatch("kube-ipvs0", netns=node.name).open()
     assert watch.host_addresses() == {NODE_IP, DOCKER0}  # lo, veths' fe80 and kube-ipvs0 not
     opts = DaemonOptions(
-        node=NodeContext("node-a", (NODE_IP,)),  # --node-ip: NodePorts only there
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="0.0.0.0:0",
+        node=NodeContext("node-a", (NODE_IP,)),
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="0.0.0.0:0"),
     )
     d: Any = run_in_netns(
         node.name,

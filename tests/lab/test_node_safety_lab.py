@@ -1,4 +1,4 @@
-"""Node safety on a real kernel (issue 25.4): a virtual server another tool made (keepalived's,
+"""Node safety on a real kernel: a virtual server another tool made (keepalived's,
 on an address of no Kubernetes proxy) is left alone, real servers and all, while one of
 kube-router's (its VIP on kube-dummy-if) is taken over in place. The daemon's wiring with
 `ipvsctl run`'s ownership rule, a KubeSource against the fake API server."""

@@ -1,4 +1,4 @@
-"""Issue 8 on a real kernel: a pod's shutdown barrier (`ipvsctl shutdown-manager`) returns as
+"""On a real kernel: a pod's shutdown barrier (`ipvsctl shutdown-manager`) returns as
 soon as its node has set the pod's real servers to weight 0 and the pod's connections have
 closed, not after a fixed sleep.
 
@@ -159,7 +159,7 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
 def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early(
     node: Node, client: Pod, tmp_path: Path, make_daemon: Callable[..., Any]
 ) -> None:
-    """Issue 11: another pod GETs /shutdown while this pod is in no Service yet (quiesced on
+    """Another pod GETs /shutdown while this pod is in no Service yet (quiesced on
     every node, so that barrier ends at once, "drained"). Later the pod serves, then is
     deleted: the kubelet's preStop must wait for the node's weight 0, not get the stray
     call's result. Also: /status answers only the node, /v1/quiesced anyone."""
@@ -206,7 +206,7 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
             return rs.weight if rs is not None else None
 
         wait_for(lambda: weight() == 1, what="weight 1")
-        # Issue 23.2: another pod holds 64 stray /shutdown calls and floods the port with
+        # Another pod holds 64 stray /shutdown calls and floods the port with
         # idle connections (they used to take every slot: the preStop got 503 at once).
         request = b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n"
 

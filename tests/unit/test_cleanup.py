@@ -232,11 +232,11 @@ def test_the_system_hosts_kernel_errors_are_cleanup_errors():
 
     host = SystemHost("kube-ipvs0")
 
-    def failing_ip(*args: str) -> str:
-        raise KernelError(f"ip {' '.join(args)}: Operation not permitted", "ip")
+    def refused() -> None:
+        raise KernelError("delete_interface kube-ipvs0: Operation not permitted", "delete")
 
-    host._host._ip = failing_ip
-    with pytest.raises(CleanupError, match="ip link delete dev kube-ipvs0: Operation not"):
+    host._host._link.delete = refused  # type: ignore[method-assign]
+    with pytest.raises(CleanupError, match="delete_interface kube-ipvs0: Operation not"):
         host.delete_interface()
 
 

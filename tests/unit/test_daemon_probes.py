@@ -16,7 +16,8 @@ import yaml
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
@@ -71,9 +72,9 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     d = Daemon(
         DaemonOptions(
             node=NodeContext("node-a", ("192.0.2.10",)),
-            manifests=str(folder),
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
+            source=SourceOptions(manifests=str(folder)),
+            drain=DrainOptions(state_dir=str(tmp_path / "state")),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         ),
         FakeKernel(),
         ManifestSource(folder, interval=0.05),

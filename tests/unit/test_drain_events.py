@@ -18,6 +18,7 @@ from ipvsctl.plan.events import (
     merge_cuts,
     quiesce_outcome,
 )
+from ipvsctl.reconcile.feed import Subscriptions
 
 SVC = service("web")
 A, B = "10.244.1.5", "10.244.1.6"
@@ -37,7 +38,7 @@ def started(drain_timeout: float = 30) -> tuple[Harness, list[ConnectionsCut]]:
         ],
     )
     cuts: list[ConnectionsCut] = []
-    h.engine.applier.on_cut = cuts.append
+    h.feed.subscribe(Subscriptions(cut=cuts.append))
     h.ops()
     return h, cuts
 
@@ -85,7 +86,7 @@ def test_a_cut_names_the_pod_its_slice_names_in_whatever_namespace_it_says():
     theirs = endpoint(A, pod="coredns-1", namespace="kube-system", uid="uid-dns")
     h.start([SVC], [endpoint_slice("web", [theirs, endpoint(B, pod="pod-6")], name="web-abc")])
     cuts: list[ConnectionsCut] = []
-    h.engine.applier.on_cut = cuts.append
+    h.feed.subscribe(Subscriptions(cut=cuts.append))
     h.fake.set_connections(vs(), rs(A), active=2)
     h.upsert(endpoint_slice("web", [endpoint(B, pod="pod-6")], name="web-abc"))
     h.check(31)

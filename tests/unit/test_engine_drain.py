@@ -16,6 +16,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.plan.diff import POD_GONE_GRACE
 from ipvsctl.plan.drain import deadline_passed
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.source.events import ObjectKind, Replace
 
 SVC = service("web")
@@ -563,11 +564,13 @@ def test_restart_takes_over_a_wanted_virtual_server_it_does_not_own_in_place():
     assert vs("10.96.5.5") in h.fake.services
 
 
-def test_service_listeners_see_each_applied_change_once():
+def test_the_feed_tells_each_applied_service_change_once():
     seen = []
     h = Harness()
-    h.engine.service_listeners.append(
-        lambda ref, old, new: seen.append((str(ref), old is None, new is None))
+    h.feed.subscribe(
+        Subscriptions(
+            service=lambda ref, old, new: seen.append((str(ref), old is None, new is None))
+        )
     )
     h.start([SVC], [slice_of(endpoint(A))])
     h.upsert(slice_of(endpoint(A)))  # no change: no call
@@ -594,7 +597,7 @@ class _FailingRestore(FakeKernel):
 
 
 def test_a_failed_weight_restore_never_lets_the_drain_check_delete_a_wanted_server():
-    """Issue 25.6: the entry stayed queued when the restore failed, and the drain check
+    """Regression: the entry stayed queued when the restore failed, and the drain check
     then deleted the wanted real server at its deadline, live connections and all."""
     kernel = _FailingRestore()
     h = started(A, B, h=Harness(kernel=kernel, drain_timeout=10))

@@ -248,9 +248,10 @@ def test_plan_as_this_machine_refuses_any_of_its_addresses(tmp_path, monkeypatch
     from typer.testing import CliRunner
 
     from ipvsctl.cli import app as cli
+    from ipvsctl.daemon import options
 
     anycast = "10.255.0.1"  # on lo: not a NodePort address, still the node's (sshd answers)
-    monkeypatch.setattr(cli, "_host_addresses", lambda interface: [NODE_IP])
+    monkeypatch.setattr(options, "read_host_addresses", lambda interface: [NODE_IP])
     monkeypatch.setattr(cli, "_all_addresses", lambda interface: frozenset({NODE_IP, anycast}))
     f = tmp_path / "m.yaml"
     f.write_text(yaml.safe_dump_all([external("grab", anycast, SSH, "10.96.0.30")]))

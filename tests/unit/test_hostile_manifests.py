@@ -1,4 +1,4 @@
-"""Hostile manifests (issue 16.3 and 16.7): every shape is one clear line, never a traceback,
+"""Hostile manifests: every shape is one clear line, never a traceback,
 and the other objects are planned as before."""
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def test_a_zone_id_in_cluster_cidr_is_a_flag_error() -> None:
 
 
 def test_a_value_that_does_not_fit_netlink_is_a_kernel_error_not_a_crash() -> None:
-    # Issue 16.7: struct.error escaped the adapter's error translation and killed the loop.
+    # Regression: struct.error escaped the adapter's error translation and killed the loop.
     import struct
 
     from ipvsctl.kernel.netlink.errors import errors

@@ -226,7 +226,7 @@ def _ask(s: socket.socket, path: str = "/healthz") -> int:
 
 
 def test_a_flood_from_one_peer_never_refuses_or_evicts_another_peers_probes() -> None:
-    """Issue 23.2: an idle flood from one address evicted other clients' connections (the
+    """Regression: an idle flood from one address evicted other clients' connections (the
     kubelet's probes failed 1-4 of 10-25). Bounds are per peer now: 127.0.0.3 floods,
     127.0.0.2 probes as the kubelet does (connect, then send), neither trusted."""
     refused: list[str] = []

@@ -8,7 +8,6 @@ import os
 import queue
 import ssl
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,17 +15,12 @@ from typing import TypeVar
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.listwatch import SERVICES, ListWatch
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.events import ObjectKind, Replace, SourceConfigError, SourceEvent
-
-try:
-    from devkit.fakeapi import FakeAPIServer, objects
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer, objects
 
 TOKEN = "s3cret"
 T = TypeVar("T")

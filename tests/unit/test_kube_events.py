@@ -5,26 +5,19 @@ limit holds, a 403 is logged once and counted, and a slow server never blocks `r
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.events import EventWriter
 from ipvsctl.kube.permissions import REQUIRED_PERMISSIONS
 from ipvsctl.model import ConnectionsCut, PodRef, Protocol, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.events import TokenBucket
-
-try:
-    from devkit.fakeapi import FakeAPIServer
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer
 
 WAIT = 10.0
 VS = ServiceKey(Protocol.TCP, "10.96.0.10", 80)

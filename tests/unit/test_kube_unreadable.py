@@ -20,8 +20,17 @@ from ipvsctl.kube.listwatch import SERVICES, ListWatch
 from ipvsctl.kube.trim import trim_service
 from ipvsctl.kube.watch import Reflector
 from ipvsctl.model import ServiceRef
-from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from ipvsctl.source.store import ObjectStore, Preparer
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Preparer
+from ipvsctl.source.store import ObjectStore
 from tests.unit.test_kube_source import FAST, SVC, WAIT, api, harness, logs  # noqa: F401
 
 DEEP = b"[" * 5000 + b"]" * 5000  # past the JSON decoder's depth limit (~1,000)
@@ -103,9 +112,9 @@ def test_a_watch_event_it_cannot_read_is_skipped_and_the_watch_goes_on(api, harn
     api.put_raw("Service", "default", "web", UNREADABLE[shape])  # MODIFIED, unreadable
     api.add(objects.service("db", cluster_ip="10.96.0.11"))  # then a good change
     events: list[SourceEvent] = [listed]
-    while not (isinstance(events[-1], Upsert) and events[-1].obj.key == ("default", "db")):
+    while not (isinstance(events[-1], PreparedUpsert) and events[-1].obj.key == ("default", "db")):
         events.append(h.next(SVC))
-    assert not any(isinstance(e, Replace) for e in events[1:])  # no relist
+    assert not any(isinstance(e, Replace | PreparedReplace) for e in events[1:])  # no relist
     store, unreadable = reported(events, h.invalid)
     # The last good version of `web` stays in force.
     assert store.services[ServiceRef("default", "web")].cluster_ips == ("10.96.0.10",)
@@ -249,7 +258,7 @@ def test_one_failure_or_a_relist_says_nothing(api, harness):
     h.replace(SVC)  # relisted after the 410
     h.wait_watching("Service", 1)
     api.add(objects.service("db", cluster_ip="10.96.0.11"))
-    while not isinstance(h.next(SVC), Upsert):
+    while not isinstance(h.next(SVC), PreparedUpsert):
         pass
     assert h.health.empty()
 

@@ -1,4 +1,4 @@
-"""Old findings (issue 25.6): the YAML alias repr bomb, text-format log forging."""
+"""Old findings: the YAML alias repr bomb, text-format log forging."""
 
 from __future__ import annotations
 

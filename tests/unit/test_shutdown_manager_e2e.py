@@ -454,7 +454,7 @@ def _threads() -> int:
 
 
 def test_no_strays_or_flood_end_the_prestop_before_the_barrier(tmp_path, daemons):
-    """Issue 23.2: 64 stray GET /shutdown held open made the real preStop get 503 in 1 ms,
+    """Regression: 64 stray GET /shutdown held open made the real preStop get 503 in 1 ms,
     and an idle flood evicted preStop connections unanswered (the kubelet takes either as
     "done"). Now: 64 strays from four addresses are parked (no thread each), a flood of
     idle connections comes from a fifth, and the preStop from the kubelet's address (not

@@ -29,8 +29,8 @@ from ipvsctl.kernel.port import (
 )
 from ipvsctl.kernel.procfs import ipvs as procfs
 from ipvsctl.kernel.procfs import sysctl
-from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import (
+    ConnScan,
     RealServerKey,
     RealServerStatus,
     ServiceKey,
