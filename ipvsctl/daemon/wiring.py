@@ -142,6 +142,8 @@ class Daemon:
             watch_listeners.append(self._watched)
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
+        if self.state.entries_set_aside:
+            self.metrics.state_entries_set_aside.inc(self.state.entries_set_aside)
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
         self.writer = StateWriter(
             self.state.save,

@@ -213,6 +213,12 @@ class Metrics:
             "Drain state files found unreadable or corrupt at start-up (queue rebuilt).",
             registry=r,
         )
+        self.state_entries_set_aside = Counter(
+            "ipvsctl_state_entries_set_aside",
+            "Entries of the drain state file that could not be read at start-up, set aside"
+            " alone (the others loaded).",
+            registry=r,
+        )
         self.last_sync_timestamp = Gauge(
             "ipvsctl_last_sync_timestamp_seconds",
             "Wall-clock time of the last successful sync.",
