@@ -30,7 +30,7 @@ VIP4, VIP6 = "10.96.0.10", "fd96::10"
 POD4, POD6 = "10.244.1.1", "fd44::1"
 PORT, TARGET = 80, 8081
 UDP_PORT, UDP_TARGET = 53, 5353
-HOLD_TABLE = "inet ipvsctl-hold"
+TABLE = "inet ipvsctl"
 
 IPVSADM_RULES = f"""\
 -A -t {VIP4}:{PORT} -s rr
@@ -42,64 +42,10 @@ IPVSADM_RULES = f"""\
 """
 
 
-def hold_rules(table: str = HOLD_TABLE) -> str:
-    """The hold chains under test, with their own sets (the experiment's copy of what the
-    product's table would carry). `vs4`/`vs6`: every virtual server (address . protocol .
-    port). Each chain runs after IPVS's hook at its hook: what reaches it for a virtual
-    server's connection is what IPVS did not handle."""
-    l4 = "meta l4proto { tcp, udp, sctp }"
-    fam = ((4, "ip"), (6, "ip6"))
-    # replies IPVS did not turn back into the virtual server's address (its hooks are gone)
-    reply = [
-        f"{l4} ct direction reply ct status & dnat == 0 "
-        f"ct original {ip} daddr . meta l4proto . ct original proto-dst @vs{f} "
-        f"{ip} saddr . meta l4proto . th sport != @vs{f} counter drop"
-        for f, ip in fam
-    ]
-    # requests of established connections to a virtual server IPVS did not take
-    request = [
-        f"{l4} ct direction original ct status & dnat == 0 "
-        f"{ip} daddr . meta l4proto . th dport @vs{f} ct state established counter drop"
-        for f, ip in fam
-    ]
-    # new connections to a virtual server IPVS did not take (TCP: a SYN; a mid-stream
-    # packet of a connection IPVS forgot must reach the stack and be answered by a reset)
-    syn = [
-        f"{ip} daddr . meta l4proto . th dport @vs{f} ct state new "
-        "tcp flags & (syn | ack) == syn counter drop"
-        for f, ip in fam
-    ] + [
-        f"{ip} daddr . meta l4proto . th dport @vs{f} meta l4proto udp counter drop"
-        for f, ip in fam
-    ]
-    # anything to a virtual server that is routed on (its address gone from the node)
-    routed = [f"{ip} daddr . meta l4proto . th dport @vs{f} counter drop" for f, ip in fam]
-    n = "\n        "
-    return f"""\
-table {table} {{
-    set vs4 {{ type ipv4_addr . inet_proto . inet_service;
-        elements = {{ {VIP4} . tcp . {PORT}, {VIP4} . udp . {UDP_PORT} }} }}
-    set vs6 {{ type ipv6_addr . inet_proto . inet_service; elements = {{ {VIP6} . tcp . {PORT} }} }}
-    chain hold-forward {{
-        type filter hook forward priority 110; policy accept;
-        {n.join(routed + reply)}
-    }}
-    chain hold-input {{
-        type filter hook input priority 110; policy accept;
-        {n.join(request + syn + reply)}
-    }}
-    chain hold-output {{
-        type filter hook output priority 0; policy accept;
-        {n.join(request + syn)}
-    }}
-}}
-"""
-
-
 class Lab:
     """One node, one dual-stack ClusterIP to a streaming pod, a client pod."""
 
-    def __init__(self, expire_nodest: int, hold: bool, masquerade: bool = True) -> None:
+    def __init__(self, expire_nodest: int, hold: bool) -> None:
         self.node = Node()
         n = self.node
         n.netns.sysctl("net.ipv4.vs.conntrack", "1")
@@ -122,18 +68,15 @@ class Lab:
         n.netns.ip_batch(
             [f"addr add {VIP4}/32 dev kube-ipvs0", f"addr add {VIP6}/128 dev kube-ipvs0 nodad"]
         )
-        if masquerade:
-            config = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd44::/64"))
-            elements = {
-                ServiceKey(Protocol.TCP, vip, PORT): Element(Verdict.CLUSTER_IP, None, True)
-                for vip in (VIP4, VIP6)
-            }
-            elements[ServiceKey(Protocol.UDP, VIP4, UDP_PORT)] = Element(
-                Verdict.CLUSTER_IP, None, True
-            )
-            sh("nft", "-f", "-", netns=n.name, stdin=replace_table_ruleset(config, elements))
-        if hold:
-            sh("nft", "-f", "-", netns=n.name, stdin=hold_rules())
+        # ipvsctl's table as the daemon writes it, with or without its hold chains
+        config = RulesetConfig(cluster_cidrs=("10.244.0.0/16", "fd44::/64"), hold=hold)
+        elements = {
+            ServiceKey(Protocol.TCP, vip, PORT): Element(Verdict.CLUSTER_IP, None, True)
+            for vip in (VIP4, VIP6)
+        }
+        udp = ServiceKey(Protocol.UDP, VIP4, UDP_PORT)
+        elements[udp] = Element(Verdict.CLUSTER_IP, None, True)
+        sh("nft", "-f", "-", netns=n.name, stdin=replace_table_ruleset(config, elements))
 
     def restore(self, address_first: bool) -> None:
         links = [
@@ -168,7 +111,7 @@ class Lab:
         }
 
     def counters(self) -> str:
-        return sh("nft", "list", "table", *HOLD_TABLE.split(), netns=self.node.name, check=False)
+        return sh("nft", "list", "table", *TABLE.split(), netns=self.node.name, check=False)
 
     def close(self) -> None:
         self.server.close()
@@ -192,9 +135,8 @@ def flush_and_restore(
     address_first: bool = False,
     flush: Callable[[Lab], None] | None = None,
     name: str = "flush",
-    masquerade: bool = True,
 ) -> dict[str, Any]:
-    lab = Lab(expire_nodest, hold, masquerade)
+    lab = Lab(expire_nodest, hold)
     try:
         streams = lab.streams()
         udp = UdpFlow(lab.client.netns, VIP4, UDP_PORT)
@@ -258,10 +200,6 @@ def ipvsadm_clear_only(lab: Lab) -> None:
 
 
 EXPERIMENTS: dict[str, Callable[[], object]] = {
-    "hold0-nomasq": lambda: flush_and_restore(0, True, masquerade=False, name="hold0-nomasq"),
-    "hold0-nomasq-clear": lambda: flush_and_restore(
-        0, True, masquerade=False, flush=ipvsadm_clear_only, name="hold0-nomasq-clear"
-    ),
     # NOTES §8's observation, and each part of the remedy alone
     "baseline1": lambda: flush_and_restore(1, False, name="baseline1"),
     "baseline0": lambda: flush_and_restore(0, False, name="baseline0"),
