@@ -34,6 +34,7 @@ from ipvsctl.daemon.features import (
     node_drain,
     proxy_health,
     service_metrics,
+    table_guard,
 )
 from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
@@ -76,6 +77,7 @@ FEATURES: tuple[Builder, ...] = (
     conntrack_sweep.feature,
     proxy_health.feature,
     events.feature,
+    table_guard.feature,
 )
 
 T = TypeVar("T")

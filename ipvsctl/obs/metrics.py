@@ -262,6 +262,13 @@ class Metrics:
             "Virtual servers in ipvsctl's nftables maps (as last written).",
             registry=r,
         )
+        self.table_restores = Counter(
+            "ipvsctl_table_restores",
+            "What another program removed (kube-proxy's IPVS cleanup, ipvsadm -C) and the"
+            " daemon put back, by what: ipvs, interface, nftables.",
+            ["what"],
+            registry=r,
+        )
         self.netfilter_repairs = Counter(
             "ipvsctl_netfilter_repairs",
             "nftables table or elements found changed by someone else and rewritten, by kind.",

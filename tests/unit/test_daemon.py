@@ -182,6 +182,23 @@ def test_an_unreadable_state_entry_is_set_aside_alone_and_counted(tmp_path, fold
         d2.shutdown()
 
 
+def test_a_table_flushed_under_the_daemon_comes_back_and_is_counted(tmp_path, folder):
+    kernel = FakeKernel()
+    d = make(tmp_path, kernel)
+    try:
+        d.start()
+        wait_for(lambda: d.engine.started)
+        before = kernel.list_virtual_servers()
+        weights = {r.key: r.weight for r in kernel.list_real_servers(vs())}
+        for v in before:  # ipvsadm -C
+            kernel.delete_virtual_server(v.key, False)
+        wait_for(lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1)
+        assert kernel.list_virtual_servers() == before
+        assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+    finally:
+        d.shutdown()
+
+
 def test_readyz_waits_for_the_first_full_list(tmp_path):
     (tmp_path / "m").mkdir()
 

@@ -213,6 +213,10 @@ class NetlinkKernel:
         the virtual servers on these."""
         return self._link.addresses()
 
+    def interface_present(self) -> bool:
+        """Whether the dummy interface exists (one rtnetlink lookup; the table guard's)."""
+        return self._link.present()
+
     def bind_address(self, address: str) -> None:
         """Put address/32 (/128) on the dummy interface; nothing if it is there already."""
         self._link.bind(address)
