@@ -10,15 +10,21 @@ stream that completes carried every line, in order, both ways, across the flush.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from devkit.builders import endpoint, endpoint_slice, service
 from devkit.flushkit import Stream, StreamServer, UdpFlow, flush_like_kube_proxy
 from devkit.labkit import Node, Pod, sh, wait_for
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict, replace_table_ruleset
+from tests.lab import netkit
 
 pytestmark = pytest.mark.lab
 
@@ -147,5 +153,108 @@ def test_the_hold_rules_leave_a_whole_table_alone(flushed_node: tuple[Node, Pod,
         with pytest.raises(ConnectionRefusedError):
             sock.connect((VIP4, 22))
         sock.close()
+    finally:
+        server.close()
+
+
+# --- the daemon's table guard ----------------------------------------------------------------
+TIMINGS: dict[str, float] = {}
+
+
+def timing(name: str, seconds: float) -> None:
+    """Measured, not asserted (docs/benchmarks.md reads them from the lab's out/)."""
+    TIMINGS[name] = round(seconds, 3)
+    out = os.environ.get("IPVSCTL_LAB_OUT")
+    if out:
+        with open(os.path.join(out, "flush-timings.json"), "w") as f:
+            json.dump(TIMINGS, f, indent=1)
+
+
+def _uplink(node: Node) -> None:
+    node.netns.ip_batch(
+        [
+            "link add up0 type dummy",
+            "link set up0 up",
+            "addr add 192.0.2.10/24 dev up0",
+            "route add default dev up0",
+        ]
+    )
+
+
+def _new_connection_answered(client: Pod) -> bool:
+    try:
+        s = Stream(client.netns, VIP4, PORT)
+    except OSError:
+        return False
+    return s.finish()
+
+
+def test_the_daemon_puts_back_a_table_kube_proxy_flushed_and_every_stream_completes(
+    node: Node, tmp_path: Path
+) -> None:
+    """The real daemon (its nftables table and hold rules, its table guard) under kube-proxy's
+    cleanup: streams from a pod and from the node complete with every line, the table comes
+    back on its own (virtual and real servers, kube-ipvs0 and its address), each restore is
+    counted, and a new connection is answered after it."""
+    _uplink(node)
+    pod = node.make_pod("10.244.1.1", name="web-1", tcp=())
+    client = node.make_client()
+    server = StreamServer(pod, 8080)
+    manifests, state = tmp_path / "m", tmp_path / "state"
+    manifests.mkdir()
+    netkit.write_manifests(
+        manifests, "web.yaml", service("web"), endpoint_slice("web", [endpoint(pod.ip)])
+    )
+    try:
+        with netkit.run_daemon(node, manifests, state, node_ips=("192.0.2.10",)) as d:
+            wait_for(lambda: d.engine.started, timeout=180, what="first sync")
+            wait_for(
+                lambda: "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl"),
+                timeout=120,
+                what="the hold rules",
+            )
+            table = node.ipvsadm()
+            streams: dict[str, Any] = {
+                "pod4": Stream(client.netns, VIP4, PORT),
+                "node4": Stream(node.netns, VIP4, PORT),
+            }
+            wait_for(lambda: all(s.lines >= 20 for s in streams.values()), what="streams flowing")
+            t0 = time.monotonic()
+            flush_like_kube_proxy(node)
+            flushed = time.monotonic()
+            timing("flush_commands_s", flushed - t0)  # ipvsadm -C, ip link del: emulated
+            # the daemon's own word (in-process: no command to poll with)
+            wait_for(
+                lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) >= 1,
+                timeout=60,
+                interval=0.01,
+                what="the restore",
+            )
+            timing("flushed_to_restored_s", time.monotonic() - flushed)
+            wait_for(
+                lambda: (
+                    {k: set(v.real_servers) for k, v in node.ipvsadm().items()}
+                    == {k: set(v.real_servers) for k, v in table.items()}
+                ),
+                timeout=60,
+                interval=0.02,
+                what="the table back",
+            )
+            timing("flush_to_table_back_seen_by_ipvsadm_s", time.monotonic() - t0)
+            assert VIP4 in node.interface_addresses()
+            wait_for(lambda: _new_connection_answered(client), timeout=60, what="a new connection")
+            timing("flush_to_new_connection_answered_s", time.monotonic() - t0)
+            marks = {k: s.lines for k, s in streams.items()}
+            wait_for(
+                lambda: all(s.lines > marks[k] + 20 or not s.alive() for k, s in streams.items()),
+                timeout=90,
+                what="streams moving again",
+            )
+            timing("longest_stall_s", max(s.stall() for s in streams.values()))
+            results = {k: (s.finish(), s.error) for k, s in streams.items()}
+            assert results == {k: (True, None) for k in streams}, results
+            restores = d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"})
+            interface = d.metrics.value("ipvsctl_table_restores_total", {"what": "interface"})
+            assert restores >= 1 and interface >= 1, (restores, interface)
     finally:
         server.close()
