@@ -392,3 +392,17 @@ def test_in_the_daemonset_the_hosts_mounted_sysctl_is_the_one_written(tmp_path: 
     assert sysctl.writable_proc_sys(None, host=host) == host
     assert sysctl.writable_proc_sys("lab1", host=host) == sysctl.PROC_SYS
     assert sysctl.writable_proc_sys(None, host=str(tmp_path / "none")) == sysctl.PROC_SYS
+
+
+def test_the_interface_lookup_is_one_get_the_kernel_answers() -> None:
+    """On the host's own rtnetlink (no IPVS needed): the hand-packed RTM_GETLINK finds an
+    interface by name and says ENODEV as absent, never raising for it."""
+    from ipvsctl.kernel.netlink.interface import DummyInterface
+    from ipvsctl.kernel.netlink.sockets import Sockets
+
+    sockets = Sockets(None)
+    try:
+        assert DummyInterface(sockets, "lo").present()
+        assert not DummyInterface(sockets, "ipvsctl-none0").present()
+    finally:
+        sockets.close()

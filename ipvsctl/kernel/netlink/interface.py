@@ -90,10 +90,11 @@ class DummyInterface:
 
     def present(self) -> bool:
         """Whether the interface exists: one RTM_GETLINK by name, which the kernel answers
-        alone (no dump of the node's links), for the table guard's every pass."""
+        alone (no dump of the node's links), packed by hand: the table guard's every pass."""
+        ipr = self.sockets.iproute()
         with errors("lookup_interface", self.name):
             try:
-                self.sockets.iproute().link("get", ifname=self.name)
+                self._raw.send(ipr, wire.RTM_GETLINK, wire.get_link(self.name))
             except NetlinkError as exc:
                 if exc.code == errno.ENODEV:
                     return False
