@@ -37,7 +37,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelExists, KernelNotFound
+from ipvsctl.kernel.port import (
+    IPVSKernel,
+    KernelError,
+    KernelExists,
+    KernelNotFound,
+    RealServerBatch,
+    add_each,
+)
 from ipvsctl.model import RealServerKey, ServiceKey
 from ipvsctl.obs.logging import fields
 from ipvsctl.reconcile.applied import AppliedState
@@ -172,10 +179,13 @@ class TableGuard:
         with its real servers at their applied weights; with `interface`, the interface and
         every address a virtual server binds. Idempotent: what is there stays."""
         done = Restored()
-        if interface and self.interface is not None:
-            self._restore_addresses(done)
+        readded: set[ServiceKey] = set()
         if ipvs:
-            self._restore_ipvs(done)
+            readded = self._restore_ipvs(done)  # each re-added one binds its address too
+        if interface and self.interface is not None:
+            self._restore_addresses(done, readded)
+            if done.addresses or readded:  # the re-added ones bound theirs
+                done.what.append(INTERFACE)
         if done.what:
             self.restores += 1
             log.warning(
@@ -192,14 +202,15 @@ class TableGuard:
             self._note_restore()
         return done
 
-    def _restore_addresses(self, done: Restored) -> None:
+    def _restore_addresses(self, done: Restored, readded: set[ServiceKey]) -> None:
         assert self.interface is not None
+        bound = {k.address for k in readded}
         addresses = sorted(
             {
                 key.address
                 for services in self.state.by_service.values()
                 for key, applied in services.items()
-                if applied.bind_address
+                if applied.bind_address and key.address not in bound
             }
         )
         for address in addresses:
@@ -209,16 +220,15 @@ class TableGuard:
             except KernelError as exc:
                 done.failed += 1
                 log.error("address not restored", extra=fields(address=address, error=exc))
-        if done.addresses:
-            done.what.append(INTERFACE)
 
-    def _restore_ipvs(self, done: Restored) -> None:
+    def _restore_ipvs(self, done: Restored) -> set[ServiceKey]:
+        readded: set[ServiceKey] = set()
         try:
             present = {vs.key for vs in self.kernel.list_virtual_servers()}
         except KernelError as exc:
             log.error("IPVS table not readable, restore retried", extra=fields(error=exc))
             done.failed += 1
-            return
+            return readded
         for services in self.state.by_service.values():
             for key, applied in services.items():
                 if key in present:
@@ -232,21 +242,31 @@ class TableGuard:
                     log.error("virtual server not restored", extra=fields(vs=key, error=exc))
                     continue
                 done.virtual_servers += 1
+                if applied.bind_address:
+                    readded.add(key)
                 done.real_servers += self._restore_real_servers(key, applied.weights, done)
         if done.virtual_servers:
             done.what.append(IPVS)
+        return readded
 
     def _restore_real_servers(
         self, key: ServiceKey, weights: Mapping[RealServerKey, int], done: Restored
     ) -> int:
-        n = 0
+        """In one netlink send per weight where the kernel takes batches (as the engine's
+        adds), else one call each."""
+        by_weight: dict[int, list[RealServerKey]] = {}
         for rs, weight in weights.items():
-            try:
-                self.kernel.add_real_server(key, rs, weight)
-                n += 1
-            except KernelExists:
-                n += 1
-            except KernelError as exc:
+            by_weight.setdefault(weight, []).append(rs)
+        n = 0
+        for weight, servers in by_weight.items():
+            if isinstance(self.kernel, RealServerBatch):
+                results = self.kernel.add_real_servers(key, servers, weight)
+            else:
+                results = add_each(self.kernel, key, servers, weight)
+            for rs, exc in zip(servers, results, strict=True):
+                if exc is None or isinstance(exc, KernelExists):
+                    n += 1
+                    continue
                 done.failed += 1
                 log.error("real server not restored", extra=fields(vs=key, rs=rs, error=exc))
         return n
