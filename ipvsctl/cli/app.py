@@ -27,7 +27,7 @@ from ipvsctl.cli.flags import (
     ServiceProxyName,
 )
 from ipvsctl.cli.node_drain import register as register_node_drain
-from ipvsctl.cli.output import Output, choose, dump
+from ipvsctl.cli.output import Output, choose, dump, json_chunks
 from ipvsctl.cli.params import daemon_url, split_short_equals
 from ipvsctl.cli.run import register as register_run
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
@@ -130,6 +130,7 @@ def plan(
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
     from ipvsctl.cli.render import plan_json, plan_text
     from ipvsctl.daemon.options import OptionsError, RunFlags, node_context, read_host_addresses
+    from ipvsctl.kube.trim import trim_for_plan
     from ipvsctl.manifests import ManifestError, load_paths
     from ipvsctl.model import VirtualServerKind
     from ipvsctl.reconcile.cluster import node_object_addresses, plan_objects
@@ -149,7 +150,7 @@ def plan(
     except OptionsError as exc:
         raise fail(str(exc), 2) from None
     try:
-        objects = load_paths(files)
+        objects = load_paths(files, keep=trim_for_plan)
     except ManifestError as exc:
         raise fail(str(exc), 2) from None
     # A cluster dump's NodePorts are on its Node's addresses, not on this machine's.
@@ -172,7 +173,10 @@ def plan(
         )
         shown = ", ".join(node.node_ips) or "none"
         typer.echo(f"ipvsctl: NodePorts on {shown}: {source}", err=True)
-    if fmt in (Output.json, Output.yaml):
+    if fmt is Output.json:
+        for chunk in json_chunks(plan_json(result)):
+            typer.echo(chunk, nl=False)
+    elif fmt is Output.yaml:
         typer.echo(dump(plan_json(result), fmt), nl=False)
     else:
         typer.echo(plan_text(result, wide=fmt is Output.wide), nl=False)
