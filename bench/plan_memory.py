@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", type=Path, help="another checkout to alternate with")
     p.add_argument("--cache", type=Path, default=Path("/tmp/ipvsctl-bench-plan"))
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--inputs",
+        default="json-file,json-stdin,yaml-file,yaml-stdin",
+        help="which of json-file, json-stdin, yaml-file, yaml-stdin",
+    )
     args = p.parse_args(argv)
     files = dumps(args.cache, args.services, args.endpoints)
     trees: list[tuple[str, Path | None]] = [("this", None)]
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         trees.insert(0, ("other", args.tree))
     rows = []
     for n in range(args.runs):
-        for fmt, how in (("json", "file"), ("json", "stdin"), ("yaml", "file"), ("yaml", "stdin")):
+        for fmt, how in (i.split("-") for i in args.inputs.split(",")):
             for label, tree in trees if n % 2 == 0 else trees[::-1]:
                 load = _uptime()
                 r = run_plan(files[fmt], tree=tree, stdin=how == "stdin")
