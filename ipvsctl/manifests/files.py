@@ -18,7 +18,14 @@ from typing import IO, Any
 
 import yaml
 
-from ipvsctl.manifests.safeyaml import CHUNK, MAX_BYTES, Keep, load_all_yaml, load_json_stream
+from ipvsctl.manifests.safeyaml import (
+    CHUNK,
+    MAX_BYTES,
+    Keep,
+    load_all_yaml,
+    load_json_stream,
+    parse_error,
+)
 from ipvsctl.source.events import (
     ObjectKind,
     RawObject,
@@ -37,12 +44,16 @@ class ManifestError(Exception):
 
 
 ObjectId = tuple[ObjectKind, str, str]  # kind, namespace, name
+# A document ipvsctl does not read: its kind ("" when it is no object), namespace and name
+# ("document N of FILE" when it has none), for `plan`'s list of what it skipped.
+OtherId = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class FileObjects:
     objects: dict[ObjectId, RawObject]
     ignored: int  # documents of other kinds
+    others: tuple[OtherId, ...] = ()
 
 
 class _Bounded:
@@ -113,8 +124,7 @@ def _documents(path: Path, keep: Keep | None) -> Iterator[Any]:
         except UnicodeDecodeError as exc:
             raise ManifestError(f"{path}: cannot read: {exc}") from None
         except (ValueError, yaml.YAMLError, RecursionError) as exc:
-            msg = " ".join(str(exc).split())
-            raise ManifestError(f"{name}: not valid {shown}: {msg}") from None
+            raise ManifestError(parse_error(name, shown, exc)) from None
 
 
 def _whole(item: Any) -> Any:
@@ -135,16 +145,18 @@ def _unpack(path: Path, doc: Any) -> Iterator[Any]:
 
 def _reduced(keep: Keep, obj: Any) -> Any:
     """What stays of an object read: keep's part of a kind read, a nested List whole (it is
-    unpacked later), an empty mapping in place of anything else (counted as ignored)."""
-    kind = obj.get("kind") if isinstance(obj, dict) else None
+    unpacked later), of anything else what names it in plan's skipped list (`_other`)."""
+    if not isinstance(obj, dict):
+        return 0  # no object: named by its place, as any other
+    kind = obj.get("kind")
     if isinstance(kind, str) and kind in _KINDS:
         return keep(obj)
     if isinstance(kind, str) and kind.endswith("List") and "items" in obj:
         return obj
-    return _IGNORED
-
-
-_IGNORED: dict[str, Any] = {}
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return {"kind": kind}
+    return {"kind": kind, "metadata": {k: meta.get(k) for k in ("namespace", "name")}}
 
 
 def load_file(path: Path, keep: Keep | None = None) -> FileObjects:
@@ -152,7 +164,7 @@ def load_file(path: Path, keep: Keep | None = None) -> FileObjects:
     unparseable. With `keep`, only what it returns of each is kept, and a `kind: List` is
     read an item at a time (never whole in memory: a live cluster's dump)."""
     objects: dict[ObjectId, RawObject] = {}
-    ignored = 0
+    others: list[OtherId] = []
     reduce = None if keep is None else functools.partial(_reduced, keep)
     for doc in _documents(path, reduce):
         if reduce is not None and doc is not None:
@@ -161,7 +173,7 @@ def load_file(path: Path, keep: Keep | None = None) -> FileObjects:
             raw_kind = obj.get("kind") if isinstance(obj, dict) else None
             kind = _KINDS.get(raw_kind) if isinstance(raw_kind, str) else None
             if kind is None:
-                ignored += 1
+                others.append(_other(path, obj, len(others) + len(objects) + 1))
                 continue
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
             ns = meta.get("namespace") or "default"
@@ -172,7 +184,24 @@ def load_file(path: Path, keep: Keep | None = None) -> FileObjects:
                 v if isinstance(v, str) else f"{short(v)} #{len(objects)}" for v in (ns, name)
             )
             objects[(kind, ns, name)] = obj
-    return FileObjects(objects, ignored)
+    return FileObjects(objects, len(others), tuple(others))
+
+
+def _other(path: Path, obj: Any, n: int) -> OtherId:
+    where = f"document {n} of {'standard input' if path == STDIN else path}"
+    if not isinstance(obj, dict):
+        return "", "", where
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+
+    def text(v: Any) -> str:
+        return v if isinstance(v, str) else short(v)
+
+    return (
+        text(obj.get("kind") or ""),
+        text(meta.get("namespace") or ""),
+        text(meta.get("name") or where),
+    )
 
 
 def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -189,13 +218,19 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load_paths(
-    paths: Iterable[str | Path], keep: Keep | None = None
+    paths: Iterable[str | Path],
+    others: list[OtherId] | None = None,
+    keep: Keep | None = None,
 ) -> dict[ObjectKind, list[RawObject]]:
-    """Every object in the paths, by kind (later files win on a duplicate name); `keep` as
+    """Every object in the paths, by kind (later files win on a duplicate name); the
+    documents of other kinds are added to `others` when it is given; `keep` as
     load_file's."""
     merged: dict[ObjectId, RawObject] = {}
     for f in manifest_files(paths):
-        merged.update(load_file(f, keep).objects)
+        loaded = load_file(f, keep)
+        merged.update(loaded.objects)
+        if others is not None:
+            others.extend(loaded.others)
     by_kind: dict[ObjectKind, list[RawObject]] = {k: [] for k in ObjectKind}
     for (kind, _, _), obj in merged.items():
         by_kind[kind].append(obj)

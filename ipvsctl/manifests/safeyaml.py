@@ -350,6 +350,22 @@ def load_all_yaml(text: str | Readable, keep: Keep | None = None) -> Iterator[An
         loader.dispose()
 
 
+def parse_error(where: str, fmt: str, exc: BaseException) -> str:
+    """A parser's error as one line, `FILE:LINE:COLUMN: not valid YAML: what` (an editor's
+    and a compiler's shape), for PyYAML's and json's errors, without PyYAML's
+    `in "<unicode string>"` (it parsed a string, not the file)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{where}:{exc.lineno}:{exc.colno}: not valid {fmt}: {exc.msg}"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = ", ".join(p for p in (exc.context, exc.problem) if p) or type(exc).__name__
+        what = " ".join(what.split())
+        if mark is not None:
+            return f"{where}:{mark.line + 1}:{mark.column + 1}: not valid {fmt}: {what}"
+        return f"{where}: not valid {fmt}: {what}"
+    return f"{where}: not valid {fmt}: {' '.join(str(exc).split())}"
+
+
 def _check_depth(doc: Any, depth: int = 1) -> None:
     stack = [(doc, depth)]
     while stack:
@@ -450,6 +466,7 @@ class _JsonReader:
         line = self._lines + self.buf.count("\n", 0, pos) + 1
         col = pos - newline if newline >= 0 else self._col + pos + 1
         exc = json.JSONDecodeError(msg, "", 0)
+        exc.pos, exc.lineno, exc.colno = self._base + pos, line, col
         exc.args = (f"{msg}: line {line} column {col} (char {self._base + pos})",)
         return exc
 

@@ -117,6 +117,8 @@ def test_a_json_error_says_where_as_json_does(text: str) -> None:
             load_json_stream(io.StringIO(text).read, _same)
     # the same place: line, column and character
     assert str(streamed.value).split(": line ")[1] == str(whole.value).split(": line ")[1]
+    assert isinstance(streamed.value, json.JSONDecodeError)
+    assert (streamed.value.lineno, streamed.value.colno) == (whole.value.lineno, whole.value.colno)
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
@@ -150,7 +152,7 @@ def test_standard_input_beyond_the_bound_is_one_clear_error(
     monkeypatch.setattr(files, "MAX_BYTES", 1000)
     monkeypatch.setattr("sys.stdin", io.StringIO('{"items": [' + "1, " * 1000 + "1]}"))
     with pytest.raises(ManifestError, match="standard input: larger than 1000 bytes"):
-        load_paths(["-"], trim_for_plan)
+        load_paths(["-"], keep=trim_for_plan)
 
 
 def test_json_on_standard_input_that_is_yaml_is_read_as_yaml(
@@ -160,18 +162,22 @@ def test_json_on_standard_input_that_is_yaml_is_read_as_yaml(
         "{kind: List, items: [{kind: Service, metadata: {name: a}, spec: {clusterIP: 10.96.0.1}}]}"
     )
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
-    objects = load_paths(["-"], trim_for_plan)
+    objects = load_paths(["-"], keep=trim_for_plan)
     assert [o["metadata"]["name"] for kind in objects for o in objects[kind]] == ["a"]
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
 def test_a_dump_keeps_what_plan_reads_and_drops_managed_fields(tmp_path: Path, suffix: str) -> None:
-    dump = {"apiVersion": "v1", "items": list(items(3, 2)), "kind": "List"}
+    others = [{"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n", "x": [1]}}, 5]
+    dump = {"apiVersion": "v1", "items": [*items(3, 2), *others], "kind": "List"}
     f = tmp_path / f"m{suffix}"
     f.write_text(json.dumps(dump) if suffix == ".json" else yaml.safe_dump(dump))
     kept = load_file(f, trim_for_plan).objects
     whole = load_file(f).objects
     assert kept.keys() == whole.keys()
+    # what plan skips is named as when read whole
+    assert load_file(f, trim_for_plan).others == load_file(f).others
+    assert len(load_file(f).others) == 2
     assert all("managedFields" not in o["metadata"] for o in kept.values())
     assert all(trim_for_plan(whole[k]) == kept[k] for k in kept)
     node = next(o for (kind, _, _), o in kept.items() if kind.value == "Node")
