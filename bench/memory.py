@@ -147,13 +147,15 @@ def run_memory(
     wire_stats: bool = False,
     scrape_interval: float = 0.0,
     trace: bool = False,
+    idle_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """One run; `rate` paces the watch events (0: as fast as the fake API sends them);
     `status_clients` poll /status in a loop while the events come. `annotated` Services opt
     in to per-Service traffic metrics, whose service dump the daemon parses in the kernel's
     bytes with `wire_stats` (bench/service_metrics.py), and with `scrape_interval` a scraper
     GETs /metrics that often while the events come. `trace`: tracemalloc in the daemon
-    (bench/memprofile.py), its readings after the list, at the peak and at the end."""
+    (bench/memprofile.py), its readings after the list, at the peak and at the end.
+    `idle_seconds`: the daemon's CPU over that long with nothing changing, after the list."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     api = subprocess.Popen(
         [
@@ -202,6 +204,13 @@ def run_memory(
                 break
             n0 = n
             time.sleep(1.0)
+        idle: dict[str, Any] = {}
+        if idle_seconds:
+            c0, w0 = _proc(daemon.pid)["cpu_s"], time.monotonic()
+            time.sleep(idle_seconds)
+            c1, w1 = _proc(daemon.pid)["cpu_s"], time.monotonic()
+            idle = {"idle_cpu_percent": round(100 * (c1 - c0) / (w1 - w0), 2)}
+            idle["idle_seconds"] = round(w1 - w0, 1)
         traced: dict[str, Any] = {}
         if trace:
             traced["after_list"] = _trace(port, "after_list")
@@ -274,6 +283,7 @@ def run_memory(
             "event_to_kernel_p50_le_ms": _ms(quantile(buckets0, buckets1, 0.5)),
             "event_to_kernel_p99_le_ms": _ms(quantile(buckets0, buckets1, 0.99)),
             **polled,
+            **idle,
         }
         if trace:
             out["tracemalloc"] = traced

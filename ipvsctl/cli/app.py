@@ -27,7 +27,7 @@ from ipvsctl.cli.flags import (
     ServiceProxyName,
 )
 from ipvsctl.cli.node_drain import register as register_node_drain
-from ipvsctl.cli.output import Output, choose, dump
+from ipvsctl.cli.output import Output, choose, dump, json_chunks
 from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url, split_short_equals
 from ipvsctl.cli.run import register as register_run
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
@@ -144,6 +144,7 @@ def plan(
     """Print the IPVS state the daemon would program for these manifests (no kernel)."""
     from ipvsctl.cli.render import plan_json, plan_text
     from ipvsctl.daemon.options import OptionsError, RunFlags, node_context, read_host_addresses
+    from ipvsctl.kube.trim import trim_for_plan
     from ipvsctl.manifests import ManifestError, load_paths
     from ipvsctl.manifests.files import OtherId
     from ipvsctl.model import VirtualServerKind
@@ -165,7 +166,7 @@ def plan(
         raise fail(str(exc), 2) from None
     others: list[OtherId] = []
     try:
-        objects = load_paths(files, others)
+        objects = load_paths(files, others, keep=trim_for_plan)
     except ManifestError as exc:
         raise fail(str(exc), 2) from None
     # A cluster dump's NodePorts are on its Node's addresses, not on this machine's.
@@ -190,7 +191,10 @@ def plan(
         shown = ", ".join(node.node_ips) or "none"
         typer.echo(f"ipvsctl: NodePorts on {shown}: {source}", err=True)
     name = node.node_name
-    if fmt in (Output.json, Output.yaml):
+    if fmt is Output.json:
+        for chunk in json_chunks(plan_json(result, report.skipped, name)):
+            typer.echo(chunk, nl=False)
+    elif fmt is Output.yaml:
         typer.echo(dump(plan_json(result, report.skipped, name), fmt), nl=False)
     else:
         wide = fmt is Output.wide

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
@@ -23,6 +23,21 @@ def choose(output: Output | None, as_json: bool) -> Output:
     if as_json and output not in (None, Output.json):
         raise ValueError(f"--json and -o {output.value} contradict each other")
     return Output.json if as_json else (output or Output.table)
+
+
+def json_chunks(doc: Any, size: int = 1 << 16) -> Iterator[str]:
+    """dump(doc, Output.json) in pieces of about `size` characters: a 10,000-Service plan
+    is 21 MB of JSON, joined whole ~80 MB more at the peak."""
+    parts: list[str] = []
+    held = 0
+    for part in json.JSONEncoder(indent=2).iterencode(doc):
+        parts.append(part)
+        held += len(part)
+        if held >= size:
+            yield "".join(parts)
+            parts, held = [], 0
+    parts.append("\n")
+    yield "".join(parts)
 
 
 def dump(doc: Any, fmt: Output) -> str:

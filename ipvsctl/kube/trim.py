@@ -208,3 +208,22 @@ def trim_node(obj: Mapping[str, Any]) -> RawObject:
     elif conditions is not None:
         out["status"] = {"conditions": conditions}
     return out
+
+
+def trim_for_plan(obj: Mapping[str, Any]) -> RawObject:
+    """What `plan` keeps of an object of a cluster's dump: what the daemon keeps of it from
+    the API server (the daemon's plan is planned), and a Node's addresses (plan's NodePorts
+    are on them). A dump of 10,000 Services read whole took 2.1 GB."""
+    kind = obj.get("kind")
+    if kind == "Service":
+        return trim_service(obj)
+    if kind == "EndpointSlice":
+        return trim_endpoint_slice(obj)
+    if kind == "Node":
+        out = trim_node(obj)
+        status = obj.get("status")
+        addresses = status.get("addresses") if isinstance(status, Mapping) else None
+        if addresses is not None:
+            out.setdefault("status", {})["addresses"] = addresses
+        return out
+    return dict(obj)

@@ -6,19 +6,30 @@ libyaml's parser (CParser) is used when PyYAML has it: ~4x faster than the pure-
 one on a 3,000-Service `kubectl get -o yaml` dump. Its C composer recurses without a bound
 (a deeply nested document segfaults the process), so nodes are composed by PyYAML's Python
 Composer, which counts depth and alias expansion here; that keeps most of the speed.
+A `kind: List`'s items can be read one at a time instead (`keep`, below): YAML items built
+from the parser's events without nodes, JSON decoded a chunk of the file at a time.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent, Event
-from yaml.nodes import Node, ScalarNode
+from yaml.events import (
+    AliasEvent,
+    Event,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+)
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
 MAX_DEPTH = 64  # Kubernetes objects nest < 20 deep
@@ -30,6 +41,10 @@ MAX_ALIAS_NODES = 100_000
 # writes it out, an error message's repr() once did).
 MAX_ALIAS_CHARS = 16 << 20
 MAX_BYTES = 256 << 20  # per file
+
+
+class Readable(Protocol):
+    def read(self, n: int = -1, /) -> str: ...
 
 
 class LimitError(yaml.YAMLError):
@@ -91,7 +106,7 @@ class _Limits(Composer):
 class PySafeLoader(
     yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _Limits, SafeConstructor, Resolver
 ):
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str | Readable) -> None:
         yaml.reader.Reader.__init__(self, stream)
         yaml.scanner.Scanner.__init__(self)
         yaml.parser.Parser.__init__(self)
@@ -109,7 +124,7 @@ try:
     class CSafeLoader(_Limits, CParser, SafeConstructor, Resolver):
         """libyaml's parser; the Python composer (with limits) in place of the C one."""
 
-        def __init__(self, stream: str) -> None:
+        def __init__(self, stream: str | Readable) -> None:
             CParser.__init__(self, stream)
             Composer.__init__(self)
             SafeConstructor.__init__(self)
@@ -121,12 +136,207 @@ except ImportError:  # PyYAML built without libyaml
     SafeLoader = PySafeLoader
 
 
-def load_all_yaml(text: str) -> Iterator[Any]:
-    """yaml.safe_load_all with the limits; yaml.YAMLError (LimitError) beyond them."""
+# Streaming: `kubectl get ... -o yaml|json` prints one `kind: List` of every object; parsed
+# whole, a 10,000-Service cluster's took 2.1 GB (YAML) and 629 MB (JSON). A top-level
+# mapping's `items` are parsed one at a time instead, each handed to `keep` (what stays of
+# it: plan trims what it does not read) before the next is read. Every bound above holds
+# as when the document is parsed whole, at the same depths.
+Keep = Callable[[Any], Any]
+_ITEMS = "items"
+
+
+def _streamed_document(loader: Any, keep: Keep) -> Any:
+    """The next document, a top-level mapping's plain `items` sequence streamed through keep;
+    any other document composed whole."""
+    loader.get_event()  # DOCUMENT-START
+    start = loader.peek_event()
+    if not isinstance(start, MappingStartEvent) or start.anchor or start.tag:
+        node = loader.compose_node(None, None)
+        loader.get_event()  # DOCUMENT-END
+        loader.anchors = {}
+        return loader.construct_document(node)
+    loader.get_event()
+    mark: Any = start.start_mark  # libyaml's Mark or PyYAML's
+    top = MappingNode(
+        loader.resolve(MappingNode, None, start.implicit),
+        [],
+        mark,
+        None,
+        flow_style=start.flow_style,
+    )
+    loader._depth += 1
+    kept: list[Any] | None = None  # the last `items` key's, when it was streamed
+    while not loader.check_event(MappingEndEvent):
+        key = loader.compose_node(top, None)
+        value = loader.peek_event()
+        if (
+            isinstance(key, ScalarNode)
+            and key.tag == _STR_TAG
+            and key.value == _ITEMS
+            and isinstance(value, SequenceStartEvent)
+            and value.anchor is None
+            and value.tag is None
+        ):
+            loader.get_event()
+            loader._depth += 1
+            kept = []
+            while not loader.check_event(SequenceEndEvent):
+                kept.append(keep(_build(loader, 3)))
+            end = loader.get_event()
+            loader._depth -= 1
+            loader._composed += 1
+            marks: tuple[Any, Any] = (value.start_mark, end.end_mark)
+            placeholder = SequenceNode(_SEQ_TAG, [], *marks)
+            top.value.append((key, placeholder))
+        else:
+            if isinstance(key, ScalarNode) and key.value == _ITEMS:
+                kept = None
+            top.value.append((key, loader.compose_node(top, key)))
+    top.end_mark = loader.get_event().end_mark
+    loader._depth -= 1
+    loader._composed += 1
+    loader.get_event()  # DOCUMENT-END
+    loader.anchors = {}
+    doc = loader.construct_document(top)
+    if kept is not None and isinstance(doc, dict):
+        doc[_ITEMS] = kept
+    return doc
+
+
+# A streamed item is built from the parser's events straight into Python objects: the
+# composer's nodes and the constructor's second walk cost ~4x the parse (12.6 of 18 s for
+# 1,000 Services). Anything beyond plain mappings, sequences and scalars (an anchor, an
+# alias, an explicit tag) is handed, from that node down, to the composer and constructor
+# above, with the depth reached so far: the same bounds and the same values.
+_SCALARS: dict[tuple[str, bool], Any] = {}  # short plain/quoted scalars' values, shared
+_SCALARS_MAX = 50_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+
+
+def _scalar(loader: Any, event: Any, is_key: bool) -> Any:
+    value = event.value
+    plain = event.implicit[0]
+    key = (value, plain)
+    if key in _SCALARS:
+        return _SCALARS[key]
+    tag = loader.resolve(ScalarNode, value, event.implicit)
+    if tag == _STR_TAG:
+        out: Any = value
+    elif tag in (_MERGE_TAG, _VALUE_TAG) and is_key:
+        return _Special(tag)
+    elif tag in (_MERGE_TAG, _VALUE_TAG):
+        return loader.construct_document(
+            ScalarNode(tag, value, event.start_mark, event.end_mark, style=event.style)
+        )
+    else:
+        node = ScalarNode(tag, value, event.start_mark, event.end_mark, style=event.style)
+        out = loader.construct_document(node)
+    if len(value) <= 64 and len(_SCALARS) < _SCALARS_MAX:
+        _SCALARS[key] = out
+    return out
+
+
+class _Special:
+    """A `<<` (merge) or `=` (value) key, as the constructor reads them."""
+
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+def _build(loader: Any, depth: int, is_key: bool = False) -> Any:
+    """The next node as a Python object; `depth` is its own (the composer's count)."""
+    event: Any = loader.peek_event()
+    kind = type(event)
+    if (kind is ScalarEvent or kind is MappingStartEvent or kind is SequenceStartEvent) and (
+        event.anchor is None and event.tag is None
+    ):
+        if depth > MAX_DEPTH:
+            raise LimitError(f"nested deeper than {MAX_DEPTH} levels (at {event.start_mark})")
+        loader.get_event()
+        if kind is ScalarEvent:
+            return _scalar(loader, event, is_key)
+        if kind is SequenceStartEvent:
+            seq: list[Any] = []
+            while not loader.check_event(SequenceEndEvent):
+                seq.append(_build(loader, depth + 1))
+            loader.get_event()
+            return seq
+        return _build_mapping(loader, event, depth)
+    # anchors, aliases, tags: the composer from here down (loader._depth is its parent's)
+    saved = loader._depth
+    loader._depth = depth - 1
+    try:
+        node = loader.compose_node(None, None)
+    finally:
+        loader._depth = saved
+    return loader.construct_document(node)
+
+
+def _build_mapping(loader: Any, start: Any, depth: int) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    merged: list[dict[Any, Any]] = []
+    while not loader.check_event(MappingEndEvent):
+        key_event: Any = loader.peek_event()
+        key = _build(loader, depth + 1, is_key=True)
+        value = _build(loader, depth + 1)
+        if type(key) is _Special:
+            if key.tag == _VALUE_TAG:
+                key = "="
+            else:
+                merged.extend(_merge_sources(value, start, key_event))
+                continue
+        try:
+            out[key] = value
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                start.start_mark,
+                "found unhashable key",
+                key_event.start_mark,
+            ) from None
+    loader.get_event()
+    if not merged:
+        return out
+    # as SafeConstructor.flatten_mapping: the mapping's own keys win, then a later `<<`
+    # over an earlier one, and within one `<<: [a, b]` a over b
+    flat: dict[Any, Any] = {}
+    for source in merged:
+        flat.update(source)
+    flat.update(out)
+    return flat
+
+
+def _merge_sources(value: Any, start: Any, at: Any) -> list[dict[Any, Any]]:
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return list(reversed(value))
+    raise yaml.constructor.ConstructorError(
+        "while constructing a mapping",
+        start.start_mark,
+        "expected a mapping or list of mappings for merging",
+        at.start_mark,
+    )
+
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+
+
+def load_all_yaml(text: str | Readable, keep: Keep | None = None) -> Iterator[Any]:
+    """yaml.safe_load_all with the limits; yaml.YAMLError (LimitError) beyond them. With
+    `keep`, a document's top-level `items` are streamed through it (above)."""
     loader = SafeLoader(text)
     try:
-        while loader.check_data():
-            yield loader.get_data()
+        if keep is None:
+            while loader.check_data():
+                yield loader.get_data()
+        else:
+            while loader.check_node():
+                yield _streamed_document(loader, keep)
     except yaml.YAMLError as exc:
         # libyaml 0.2.6 (PyYAML 6.0.4's wheels) stops a flow collection at 1,000 levels in
         # its scanner, which reads a flow collection whole before our composer sees it:
@@ -156,8 +366,8 @@ def parse_error(where: str, fmt: str, exc: BaseException) -> str:
     return f"{where}: not valid {fmt}: {' '.join(str(exc).split())}"
 
 
-def _check_depth(doc: Any) -> None:
-    stack = [(doc, 1)]
+def _check_depth(doc: Any, depth: int = 1) -> None:
+    stack = [(doc, depth)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -175,4 +385,127 @@ def load_json(text: str) -> Any:
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
     _check_depth(doc)
+    return doc
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
+_DECODER = json.JSONDecoder()
+CHUNK = 1 << 20
+
+
+class _JsonReader:
+    """A JSON text read a chunk at a time: values decoded by the C decoder (raw_decode) from a
+    buffer that holds what is not yet parsed, refilled (at least doubling, so a long value
+    costs O(its size)) when a value runs past its end. Errors say where as json.loads says
+    it, in the whole text's lines and columns."""
+
+    def __init__(self, read: Callable[[int], str]) -> None:
+        self._read = read
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
+        self._base = 0  # characters dropped before buf
+        self._lines = 0  # newlines among them
+        self._col = 0  # characters after the last of them
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        data = self._read(max(CHUNK, len(self.buf) - self.pos))
+        if not data:
+            self.eof = True
+            return False
+        dropped = self.buf[: self.pos]
+        newline = dropped.rfind("\n")
+        self._lines += dropped.count("\n")
+        self._col = len(dropped) - newline - 1 if newline >= 0 else self._col + len(dropped)
+        self._base += self.pos
+        self.buf = self.buf[self.pos :] + data
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not whitespace ("" at the end)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]
+            if self.pos < len(self.buf) or not self.more():
+                return self.buf[self.pos : self.pos + 1]
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self.more():
+                    continue
+                raise self.error(exc.msg, exc.pos) from None
+            except RecursionError:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+            if _NUMBER_TAIL.fullmatch(self.buf, end) and self.more():
+                continue  # a number may go on in the next chunk (0|.5)
+            self.pos = end
+            return value
+
+    def expect(self, chars: str, msg: str) -> str:
+        c = self.peek()
+        if not c or c not in chars:
+            raise self.error(msg, self.pos)
+        self.pos += 1
+        return c
+
+    def rest(self) -> str:
+        parts = [self.buf[self.pos :]]
+        while data := self._read(CHUNK):
+            parts.append(data)
+        return "".join(parts)
+
+    def error(self, msg: str, pos: int) -> json.JSONDecodeError:
+        newline = self.buf.rfind("\n", 0, pos)
+        line = self._lines + self.buf.count("\n", 0, pos) + 1
+        col = pos - newline if newline >= 0 else self._col + pos + 1
+        exc = json.JSONDecodeError(msg, "", 0)
+        exc.pos, exc.lineno, exc.colno = self._base + pos, line, col
+        exc.args = (f"{msg}: line {line} column {col} (char {self._base + pos})",)
+        return exc
+
+
+def load_json_stream(read: Callable[[int], str], keep: Keep) -> Any:
+    """load_json of the text `read` returns, a top-level object's `items` array streamed
+    through `keep` (a `kind: List` never whole in memory). ValueError as load_json."""
+    r = _JsonReader(read)
+    if r.peek() != "{":
+        return load_json(r.rest())  # not an object: parsed whole, its errors said by json
+    r.pos += 1
+    doc: dict[str, Any] = {}
+    if r.peek() == "}":
+        r.pos += 1
+    else:
+        while True:
+            if r.peek() != '"':
+                raise r.error("Expecting property name enclosed in double quotes", r.pos)
+            key = r.value()
+            r.expect(":", "Expecting ':' delimiter")
+            if key == _ITEMS and r.peek() == "[":
+                r.pos += 1
+                kept: list[Any] = []
+                if r.peek() == "]":
+                    r.pos += 1
+                else:
+                    while True:
+                        item = r.value()
+                        _check_depth(item, 3)
+                        kept.append(keep(item))
+                        if r.expect(",]", "Expecting ',' delimiter") == "]":
+                            break
+                doc[key] = kept
+            else:
+                value = r.value()
+                _check_depth(value, 2)
+                doc[key] = value
+            if r.expect(",}", "Expecting ',' delimiter") == "}":
+                break
+    if r.peek():
+        raise r.error("Extra data", r.pos)
     return doc
