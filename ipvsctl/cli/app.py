@@ -1,5 +1,5 @@
 """The `ipvsctl` command: plan, status, completion (and the commands registered from their
-modules: run, shutdown-manager, cleanup, node-drain)."""
+modules: run, shutdown-manager, cleanup, check-config, node-drain)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from ipvsctl.cli.check_config import register as register_check_config
 from ipvsctl.cli.cleanup import register as register_cleanup
 from ipvsctl.cli.errors import fail
 from ipvsctl.cli.flags import (
@@ -273,6 +274,7 @@ def completion(
 
 register_shutdown_manager(app)
 register_cleanup(app)
+register_check_config(app)
 register_node_drain(app)
 register_version(app)
 

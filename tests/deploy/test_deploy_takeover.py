@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,87 @@ def test_node_prep_reads_strict_arp_as_the_parser_does(tmp_path, file):
     assert r.returncode == 0, r.stderr
     arp = (proc / "net/ipv4/conf/all/arp_ignore").read_text().strip()
     assert arp == ("1" if want else "0"), r.stderr
+
+
+GUIDE = REPO / "docs" / "migrating-from-kube-proxy.md"
+KUBELET_CONFIGMAP = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kube-proxy, namespace: kube-system}
+data:
+  config.conf: |
+    apiVersion: kubelet.config.k8s.io/v1beta1
+    authentication:
+      anonymous: {enabled: false}
+    kind: KubeletConfiguration
+"""
+
+
+def check_block() -> str:
+    """The guide's own commands that check kube-proxy's file before the move."""
+    from .test_deploy_runbook import sh_blocks
+
+    found = [b for b in sh_blocks(GUIDE.read_text()) if "ipvsctl check-config" in b]
+    assert len(found) == 1, f"{len(found)} blocks check the file"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("configmap", "code", "named"),
+    [
+        *((p, 0, None) for p in CONFIGMAPS),
+        (DATA / "kube-proxy" / "eks-iptables.conf", 2, "mode"),
+        (None, 2, "kind"),
+    ],
+    ids=[p.name.split(".")[0] for p in CONFIGMAPS] + ["eks-iptables", "kubelet"],
+)
+def test_the_guides_check_accepts_and_refuses_as_run_does(tmp_path, configmap, code, named):
+    """The guide's block, run by bash: kubectl is a stand-in that answers the guide's `get
+    cm` with the real kubectl's jsonpath over a ConfigMap file; ipvsctl is the program.
+    kubeadm's files exit 0; another mode's and a kubelet's exit 2 naming the field."""
+    if configmap is None:
+        cm = tmp_path / "cm.yaml"
+        cm.write_text(KUBELET_CONFIGMAP)
+    elif yaml.safe_load(configmap.read_text()).get("kind") != "ConfigMap":
+        body = configmap.read_text()
+        cm = tmp_path / "cm.yaml"
+        cm.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+                    "data": {"config.conf": body},
+                }
+            )
+        )
+    else:
+        cm = configmap
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "kubectl"
+    stub.write_text(
+        "#!/bin/bash\n"
+        # exactly the guide's read of the ConfigMap, evaluated by the real kubectl
+        'if [ "$1 $2 $3 $4 $5" != "-n kube-system get cm kube-proxy" ]; then\n'
+        '  echo "stand-in kubectl: unexpected $*" >&2; exit 3\nfi\n'
+        f"exec {kubectl()} patch --local -f {cm} --type merge -p '{{}}' \"${{@:6}}\"\n"
+    )
+    stub.chmod(0o755)
+    ipvsctl_bin = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:{ipvsctl_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", check_block()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert (tmp_path / "config.conf").exists()
+    if named is None:
+        assert "accepts" in r.stdout and "clusterCIDR" in r.stdout, r.stdout
+    else:
+        errors = [line for line in r.stderr.splitlines() if line.startswith("ipvsctl: ")]
+        assert len(errors) == 1 and f": {named}: " in errors[0], r.stderr
