@@ -1,5 +1,5 @@
 """The `ipvsctl` command: plan, status, completion (and the commands registered from their
-modules: run, shutdown-manager, cleanup, check-config, node-drain)."""
+modules: run, shutdown-manager, cleanup, check-config, node-drain, handover)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ipvsctl.cli.flags import (
     Scheduler,
     ServiceProxyName,
 )
+from ipvsctl.cli.handover import register as register_handover
 from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
 from ipvsctl.cli.params import daemon_url, split_short_equals
@@ -276,6 +277,7 @@ register_shutdown_manager(app)
 register_cleanup(app)
 register_check_config(app)
 register_node_drain(app)
+register_handover(app)
 register_version(app)
 
 

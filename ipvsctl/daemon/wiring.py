@@ -29,6 +29,7 @@ from ipvsctl.daemon.features import (
     conntrack_sweep,
     drain_check,
     events,
+    handover,
     health_check_ports,
     netfilter,
     node_drain,
@@ -38,7 +39,7 @@ from ipvsctl.daemon.features import (
 from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.daemon.status_json import engine_status
-from ipvsctl.httpd import HTTPServer, Limits
+from ipvsctl.httpd import Handler, HTTPServer, Limits
 from ipvsctl.kernel.port import ConntrackTable, HostAddresses, IPVSKernel
 from ipvsctl.model import ServiceKey
 from ipvsctl.netfilter.sync import NftRunner
@@ -76,6 +77,7 @@ FEATURES: tuple[Builder, ...] = (
     conntrack_sweep.feature,
     proxy_health.feature,
     events.feature,
+    handover.feature,
 )
 
 T = TypeVar("T")
@@ -182,10 +184,12 @@ class Daemon:
         self.running = [f for build in self.features if (f := build(parts)) is not None]
         routes = dict(self.api.routes())
         local_only = set(DaemonAPI.LOCAL_ONLY)
+        actions: dict[str, Handler] = {}
         for f in self.running:
             self.feed.subscribe(f.hears)
             routes.update(f.routes)
             local_only |= f.local_only
+            actions.update(f.actions)
             for collector in f.collectors:
                 self.metrics.registry.register(collector)
         try:
@@ -197,6 +201,7 @@ class Daemon:
                 local_only=frozenset(local_only),
                 inline=DaemonAPI.INLINE,
                 is_local=self.api.is_local_peer,
+                actions=actions,
                 on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
             )
         except (OSError, ValueError) as exc:
@@ -212,6 +217,8 @@ class Daemon:
         self.feed.unsubscribe(f.hears)
         for path in f.routes:
             self.http.routes.pop(path, None)
+        for path in f.actions:
+            self.http.actions.pop(path, None)
         for collector in f.collectors:
             self.metrics.registry.unregister(collector)
         self.running.remove(f)

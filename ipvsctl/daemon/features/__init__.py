@@ -12,4 +12,5 @@ wiring.py's `FEATURES` lists them; they know nothing of each other.
     proxy_health       kube-proxy's health server on --healthz-bind-address
     service_metrics    the per-Service traffic series
     events             Kubernetes Events for connections a drain's deadline cut
+    handover           the node handed over to another proxy: /v1/handover
 """
