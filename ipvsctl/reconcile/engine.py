@@ -433,9 +433,9 @@ class Engine:
 
     # --- handover (plan/handover.py) -----------------------------------------------------
     def hold(self, held: Held) -> None:
-        """A handover was asked: from now on a Service gets at most what `held` has."""
+        """A handover was asked: from now on a Service gets at most what `held` has (a
+        Service already in line with the kernel has nothing to narrow: no resync)."""
         self.held = held
-        self.dirty |= set(self.state.desired)  # a change waiting may be narrower now
 
     def release_all(self) -> tuple[int, int]:
         """The handover's last step: every virtual server ipvsctl holds deleted (with the
