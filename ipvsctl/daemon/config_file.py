@@ -47,7 +47,7 @@ def judge_config_file(path: Path) -> Judgement:
     file and the first field refused, with the judgement) when it cannot be used."""
     import yaml
 
-    from ipvsctl.manifests.safeyaml import load_all_yaml
+    from ipvsctl.manifests.safeyaml import load_all_yaml, parse_error
     from ipvsctl.source.kubeproxy_config import judge
 
     try:
@@ -62,9 +62,7 @@ def judge_config_file(path: Path) -> Judgement:
     except UnicodeDecodeError:
         raise ConfigFileError(f"--config {path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise ConfigFileError(
-            f"--config {path}: invalid YAML: {' '.join(str(exc).split())}"
-        ) from None
+        raise ConfigFileError(f"--config {parse_error(str(path), 'YAML', exc)}") from None
     if len(docs) != 1:
         raise ConfigFileError(
             f"--config {path}: want one KubeProxyConfiguration, found {len(docs)}"
