@@ -1,8 +1,10 @@
 """`ipvsctl handover`: hand this node over to another proxy without a cut (CONTRACT.md
 "Beside another proxy"; docs/migrating-from-kube-proxy.md, "Leaving ipvsctl").
 
-It asks the node's daemon (`POST /v1/handover`, which the daemon takes from loopback only:
-run it on the node, `kubectl exec` into ipvsctl's pod) and prints how far it is; with
+It asks the node's daemon (`POST /v1/handover`, which the daemon takes only from this node:
+loopback, or a node address showing the daemon's action token, which it reads from the
+daemon's state dir; run it on the node, `kubectl exec` into ipvsctl's pod) and prints how
+far it is; with
 `--wait` it waits until the daemon has handed the node over (no connection left through
 its virtual servers, everything it owned removed). A daemon that restarted meanwhile
 serves again: the wait asks it again.
@@ -20,15 +22,21 @@ from typing import Annotated, Any
 import typer
 
 from ipvsctl.cli.node_drain import DEFAULT_ENDPOINT, PROGRESS_EVERY, Answer, _duration, _endpoint
+from ipvsctl.cli.params import ENDPOINT_ENV
+from ipvsctl.daemon.options import DEFAULTS
 from ipvsctl.httpd import direct_opener
+from ipvsctl.persist.action_token import TOKEN_HEADER, read_token
 
 PATH = "/v1/handover"
 
 
-def call(endpoint: str, *, ask: bool, timeout: float = 3.0) -> Answer:
-    """The daemon's handover state; with `ask`, after asking for the handover."""
+def call(endpoint: str, *, ask: bool, token: str | None = None, timeout: float = 3.0) -> Answer:
+    """The daemon's handover state; with `ask`, after asking for the handover (showing
+    `token`, the daemon's action token, when there is one)."""
     url = endpoint.rstrip("/") + PATH
     req = urllib.request.Request(url, data=b"" if ask else None, method="POST" if ask else "GET")
+    if ask and token:
+        req.add_header(TOKEN_HEADER, token)
     try:
         with direct_opener().open(req, timeout=timeout) as resp:
             doc = json.loads(resp.read(1 << 16))
@@ -36,7 +44,12 @@ def call(endpoint: str, *, ask: bool, timeout: float = 3.0) -> Answer:
         if exc.code == 503:  # not ready: its first sync is not done
             return Answer(None, f"{endpoint}: not ready yet (no first sync to hand over)")
         if exc.code == 403:
-            return Answer(None, f"{endpoint} takes a handover only from its node's loopback", True)
+            return Answer(
+                None,
+                f"{endpoint} takes a handover only from its node (loopback, or a node address "
+                "with the action token of its --state-dir)",
+                True,
+            )
         if exc.code in (404, 405):
             return Answer(None, f"{endpoint} has no {PATH} (not ipvsctl, or an older one?)", True)
         return Answer(None, f"{endpoint}: HTTP {exc.code}")
@@ -117,24 +130,36 @@ def register(app: typer.Typer) -> None:
         ] = False,
         timeout: Annotated[
             str,
-            typer.Option("--timeout", metavar="D", help="Longest wait (seconds or 10m, 1h...)."),
+            typer.Option(
+                "--timeout", metavar="DURATION", help="Longest wait (seconds or 10m, 1h...)."
+            ),
         ] = "10m",
         endpoint: Annotated[
             str,
             typer.Option(
                 "--endpoint",
                 metavar="URL",
-                help="The node's daemon (a URL, or HOST:PORT); it takes a handover only "
-                "from loopback.",
+                envvar=ENDPOINT_ENV,
+                help="The node's daemon (a URL, or HOST:PORT).",
             ),
         ] = DEFAULT_ENDPOINT,
+        state_dir: Annotated[
+            str,
+            typer.Option(
+                "--state-dir",
+                metavar="DIR",
+                help="The daemon's --state-dir: its action token, shown when the daemon is "
+                "asked from a node address rather than loopback.",
+            ),
+        ] = DEFAULTS.state_dir,
     ) -> None:
         """Hand this node over to another proxy: add nothing new, remove everything once
         the last connection through ipvsctl ended."""
         url = _endpoint(endpoint)
         seconds = _duration("--timeout", timeout)
+        token = read_token(state_dir)
         if not wait:
-            answer = call(url, ask=True)
+            answer = call(url, ask=True, token=token)
             if answer.doc is None:
                 typer.echo(f"ipvsctl: {answer.error}", err=True)
                 raise typer.Exit(1)
@@ -142,7 +167,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(0)
         raise typer.Exit(
             wait_handed_over(
-                lambda ask: call(url, ask=ask),
+                lambda ask: call(url, ask=ask, token=token),
                 timeout=seconds,
                 interval=1.0,
                 echo=lambda line: typer.echo(line, err=line.startswith("ipvsctl: ")),

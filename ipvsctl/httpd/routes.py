@@ -35,9 +35,10 @@ class HTTPServer:
     same peers are the server's trusted ones: never refused or evicted by its bounds.
 
     `actions` are POST handlers (a path may have a GET route too): they change what the
-    daemon does, so they answer only loopback peers, whatever `is_local` says (a node
-    address may be a masqueraded pod's; loopback is a process on this node, or a
-    host-network pod). Any other method on them is 405, as POST on any other path.
+    daemon does, so they answer only requests `action_allowed` lets through (default:
+    loopback peers; the daemon adds node addresses that show its action token: a node
+    address alone may be a masqueraded pod's), 403 to others. Any other method on them is
+    405, as POST on any other path.
 
     Paths in `inline` (health probes) are answered by the server's selector thread as soon
     as they are read, never behind other requests: their handlers must be cheap and never
@@ -55,6 +56,7 @@ class HTTPServer:
         is_local: Callable[[str], bool] = is_loopback_peer,
         inline: Collection[str] = (),
         actions: dict[str, Handler] | None = None,
+        action_allowed: Callable[[Request], bool] = lambda req: is_loopback_peer(req.peer),
     ) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
@@ -63,6 +65,7 @@ class HTTPServer:
         self.is_local = is_local
         self.inline = frozenset(inline)
         self.actions = dict(actions or {})
+        self.action_allowed = action_allowed
         self.sock = listen_socket(host, int(port))
         self.server = BoundedServer(
             self._handle,
@@ -84,8 +87,10 @@ class HTTPServer:
             action = self.actions.get(req.path)
             if action is None:
                 code, ctype, body = text(404, "not found\n")
-            elif not is_loopback_peer(req.peer):
-                code, ctype, body = text(403, f"POST {req.path} answers only loopback\n")
+            elif not self.action_allowed(req):
+                code, ctype, body = text(
+                    403, f"POST {req.path}: only from this node (loopback, or its token)\n"
+                )
             else:
                 answer = action(req.query)
                 assert not isinstance(answer, Park)

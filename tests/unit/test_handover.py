@@ -46,6 +46,7 @@ from ipvsctl.model import (
     VirtualServer,
     VirtualServerKind,
 )
+from ipvsctl.persist.action_token import read_token
 from ipvsctl.plan.handover import (
     OpenConnections,
     Phase,
@@ -386,12 +387,23 @@ def test_the_daemon_hands_over_once_the_last_connection_ended(daemon: Any) -> No
     assert not nft.exists
 
 
-def test_only_loopback_may_ask_and_only_the_node_may_look(daemon: Any) -> None:
+def test_only_the_node_may_ask_and_look(daemon: Any, tmp_path: Path) -> None:
+    """Loopback may ask; a node address only with the daemon's action token (a pod's
+    connection may come masqueraded from one, and cannot read the node's state dir); a pod
+    never, token or not."""
     d, _, kernel, _ = daemon
     handle = d.http._handle
-    for peer in ("10.244.3.7", "192.0.2.10"):  # a pod; the node's own address (masqueraded)
-        resp = handle(Request("POST", "/v1/handover", {}, {}, peer))
-        assert resp.code == 403, peer
+    token = read_token(tmp_path / "state")
+    assert token is not None and token == d.action_token
+    assert (tmp_path / "state" / "action-token").stat().st_mode & 0o077 == 0
+    for peer, headers in [
+        ("10.244.3.7", {}),  # a pod
+        ("10.244.3.7", {"x-ipvsctl-token": token}),  # a pod, even with the token
+        ("192.0.2.10", {}),  # the node's own address without the token (masqueraded?)
+        ("192.0.2.10", {"x-ipvsctl-token": "0" * 32}),  # a wrong token
+    ]:
+        resp = handle(Request("POST", "/v1/handover", {}, headers, peer))
+        assert resp.code == 403, (peer, headers)
     assert handle(Request("GET", "/v1/handover", {}, {}, "10.244.3.7")).code == 403
     assert handle(Request("GET", "/v1/handover", {}, {}, "192.0.2.10")).code == 200
     assert d.part(Handover).phase is Phase.SERVING and kernel.services
@@ -408,6 +420,8 @@ def test_only_loopback_may_ask_and_only_the_node_may_look(daemon: Any) -> None:
         post=d.http.actions.keys(),
     )
     assert isinstance(framed, Refusal) and framed.reason == "method"
+    resp = handle(Request("POST", "/v1/handover", {}, {"x-ipvsctl-token": token}, "192.0.2.10"))
+    assert resp.code == 202  # the node's address with the token: `--listen $(HOST_IP):9796`
     code, doc = post(f"http://127.0.0.1:{d.http.port}/v1/handover")
     assert code == 202 and doc["phase"] == "handing_over"
 
@@ -431,3 +445,18 @@ def test_not_ready_is_not_handed_over(tmp_path: Path) -> None:
     assert h is not None
     code, s = h.ask()
     assert code == 503 and s.phase is Phase.SERVING
+
+
+def test_the_command_shows_the_token_of_the_daemons_state_dir(daemon: Any, tmp_path: Path) -> None:
+    """As from a node address (the daemon listening on it alone): only with the token."""
+    d, _, _, _ = daemon
+    d.http.action_allowed = lambda req: req.headers.get("x-ipvsctl-token") == d.action_token
+    url = f"http://127.0.0.1:{d.http.port}"
+    r = CliRunner().invoke(app, ["handover", "--endpoint", url, "--state-dir", str(tmp_path)])
+    assert r.exit_code == 1 and "only from its node" in r.output, r.output
+    assert d.part(Handover).phase is Phase.SERVING
+    state_dir = str(tmp_path / "state")
+    r = CliRunner().invoke(
+        app, ["handover", "--state-dir", state_dir], env={"IPVSCTL_ENDPOINT": url}
+    )
+    assert r.exit_code == 0 and r.output.startswith("handing over"), r.output

@@ -5,9 +5,10 @@ connections through its virtual servers in the background, and when none is left
 everything it owns and stays idle until restarted. The running part is
 reconcile/handover.py, the rule plan/handover.py.
 
-Who may ask: only a process on this node through loopback (the POST is an action: the
-HTTP server answers it to loopback peers only, never to a node address, which a pod's
-masqueraded connection can carry); the state answers this node's clients only."""
+Who may ask: only a process on this node (the POST is an action: the HTTP server answers it
+to loopback peers, and to a node address only with the daemon's action token from its state
+dir: a pod's masqueraded connection can come from a node address, but cannot read the
+token); the state answers this node's clients only."""
 
 from __future__ import annotations
 
