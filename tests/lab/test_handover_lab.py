@@ -8,7 +8,9 @@ output after the NAT priority) to its own endpoint, `kp-1`. New connections go t
 stand-in at once while the held one goes on through IPVS; `ipvsctl handover --wait` (run in
 the node, over loopback) waits for it, returns once it has ended, and nothing of ipvsctl is
 left: no virtual server, no address on kube-ipvs0, no `inet ipvsctl` table, while the
-stand-in's table and its traffic are untouched.
+stand-in's table and its traffic are untouched. Before its rules, the stand-in runs
+kube-proxy's exact IPVS cleanup (`ipvsadm -C`, then kube-ipvs0 deleted): ipvsctl puts back
+what it holds and the held connection lives through it.
 """
 
 from __future__ import annotations
@@ -97,6 +99,14 @@ def ipvsctl_run(node: Node, pods: list[Pod], tmp_path: Path) -> Iterator[subproc
             proc.wait()
 
 
+def bound(node: Node) -> set[str]:
+    """kube-ipvs0's addresses; none while it is gone."""
+    try:
+        return node.interface_addresses()
+    except RuntimeError:  # `ip addr show dev kube-ipvs0`: no such device
+        return set()
+
+
 def handover_state(node: Node) -> dict[str, Any]:
     code, text = http_get(f"{URL}/v1/handover", node.name, timeout=10)
     assert code == 200, text
@@ -114,7 +124,19 @@ def test_handover_to_kube_proxys_nftables_mode_keeps_the_open_connection(
             assert held.echo("through ipvsctl")
             assert client.request(VIP, 80, reset=True) == "web-1"
 
-            # kube-proxy (nftables) starts on the node: new connections are its own at once.
+            # kube-proxy (nftables) starts on the node. First its IPVS cleanup (its
+            # CleanupLeftovers: ipvsadm -C, then kube-ipvs0 deleted): ipvsctl puts back what
+            # it holds and the held connection lives through it (the table guard).
+            node.run("ipvsadm", "-C")
+            node.run("ip", "link", "del", "kube-ipvs0")
+            wait_for(
+                lambda: f"{VIP}:80/TCP" in node.ipvsadm() and VIP in bound(node),
+                timeout=300,
+                interval=0.2,
+                what="the table put back",
+            )
+            assert held.echo("through kube-proxy's IPVS cleanup")
+            # Then its rules: new connections are its own at once.
             rules = tmp_path / "kube-proxy.nft"
             rules.write_text(STAND_IN % {"vip": VIP, "pod": kp.ip})
             node.run("nft", "-f", str(rules))
@@ -153,7 +175,7 @@ def test_handover_to_kube_proxys_nftables_mode_keeps_the_open_connection(
 
             # Nothing of ipvsctl left that changes traffic; kube-proxy's untouched.
             assert node.ipvsadm() == {}
-            assert node.interface_addresses() == set()
+            assert bound(node) == set()
             tables = node.run("nft", "list", "tables").splitlines()
             assert "table inet ipvsctl" not in tables and "table ip kube-proxy" in tables
             assert {client.request(VIP, 80, reset=True) for _ in range(2)} == {"kp-1"}
