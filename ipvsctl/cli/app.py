@@ -1,5 +1,5 @@
 """The `ipvsctl` command: plan, status, completion (and the commands registered from their
-modules: run, shutdown-manager, cleanup, node-drain)."""
+modules: run, shutdown-manager, cleanup, check-config, node-drain, handover)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from ipvsctl.cli.check_config import register as register_check_config
 from ipvsctl.cli.cleanup import register as register_cleanup
 from ipvsctl.cli.errors import fail, plain
 from ipvsctl.cli.flags import (
@@ -26,6 +27,7 @@ from ipvsctl.cli.flags import (
     Scheduler,
     ServiceProxyName,
 )
+from ipvsctl.cli.handover import register as register_handover
 from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump, json_chunks
 from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url, split_short_equals
@@ -297,7 +299,9 @@ def completion(
 
 register_shutdown_manager(app)
 register_cleanup(app)
+register_check_config(app)
 register_node_drain(app)
+register_handover(app)
 register_version(app)
 
 

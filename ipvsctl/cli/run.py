@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         except OptionsError as exc:
             raise fail(str(exc), 2) from None
         if options.config is not None:
-            options.config.log_notes()
+            options.config.log_settings()
         try:
             code = wiring.run(options)
         except StartupError as exc:

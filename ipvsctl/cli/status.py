@@ -119,6 +119,7 @@ def join_status(
             "endpoint": endpoint,
             "reachable": daemon is not None,
             "ready": (daemon or {}).get("ready"),
+            "handover": (daemon or {}).get("handover"),
             "error": daemon_error,
         },
         "kernel": {
@@ -232,6 +233,16 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
             f"daemon: {d['endpoint']} ({'ready' if d['ready'] else 'not ready'})"
             + (f", node {doc['node']}" if doc.get("node") else "")
         )
+        if d.get("handover") == "handing_over":
+            lines.append(
+                "handover: handing over (adding nothing new; ipvsctl hands over when the "
+                "last connection through it ends)"
+            )
+        elif d.get("handover") == "handed_over":
+            lines.append(
+                "handover: handed over (ipvsctl removed everything it owned and is idle "
+                "until restarted)"
+            )
     else:
         lines.append(f"daemon: NOT REACHABLE ({d['error']}); showing the kernel table only")
     if k.get("machine") == "remote":

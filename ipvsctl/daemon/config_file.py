@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ipvsctl.source.kubeproxy_config import Settings
+from ipvsctl.source.kubeproxy_config import Judgement, Settings
 
 
 class ConfigFileError(ValueError):
-    """The file cannot be used: one line naming it (and the field), exit 2."""
+    """The file cannot be used: one line naming it (and the field), exit 2. `judgement`:
+    every field judged, when the file was read as far as its fields."""
+
+    def __init__(self, message: str, judgement: Judgement | None = None) -> None:
+        super().__init__(message)
+        self.judgement = judgement
 
 
 # The `run` parameters a KubeProxyConfiguration can set (source/kubeproxy_config.py).
@@ -34,10 +39,16 @@ CONFIG_MAX_BYTES = 1 << 20  # kubeadm's file is ~2 KB
 def read_config_file(path: Path) -> Settings:
     """--config: the file read, parsed (the bounded YAML loader) and translated; ConfigFileError
     (one line naming the file and the field) otherwise."""
+    return judge_config_file(path).settings
+
+
+def judge_config_file(path: Path) -> Judgement:
+    """The file read, parsed and every field judged; ConfigFileError (one line naming the
+    file and the first field refused, with the judgement) when it cannot be used."""
     import yaml
 
     from ipvsctl.manifests.safeyaml import load_all_yaml, parse_error
-    from ipvsctl.source.kubeproxy_config import KubeProxyConfigError, translate
+    from ipvsctl.source.kubeproxy_config import judge
 
     try:
         with path.open("rb") as fh:
@@ -56,11 +67,11 @@ def read_config_file(path: Path) -> Settings:
         raise ConfigFileError(
             f"--config {path}: want one KubeProxyConfiguration, found {len(docs)}"
         )
-    try:
-        settings = translate(docs[0])
-    except KubeProxyConfigError as exc:
-        raise ConfigFileError(f"--config {path}: {exc}") from None
+    judgement = judge(docs[0])
+    if judgement.refusal is not None:
+        raise ConfigFileError(f"--config {path}: {judgement.refusal}", judgement)
+    settings = judgement.settings
     kubeconfig = settings.flags.get("kubeconfig")
     if kubeconfig and not Path(kubeconfig).is_absolute():  # as kubelet: beside the file
         settings.flags["kubeconfig"] = str(path.parent / kubeconfig)
-    return settings
+    return judgement

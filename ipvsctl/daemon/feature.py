@@ -2,8 +2,9 @@
 cells, in miniature).
 
 A `Feature` says, as data, what it hears on the engine's change feed, the background reads
-it runs (`PacedRunner`s, each on its own thread), its other threads, the HTTP routes and
-metric collectors it adds, and how it starts and stops. Each feature's module in
+it runs (`PacedRunner`s, each on its own thread), its other threads, the HTTP routes,
+actions (POST, loopback only) and metric collectors it adds, and how it starts and stops.
+Each feature's module in
 daemon/features/ builds one from the daemon's options and its shared parts (`Parts`), or
 None where it has nothing to do on this daemon (no nft runner, no conntrack table...);
 wiring.py composes the list (`FEATURES`). A new feature is its own module plus one line
@@ -48,6 +49,8 @@ class Feature:
     threads: tuple[tuple[str, Run], ...] = ()  # (thread name, body)
     routes: Mapping[str, Handler] = field(default_factory=dict)  # on --listen
     local_only: frozenset[str] = frozenset()  # of `routes`: for this node's clients only
+    # POST handlers on --listen: what changes the daemon's course, from loopback only
+    actions: Mapping[str, Handler] = field(default_factory=dict)
     collectors: tuple[Collector, ...] = ()  # on the daemon's registry
     # Before the threads start. False: it could not start (it said why, once) and is left
     # out whole: it hears nothing, runs no thread, serves no route, adds no series; the

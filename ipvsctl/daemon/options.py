@@ -23,17 +23,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ipvsctl.daemon.config_file import FILE_FLAGS, ConfigFileError, read_config_file
+from ipvsctl.daemon.config_file import FILE_FLAGS, ConfigFileError, judge_config_file
 from ipvsctl.model import NodeContext, normalize_ip
 from ipvsctl.model.desired import DEFAULT_MAX_TABLE_ENTRIES
 from ipvsctl.model.hostport import host_port
 from ipvsctl.reconcile.service_traffic import DEFAULT_MAX_SERIES, ServiceMetricsMode
-from ipvsctl.source.kubeproxy_config import Settings
+from ipvsctl.source.kubeproxy_config import Judgement, Settings
 from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
 
 
 class OptionsError(ValueError):
-    """A flag or a configuration file field that cannot be used: one line naming it."""
+    """A flag or a configuration file field that cannot be used: one line naming it.
+    `judgement`: with --config, the file's fields as judged (`check-config` prints them)."""
+
+    def __init__(
+        self, message: str, judgement: Judgement | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.judgement = judgement
+        self.field = field  # the file's field whose value a flag's check refused
 
 
 # --- the raw values ------------------------------------------------------------------------
@@ -96,30 +104,76 @@ DEFAULTS = RunFlags()
 
 @dataclass(frozen=True, slots=True)
 class ConfigFile:
-    """--config: kube-proxy's KubeProxyConfiguration, read once."""
+    """--config: kube-proxy's KubeProxyConfiguration, read once, every field judged."""
 
     path: str
-    settings: Settings
+    judgement: Judgement
+    # What ipvsctl takes from the file, (flag or setting, value): the flags the command
+    # line and the environment left to it, and the settings that have no flag.
+    took: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def settings(self) -> Settings:
+        return self.judgement.settings
 
     @staticmethod
     def complete(raw: RunFlags) -> ConfigFile | None:
         if raw.config is None:
             return None
         try:
-            return ConfigFile(str(raw.config), read_config_file(raw.config))
+            judgement = judge_config_file(raw.config)
         except ConfigFileError as exc:
-            raise OptionsError(str(exc)) from None
+            raise OptionsError(str(exc), exc.judgement) from None
+        s = judgement.settings
+        took = [
+            (_flag_name(name), _flag_text(value))
+            for name, value in s.flags.items()
+            if not raw.given(name)
+        ]
+        if s.exclude_cidrs:
+            took.append(("ipvs.excludeCIDRs", ",".join(s.exclude_cidrs)))
+        if s.node_port_cidrs and not raw.node_ip:  # --node-ip replaces the selection
+            took.append(("nodePortAddresses", ",".join(s.node_port_cidrs)))
+        if s.strict_arp:
+            took.append(("ipvs.strictARP", "true"))
+        return ConfigFile(str(raw.config), judgement, tuple(took))
 
-    def log_notes(self) -> None:
-        """One line per field the file sets that ipvsctl takes no action on."""
+    def field_of(self, flag: str) -> str | None:
+        """The file's field that set `flag` (`--scheduler`), if the file set it."""
+        if flag not in dict(self.took):  # not set by the file, or the command line's
+            return None
+        return self.settings.sources.get(flag.removeprefix("--").replace("-", "_"))
+
+    def log_settings(self) -> None:
+        """At start, once: the settings taken from the file (one line), then one line per
+        field it sets that ipvsctl takes no action on."""
         from ipvsctl.obs.logging import fields
 
         log = logging.getLogger("ipvsctl.config")
+        log.info(
+            "kube-proxy configuration read",
+            extra=fields(
+                config=self.path,
+                settings=" ".join(f"{k}={v}" for k, v in self.took) or "none",
+            ),
+        )
         for name, instead in self.settings.notes:
             log.info(
                 "kube-proxy setting not used",
                 extra=fields(config=self.path, field=name, ipvsctl=instead),
             )
+
+
+def _flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _flag_text(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,8 +383,26 @@ def complete(
     log lines), then the rest. `host_addresses(interface)` reads the node's addresses when
     no --node-ip is given (the netlink reader by default)."""
     config = ConfigFile.complete(raw)
-    if config is not None:
-        raw = raw.with_file(config.settings)
+    if config is None:
+        return _complete(raw, None, setup_logging, host_addresses)
+    try:
+        return _complete(raw.with_file(config.settings), config, setup_logging, host_addresses)
+    except OptionsError as exc:
+        # A value the file gave that its flag's check refuses: named as the file's field.
+        message = str(exc)
+        flag = message.split(" ", 1)[0].split(":", 1)[0]
+        where = config.field_of(flag)
+        if where is not None:
+            message = f"--config {config.path}: {where}: {message}"
+        raise OptionsError(message, config.judgement, where) from None
+
+
+def _complete(
+    raw: RunFlags,
+    config: ConfigFile | None,
+    setup_logging: Callable[[str, int], object] | None,
+    host_addresses: Callable[[str], list[str]] | None,
+) -> DaemonOptions:
     log = LogOptions.complete(raw)
     if setup_logging is not None:
         setup_logging(log.format, log.level)

@@ -128,7 +128,7 @@ class StatusDocument:
         with self.lock:
             now = view.wall()
             refs = view.services()
-            head = {"node": view.node.node_name, "ready": view.started}
+            head = {"node": view.node.node_name, "ready": view.started, "handover": view.handover}
         refs.sort()
         put(_ENCODE(head)[:-1] + ',"virtual_servers":[')
         first = True

@@ -21,6 +21,7 @@ def engine_status(view: EngineView) -> dict[str, Any]:
     return {
         "node": view.node.node_name,
         "ready": view.started,
+        "handover": view.handover,
         "virtual_servers": out,
         "drain_queue": [drain_json(e, now) for e in view.drain_queue()],
         **table_json(view),

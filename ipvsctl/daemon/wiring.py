@@ -11,6 +11,7 @@ it is: traffic keeps flowing while the daemon restarts.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import queue
 import socket
@@ -29,6 +30,7 @@ from ipvsctl.daemon.features import (
     conntrack_sweep,
     drain_check,
     events,
+    handover,
     health_check_ports,
     netfilter,
     node_drain,
@@ -39,12 +41,14 @@ from ipvsctl.daemon.features import (
 from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.daemon.status_json import engine_status
-from ipvsctl.httpd import HTTPServer, Limits
+from ipvsctl.httpd import Handler, HTTPServer, Limits, is_loopback_peer
+from ipvsctl.httpd.request import Request
 from ipvsctl.kernel.port import ConntrackTable, HostAddresses, IPVSKernel
 from ipvsctl.model import ServiceKey
 from ipvsctl.netfilter.sync import NftRunner
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.persist.action_token import TOKEN_HEADER, write_token
 from ipvsctl.persist.drain_state import DrainStateFile
 from ipvsctl.reconcile.engine import Engine, EngineConfig
 from ipvsctl.reconcile.feed import ChangeFeed
@@ -78,6 +82,7 @@ FEATURES: tuple[Builder, ...] = (
     proxy_health.feature,
     events.feature,
     table_guard.feature,
+    handover.feature,
 )
 
 T = TypeVar("T")
@@ -186,10 +191,12 @@ class Daemon:
         self.running = [f for build in self.features if (f := build(parts)) is not None]
         routes = dict(self.api.routes())
         local_only = set(DaemonAPI.LOCAL_ONLY)
+        actions: dict[str, Handler] = {}
         for f in self.running:
             self.feed.subscribe(f.hears)
             routes.update(f.routes)
             local_only |= f.local_only
+            actions.update(f.actions)
             for collector in f.collectors:
                 self.metrics.registry.register(collector)
         try:
@@ -201,14 +208,38 @@ class Daemon:
                 local_only=frozenset(local_only),
                 inline=DaemonAPI.INLINE,
                 is_local=self.api.is_local_peer,
+                actions=actions,
+                action_allowed=self._action_allowed,
                 on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
             )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {o.http.listen}: {exc}") from None
+        # Actions (POST: the handover) from a node address show this token, which only the
+        # node's root can read (persist/action_token.py); loopback needs none.
+        self.action_token: str | None = None
+        if actions:
+            try:
+                self.action_token = write_token(o.drain.state_dir)
+            except OSError as exc:
+                log.error(
+                    "action token not written: actions only from loopback",
+                    extra=fields(state_dir=o.drain.state_dir, error=exc),
+                )
         self.api.metrics_doc.listeners.append(self.http.server.wake)
         self.metrics.ready.set_function(lambda: 1 if self.api.readyz({})[0] == 200 else 0)
         self.metrics.node_object_known.set_function(
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
+        )
+
+    def _action_allowed(self, req: Request) -> bool:
+        if is_loopback_peer(req.peer):
+            return True
+        token = self.action_token
+        shown = req.headers.get(TOKEN_HEADER, "")
+        return (
+            token is not None
+            and self.api.is_local_peer(req.peer)
+            and hmac.compare_digest(shown.encode(), token.encode())
         )
 
     def _leave_out(self, f: Feature) -> None:
@@ -216,6 +247,8 @@ class Daemon:
         self.feed.unsubscribe(f.hears)
         for path in f.routes:
             self.http.routes.pop(path, None)
+        for path in f.actions:
+            self.http.actions.pop(path, None)
         for collector in f.collectors:
             self.metrics.registry.unregister(collector)
         self.running.remove(f)

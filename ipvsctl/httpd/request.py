@@ -10,7 +10,7 @@ which, or that more bytes are needed.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -169,11 +169,19 @@ class Refusal:
 
 
 def frame_request(
-    buf: bytes, peer: str, tag: object, accepted: float, *, max_request_line: int, max_head: int
+    buf: bytes,
+    peer: str,
+    tag: object,
+    accepted: float,
+    *,
+    max_request_line: int,
+    max_head: int,
+    post: Collection[str] = (),
 ) -> Request | Refusal | None:
     """What a connection's bytes so far make: None while the head is not complete, a
-    Refusal (too large, malformed, not GET or HEAD), or the Request. Bytes past the head
-    are ignored (one request per connection, no bodies)."""
+    Refusal (too large, malformed, not GET or HEAD, or POST to a path not in `post`), or
+    the Request. Bytes past the head are ignored (one request per connection, no bodies:
+    an action's POST carries none)."""
     end = buf.find(b"\r\n\r\n")
     line_end = buf.find(b"\r\n")
     if (line_end < 0 and len(buf) > max_request_line) or line_end > max_request_line:
@@ -186,12 +194,12 @@ def frame_request(
         method, target, headers = parse_head(buf[:end])
     except ValueError:
         return Refusal("bad_request", plain(400, "bad request\n"))
-    if method not in ("GET", "HEAD"):
+    url = urlsplit(target)
+    if method not in ("GET", "HEAD") and not (method == "POST" and url.path in post):
         return Refusal(
             "method",
             plain(405, "only GET and HEAD\n").replace(
                 b"Connection: close", b"Allow: GET, HEAD\r\nConnection: close"
             ),
         )
-    url = urlsplit(target)
     return Request(method, url.path, parse_qs(url.query), headers, peer, tag, accepted)

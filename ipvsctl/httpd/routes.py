@@ -34,6 +34,12 @@ class HTTPServer:
     Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers). The
     same peers are the server's trusted ones: never refused or evicted by its bounds.
 
+    `actions` are POST handlers (a path may have a GET route too): they change what the
+    daemon does, so they answer only requests `action_allowed` lets through (default:
+    loopback peers; the daemon adds node addresses that show its action token: a node
+    address alone may be a masqueraded pod's), 403 to others. Any other method on them is
+    405, as POST on any other path.
+
     Paths in `inline` (health probes) are answered by the server's selector thread as soon
     as they are read, never behind other requests: their handlers must be cheap and never
     block (no lock another thread holds for long, no I/O). An unknown path's 404 is too."""
@@ -49,6 +55,8 @@ class HTTPServer:
         local_only: Collection[str] = (),
         is_local: Callable[[str], bool] = is_loopback_peer,
         inline: Collection[str] = (),
+        actions: dict[str, Handler] | None = None,
+        action_allowed: Callable[[Request], bool] = lambda req: is_loopback_peer(req.peer),
     ) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
@@ -56,6 +64,8 @@ class HTTPServer:
         self.local_only = frozenset(local_only)
         self.is_local = is_local
         self.inline = frozenset(inline)
+        self.actions = dict(actions or {})
+        self.action_allowed = action_allowed
         self.sock = listen_socket(host, int(port))
         self.server = BoundedServer(
             self._handle,
@@ -63,14 +73,30 @@ class HTTPServer:
             limits=limits,
             on_refused=on_refused,
             trusted=is_local,
-            inline=lambda req: req.path in self.inline or req.path not in self.routes,
+            inline=lambda req: (
+                req.method != "POST" and (req.path in self.inline or req.path not in self.routes)
+            ),
+            post=self.actions.keys(),
         )
         self.server.add_listener(self.sock)
         self.thread = threading.Thread(target=self.server.serve, name=name, daemon=True)
 
     def _handle(self, req: Request) -> Response | Park:
-        handler = self.routes.get(req.path)
         body: bytes | Iterable[bytes]
+        if req.method == "POST":  # framed only for `actions`' paths
+            action = self.actions.get(req.path)
+            if action is None:
+                code, ctype, body = text(404, "not found\n")
+            elif not self.action_allowed(req):
+                code, ctype, body = text(
+                    403, f"POST {req.path}: only from this node (loopback, or its token)\n"
+                )
+            else:
+                answer = action(req.query)
+                assert not isinstance(answer, Park)
+                code, ctype, body = answer
+            return Response(code, ctype, body)
+        handler = self.routes.get(req.path)
         if handler is None:
             code, ctype, body = text(404, "not found\n")
         elif req.path in self.local_only and not self.is_local(req.peer):

@@ -48,7 +48,7 @@ import socket
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -161,8 +161,10 @@ class BoundedServer:
         clock: Callable[[], float] = time.monotonic,
         trusted: Callable[[str], bool] = is_loopback_peer,
         inline: Callable[[Request], bool] = lambda req: False,
+        post: Collection[str] = (),
     ) -> None:
         self.handle = handle
+        self.post = post  # the paths that take POST (actions), besides GET and HEAD
         self.name = name
         self.limits = limits or Limits()
         self.on_refused = on_refused
@@ -409,6 +411,7 @@ class BoundedServer:
             conn.accepted,
             max_request_line=self.limits.max_request_line,
             max_head=self.limits.max_head,
+            post=self.post,
         )
         if req is None:
             return  # the head is not complete yet

@@ -45,6 +45,7 @@ from ipvsctl.netfilter.ruleset import (
     Verdict,
     allow_name,
     base_ruleset,
+    delete_table_ruleset,
     delta_ruleset,
     element_delta,
     filter_counts,
@@ -124,6 +125,9 @@ class NetfilterSync:
         self.needs_table = False  # the table went missing or was changed by someone else
         # (declarations, terse table listing) right after ipvsctl wrote the table
         self.baseline: tuple[str | None, str | None] = (None, None)
+        # The node was handed over to another proxy: the table goes, then nothing more.
+        self.releasing = False
+        self.released = False
         self.wake = threading.Event()
         self._lock = threading.Lock()
         self._retry_at: float | None = None
@@ -367,10 +371,32 @@ class NetfilterSync:
                 self.needs_table = True
         self.wake.set()
 
+    def hand_over(self) -> None:
+        """The node is handed over (a feed listener, on the loop's thread): the table is
+        deleted at the thread's next step, and nothing is written, checked or repaired
+        after that."""
+        self.releasing = True
+        self.wake.set()
+
+    def _release(self, now: float) -> None:
+        try:
+            self.nft.apply(delete_table_ruleset(self.config.ruleset), "delete")
+        except NftError as exc:
+            self._retry_at = now + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, self.config.retry_max)
+            log.error("nftables table not deleted, retrying", extra=fields(error=exc))
+            return
+        self.released = True
+        log.info("nftables table deleted: the node is handed over", extra=fields(table=self.target))
+
     # --- the thread -------------------------------------------------------------------------
     def step(self) -> None:
         """Whatever is due now: push, check, audit. The thread calls this; tests too."""
         now = self.clock()
+        if self.releasing:
+            if not self.released and (self._retry_at is None or now >= self._retry_at):
+                self._release(now)
+            return
         if now >= self._next_check:
             self._next_check = now + self.config.check_interval
             self.check()
@@ -391,6 +417,8 @@ class NetfilterSync:
 
     def _timeout(self) -> float:
         now = self.clock()
+        if self.released:
+            return 3600.0  # idle: only the stop event ends the wait
         wake = [self._next_check, self._next_audit]
         if self._retry_at is not None:
             wake.append(self._retry_at)

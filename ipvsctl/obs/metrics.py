@@ -431,6 +431,19 @@ class Metrics:
             "external-IP virtual servers, at the last reading of the IPVS table.",
             registry=r,
         )
+        # The handover to another proxy (ipvsctl/reconcile/handover.py)
+        self.handover_phase = Gauge(
+            "ipvsctl_handover_phase",
+            "0 serving; 1 handing over (asked: adding nothing new, waiting for the last "
+            "connection); 2 handed over (everything ipvsctl owned removed, idle).",
+            registry=r,
+        )
+        self.handover_open_connections = Gauge(
+            "ipvsctl_handover_open_connections",
+            "While handing over: connections still open (established or closing) through "
+            "ipvsctl's virtual servers, at the last reading.",
+            registry=r,
+        )
         # Drains that Kubernetes can see (ipvsctl/kube/events.py)
         self.drain_connections_cut = Counter(
             "ipvsctl_drain_connections_cut",

@@ -45,6 +45,7 @@ from ipvsctl.plan.capacity import rank as capacity_rank
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
 from ipvsctl.plan.guard import too_many
+from ipvsctl.plan.handover import Held, narrow, release_ops
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier, Then
@@ -136,6 +137,10 @@ class Engine:
         # yet). Plain attributes, read by the HTTP thread without the lock.
         self.pending_since: float | None = None
         self.last_updated: float | None = None
+        # A handover (plan/handover.py): what ipvsctl held when it was asked, the most a
+        # Service may have from then on (None: serving); `idle` once everything went.
+        self.held: Held | None = None
+        self.idle = False
 
         # The background reads call this in their loops; the loop sets its own
         # (`EventsFirst.give_way`: a reader steps aside while an event waits).
@@ -168,7 +173,7 @@ class Engine:
             self.metrics,
             owned=lambda key: self.owned(key),
             batch=config.audit_batch,
-            ready=lambda: self.started,
+            ready=lambda: self.started and not self.idle,
             on_repair=self._repaired,
             give_way=lambda: self.give_way(),
             service_drain_timeout=lambda: self.config.service_drain_timeout,
@@ -180,7 +185,7 @@ class Engine:
             self.applier,
             self.state,
             self.clock,
-            ready=lambda: self.started,
+            ready=lambda: self.started and not self.idle,
         )
         self._metrics_gauges()
 
@@ -191,6 +196,8 @@ class Engine:
         return self.intake.ready(self.config.wait_for_node)
 
     def handle(self, event: SourceEvent) -> None:
+        if self.idle:  # handed over: nothing to keep up to date until a restart
+            return
         services, node = self.intake.handle(event)
         self.dirty |= services
         if services and self.pending_since is None:
@@ -276,7 +283,7 @@ class Engine:
     def sync(self) -> SyncResult:
         """Bring the kernel in line for every changed Service (all of them, the first
         time). Failed Services stay dirty; the caller retries with backoff."""
-        if not self.ready:
+        if not self.ready or self.idle:
             return SyncResult()
         self.repaired = False
         if not self.started:
@@ -360,6 +367,8 @@ class Engine:
             new = self._build(ref)
             if new is not None:
                 new = self._not_foreign(self.contention.resolve(new, self._live_owners))
+        if new is not None and self.held is not None:
+            new = narrow(new, self.held)  # handing over: nothing new
         draining_vs = self.drains.draining_virtual_servers
         if new is not None and draining_vs:
             # A draining virtual server is no live claim: the Service that claims its key
@@ -423,6 +432,37 @@ class Engine:
     @property
     def _live_owners(self) -> LiveOwners:
         return LiveOwners(self.state.owner, self.drains.draining_virtual_servers)
+
+    # --- handover (plan/handover.py) -----------------------------------------------------
+    def hold(self, held: Held) -> None:
+        """A handover was asked: from now on a Service gets at most what `held` has (a
+        Service already in line with the kernel has nothing to narrow: no resync)."""
+        self.held = held
+
+    def release_all(self) -> tuple[int, int]:
+        """The handover's last step: every virtual server ipvsctl holds deleted (with the
+        addresses it bound; their drains go with them), every Service heard as having none;
+        then the engine is idle (events, syncs, audits and drain checks do nothing) until
+        the daemon restarts. Returns (virtual servers deleted, failed): with failures it
+        stays as it is, to be called again."""
+        gone = failed = 0
+        for ref, ops in release_ops(self.state.by_service):
+            for op in ops:  # each on its own: one failure does not keep the others
+                if self.applier.apply(ref, [op]).failed:
+                    failed += 1
+                else:
+                    gone += 1
+        if failed:
+            return gone, failed
+        for ref, old in sorted(self.state.desired.items()):
+            self.feed.service_changed(ref, old, None)
+        self.state.desired.clear()
+        self.state.by_service.clear()
+        self.dirty.clear()
+        self.pending_since = None
+        self.idle = True
+        self.feed.handed_over()
+        return gone, 0
 
     # --- start-up -----------------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:

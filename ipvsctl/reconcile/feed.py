@@ -2,7 +2,7 @@
 
 The engine and its applier are given one `ChangeFeed` when they are built and publish on it;
 a feature (daemon/features/) says what it hears as a `Subscriptions` record, and the wiring
-subscribes it before the daemon starts. Four kinds of change, each called on the loop's
+subscribes it before the daemon starts. Five kinds of change, each called on the loop's
 thread under its lock, in the order of subscription, O(the change) for every listener:
 
     service_changed(ref, old, new)   a Service's changes reached the kernel (its desired
@@ -12,6 +12,9 @@ thread under its lock, in the order of subscription, O(the change) for every lis
     node_changed(node, at)           this node's Node changed (as now read; the event's
                                      arrival, monotonic)
     connections_cut(cut)             a drain's deadline cut established connections of a pod
+    handed_over()                    the node is handed over to another proxy: every virtual
+                                     server is gone (each Service heard with None first);
+                                     remove what is yours and stay idle
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | 
 VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], None]
 NodeListener = Callable[[NodeInfo | None, float], None]
 CutListener = Callable[[ConnectionsCut], object]  # never blocks: a writer queues it
+HandedOverListener = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +46,18 @@ class Subscriptions:
     vs_drain: VirtualServerDrainListener | None = None
     node: NodeListener | None = None
     cut: CutListener | None = None
+    handed_over: HandedOverListener | None = None
 
 
 class ChangeFeed:
-    __slots__ = ("_cuts", "_nodes", "_services", "_vs_drains")
+    __slots__ = ("_cuts", "_handed_over", "_nodes", "_services", "_vs_drains")
 
     def __init__(self, *subscriptions: Subscriptions) -> None:
         self._services: list[ServiceListener] = []
         self._vs_drains: list[VirtualServerDrainListener] = []
         self._nodes: list[NodeListener] = []
         self._cuts: list[CutListener] = []
+        self._handed_over: list[HandedOverListener] = []
         for s in subscriptions:
             self.subscribe(s)
 
@@ -64,6 +70,8 @@ class ChangeFeed:
             self._nodes.append(s.node)
         if s.cut is not None:
             self._cuts.append(s.cut)
+        if s.handed_over is not None:
+            self._handed_over.append(s.handed_over)
 
     def unsubscribe(self, s: Subscriptions) -> None:
         """A part that stopped (nftables found unusable at start-up) hears nothing more."""
@@ -75,6 +83,8 @@ class ChangeFeed:
             self._nodes.remove(s.node)
         if s.cut is not None:
             self._cuts.remove(s.cut)
+        if s.handed_over is not None:
+            self._handed_over.remove(s.handed_over)
 
     # --- publishing (the engine and its applier) -------------------------------------------
     def service_changed(
@@ -94,3 +104,7 @@ class ChangeFeed:
     def connections_cut(self, cut: ConnectionsCut) -> None:
         for listener in self._cuts:
             listener(cut)
+
+    def handed_over(self) -> None:
+        for listener in self._handed_over:
+            listener()

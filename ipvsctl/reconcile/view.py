@@ -37,6 +37,13 @@ class EngineView:
         return self._engine.started
 
     @property
+    def handover(self) -> str:
+        """`serving`, `handing_over` (asked: nothing new is added) or `handed_over`
+        (everything ipvsctl owned removed; idle until restarted): plan/handover.py."""
+        e = self._engine
+        return "handed_over" if e.idle else "handing_over" if e.held is not None else "serving"
+
+    @property
     def node(self) -> NodeContext:
         return self._engine.config.node
 

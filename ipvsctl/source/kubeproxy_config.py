@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -139,6 +139,7 @@ class Settings:
     node_port_cidrs: tuple[str, ...] = ()  # nodePortAddresses: NodePorts on these only
     strict_arp: bool = False  # ipvs.strictARP
     notes: list[tuple[str, str]] = field(default_factory=list)  # (field, what ipvsctl does)
+    sources: dict[str, str] = field(default_factory=dict)  # flag (parameter name) -> field
 
 
 Setter = Callable[[Any, Settings], None]
@@ -333,43 +334,125 @@ BY_PATH: Mapping[str, Field] = {f.path: f for f in FIELDS}
 _OBJECTS = {p.rpartition(".")[0] for p in BY_PATH if "." in p}
 
 
-def translate(doc: Any) -> Settings:
-    """The settings of a parsed KubeProxyConfiguration; KubeProxyConfigError otherwise."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What ipvsctl does with one field of the file: `kind` None for a field left empty
+    (kube-proxy's default: nothing to do); `error` for one refused (why)."""
+
+    path: str
+    value: Any  # as the file has it
+    kind: Kind | None
+    ipvsctl: str  # the table's text: the flag it sets, what ipvsctl does instead, why not
+    error: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class Judgement:
+    """Every field of a file judged, in the file's order (apiVersion and kind first), and
+    the settings of the fields accepted. `refusal`: the first field refused, the one `run
+    --config` names; None when the file can be used."""
+
+    verdicts: list[Verdict] = field(default_factory=list)
+    settings: Settings = field(default_factory=Settings)
+    refusal: KubeProxyConfigError | None = None
+
+    def refuse(self, path: str, value: Any, kind: Kind | None, text: str, why: str) -> None:
+        self.verdicts.append(Verdict(path, value, kind, text, why))
+        if self.refusal is None:
+            self.refusal = KubeProxyConfigError(path, why)
+
+
+_UNSET = object()
+
+
+def judge(doc: Any) -> Judgement:
+    """Every field of a parsed document judged, as `run --config` and `check-config` read
+    it. A document that is not a KubeProxyConfiguration (its apiVersion or kind) is
+    refused on that alone: a KubeletConfiguration is not judged field by field."""
+    j = Judgement()
     if not isinstance(doc, dict):
-        raise KubeProxyConfigError("(file)", "not a KubeProxyConfiguration object")
-    for key in ("apiVersion", "kind"):
+        j.refuse("(file)", doc, None, "", "not a KubeProxyConfiguration object")
+        return j
+    for key in ("kind", "apiVersion"):  # a KubeletConfiguration is refused as such
+        f = BY_PATH[key]
         if key not in doc:
-            raise KubeProxyConfigError(key, f"missing (want {API_VERSION} {KIND})")
-    values: dict[str, Any] = {}
-    _flatten(doc, "", values)
-    settings = Settings()
-    for path, raw in values.items():
-        f = BY_PATH[path]
+            j.refuse(key, None, f.kind, f.ipvsctl, f"missing (want {KIND} {API_VERSION})")
+        elif doc[key] not in f.allowed:
+            j.refuse(
+                key,
+                doc[key],
+                f.kind,
+                f.ipvsctl,
+                f"{doc[key]!r}: not kube-proxy's file (want {KIND} {API_VERSION})",
+            )
+        else:
+            j.verdicts.append(Verdict(key, doc[key], f.kind, f.ipvsctl))
+    if j.refusal is not None:
+        return j
+    rest = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
+    for path, raw in _flatten(rest, "", j):
+        _judge_field(BY_PATH[path], raw, j)
+    return j
+
+
+def _judge_field(f: Field, raw: Any, j: Judgement) -> None:
+    try:
+        value = f.parse(raw)
+    except ValueError as exc:
+        j.refuse(f.path, raw, f.kind, f.ipvsctl, str(exc))
+        return
+    if f.kind is Kind.REFUSED:
+        if value not in f.allowed:
+            j.refuse(f.path, raw, f.kind, f.ipvsctl, f"{value!r} is not supported: {f.ipvsctl}")
+            return
+        # kube-proxy's default (or what ipvsctl is): fine, nothing to set
+        j.verdicts.append(Verdict(f.path, raw, f.kind if not _is_empty(value) else None, f.ipvsctl))
+        return
+    if _is_empty(value):
+        j.verdicts.append(Verdict(f.path, raw, None, f.ipvsctl))
+        return
+    if f.kind is Kind.SETS:
+        assert f.apply is not None
+        before = dict(j.settings.flags)
         try:
-            value = f.parse(raw)
-        except ValueError as exc:
-            raise KubeProxyConfigError(path, str(exc)) from None
-        if f.kind is Kind.REFUSED:
-            if value not in f.allowed:
-                raise KubeProxyConfigError(path, f"{value!r} is not supported: {f.ipvsctl}")
-        elif f.kind is Kind.SETS:
-            assert f.apply is not None
-            f.apply(value, settings)
-        elif not _is_empty(value):
-            settings.notes.append((path, f.ipvsctl))
-    return settings
+            f.apply(value, j.settings)
+        except KubeProxyConfigError as exc:
+            j.refuse(f.path, raw, f.kind, f.ipvsctl, str(exc).removeprefix(f"{exc.path}: "))
+            return
+        for name, v in j.settings.flags.items():
+            if before.get(name, _UNSET) != v:
+                j.settings.sources[name] = f.path
+    else:
+        j.settings.notes.append((f.path, f.ipvsctl))
+    j.verdicts.append(Verdict(f.path, raw, f.kind, f.ipvsctl))
 
 
-def _flatten(obj: dict[Any, Any], prefix: str, out: dict[str, Any]) -> None:
+def translate(doc: Any) -> Settings:
+    """The settings of a parsed KubeProxyConfiguration; KubeProxyConfigError (the first
+    field refused) otherwise."""
+    j = judge(doc)
+    if j.refusal is not None:
+        raise j.refusal
+    return j.settings
+
+
+def _flatten(obj: dict[Any, Any], prefix: str, j: Judgement) -> Iterator[tuple[str, Any]]:
+    """The table's fields the document sets, in its order; an unknown key or an object
+    of the wrong type refused where it stands."""
     for key, value in obj.items():
         path = f"{prefix}{key}" if isinstance(key, str) else f"{prefix}{key!r}"
         if path in BY_PATH:
-            out[path] = value
+            yield path, value
         elif path in _OBJECTS:
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise KubeProxyConfigError(path, f"{value!r} is not an object")
-            _flatten(value, f"{path}.", out)
+                j.refuse(path, value, None, "", f"{value!r} is not an object")
+                continue
+            yield from _flatten(value, f"{path}.", j)
         else:
-            raise KubeProxyConfigError(path, "unknown field (not in kube-proxy's v1alpha1)")
+            j.refuse(path, value, None, "", "unknown field (not in kube-proxy's v1alpha1)")

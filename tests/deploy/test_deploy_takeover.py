@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,168 @@ def test_node_prep_reads_strict_arp_as_the_parser_does(tmp_path, file):
     assert r.returncode == 0, r.stderr
     arp = (proc / "net/ipv4/conf/all/arp_ignore").read_text().strip()
     assert arp == ("1" if want else "0"), r.stderr
+
+
+GUIDE = REPO / "docs" / "migrating-from-kube-proxy.md"
+KUBELET_CONFIGMAP = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kube-proxy, namespace: kube-system}
+data:
+  config.conf: |
+    apiVersion: kubelet.config.k8s.io/v1beta1
+    authentication:
+      anonymous: {enabled: false}
+    kind: KubeletConfiguration
+"""
+
+
+def check_block() -> str:
+    """The guide's own commands that check kube-proxy's file before the move."""
+    from .test_deploy_runbook import sh_blocks
+
+    found = [b for b in sh_blocks(GUIDE.read_text()) if "ipvsctl check-config" in b]
+    assert len(found) == 1, f"{len(found)} blocks check the file"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("configmap", "code", "named"),
+    [
+        *((p, 0, None) for p in CONFIGMAPS),
+        (DATA / "kube-proxy" / "eks-iptables.conf", 2, "mode"),
+        (None, 2, "kind"),
+    ],
+    ids=[p.name.split(".")[0] for p in CONFIGMAPS] + ["eks-iptables", "kubelet"],
+)
+def test_the_guides_check_accepts_and_refuses_as_run_does(tmp_path, configmap, code, named):
+    """The guide's block, run by bash: kubectl is a stand-in that answers the guide's `get
+    cm` with the real kubectl's jsonpath over a ConfigMap file; ipvsctl is the program.
+    kubeadm's files exit 0; another mode's and a kubelet's exit 2 naming the field."""
+    if configmap is None:
+        cm = tmp_path / "cm.yaml"
+        cm.write_text(KUBELET_CONFIGMAP)
+    elif yaml.safe_load(configmap.read_text()).get("kind") != "ConfigMap":
+        body = configmap.read_text()
+        cm = tmp_path / "cm.yaml"
+        cm.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+                    "data": {"config.conf": body},
+                }
+            )
+        )
+    else:
+        cm = configmap
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "kubectl"
+    stub.write_text(
+        "#!/bin/bash\n"
+        # exactly the guide's read of the ConfigMap, evaluated by the real kubectl
+        'if [ "$1 $2 $3 $4 $5" != "-n kube-system get cm kube-proxy" ]; then\n'
+        '  echo "stand-in kubectl: unexpected $*" >&2; exit 3\nfi\n'
+        f"exec {kubectl()} patch --local -f {cm} --type merge -p '{{}}' \"${{@:6}}\"\n"
+    )
+    stub.chmod(0o755)
+    ipvsctl_bin = Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:{ipvsctl_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", check_block()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert (tmp_path / "config.conf").exists()
+    if named is None:
+        assert "accepts" in r.stdout and "clusterCIDR" in r.stdout, r.stdout
+    else:
+        errors = [line for line in r.stderr.splitlines() if line.startswith("ipvsctl: ")]
+        assert len(errors) == 1 and f": {named}: " in errors[0], r.stderr
+
+
+def leaving_blocks() -> list[str]:
+    from .test_deploy_runbook import sh_blocks
+
+    text = GUIDE.read_text()
+    start = text.index("## Leaving ipvsctl")
+    return sh_blocks(text[start : text.index("\n## ", start + 1)])
+
+
+def test_the_guides_nftables_daemonset_is_kubeadms_on_the_leaving_nodes_only(tmp_path):
+    """The guide's patch, run by bash with the real kubectl on kubeadm's DaemonSet: another
+    DaemonSet (its own name and pods, so the two never fight), kube-proxy's container as it
+    was, the nftables ConfigMap, and only nodes labelled as leaving."""
+    (block,) = [b for b in leaving_blocks() if "kube-proxy-nftables.yaml" in b]
+    script = block.split("kubectl apply")[0]  # up to the file; applying needs a cluster
+    (tmp_path / "kube-proxy-ds.yaml").write_text(KUBEADM_DAEMONSET.read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(kubectl())
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    ds = yaml.safe_load((tmp_path / "kube-proxy-nftables.yaml").read_text())
+    kp = yaml.safe_load(KUBEADM_DAEMONSET.read_text())
+    assert ds["metadata"]["name"] == "kube-proxy-nftables"
+    labels = {"k8s-app": "kube-proxy-nftables"}
+    assert ds["spec"]["selector"]["matchLabels"] == labels
+    assert ds["spec"]["template"]["metadata"]["labels"] == labels
+    spec, kp_spec = ds["spec"]["template"]["spec"], kp["spec"]["template"]["spec"]
+    leaving = {**kp_spec.get("nodeSelector", {}), "ipvsctl.io/leaving": "true"}
+    assert spec["nodeSelector"] == leaving and "affinity" not in spec
+    assert spec["containers"] == kp_spec["containers"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["kube-proxy"]["configMap"] == {"name": "kube-proxy-nftables"}
+    assert {n: v for n, v in volumes.items() if n != "kube-proxy"} == {
+        v["name"]: v for v in kp_spec["volumes"] if v["name"] != "kube-proxy"
+    }
+
+
+def test_the_guides_nftables_configmap_is_kube_proxys_in_nftables_mode(tmp_path):
+    """The guide's ConfigMap block on kubeadm's ConfigMap (stand-in kubectl: the real
+    kubectl's jsonpath over the file; `create` recorded): nftables mode, everything else
+    kube-proxy's, and the original left as ipvsctl reads it."""
+    (block,) = [b for b in leaving_blocks() if "create configmap" in b]
+    cm = CONFIGMAPS[-1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "kubectl"
+    stub.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1 $2 $3" = "-n kube-system create" ]; then echo "$@" > created; exit 0; fi\n'
+        'if [ "$1 $2 $3 $4 $5" != "-n kube-system get cm kube-proxy" ]; then\n'
+        '  echo "stand-in kubectl: unexpected $*" >&2; exit 3\nfi\n'
+        f"exec {kubectl()} patch --local -f {cm} --type merge -p '{{}}' \"${{@:6}}\"\n"
+    )
+    stub.chmod(0o755)
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        cwd=tmp_path,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    created = (tmp_path / "created").read_text().split()
+    assert created[2:4] == ["configmap", "kube-proxy-nftables"]
+    want = yaml.safe_load(yaml.safe_load(cm.read_text())["data"]["config.conf"])
+    got = yaml.safe_load((tmp_path / "config.conf").read_text())
+    assert got.pop("mode") == "nftables"
+    want.pop("mode")
+    assert got == want
+    kubeconfig = yaml.safe_load(cm.read_text())["data"]["kubeconfig.conf"]
+    assert (tmp_path / "kubeconfig.conf").read_text() == kubeconfig

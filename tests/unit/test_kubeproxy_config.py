@@ -409,7 +409,11 @@ def test_noted_fields_are_logged_once_each(monkeypatch, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="ipvsctl.config"):
         r, _ = invoke(monkeypatch, tmp_path, body)
     assert r.exit_code == 0
-    noted = [rec.fields["field"] for rec in caplog.records if rec.name == "ipvsctl.config"]
+    noted = [
+        rec.fields["field"]
+        for rec in caplog.records
+        if rec.getMessage() == "kube-proxy setting not used"
+    ]
     assert sorted(noted) == ["conntrack.maxPerCore", "oomScoreAdj"]
 
 

@@ -242,6 +242,28 @@ def test_failed_push_is_retried_as_a_full_replace(setup):
     assert not sync.pending()
 
 
+def test_handed_over_the_table_goes_retried_and_is_never_written_again(setup):
+    h, nft, sync = setup
+    sync.start()
+    h.start([nodeport()], [])
+    sync.flush()
+    nft.ops()
+    nft.fail = 1
+    sync.hand_over()
+    sync.step()  # the delete fails: retried after the backoff, nothing else meanwhile
+    assert nft.exists and nft.ops() == []
+    h.upsert(service("db", cluster_ip="10.96.0.20"))
+    sync.step()
+    assert nft.ops() == []
+    h.clock.advance(CONFIG.retry_min)
+    sync.step()
+    assert nft.ops() == ["delete"] and not nft.exists and sync.released
+    # gone for good: no push, no check, no audit puts it back
+    h.clock.advance(CONFIG.audit_interval + CONFIG.check_interval)
+    sync.step()
+    assert nft.ops() == [] and not nft.exists
+
+
 def test_periodic_check_rewrites_a_missing_or_changed_table_with_its_elements(setup):
     h, nft, sync = setup
     sync.start()

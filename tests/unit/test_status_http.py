@@ -104,6 +104,7 @@ def test_status_answers_only_peers_on_the_node(tmp_path: Any) -> None:
         assert d.is_local_peer("127.0.0.1") and d.is_local_peer("::1")
         assert d.is_local_peer("192.0.2.10")
         assert not d.is_local_peer("10.244.1.7")  # a pod
-        assert d.http.local_only == {"/status", "/v1/node-quiesced"}
+        assert d.http.local_only == {"/status", "/v1/node-quiesced", "/v1/handover"}
+        assert set(d.http.actions) == {"/v1/handover"}  # POST: loopback only
     finally:
         d.http.stop()

@@ -14,4 +14,5 @@ wiring.py's `FEATURES` lists them; they know nothing of each other.
     events             Kubernetes Events for connections a drain's deadline cut
     table_guard        the IPVS table and its addresses put back when another program
                        removes them (kube-proxy's IPVS cleanup, ipvsadm -C)
+    handover           the node handed over to another proxy: /v1/handover
 """

@@ -53,7 +53,11 @@ def feature(p: Parts) -> Feature | None:
     return Feature(
         "netfilter",
         part=sync,
-        hears=Subscriptions(service=sync.on_service, vs_drain=sync.on_virtual_server_drain),
+        hears=Subscriptions(
+            service=sync.on_service,
+            vs_drain=sync.on_virtual_server_drain,
+            handed_over=sync.hand_over,
+        ),
         threads=(("netfilter", sync.run),),
         start=start,
         wake=sync.wake.set,
