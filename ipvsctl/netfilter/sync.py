@@ -15,6 +15,10 @@
   wrote them; every `audit_interval` the rules (the whole table without elements) and then
   the elements are compared too. Missing or changed, the table is rewritten whole,
   elements included, in one transaction; changed elements are refilled.
+- With a `generation` reader (netfilter/generation.py), every `generation_interval` the
+  ruleset's generation is read (one small netlink message); when someone else's transaction
+  moved it, the table is looked up at once, and a deleted table is put back within a second
+  instead of at the next check.
 """
 
 from __future__ import annotations
@@ -90,6 +94,16 @@ class SyncConfig:
     retry_min: float = 0.5
     retry_max: float = 30.0
     idle: float = 1.0  # longest sleep while something waits for the engine to be ready
+    generation_interval: float = 1.0  # the ruleset's generation read, with a reader
+
+
+class GenerationReader(Protocol):
+    """nftables' ruleset generation and whether ipvsctl's table exists (OSError when it
+    cannot say)."""
+
+    def generation(self) -> int: ...
+
+    def table_exists(self) -> bool: ...
 
 
 class NetfilterSync:
@@ -103,8 +117,11 @@ class NetfilterSync:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         node_ips: Callable[[], Collection[str]] = tuple,
+        generation: GenerationReader | None = None,
     ) -> None:
         self.nft = nft
+        self.generation = generation
+        self._generation_seen: int | None = None  # after ipvsctl's own last transaction
         self.config = config or SyncConfig()
         self.batch_lock = batch_lock
         self.ready = ready
@@ -135,6 +152,7 @@ class NetfilterSync:
         now = self.clock()
         self._next_check = now + self.config.check_interval
         self._next_audit = now + self.config.audit_interval
+        self._next_generation = now
 
     @property
     def target(self) -> str:
@@ -297,6 +315,34 @@ class NetfilterSync:
             return False  # counted and logged by the adapter; try again next time
         return self._compare(text, self.baseline[0])
 
+    def _look_for_the_table(self) -> None:
+        """Someone's transaction moved the generation: is the table still there? A missing
+        one is put back whole, as the check would (counted as a restore)."""
+        assert self.generation is not None
+        try:
+            seen = self.generation.generation()
+            if seen == self._generation_seen:
+                return
+            self._generation_seen = seen
+            if self.generation.table_exists():
+                return
+        except OSError as exc:  # the periodic check still covers it
+            log.debug("nftables generation unreadable", extra=fields(error=exc))
+            return
+        with self._lock:
+            if self.needs_table:
+                return  # already being put back
+        self._compare(None, self.baseline[0])
+
+    def _after_own_transaction(self) -> None:
+        """The generation ipvsctl's own push left: not someone else's change."""
+        if self.generation is None:
+            return
+        try:
+            self._generation_seen = self.generation.generation()
+        except OSError:
+            self._generation_seen = None
+
     def _compare(self, text: str | None, baseline: str | None) -> bool:
         if text is not None and text == baseline:
             return True
@@ -397,6 +443,9 @@ class NetfilterSync:
             if not self.released and (self._retry_at is None or now >= self._retry_at):
                 self._release(now)
             return
+        if self.generation is not None and now >= self._next_generation:
+            self._next_generation = now + self.config.generation_interval
+            self._look_for_the_table()
         if now >= self._next_check:
             self._next_check = now + self.config.check_interval
             self.check()
@@ -405,7 +454,10 @@ class NetfilterSync:
             self.audit()
         if self._retry_at is not None and now < self._retry_at:
             return
+        pushing = self.generation is not None and self.pending()
         if self.flush():
+            if pushing:
+                self._after_own_transaction()
             self._retry_at = None
             self._retry_delay = self.config.retry_min
         else:
@@ -420,6 +472,8 @@ class NetfilterSync:
         if self.released:
             return 3600.0  # idle: only the stop event ends the wait
         wake = [self._next_check, self._next_audit]
+        if self.generation is not None:
+            wake.append(self._next_generation)
         if self._retry_at is not None:
             wake.append(self._retry_at)
         elif self.pending():

@@ -22,7 +22,9 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.flushkit import Stream, StreamServer, UdpFlow, flush_like_kube_proxy
 from devkit.labkit import Node, Pod, sh, wait_for
+from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.netfilter.generation import NftGeneration, open_netfilter_socket
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict, replace_table_ruleset
 from tests.lab import netkit
 
@@ -256,5 +258,44 @@ def test_the_daemon_puts_back_a_table_kube_proxy_flushed_and_every_stream_comple
             restores = d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"})
             interface = d.metrics.value("ipvsctl_table_restores_total", {"what": "interface"})
             assert restores >= 1 and interface >= 1, (restores, interface)
+            # its nftables table deleted (`nft flush ruleset`): back, hold rules and all, on
+            # the generation read (the periodic check is 30 s; the time is recorded)
+            t1 = time.monotonic()
+            sh("nft", "delete", "table", "inet", "ipvsctl", netns=node.name)
+            wait_for(
+                lambda: (
+                    d.metrics.value("ipvsctl_table_restores_total", {"what": "nftables"}) >= 1
+                    and "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl")
+                ),
+                timeout=90,
+                interval=0.05,
+                what="the nftables table put back",
+            )
+            timing("nft_table_deleted_to_restored_s", time.monotonic() - t1)
     finally:
         server.close()
+
+
+def test_nfnetlink_says_the_generation_moved_and_whether_ipvsctls_table_is_there(
+    node: Node,
+) -> None:
+    """The generation read the netfilter sync polls (one nfnetlink message) moves with any
+    program's nftables transaction, and the table lookup it then makes tells a deleted
+    `inet ipvsctl` from a present one, on the real kernel."""
+    watch = NftGeneration("inet ipvsctl", lambda: run_in_netns(node.name, open_netfilter_socket))
+    sh("nft", "add", "table", "inet", "ipvsctl", netns=node.name)
+    first = watch.generation()
+    assert watch.generation() == first  # a read moves nothing
+    assert watch.table_exists()
+    sh("nft", "add", "table", "ip", "someone_else", netns=node.name)
+    second = watch.generation()
+    assert second != first
+    assert watch.table_exists()
+    sh("nft", "delete", "table", "inet", "ipvsctl", netns=node.name)
+    assert watch.generation() != second
+    assert not watch.table_exists()
+    assert not NftGeneration(
+        "ip ipvsctl", lambda: run_in_netns(node.name, open_netfilter_socket)
+    ).table_exists()  # a family is part of a table's name
+    sh("nft", "delete", "table", "ip", "someone_else", netns=node.name)
+    watch.close()

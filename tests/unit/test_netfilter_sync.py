@@ -7,6 +7,7 @@ import re
 import threading
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, vs
@@ -14,6 +15,7 @@ from ipvsctl.model import ServiceRef
 from ipvsctl.netfilter.nft import NftError, NftNotFound, NftUnavailable
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
+from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.feed import Subscriptions
 from tests.unit.test_netfilter_ruleset import desired
 
@@ -480,3 +482,71 @@ def test_the_daemon_s_node_addresses_are_never_filtered():
     assert sync.flush()
     assert _filter(nft) == {"vips4": {"10.96.0.10"}, "vip-ports4": {"10.96.0.10 . tcp . 30080"}}
     assert nft.elements()["192.0.2.10 . tcp . 30080"] == "external"  # still masqueraded
+
+
+class FakeGeneration:
+    """nftables' generation as nfnetlink says it: moved by every transaction, anyone's."""
+
+    def __init__(self, nft: FakeNft) -> None:
+        self.nft = nft
+        self.seen = len(nft.scripts)
+        self.foreign = 0  # transactions of other programs
+        self.lookups = 0
+        self.broken = False
+
+    def generation(self) -> int:
+        if self.broken:
+            raise OSError(93, "Protocol not supported")
+        self.seen = max(self.seen, len(self.nft.scripts))
+        return self.seen + self.foreign
+
+    def table_exists(self) -> bool:
+        self.lookups += 1
+        return self.nft.exists
+
+
+def test_a_table_someone_deletes_is_back_within_a_generation_read_not_the_check():
+    h = Harness()
+    nft = FakeNft()
+    gen = FakeGeneration(nft)
+    metrics = Metrics(registry=CollectorRegistry())
+    sync = NetfilterSync(
+        nft,
+        CONFIG,
+        ready=lambda: h.engine.started,
+        clock=h.clock.monotonic,
+        generation=gen,
+        metrics=metrics,
+    )
+    h.feed.subscribe(Subscriptions(service=sync.on_service))
+    sync.start()
+    h.start([nodeport()], [])
+    sync.step()
+    nft.ops()
+    lookups = gen.lookups
+
+    h.clock.advance(CONFIG.generation_interval)
+    sync.step()  # ipvsctl's own push moved it, nobody else's: no lookup
+    assert gen.lookups == lookups and nft.ops() == []
+
+    gen.foreign += 1  # another program's transaction that left the table alone
+    h.clock.advance(CONFIG.generation_interval)
+    sync.step()
+    assert gen.lookups == lookups + 1 and nft.ops() == []
+
+    nft.exists, nft.maps = False, {n: {} for n in _NAMES}  # `nft delete table inet ipvsctl`
+    gen.foreign += 1
+    h.clock.advance(CONFIG.generation_interval)  # far before the 30 s check
+    assert CONFIG.generation_interval < CONFIG.check_interval
+    sync.step()
+    assert nft.ops() == ["table"] and len(nft.elements()) == 2
+    assert metrics.table_restores.labels("nftables")._value.get() == 1
+
+    gen.broken = True  # nfnetlink unreadable: the periodic check still covers the table
+    nft.exists, nft.maps = False, {n: {} for n in _NAMES}
+    h.clock.advance(CONFIG.generation_interval)
+    sync.step()
+    assert nft.ops() == []
+    h.clock.advance(CONFIG.check_interval)
+    sync.step()
+    assert nft.ops() == ["table"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 from ipvsctl.daemon.feature import Feature, Parts
+from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.netfilter.generation import NftGeneration, open_netfilter_socket
 from ipvsctl.netfilter.nft import NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
@@ -22,13 +24,19 @@ def feature(p: Parts) -> Feature | None:
     if p.nft is None:
         return None
     o = p.options.netfilter
+    ruleset = RulesetConfig(o.cluster_cidrs, o.masquerade_all)
+    # The generation is read where nft runs (the lab's in-process daemons: a namespace).
+    netns = getattr(p.nft, "netns", None)
     sync = NetfilterSync(
         p.nft,
-        SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
+        SyncConfig(ruleset),
         batch_lock=p.loop.lock,
         ready=lambda: p.view.started,
         metrics=p.metrics,
         node_ips=lambda: p.view.node.node_ips,
+        generation=NftGeneration(
+            ruleset.target, lambda: run_in_netns(netns, open_netfilter_socket)
+        ),
     )
 
     def start() -> bool:
