@@ -126,9 +126,9 @@ class NftGeneration:
                         continue  # an earlier request's late answer
                     if kind == NLMSG_ERROR:
                         code = -struct.unpack_from("=i", data, _HEADER.size)[0]
-                        if code:
-                            raise OSError(code, os.strerror(code))
-                        continue  # an ack
+                        if code == 0:
+                            continue  # an ack
+                        break
                     if kind == NLMSG_DONE:
                         raise OSError(errno.EPROTO, "no answer")
                     return data[:length]
@@ -136,3 +136,4 @@ class NftGeneration:
                 self._sock.close()  # a fresh socket next time: no answer left queued
                 self._sock = None
                 raise
+        raise OSError(code, os.strerror(code))  # the kernel's answer: the socket is fine

@@ -11,7 +11,7 @@ import logging
 from ipvsctl.daemon.feature import Feature, Parts
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.netfilter.generation import NftGeneration, open_netfilter_socket
-from ipvsctl.netfilter.nft import NftError, NftUnavailable
+from ipvsctl.netfilter.nft import Nft, NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
 from ipvsctl.obs.logging import fields
@@ -25,8 +25,14 @@ def feature(p: Parts) -> Feature | None:
         return None
     o = p.options.netfilter
     ruleset = RulesetConfig(o.cluster_cidrs, o.masquerade_all)
-    # The generation is read where nft runs (the lab's in-process daemons: a namespace).
-    netns = getattr(p.nft, "netns", None)
+    # The generation is read where nft runs (the lab's in-process daemons: a namespace);
+    # only beside the real nft (a stand-in's table is in no kernel).
+    netns = p.nft.netns if isinstance(p.nft, Nft) else None
+    generation = (
+        NftGeneration(ruleset.target, lambda: run_in_netns(netns, open_netfilter_socket))
+        if isinstance(p.nft, Nft)
+        else None
+    )
     sync = NetfilterSync(
         p.nft,
         SyncConfig(ruleset),
@@ -34,9 +40,7 @@ def feature(p: Parts) -> Feature | None:
         ready=lambda: p.view.started,
         metrics=p.metrics,
         node_ips=lambda: p.view.node.node_ips,
-        generation=NftGeneration(
-            ruleset.target, lambda: run_in_netns(netns, open_netfilter_socket)
-        ),
+        generation=generation,
     )
 
     def start() -> bool:
