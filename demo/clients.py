@@ -81,6 +81,7 @@ class Record:
     error: str | None
     pod: str | None
     conn: int | None = None  # long-lived connection number
+    connect: float | None = None  # seconds the TCP handshake took (ShortLoad)
 
 
 @dataclass
@@ -137,12 +138,14 @@ class ShortLoad:
             start = self.clock()
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.settimeout(self.timeout)
+            connected: float | None = None
             try:
                 s.connect((self.address, self.port))
+                connected = self.clock() - start
                 pod = request(s, work, True, bytearray())
-                rec = Record(start, self.clock(), True, None, pod)
+                rec = Record(start, self.clock(), True, None, pod, connect=connected)
             except Exception as exc:
-                rec = Record(start, self.clock(), False, classify(exc), None)
+                rec = Record(start, self.clock(), False, classify(exc), None, connect=connected)
             finally:
                 s.close()
             with self._lock:
