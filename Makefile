@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints
+.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints cluster-lab
 
 all: test
 
@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check ipvsctl devkit tests bench demo
-	$(BIN)/ruff format --check ipvsctl devkit tests bench demo
+	$(BIN)/ruff check ipvsctl devkit tests bench demo clusterlab
+	$(BIN)/ruff format --check ipvsctl devkit tests bench demo clusterlab
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
@@ -60,6 +60,28 @@ else
 	$(BIN)/python -m demo.plot --in $(DEMO_OUT)/rollout.json
 	@echo "demo: report $(DEMO_OUT)/report.txt, timeline $(DEMO_OUT)/timeline.png, data $(DEMO_OUT)/rollout.json"
 endif
+
+# make cluster-lab: three nodes in one lab VM, each with its own `ipvsctl run` process, one
+# API server, a load balancer health-checking the nodes, clients on every node and outside;
+# every scenario (rolling update, a held-back node, ipvsctl's own upgrade, node drain,
+# Service deleted, topology change, scale to zero, a UDP rollout) under load, with ipvsctl
+# as shipped and with draining off, every failed request, reset and cut stream counted.
+# About an hour under emulation. Results in out/cluster-lab/ (report.txt, results.json,
+# table.md; docs/demo.md says how to read them); a complete run also rewrites
+# docs/benchmarks.md's "Rollout under load" (bench/results/cluster-lab.json).
+# CLUSTER_LAB_ARGS='--scenarios rollout,slow-node --modes ipvsctl' runs a part (published
+# nowhere).
+# make test runs a subset (tests/lab/test_cluster_lab.py: rollout and slow-node with ipvsctl,
+# slow-node with draining off), inside test-lab's boot.
+CLUSTER_OUT := out/cluster-lab
+CLUSTER_LAB_ARGS ?=
+cluster-lab: venv lab-deps
+	@mkdir -p $(CLUSTER_OUT) && rm -f $(CLUSTER_OUT)/results.json $(CLUSTER_OUT)/cluster-lab.json
+	@cat /proc/loadavg > $(CLUSTER_OUT)/host-load-before
+	IPVSCTL_LAB_TIMEOUT=9000 $(BIN)/python -m tests.lab.boot --out $(CLUSTER_OUT) --run 'python -m clusterlab --out $(CLUSTER_OUT) $(CLUSTER_LAB_ARGS)'
+	$(BIN)/python -m clusterlab.publish --in $(CLUSTER_OUT)
+	@if [ -f $(CLUSTER_OUT)/cluster-lab.json ]; then $(BIN)/python -m bench.report --in $(CLUSTER_OUT); fi
+	@echo "cluster-lab: report $(CLUSTER_OUT)/report.txt, table $(CLUSTER_OUT)/table.md, data $(CLUSTER_OUT)/results.json"
 
 # make bench: every benchmark in one run (lab VM for the real-kernel parts, then the host's
 # parts), results in bench/results/ and docs/benchmarks.md. An hour or more under emulation

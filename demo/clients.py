@@ -73,6 +73,23 @@ def request(sock: socket.socket, work_ms: int, close: bool, buf: bytearray) -> s
     return headers.get("x-pod", "?")
 
 
+def read_stream_head(sock: socket.socket) -> tuple[str | None, bytes]:
+    """A `/stream` answer's head: the answering pod (`X-Pod`) and what came after the head."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(4096)
+        if not data:
+            raise RequestFailed("closed", "connection closed before the answer")
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    pod = None
+    for line in head.decode(errors="replace").split("\r\n")[1:]:
+        k, _, v = line.partition(":")
+        if k.strip().lower() == "x-pod":
+            pod = v.strip()
+    return pod, rest
+
+
 @dataclass
 class Record:
     start: float
@@ -273,17 +290,7 @@ class HalfClosed:
             if self.half_close:
                 s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
                 self.half_closed = self.clock()
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = s.recv(4096)
-                if not data:
-                    raise RequestFailed("closed", "connection closed before the answer")
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            for line in head.decode(errors="replace").split("\r\n")[1:]:
-                k, _, v = line.partition(":")
-                if k.strip().lower() == "x-pod":
-                    self.pod = v.strip()
+            self.pod, buf = read_stream_head(s)
             self._started.set()
             while True:
                 while b"\n" in buf:

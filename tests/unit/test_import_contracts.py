@@ -35,7 +35,7 @@ FLOORS = "every package on a floor"
 
 
 def _copy(tmp_path: Path) -> None:
-    for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
+    for package in ("ipvsctl", "devkit", "bench", "demo", "clusterlab", "tests"):
         shutil.copytree(
             REPO / package,
             tmp_path / package,
@@ -67,6 +67,7 @@ def _copy(tmp_path: Path) -> None:
         ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
         ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
         ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
+        ("../demo/app.py", "import clusterlab.scenarios", "the dev tools import downward"),
         ("../devkit/builders.py", "import tests.unit", "nothing outside tests/ imports tests/"),
     ],
 )
