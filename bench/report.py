@@ -248,11 +248,14 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
         "",
         "Three nodes (network namespaces in one VM), each running `ipvsctl run` as its "
         "DaemonSet would, one API server, a load balancer health-checking every node's "
-        "`:10256/healthz`; short requests (1/s) and one 8 s stream at a time from a pod on "
-        "every node and from outside through the load balancer; DNS-like UDP queries (4/s "
-        "per node) for the UDP rollout. **ipvsctl** is as shipped, pods with the "
-        "shutdown-manager's preStop; **draining off** is `--drain-timeout 0 "
-        "--service-drain-timeout 0` and no preStop. A cell is failed requests / resets / cut "
+        "`:10256/healthz`; short requests (1/s) and two 8 s streams at a time from a pod "
+        "on every node, the same from outside through the load balancer (four streams); "
+        "DNS-like UDP queries (8/s per node, failed after 2 s unanswered) for the UDP "
+        "rollout. **ipvsctl** is as "
+        "shipped, pods with the shutdown-manager's preStop; **draining off** is "
+        "`--drain-timeout 0 --service-drain-timeout 0`, every Service annotated "
+        '`ipvsctl.io/drain-timeout: "0"` (without it a terminating endpoint still drains '
+        "for its pod's life) and no preStop. A cell is failed requests / resets / cut "
         "streams / connect p99; docs/demo.md says how each is counted and how to read a "
         "run. The connect p99 is the clients' view in an emulated guest whose one harness "
         "process runs every client and app: it measures the machine more than the proxy.",

@@ -3,9 +3,11 @@ daemon reaches it), one `ipvsctl run` per node, the control plane, the load bala
 the Deployments and Services the scenarios work on.
 
 Modes: `ipvsctl` is ipvsctl as shipped (its drains, and the shutdown-manager's preStop on
-every pod); `nodrain` is the contrast: the daemons run with `--drain-timeout 0
---service-drain-timeout 0` and pods have no preStop (SIGTERM at once), as with a proxy
-without graceful termination. Switching restarts every daemon on its state dir.
+every pod); `nodrain` is the contrast, a proxy without graceful termination: the daemons
+run with `--drain-timeout 0 --service-drain-timeout 0`, every Service carries
+`ipvsctl.io/drain-timeout: "0"` (the flag alone leaves a terminating endpoint draining for
+its pod's life: CONTRACT.md, Draining, deadline rule 2; the annotation comes first), and
+pods have no preStop (SIGTERM at once). Switching restarts every daemon on its state dir.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from devkit.fakeapi.server import FakeAPIServer
 from devkit.labkit import parse_ipvsadm, sh
 
 MODES = ("ipvsctl", "nodrain")
+NODRAIN_ANNOTATIONS = {"ipvsctl.io/drain-timeout": "0"}
 WEB_VIP, WEB_PORT, NODE_PORT = "10.96.0.10", 80, 30080
 DNS_VIP, DNS_PORT = "10.96.0.53", 53
 WEB = kube.ServiceSpec(
@@ -131,6 +134,7 @@ class Lab:
     def _start_daemons(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+        self.cp.set_service_annotations({} if mode == "ipvsctl" else NODRAIN_ANNOTATIONS)
         for d in self.daemons:
             d.extra_args = () if mode == "ipvsctl" else NODRAIN_ARGS
             d.start()
@@ -183,9 +187,10 @@ class Lab:
         return True
 
     # --- load ------------------------------------------------------------------------------
-    def web_load(self, rate: float = 1.0, streams: int = 1, length: float = 8.0) -> Load:
+    def web_load(self, rate: float = 1.0, streams: int = 2, length: float = 8.0) -> Load:
         """Short requests and streams from the client pod of every node (to the cluster IP)
-        and from outside (to the load balancer)."""
+        and from outside (to the load balancer; twice the streams, so that some run
+        through every node)."""
         load = Load()
         targets = [
             (n.name, n.client.netns.name, WEB_VIP, WEB_PORT)
@@ -196,12 +201,13 @@ class Lab:
         targets.append(("outside", self.net.outside.name, self.balancer.address, 80))
         for name, netns, address, port in targets:
             load.add_short(name, netns, address, port, self.clock, rate)
+            count = streams * (2 if name == "outside" else 1)
             load.streams.append(
-                Streams(name, netns, address, port, self.clock, count=streams, length=length)
+                Streams(name, netns, address, port, self.clock, count=count, length=length)
             )
         return load
 
-    def dns_load(self, rate: float = 4.0) -> Load:
+    def dns_load(self, rate: float = 8.0) -> Load:
         load = Load()
         for n in self.net.nodes:
             assert n.client is not None

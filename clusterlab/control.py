@@ -2,8 +2,8 @@
 
 - **Pods.** A pod is a netns on its node (labkit.Pod) running an app: `http` pods run
   demo/app.py (requests, `/stream` downloads; on SIGTERM it stops accepting and finishes
-  what is open; SIGKILL resets it), `udp` pods a DNS-like responder (on SIGTERM it stops
-  answering at once). With the barrier on, each pod has the shutdown-manager sidecar on
+  what is open; SIGKILL resets it), `udp` pods a DNS-like responder (dns.py: on SIGTERM
+  it stops answering at once). With the barrier on, each pod has the shutdown-manager sidecar on
   :9797 (`ipvsctl.daemon.shutdown_manager.ShutdownManager`, run in-process in the pod's
   netns: a Python process per pod costs tens of seconds in the emulated guest) asking every
   node's daemon; with it off, the pod has no preStop.
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterlab import kube
+from clusterlab.dns import DnsResponder
 from clusterlab.net import ClusterNode, Network
 from demo.app import App
 from devkit.fakeapi.server import FakeAPIServer
@@ -110,7 +111,7 @@ class LivePod:
         self.dep = dep
         self.uid = f"uid-{record.name}"
         self.app: App | None = None
-        self.udp: Any = None
+        self.udp: DnsResponder | None = None
         self.sidecar: Any = None
         self.serving = False
         self.failures = 0  # readiness probes failed in a row
@@ -170,6 +171,8 @@ class ControlPlane:
         self.sidecar_timeout = sidecar_timeout
         self.sidecar_check_interval = sidecar_check_interval
         self.barrier = True  # pods get the shutdown-manager and its preStop
+        self.service_annotations: dict[str, str] = {}
+        self.responders: list[DnsResponder] = []  # every udp pod's, gone ones too
         self.services: dict[str, kube.ServiceSpec] = {}
         self.deployments: dict[str, Deployment] = {}
         self.pods: dict[str, LivePod] = {}
@@ -197,17 +200,30 @@ class ControlPlane:
         self.events.append((self.clock(), what, detail))
 
     # --- Services and the EndpointSlice controller ------------------------------------------
+    def _service_object(self, spec: kube.ServiceSpec) -> dict[str, Any]:
+        obj = kube.service_object(spec)
+        obj["metadata"]["annotations"].update(self.service_annotations)
+        return obj
+
+    def set_service_annotations(self, annotations: dict[str, str]) -> None:
+        """Annotations every Service carries (the lab's mode), applied to those there now."""
+        with self._lock:
+            self.service_annotations = dict(annotations)
+            for spec in self.services.values():
+                self.api.upsert(self._service_object(spec))
+        self.note("service annotations", str(annotations))
+
     def create_service(self, spec: kube.ServiceSpec) -> None:
         with self._lock:
             self.services[spec.name] = spec
-            self.api.upsert(kube.service_object(spec))
+            self.api.upsert(self._service_object(spec))
             self._publish_slice(spec)
         self.note("service created", spec.name)
 
     def update_service(self, spec: kube.ServiceSpec) -> None:
         with self._lock:
             self.services[spec.name] = spec
-            self.api.upsert(kube.service_object(spec))
+            self.api.upsert(self._service_object(spec))
             self._publish_slice(spec)
         self.note("service changed", f"{spec.name} trafficDistribution={spec.traffic_distribution}")
 
@@ -300,7 +316,8 @@ class ControlPlane:
         if dep.kind == "http":
             pod.app = App(name, lab.netns.name, ip, APP_PORT, clock=self.clock)
         else:
-            pod.udp = lab.serve("udp", DNS_PORT)
+            pod.udp = DnsResponder(name, lab.netns.name, ip, DNS_PORT, self.clock)
+            self.responders.append(pod.udp)
         if self.barrier:
             pod.sidecar = self._start_sidecar(pod)
         with self._lock:
@@ -382,7 +399,7 @@ class ControlPlane:
                 self.note(
                     "SIGKILL at the grace period", f"{pod.name} {rec.killed_connections} open"
                 )
-        else:
+        elif pod.udp is not None:
             pod.udp.close()
         if pod.sidecar is not None:
             with contextlib.suppress(Exception):

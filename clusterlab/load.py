@@ -10,8 +10,11 @@
   end, a kill resets it): reset, or no line for `stall` s (a proxy that drops a connection's
   packets leaves its client waiting).
 - UDP: DNS-like queries at a steady rate, each from a new socket (a new source port: a stub
-  resolver) or from one fixed port (a forwarding cache); a query fails when no answer
-  comes within `timeout`. A stall is the time from a failed query to the next answered one.
+  resolver) or from one fixed port (a forwarding cache), each with an id its answer echoes;
+  a query fails when no answer comes within `timeout` (an answer that comes later, on the
+  fixed port, is kept as `late`). A stall is the time from a failed query to the next
+  answered one. The pods keep every query they got (dns.py): a failed query is either lost
+  on the way or answered too late.
 
 Every generator runs in the netns of its client (a pod on a node, or the outside client)
 and is stopped with `stop()`, which lets open streams finish (a stream the lab ends is
@@ -20,7 +23,6 @@ not counted as cut).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import random
 import socket
@@ -121,11 +123,13 @@ class Streams:
 @dataclass
 class UdpRecord:
     client: str
+    qid: str  # the query's id, which the answer echoes and the pod keeps
     start: float
     end: float
     ok: bool
     pod: str | None
     fixed_port: bool
+    late: float | None = None  # an answer that came after the timeout (fixed port only)
 
 
 @dataclass
@@ -136,7 +140,7 @@ class UdpQueries:
     port: int
     clock: Callable[[], float]
     rate: float = 2.0
-    timeout: float = 1.0
+    timeout: float = 2.0
     fixed_share: float = 0.5  # queries sent from one fixed source port
     seed: int = 11
     records: list[UdpRecord] = field(default_factory=list)
@@ -145,6 +149,8 @@ class UdpQueries:
         self._stop = threading.Event()
         self._rng = random.Random(self.seed)
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"udp-{self.name}")
+        self._seq = 0
+        self._by_qid: dict[str, UdpRecord] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -161,40 +167,50 @@ class UdpQueries:
         try:
             while not self._stop.is_set():
                 use_fixed = self._rng.random() < self.fixed_share
-                self.records.append(self._query(fixed if use_fixed else None))
+                rec = self._query(fixed if use_fixed else None)
+                self.records.append(rec)
+                self._by_qid[rec.qid] = rec
                 nxt += 1.0 / self.rate
                 self._stop.wait(max(0.0, nxt - time.monotonic()))
         finally:
             fixed.close()
 
+    def _answer(self, data: bytes) -> tuple[str, str]:
+        pod, _, qid = data.decode(errors="replace").partition(" ")
+        return pod, qid
+
     def _query(self, sock: socket.socket | None) -> UdpRecord:
         own = sock is None
         s = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._seq += 1
+        qid = f"{self.name}:{self._seq}"
         start = self.clock()
         ok, pod = False, None
         try:
             s.settimeout(self.timeout)
-            s.sendto(b"query", (self.address, self.port))
+            s.sendto(qid.encode(), (self.address, self.port))
             deadline = time.monotonic() + self.timeout
             while time.monotonic() < deadline:
                 data, peer = s.recvfrom(2048)
-                if peer[0] == self.address:  # a late answer to an earlier query is skipped
-                    ok, pod = True, data.decode(errors="replace").split()[0]
+                if peer[0] != self.address:
+                    continue
+                answered_by, answered = self._answer(data)
+                if answered == qid:
+                    ok, pod = True, answered_by
                     break
+                self._late(answered)  # an earlier query's answer, after its timeout
         except OSError as exc:  # timeout, or ICMP port unreachable (ECONNREFUSED)
             if not isinstance(exc, TimeoutError) and exc.errno not in (errno.ECONNREFUSED,):
                 raise
         finally:
             if own:
                 s.close()
-        # a fixed socket may hold a late answer: drain it so the next query reads its own
-        if not own:
-            with contextlib.suppress(OSError):
-                s.setblocking(False)
-                while s.recv(2048):
-                    pass
-            s.setblocking(True)
-        return UdpRecord(self.name, start, self.clock(), ok, pod, not own)
+        return UdpRecord(self.name, qid, start, self.clock(), ok, pod, not own)
+
+    def _late(self, qid: str) -> None:
+        rec = self._by_qid.get(qid)
+        if rec is not None and rec.late is None:
+            rec.late = self.clock()
 
 
 @dataclass

@@ -6,7 +6,8 @@ What counts:
   A scenario may declare windows in which new connections are *expected* to fail (a Service
   deleted and not yet back, a Deployment scaled to zero): failures that started inside one
   are counted apart (`expected`), never hidden, and everything outside counts.
-- **resets**: every connection reset a client saw (a request's or a stream's).
+- **resets**: every connection reset a client saw (a request's or a stream's; a new
+  connection's in an expected window counts there).
 - **cut streams**: streams that had started (their answer's head arrived) and ended any way
   but the server's close after its last line.
 - **connect p99**: the 99th percentile (nearest rank) of the TCP handshake's time over
@@ -99,11 +100,11 @@ def summarise(
         if r.ok:
             continue
         kind = r.error or "?"
-        if kind == "reset":
-            s.resets += 1
         if within(r.start, expected):
             s.expected_failed += 1
             continue
+        if kind == "reset":
+            s.resets += 1
         s.failed += 1
         kinds[kind] += 1
         s.failures.append(Failure(round(r.start - t0, 3), client, "request", kind))

@@ -399,6 +399,7 @@ def run_scenario(
             if cpu1[k] is not None and (cpu0.get(k) is not None or k not in cpu0)
         },
         "records": records(load, t0),
+        "udp_failed": udp_diagnosis(lab, load, t0),
     }
     if error is None:
         scenario.restore(lab)
@@ -428,9 +429,32 @@ def records(load: Load, t0: float) -> dict[str, list[list[Any]]]:
             for s in load.stream_records()
         ],
         "udp": [
-            [u.client, r(u.start), r(u.end), u.ok, u.pod, u.fixed_port] for u in load.udp_records()
+            [u.client, u.qid, r(u.start), r(u.end), u.ok, u.pod, u.fixed_port, u.late and r(u.late)]
+            for u in load.udp_records()
         ],
     }
+
+
+def udp_diagnosis(lab: Lab, load: Load, t0: float) -> list[dict[str, Any]]:
+    """Each unanswered query: did a pod get it (and when), did its answer come late?"""
+    got = {qid: (r.pod, t) for r in lab.cp.responders for t, qid in r.received}
+    out = []
+    for u in load.udp_records():
+        if u.ok:
+            continue
+        pod, t = got.get(u.qid, (None, None))
+        out.append(
+            {
+                "client": u.client,
+                "qid": u.qid,
+                "sent": round(u.start - t0, 3),
+                "fixed_port": u.fixed_port,
+                "received_by": pod,
+                "received_at": None if t is None else round(t - t0, 3),
+                "late_answer_at": None if u.late is None else round(u.late - t0, 3),
+            }
+        )
+    return out
 
 
 def daemon_log(lab: Lab, run: Run, offsets: dict[str, int]) -> dict[str, list[dict[str, Any]]]:

@@ -145,7 +145,7 @@ def test_failures_in_an_expected_window_are_counted_apart_never_dropped() -> Non
     s = summarise(
         [("node-1", req(5.0, False, "refused")), ("node-1", req(9.0, False, "refused"))],
         [stream(5.5, "refused", pod=None), stream(1.0, "reset")],
-        [UdpRecord("node-1", 5.0, 6.0, False, None, False)],
+        [UdpRecord("node-1", "q1", 5.0, 6.0, False, None, False)],
         t0=0.0,
         expected=[(4.0, 6.0)],
     )
@@ -155,7 +155,9 @@ def test_failures_in_an_expected_window_are_counted_apart_never_dropped() -> Non
 
 def test_a_clean_run_is_clean_and_its_p99_is_the_nearest_rank() -> None:
     short = [("node-1", req(float(i), connect=i / 1000)) for i in range(1, 201)]
-    s = summarise(short, [stream(0.0)], [UdpRecord("node-1", 0, 0.01, True, "p", True)], t0=0.0)
+    s = summarise(
+        short, [stream(0.0)], [UdpRecord("node-1", "q1", 0, 0.01, True, "p", True)], t0=0.0
+    )
     assert s.clean and s.failures == []
     assert s.connect_p99_ms == 198.0
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([], 99) is None
@@ -163,11 +165,11 @@ def test_a_clean_run_is_clean_and_its_p99_is_the_nearest_rank() -> None:
 
 def test_the_longest_udp_stall_runs_from_the_first_failure_to_the_next_answer() -> None:
     q = [
-        UdpRecord("c", 0.0, 0.01, True, "p", False),
-        UdpRecord("c", 1.0, 2.0, False, None, False),
-        UdpRecord("c", 1.5, 2.5, False, None, True),
-        UdpRecord("c", 3.0, 3.2, True, "p", True),
-        UdpRecord("c", 4.0, 5.0, False, None, False),
+        UdpRecord("c", "q", 0.0, 0.01, True, "p", False),
+        UdpRecord("c", "q", 1.0, 2.0, False, None, False),
+        UdpRecord("c", "q", 1.5, 2.5, False, None, True),
+        UdpRecord("c", "q", 3.0, 3.2, True, "p", True),
+        UdpRecord("c", "q", 4.0, 5.0, False, None, False),
     ]
     assert longest_stall(q) == 2.2
     assert longest_stall(q[:3]) == 1.5  # none answered after: until the last one ended
