@@ -304,8 +304,9 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
             f"The barrier waiting for a slow node (slow-node, ipvsctl; seconds since the "
             f"scenario began): {story['slow_node']}'s daemon stopped (SIGSTOP) at "
             f"{story['daemon_stopped']:.1f}, the pod deleted at {story['pod_deleted']:.1f} and "
-            f"its preStop called at {story['prestop'][0]:.1f}; the barrier waited for "
-            f"{story['slow_node']} alone:",
+            f"its preStop called at {story['prestop'][0]:.1f}; once the first round of "
+            f"questions was answered, the barrier waited for {story['slow_node']} alone (its "
+            "/status, sampled every 0.5 s, where it changed):",
             "",
         ]
         for b in story["barrier"]:

@@ -33,7 +33,6 @@ import json
 import socket
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -96,12 +96,13 @@ class NodeDaemon:
             )  # fmt: skip
         self.runs.append(DaemonRun(self.clock()))
 
-    def cpu_seconds(self) -> float | None:
-        """CPU time (user + system) of the running process so far."""
+    def cpu_seconds(self) -> tuple[int, float] | None:
+        """(pid, CPU time so far, user + system) of the running process."""
         if not self.running():
             return None
         assert self.proc is not None
-        return process_cpu_seconds(self.proc.pid)
+        used = process_cpu_seconds(self.proc.pid)
+        return None if used is None else (self.proc.pid, used)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

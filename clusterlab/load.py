@@ -24,6 +24,7 @@ not counted as cut).
 from __future__ import annotations
 
 import errno
+import itertools
 import random
 import socket
 import threading
@@ -120,6 +121,9 @@ class Streams:
         return StreamRecord(self.name, start, self.clock(), pod, lines, expected, outcome)
 
 
+_QUERY_IDS = itertools.count(1)
+
+
 @dataclass
 class UdpRecord:
     client: str
@@ -149,7 +153,6 @@ class UdpQueries:
         self._stop = threading.Event()
         self._rng = random.Random(self.seed)
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"udp-{self.name}")
-        self._seq = 0
         self._by_qid: dict[str, UdpRecord] = {}
 
     def start(self) -> None:
@@ -182,8 +185,7 @@ class UdpQueries:
     def _query(self, sock: socket.socket | None) -> UdpRecord:
         own = sock is None
         s = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._seq += 1
-        qid = f"{self.name}:{self._seq}"
+        qid = f"{self.name}:{next(_QUERY_IDS)}"  # unique in the whole run
         start = self.clock()
         ok, pod = False, None
         try:

@@ -392,12 +392,7 @@ def run_scenario(
             if tr.t >= t0
         ],
         "daemon_log": daemon_log(lab, run, offsets),
-        # CPU seconds used in the scenario (a daemon restarted in it: its new process only)
-        "cpu": {
-            k: round(cpu1[k] - cpu0.get(k, 0.0), 1)
-            for k in cpu1
-            if cpu1[k] is not None and (cpu0.get(k) is not None or k not in cpu0)
-        },
+        "cpu": cpu_used(cpu0, cpu1),
         "records": records(load, t0),
         "udp_failed": udp_diagnosis(lab, load, t0),
     }
@@ -406,10 +401,28 @@ def run_scenario(
     return result
 
 
-def cpu_seconds(lab: Lab) -> dict[str, float | None]:
-    out: dict[str, float | None] = {"harness": sum(os.times()[:2])}
+def cpu_seconds(lab: Lab) -> dict[str, tuple[int, float] | None]:
+    """(pid, CPU seconds so far) of the harness and of every running daemon."""
+    out: dict[str, tuple[int, float] | None] = {"harness": (os.getpid(), sum(os.times()[:2]))}
     for d in lab.daemons:
         out[d.node.name] = d.cpu_seconds()
+    return out
+
+
+def cpu_used(
+    before: dict[str, tuple[int, float] | None], after: dict[str, tuple[int, float] | None]
+) -> dict[str, Any]:
+    """CPU seconds each process used in the scenario; a daemon restarted in it: its new
+    process's, marked so."""
+    out: dict[str, Any] = {}
+    for k, now in after.items():
+        if now is None:
+            continue
+        then = before.get(k)
+        if then is not None and then[0] == now[0]:
+            out[k] = round(now[1] - then[1], 1)
+        else:
+            out[k] = f"{now[1]:.1f} (new process)"
     return out
 
 

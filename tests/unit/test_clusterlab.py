@@ -16,6 +16,7 @@ from clusterlab import kube
 from clusterlab.lb import HealthPolicy, next_health
 from clusterlab.load import StreamRecord, UdpRecord
 from clusterlab.report import longest_stall, markdown_table, percentile, summarise
+from clusterlab.scenarios import cpu_used
 from demo.clients import Record
 
 BIN = Path(sys.executable).parent
@@ -182,3 +183,14 @@ def test_the_table_has_a_row_per_scenario_and_both_modes() -> None:
     ).to_json()
     table = markdown_table([{"scenario": "rollout", "ipvsctl": on, "nodrain": off}])
     assert "| rollout | 0 / 0 / 0 / 1 ms | 1 / 0 / 1 / 1 ms | 1 req, 1 streams |" in table
+
+
+def test_cpu_of_a_restarted_daemon_is_its_new_process_not_a_difference() -> None:
+    before = {"harness": (1, 10.0), "node-1": (100, 5.0), "node-2": (200, 7.0), "node-3": None}
+    after = {"harness": (1, 12.5), "node-1": (100, 6.0), "node-2": (201, 3.0), "node-3": (300, 1.0)}
+    assert cpu_used(before, after) == {
+        "harness": 2.5,
+        "node-1": 1.0,
+        "node-2": "3.0 (new process)",
+        "node-3": "1.0 (new process)",
+    }
