@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints cluster-lab
+.PHONY: all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints dist cluster-lab
 
 all: test
 
@@ -117,6 +117,14 @@ test-image: image
 		$(BIN)/pytest -q -p no:cacheprovider tests/image
 
 image-test: test-image
+
+# make dist: a release's files in out/dist/, from HEAD with the version of its git tag
+# (release/version.sh): the wheel, the sdist, the image as an OCI archive tagged with the
+# version, and SHA256SUMS. A release (HEAD at tag vX.Y.Z) needs its CHANGELOG.md section.
+# The image part needs what make image needs (root, Debian's mirrors); DIST_IMAGE=0 skips it.
+# docs/install.md, "Releases".
+dist: venv
+	bash release/dist.sh
 
 # make constraints: re-pin daemonset/constraints.txt (the image's Python packages, shared by
 # the Dockerfile and make image) to what `pip install .` resolves today.

@@ -27,7 +27,9 @@ from typing import Any
 
 from devkit.fakeapi import FakeAPIServer, objects
 from devkit.harness import rs, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions, open_event_writer
+from ipvsctl.daemon.adapters import open_event_writer
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.backoff import Backoff
 from ipvsctl.kube.client import KubeSource
@@ -143,11 +145,9 @@ def measure(
         )
         opts = DaemonOptions(
             node=NodeContext("node-a"),
-            apiserver=api.url,
-            state_dir=state,
-            listen="127.0.0.1:0",
-            drain_timeout=300,
-            drain_check_interval=0.05,
+            source=SourceOptions(apiserver=api.url),
+            drain=DrainOptions(state_dir=state, timeout=300, check_interval=0.05),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         )
         writer = open_event_writer(opts, source, metrics)
         d = Daemon(

@@ -13,6 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 
 def _record_latencies(daemon: Any) -> None:
     """Exact event-to-kernel times beside the histogram's buckets (too coarse for a p99
@@ -84,16 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tracemalloc", action="store_true", help="trace allocations (bench/memprofile.py)"
     )
+    p.add_argument("--max-table-entries", type=int, default=None, help="as `run`'s flag")
     args = p.parse_args(argv)
     if args.tracemalloc:  # before ipvsctl and its libraries are imported
         from bench import memprofile
 
         memprofile.start()
     t0 = time.monotonic()
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
-    from ipvsctl.source.store import Preparer
+    from ipvsctl.source.prepare import Preparer
 
     if args.netns:
         from ipvsctl.kernel.netlink import NetlinkKernel
@@ -109,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             kernel = FakeKernel()
         kernel.ops = __import__("collections").deque(maxlen=0)
+    node = NodeContext("bench-node")
+    if args.max_table_entries is not None:
+        node = NodeContext("bench-node", max_table_entries=args.max_table_entries)
     opts = DaemonOptions(
-        node=NodeContext("bench-node"),
-        apiserver=args.apiserver,
-        state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-"),
-        listen="127.0.0.1:0",
+        node=node,
+        source=SourceOptions(apiserver=args.apiserver),
+        drain=DrainOptions(state_dir=tempfile.mkdtemp(prefix="ipvsctl-bench-")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     # As the daemon's wiring (open_source): lists parsed as they are decoded.
     source = KubeSource.from_config(apiserver=args.apiserver, prepare=Preparer.for_node(opts.node))

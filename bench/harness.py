@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.port import KernelError, RealServerBatch, add_each
 from ipvsctl.model import NodeContext, RealServerKey, RealServerStatus, ServiceKey
 from ipvsctl.obs.metrics import Metrics
@@ -216,10 +217,12 @@ class BenchDaemon:
         self.metrics = Metrics()
         opts = DaemonOptions(
             node=NODE,
-            drain_timeout=drain_timeout,
-            drain_check_interval=drain_check_interval,
-            state_dir=self.state_dir.name,
-            listen="127.0.0.1:0",
+            drain=DrainOptions(
+                timeout=drain_timeout,
+                check_interval=drain_check_interval,
+                state_dir=self.state_dir.name,
+            ),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         )
         self.daemon = Daemon(opts, kernel, self.source, metrics=self.metrics)
         self.engine = self.daemon.engine

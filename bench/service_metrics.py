@@ -37,6 +37,7 @@ from devkit.fakenetlink import virtual_server_answer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.model import ServiceKey, ServiceStats
+from ipvsctl.reconcile.feed import Subscriptions
 
 ANNOTATION = {"ipvsctl.io/metrics": "true"}
 
@@ -80,12 +81,13 @@ def _rss_mb() -> float:
 
 def scrape_cost(services: int, opted: int, mode: str, scrapes: int = 20) -> dict[str, Any]:
     from devkit.harness import Harness
+    from ipvsctl.obs.metrics import ServiceTrafficCollector
     from ipvsctl.reconcile.service_traffic import ServiceMetricsMode, ServiceTraffic
 
     h = Harness(kernel=WireStatsKernel())
     traffic = ServiceTraffic(h.fake, ServiceMetricsMode(mode))
-    h.engine.service_listeners.append(traffic.on_service)
-    h.metrics.service_traffic.read = traffic.read
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
+    h.metrics.registry.register(ServiceTrafficCollector(traffic.read))  # as the daemon does
     svcs, slices = _cluster(services, opted)
     t0 = time.monotonic()
     h.start(svcs, slices)

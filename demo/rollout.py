@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 REPO = Path(__file__).resolve().parents[1]
 VIP, PORT = "10.96.0.10", 80
 V1 = [("web-v1-a", "10.244.1.11"), ("web-v1-b", "10.244.1.12"), ("web-v1-c", "10.244.1.13")]
@@ -146,7 +148,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from demo.cluster import NODE_NAME, Cluster, DemoClock
     from devkit.fakeapi.server import FakeAPIServer
     from devkit.labkit import Node, wait_for
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
@@ -196,11 +199,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
         opts = DaemonOptions(
             node=NodeContext(NODE_NAME),
-            apiserver=api.url,
-            drain_timeout=30.0 if drain else 0.0,
-            drain_check_interval=1.0,
-            state_dir=state_dir,
-            listen="127.0.0.1:0",
+            source=SourceOptions(apiserver=api.url),
+            drain=DrainOptions(
+                timeout=30.0 if drain else 0.0, check_interval=1.0, state_dir=state_dir
+            ),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         )
         source = KubeSource.from_config(apiserver=api.url)
         daemon = Daemon(opts, node.kernel, source)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.rollout import MODULES, REPO, LogCapture, say
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
 
 VIP, PORT = "10.96.0.10", 80
 V1 = ("web-v1", "10.244.1.11")
@@ -74,7 +75,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from devkit.fakeapi import objects
     from devkit.fakeapi.server import FakeAPIServer
     from devkit.labkit import Node, wait_for
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kernel.netlink import configure_host
     from ipvsctl.kube.client import KubeSource
     from ipvsctl.model import NodeContext
@@ -114,11 +116,13 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         daemon = Daemon(
             DaemonOptions(
                 node=NodeContext(NODE_NAME),
-                apiserver=api.url,
-                service_drain_timeout=timeout,
-                drain_check_interval=1.0,
-                state_dir=tempfile.mkdtemp(prefix=f"ipvsctl-demo-{mode}-"),
-                listen="127.0.0.1:0",
+                source=SourceOptions(apiserver=api.url),
+                drain=DrainOptions(
+                    service_timeout=timeout,
+                    check_interval=1.0,
+                    state_dir=tempfile.mkdtemp(prefix=f"ipvsctl-demo-{mode}-"),
+                ),
+                http=HTTPOptions(listen="127.0.0.1:0"),
             ),
             node.kernel,
             KubeSource.from_config(apiserver=api.url),

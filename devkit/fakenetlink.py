@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 import struct
 import threading
@@ -220,13 +221,22 @@ Answer = Callable[[Request], Iterable[bytes]]
 class ModelKernelSocket:
     """The kernel's side of one netlink socket: each request is answered at once, on a
     socketpair, by `answer`. Non-blocking as pyroute2's asyncio transport leaves its
-    socket."""
+    socket. `rcvbuf` (bytes, None: unbounded) is its receive buffer as the kernel keeps
+    it: an answer that does not fit is dropped, and the next receive fails once with
+    ENOBUFS before it returns what is queued (netlink_overrun, sock_error); until the
+    queue has been read empty (netlink_rcv_wake) the socket stays congested and further
+    drops say nothing."""
 
     def __init__(self, answer: Answer) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.ours.setblocking(False)
         self.answer = answer
         self.sent: list[bytes] = []
+        self.rcvbuf: int | None = None
+        self._queued = 0  # bytes of answers waiting
+        self._overrun = False  # ENOBUFS to report
+        self._congested = False
+        self.dropped = 0  # answers dropped for want of room
 
     def fileno(self) -> int:
         return self.ours.fileno()
@@ -239,14 +249,36 @@ class ModelKernelSocket:
             for datagram in self.answer(Request(kind, flags, seq, msg)):
                 if not flags & wire.NLM_F_ACK and datagram == ack(seq):
                     continue
+                if self.rcvbuf is not None and self._queued + len(datagram) > self.rcvbuf:
+                    if not self._congested:
+                        self._congested = self._overrun = True
+                    self.dropped += 1
+                    continue
+                self._queued += len(datagram)
                 self.kernel.send(datagram)
         return len(data)
 
+    def _error(self) -> None:
+        if self._overrun:
+            self._overrun = False
+            raise OSError(errno.ENOBUFS, os.strerror(errno.ENOBUFS))
+
+    def _read(self, n: int) -> None:
+        self._queued -= n
+        if not self._queued:
+            self._congested = False
+
     def recv(self, size: int) -> bytes:
-        return self.ours.recv(size)
+        self._error()
+        data = self.ours.recv(size)
+        self._read(len(data))
+        return data
 
     def recv_into(self, buffer: bytearray) -> int:
-        return self.ours.recv_into(buffer)
+        self._error()
+        n = self.ours.recv_into(buffer)
+        self._read(n)
+        return n
 
     def close(self) -> None:
         self.ours.close()

@@ -10,6 +10,7 @@ from ipvsctl.obs.metrics import Metrics
 from ipvsctl.reconcile.clock import ManualClock
 from ipvsctl.reconcile.drain_check import DrainCheckResult
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.paced import run_once
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.source.events import Delete, ObjectKind, Replace, Upsert
@@ -38,12 +39,14 @@ class Harness:
         self.kernel = kernel if kernel is not None else FakeKernel()
         self.clock = ManualClock()
         self.metrics = Metrics()
+        self.feed = ChangeFeed()  # what the engine tells: subscribe parts under test to it
         self.engine = Engine(
             self.kernel,
             EngineConfig(node, drain_timeout, service_drain_timeout=service_drain_timeout),
             clock=self.clock,
             metrics=self.metrics,
             restored_queue=restored or [],
+            feed=self.feed,
             **({"may_take_over": may_take_over} if may_take_over is not None else {}),
         )
         self.view = EngineView(self.engine)

@@ -28,6 +28,7 @@ host route to the pod.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions
 from ipvsctl.kernel.netlink import NetlinkKernel
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.wrappers import RecordingKernel as RecordingKernel  # for the lab tests
@@ -566,6 +568,7 @@ def start_daemon(
     conntrack: Any = None,
     events: bool = False,
     real_ownership: bool = False,
+    max_table_entries: int | None = None,
 ) -> Any:
     """A started `Daemon` (ipvsctl.daemon.wiring) programming `node.kernel` (or `kernel`)
     from `source`. Its HTTP server is bound in the node's netns (0.0.0.0, a free port):
@@ -577,18 +580,25 @@ def start_daemon(
     `ipvsctl run` decides (its interface's and the proxy interfaces' addresses, read in the
     node); else every one (the defaults of an in-process Daemon). The caller shuts it down
     (the `make_daemon` fixture does)."""
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions, open_event_writer
+    from ipvsctl.daemon.adapters import open_event_writer
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.reconcile.loop import LoopConfig
 
+    node_context = NodeContext(node_name, node_ips)
+    if max_table_entries is not None:  # `run --max-table-entries`
+        node_context = dataclasses.replace(node_context, max_table_entries=max_table_entries)
     opts = DaemonOptions(
-        node=NodeContext(node_name, node_ips),
-        state_dir=state_dir,
-        listen="0.0.0.0:0",
-        drain_timeout=drain_timeout,
-        service_drain_timeout=service_drain_timeout,
-        drain_check_interval=drain_check_interval,
+        node=node_context,
+        drain=DrainOptions(
+            state_dir=state_dir,
+            timeout=drain_timeout,
+            service_timeout=service_drain_timeout,
+            check_interval=drain_check_interval,
+        ),
+        http=HTTPOptions(listen="0.0.0.0:0"),
     )
     metrics = metrics if metrics is not None else Metrics()
     writer = open_event_writer(opts, source, metrics) if events else None

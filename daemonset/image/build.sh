@@ -36,6 +36,8 @@ OUT=${IMAGE_OUT:-out/image}
 BASE=${IMAGE_BASE:-out/image-base}
 BASE_MAX_DAYS=7
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' ipvsctl/__init__.py)
+# The commit `make dist` stamped (release/dist.sh); empty in a checkout.
+COMMIT=$(sed -n 's/^__commit__ = "\(.*\)"$/\1/p' ipvsctl/__init__.py)
 TAG=${IMAGE_TAG:-$VERSION}
 SUITE=bookworm
 MIRROR=${IPVSCTL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -236,6 +238,7 @@ umoci config --image "$oci:$TAG" --os linux --architecture "$(dpkg --print-archi
 	--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	--config.env PYTHONDONTWRITEBYTECODE=1 --config.env PYTHONUNBUFFERED=1 \
 	--config.label "org.opencontainers.image.version=$VERSION" \
+	--config.label "org.opencontainers.image.revision=${COMMIT:-unknown}" \
 	--config.label "org.opencontainers.image.licenses=Apache-2.0" \
 	--config.label "org.opencontainers.image.title=ipvsctl"
 umoci gc --layout "$oci"

@@ -5,6 +5,7 @@ end-to-end tests, `make demo` and `make bench`.
 """
 
 from devkit.fakeapi import objects
-from devkit.fakeapi.server import RESOURCES, FakeAPIServer, RequestRecord, ResourceInfo
+from devkit.fakeapi.server import FakeAPIServer
+from devkit.fakeapi.state import RESOURCES, RequestRecord, ResourceInfo
 
 __all__ = ["RESOURCES", "FakeAPIServer", "RequestRecord", "ResourceInfo", "objects"]

@@ -15,6 +15,13 @@ on an address in `ipvs.excludeCIDRs` is never touched (the daemon's ownership ru
 the interface carries such an address it stays, with only ipvsctl's addresses removed from
 it; `nodePortAddresses` narrows the node's addresses as on `run`.
 
+`--rollback`: only steps 3 and 4, what a node going back to kube-proxy (or kube-router)
+must lose: ipvsctl's nftables table (its virtual-IP port filter, frozen once the daemon is
+gone, would reject a new port on an existing Service IP) and its drain state. The virtual
+servers, their connections and the interface stay: `kube-ipvs0` and the table are
+kube-proxy's too, and kube-proxy re-syncs them itself. Nothing of another program is
+touched (its nftables tables, its iptables rules, conntrack).
+
 Refuses to run while a daemon answers on `--endpoint` (it would put everything back), unless
 `--force`. `--dry-run` prints what would go. Exit 0 when done (also when there was nothing
 to remove), 1 when a step failed (each failure one line), 2 for bad flags.
@@ -144,6 +151,33 @@ def cleanup_node(
         r.lines.append(f"{verb} interface {interface} (addresses: {shown})")
         r.summary.append(f"interface {interface} with {len(bound)} addresses")
 
+    _remove_table_and_state(host, state_dir, dry_run, r)
+    return r
+
+
+def rollback_node(host: Host, state_dir: Path | None, dry_run: bool = False) -> Report:
+    """What a node going back to kube-proxy or kube-router must lose, and only that: the
+    nftables table and the drain state. Virtual servers, connections and the interface are
+    left to the proxy that comes back."""
+    r = Report()
+    _remove_table_and_state(host, state_dir, dry_run, r)
+    return r
+
+
+def _remove_table_and_state(host: Host, state_dir: Path | None, dry_run: bool, r: Report) -> None:
+    """The nftables table `inet ipvsctl`, then the drain state files (and their folder, if
+    then empty); every step tried, each failure one line in `r.errors`."""
+
+    def step(fn: Callable[[], None]) -> bool:
+        if dry_run:
+            return True
+        try:
+            fn()
+            return True
+        except CleanupError as exc:
+            r.errors.append(str(exc))
+            return False
+
     try:
         table = host.table_exists()
     except CleanupError as exc:
@@ -153,7 +187,7 @@ def cleanup_node(
         r.unchecked.append(f"nftables table inet ipvsctl: {exc}")
         table = False
     if table and step(host.delete_table):
-        r.lines.append(f"{verb} nftables table inet ipvsctl")
+        r.lines.append(f"{'would delete' if dry_run else 'deleted'} nftables table inet ipvsctl")
         r.summary.append("nftables table")
 
     if state_dir is not None:
@@ -172,7 +206,6 @@ def cleanup_node(
         if not dry_run and state_dir.is_dir() and not any(state_dir.iterdir()):
             with contextlib.suppress(OSError):
                 state_dir.rmdir()
-    return r
 
 
 @contextlib.contextmanager
@@ -314,8 +347,20 @@ def register(app: typer.Typer) -> None:
                 "the node's addresses.",
             ),
         ] = None,
+        rollback: Annotated[
+            bool,
+            typer.Option(
+                "--rollback",
+                help="Only what a node going back to kube-proxy or kube-router must lose: "
+                "the nftables table and the drain state. Virtual servers, their connections "
+                "and the interface stay.",
+            ),
+        ] = False,
     ) -> None:
-        """Remove ipvsctl's virtual servers, dummy interface, nftables table and state."""
+        """Remove ipvsctl's virtual servers, dummy interface, nftables table and state.
+
+        With --rollback, only the nftables table and the drain state.
+        """
         import logging
 
         from ipvsctl.cli.params import daemon_url
@@ -341,7 +386,7 @@ def register(app: typer.Typer) -> None:
         excluded: tuple[str, ...] = ()
         node_port_cidrs: tuple[str, ...] = ()
         if config is not None:
-            from ipvsctl.cli.config_file import ConfigFileError, read_config_file
+            from ipvsctl.daemon.config_file import ConfigFileError, read_config_file
 
             try:
                 settings = read_config_file(Path(config))
@@ -357,7 +402,7 @@ def register(app: typer.Typer) -> None:
             except ValueError:
                 typer.echo(f"ipvsctl: --node-ip {ip}: not an IP address", err=True)
                 raise typer.Exit(2) from None
-        if not node_ip:
+        if not node_ip and not rollback:
             try:
                 from ipvsctl.kernel.netlink.addresses import node_addresses
 
@@ -375,8 +420,11 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
             raise typer.Exit(1)
-        report = cleanup_node(
-            SystemHost(interface), interface, ips, Path(state_dir), dry_run, node_ports, excluded
+        host = SystemHost(interface)
+        report = (
+            rollback_node(host, Path(state_dir), dry_run)
+            if rollback
+            else cleanup_node(host, interface, ips, Path(state_dir), dry_run, node_ports, excluded)
         )
         for line in report.lines:
             typer.echo(line)
@@ -385,5 +433,6 @@ def register(app: typer.Typer) -> None:
         what = ", ".join(report.summary) or "nothing to remove"
         if report.unchecked:
             what += "; not checked: " + ", ".join(report.unchecked)
-        typer.echo(f"cleanup {'(dry run) ' if dry_run else ''}done: {what}")
+        mode = "".join(f"({m}) " for m, on in (("rollback", rollback), ("dry run", dry_run)) if on)
+        typer.echo(f"cleanup {mode}done: {what}")
         raise typer.Exit(1 if report.errors else 0)

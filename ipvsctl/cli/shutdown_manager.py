@@ -18,7 +18,7 @@ from ipvsctl.daemon.shutdown_manager import (
     run,
 )
 from ipvsctl.model import PodRef, normalize_ip
-from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
+from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICES
 from ipvsctl.shutdown.barrier import BarrierConfig
 from ipvsctl.source.duration import parse_duration as _parse_duration
 
@@ -95,8 +95,9 @@ def shutdown_manager(
             metavar="IP",
             envvar="HOST_IP",
             help="The node's address (repeatable or comma-separated): the kubelet's probes and "
-            "preStop come from it, so it is never refused or evicted, like loopback; from "
-            "env HOST_IP (the downward API's status.hostIP) by default.",
+            "preStop come from it, so it is never refused or evicted, like loopback and the "
+            "pod's default gateways; from env HOST_IP (the downward API's status.hostIP) by "
+            "default.",
         ),
     ] = None,
     pod_ip: Annotated[
@@ -155,14 +156,15 @@ def shutdown_manager(
         ),
     ] = None,
     daemon_service: Annotated[
-        str,
+        list[str] | None,
         typer.Option(
             "--daemon-service",
             metavar="NAME",
-            help="DNS name whose A/AAAA records are the daemons (the "
-            "DaemonSet's headless metrics Service).",
+            help="DNS name whose A/AAAA records are the daemons (the DaemonSet's headless "
+            "metrics Service; repeatable: the daemons of every name that exists). Default: "
+            "ipvsctl-metrics in ipvsctl-system and in kube-system.",
         ),
-    ] = DEFAULT_DAEMON_SERVICE,
+    ] = None,
     daemon_port: Annotated[
         int,
         typer.Option(
@@ -261,7 +263,7 @@ def shutdown_manager(
         pod_ips=_pod_ips(pod_ip),
         listen=listen,
         daemons=tuple(daemons),
-        daemon_service=daemon_service,
+        daemon_services=tuple(dict.fromkeys(daemon_service or DEFAULT_DAEMON_SERVICES)),
         daemon_port=daemon_port,
         ports=tuple(dict.fromkeys(port or [])),
         proc_net=proc_net,

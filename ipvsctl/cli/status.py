@@ -128,9 +128,14 @@ def join_status(
         },
         "virtual_servers": out,
         "drain_queue": (daemon or {}).get("drain_queue", []),
+        # the node's table against --max-table-entries, and the Services refused whole
+        "table": (daemon or {}).get("table"),
+        "skipped": (daemon or {}).get("skipped", []),
+        "skipped_total": (daemon or {}).get("skipped_total", 0),
     }
 
 
+TABLE_SHOWN_AT = 0.8  # of --max-table-entries: `status` shows the table's size from here
 CONNECTIONS_SHOWN = 20  # per draining real server, for `status --connections`
 
 
@@ -282,6 +287,18 @@ def render_status(doc: dict[str, Any], wide: bool = False) -> str:
         lines.append(vs_lines[i] if is_vs else rs_lines[i])
         if not is_vs:
             lines += below.get(i, [])
+    # The table's size once it nears --max-table-entries (the alert's 80%), and the
+    # Services refused whole: nothing when neither is so.
+    table = doc.get("table")
+    skipped = doc.get("skipped") or []
+    if table and (skipped or table["entries"] >= TABLE_SHOWN_AT * table["limit"]):
+        lines.append("")
+        lines.append(f"table: {table['entries']} of {table['limit']} entries (--max-table-entries)")
+    if skipped:
+        total = doc.get("skipped_total") or len(skipped)
+        more = f" (the first {len(skipped)} shown)" if total > len(skipped) else ""
+        lines.append(f"refused services: {total}{more}")
+        lines += [f"  {s['namespace']}/{s['name']}: {s['reason']}" for s in skipped]
     q = doc.get("drain_queue") or []
     lines.append("")
     lines.append(f"drain queue: {len(q)}")

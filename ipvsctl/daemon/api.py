@@ -1,7 +1,12 @@
-"""The node daemon's HTTP API on --listen: /metrics, /healthz, /readyz, /status and
-/v1/node-quiesced (this node's clients only), /v1/quiesced, and the inputs of kube-proxy's
-health answer on --healthz-bind-address (healthcheck/proxy.py). Read from the engine's view
-and the node drain; the loop's lock is taken only where the engine's state is walked."""
+"""The node daemon's own HTTP API on --listen: /metrics, /healthz, /readyz, /status (this
+node's clients only), /v1/quiesced, and the inputs of kube-proxy's health answer on
+--healthz-bind-address (healthcheck/proxy.py); features add their routes beside these
+(daemon/feature.py). Read from the engine's view; the loop's lock is taken only where the
+engine's state is walked.
+
+The probes (`PROBES`) are answered by the HTTP server's selector thread, never behind other
+requests: they read plain attributes and take no lock another thread holds for long.
+/metrics is one rendering shared by the scrapes that come together (metrics_http.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +18,14 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ipvsctl.daemon.metrics_http import MetricsDocument
 from ipvsctl.daemon.status_http import StatusDocument
 from ipvsctl.daemon.status_json import quiesced_json
 from ipvsctl.healthcheck.proxy import ProxyState
 from ipvsctl.httpd import Handler, as_json, is_loopback_peer, text
 from ipvsctl.model import normalize_ip
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.reconcile.node_drain import NodeDrain
 from ipvsctl.reconcile.view import EngineView
-
-
-def metrics_body(render: Callable[[], bytes]) -> Handler:
-    return lambda q: (200, CONTENT_TYPE_LATEST, render())
 
 
 class DaemonAPI:
@@ -38,10 +39,8 @@ class DaemonAPI:
         threads: Callable[[], Sequence[threading.Thread]],
         source_dead_threads: Callable[[], list[str]],
         stale_after: float,
-        node_drain: NodeDrain,
     ) -> None:
         self.view = view
-        self.node_drain = node_drain
         self.lock = lock
         self.metrics = metrics
         self.heartbeat = heartbeat  # monotonic: the loop's last turn
@@ -50,24 +49,34 @@ class DaemonAPI:
         self.source_dead_threads = source_dead_threads
         self.stale_after = stale_after  # /healthz fails when the loop has not turned since
         self.status_doc = StatusDocument(view, lock, on_render=self._rendered)
+        self.metrics_doc = MetricsDocument(
+            metrics.render, CONTENT_TYPE_LATEST, on_render=self._metrics_rendered
+        )
 
     def _rendered(self, seconds: float) -> None:
         self.metrics.status_renders.inc()
         self.metrics.status_render_seconds.set(seconds)
 
+    def _metrics_rendered(self, seconds: float) -> None:
+        self.metrics.metrics_renders.inc()
+        self.metrics.metrics_render_seconds.set(seconds)
+
+    # Answered inline by the server's selector thread (see the module docstring); /metrics
+    # only registers the scrape there and parks it.
+    PROBES = frozenset({"/healthz", "/readyz"})
+    INLINE = PROBES | {"/metrics"}
+
     def routes(self) -> dict[str, Handler]:
         return {
-            "/metrics": metrics_body(self.metrics.render),
+            "/metrics": self.metrics_doc.handler,
             "/healthz": self.healthz,
             "/readyz": self.readyz,
             "/status": self.status_doc.handler,
             "/v1/quiesced": self.quiesced,
-            "/v1/node-quiesced": self.node_quiesced,
         }
 
-    # /status names Services, pods and their addresses; /v1/node-quiesced is the node's own
-    # lifecycle hook's question (from a stranger, a probe of when the node goes away).
-    LOCAL_ONLY = frozenset({"/status", "/v1/node-quiesced"})
+    # /status names Services, pods and their addresses.
+    LOCAL_ONLY = frozenset({"/status"})
 
     def is_local_peer(self, peer: str) -> bool:
         """A client on this node: loopback or one of the node's addresses (/status names
@@ -101,19 +110,15 @@ class DaemonAPI:
         with self.lock:
             return as_json(200, quiesced_json(self.view, ip))
 
-    def node_quiesced(self, q: dict[str, list[str]]) -> tuple[int, str, bytes]:
-        """This node's drain for load balancers (`ipvsctl node-drain` asks it); no lock."""
-        return as_json(200, self.node_drain.state().to_json())
-
-    def proxy_state(self) -> ProxyState:
-        """kube-proxy's health inputs, read without the loop's lock (plain attributes)."""
+    def proxy_state(self, node_eligible: bool) -> ProxyState:
+        """kube-proxy's health inputs, read without the loop's lock (plain attributes);
+        `node_eligible`: this node is not leaving."""
         return ProxyState(
             now=time.time(),
             monotonic=time.monotonic(),
             heartbeat=self.heartbeat(),
             pending_since=self.view.pending_since,
             last_updated=self.view.last_updated,
-            # leaving_reasons: a Node never seen (not readable) counts eligible
-            node_eligible=not self.node_drain.reasons,
+            node_eligible=node_eligible,
             timeout=self.stale_after,
         )

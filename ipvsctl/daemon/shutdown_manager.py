@@ -8,9 +8,9 @@ the watched ports are at most --min-open-connections, never longer than --timeou
 answers 200 with a JSON account of what happened, and the kubelet goes on to SIGTERM.
 Concurrent calls share one barrier, but each gets an answer made after it came: an early or
 stray call never leaves a result that makes the real preStop return at once. A waiting call
-holds no thread (the HTTP server parks it: `ipvsctl.httpd.Park`), and the server's bounds are
-per peer, so no number of other connections or calls makes the preStop's be refused,
-evicted or answered early. See docs/shutdown-manager.md.
+holds no thread (the HTTP server parks it: `ipvsctl.httpd.Park`) and is never closed by
+the server's bounds (`protected`), which are per peer, so no number of other connections
+or calls makes the preStop's be evicted or answered early. See docs/shutdown-manager.md.
 
 The barrier is ipvsctl.shutdown.barrier, the probes ipvsctl.shutdown.probes. The HTTP server
 and the probes are imported where they are used, so that registering the command costs the
@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.model import PodRef
 from ipvsctl.obs.logging import fields
-from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICE
+from ipvsctl.shutdown import DEFAULT_DAEMON_PORT, DEFAULT_DAEMON_SERVICES
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ class ManagerOptions:
     pod_ips: tuple[str, ...]
     listen: str = DEFAULT_LISTEN
     daemons: tuple[str, ...] = ()
-    """Explicit daemon base URLs; empty: look them up in DNS (daemon_service)."""
-    daemon_service: str = DEFAULT_DAEMON_SERVICE
+    """Explicit daemon base URLs; empty: look them up in DNS (daemon_services)."""
+    daemon_services: tuple[str, ...] = DEFAULT_DAEMON_SERVICES
+    """The names the daemons are behind: those of every name that exists."""
     daemon_port: int = DEFAULT_DAEMON_PORT
     ports: tuple[int, ...] = ()
     """Watched local ports; empty: every listening port but the manager's own."""
@@ -91,6 +92,7 @@ class ShutdownManager:
             DnsDaemons,
             ShutdownProbes,
             StaticDaemons,
+            default_gateways,
             resolve_addresses,
         )
         from ipvsctl.shutdown.runner import SharedBarrier
@@ -99,7 +101,11 @@ class ShutdownManager:
         # connections, so one address's flood or strays only ever close its own.
         limits = Limits(max_connections=1024, max_per_peer=16, workers=4)
         self.options = options
-        trusted = frozenset(options.node_ips)
+        # The node's addresses: --node-ip, and the pod's default gateways (the node as the
+        # pod sees it: with a bridge CNI the bridge's address, where the kubelet's probes
+        # and preStops come from).
+        trusted = frozenset(options.node_ips) | default_gateways(options.proc_net)
+        self.trusted = trusted
         try:
             self.http = HTTPServer(
                 options.listen,
@@ -111,6 +117,7 @@ class ShutdownManager:
                 limits=limits,
                 name="shutdown-manager",
                 is_local=lambda peer: is_loopback_peer(peer) or peer in trusted,
+                inline=("/healthz",),  # the liveness probe: never behind a /shutdown or /status
             )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--listen {options.listen}: {exc}") from None
@@ -118,7 +125,7 @@ class ShutdownManager:
             StaticDaemons(options.daemons)
             if options.daemons
             else DnsDaemons(
-                options.daemon_service, options.daemon_port, resolve or resolve_addresses
+                options.daemon_services, options.daemon_port, resolve or resolve_addresses
             )
         )
         self.daemons: StaticDaemons | DnsDaemons = daemons
@@ -141,7 +148,9 @@ class ShutdownManager:
     def _shutdown(self, q: dict[str, list[str]]) -> Park:
         from ipvsctl.httpd import Park
 
-        return Park(_ShutdownCall(self.barrier.call()))
+        # Protected: no bound ever closes a waiting /shutdown (the kubelet would take the
+        # closed connection as "done"), whoever else holds connections.
+        return Park(_ShutdownCall(self.barrier.call()), protected=True)
 
     def _record_outcome(self) -> None:
         """A barrier run ended (the barrier's thread): its Event, queued, never waited for."""
@@ -177,6 +186,7 @@ class ShutdownManager:
             extra=fields(
                 listen=f"{o.listen} (port {self.http.port})",
                 pod_ips=",".join(o.pod_ips),
+                trusted=",".join(sorted(self.trusted)) or "-",
                 daemons=str(self.daemons),
                 ports=",".join(map(str, o.ports)) or f"listening ports except {self.http.port}",
                 timeout=o.barrier.timeout,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ipvsctl.daemon.status_json import drain_json, service_status
+from ipvsctl.daemon.status_json import drain_json, service_status, table_json
 from ipvsctl.reconcile.view import EngineView
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
@@ -144,11 +144,12 @@ class StatusDocument:
             time.sleep(self.pause)  # let the loop thread take the GIL between batches
         with self.lock:
             queue = view.drain_queue()  # frozen entries
+            table = table_json(view)
         put('],"drain_queue":[')
         for i in range(0, len(queue), self.batch * 10):
             part = queue[i : i + self.batch * 10]
             put(("," if i else "") + ",".join(_ENCODE(drain_json(x, now)) for x in part))
             out.append(z.flush(zlib.Z_SYNC_FLUSH))
-        put("]}\n")
+        put("]," + _ENCODE(table)[1:] + "\n")
         out.append(z.flush())
         return [p for p in out if p]

@@ -23,6 +23,22 @@ def engine_status(view: EngineView) -> dict[str, Any]:
         "ready": view.started,
         "virtual_servers": out,
         "drain_queue": [drain_json(e, now) for e in view.drain_queue()],
+        **table_json(view),
+    }
+
+
+def table_json(view: EngineView) -> dict[str, Any]:
+    """How full the node's table is, and the Services refused whole (`plan`'s shape; the
+    first 1,000 by namespace/name; `skipped_total` counts them all)."""
+    used, limit = view.table()
+    skipped, count = view.skipped()
+    return {
+        "table": {"entries": used, "limit": limit},
+        "skipped": [
+            {"kind": "Service", "namespace": ref.namespace, "name": ref.name, "reason": why}
+            for ref, why in skipped
+        ],
+        "skipped_total": count,
     }
 
 

@@ -1,54 +1,57 @@
-"""`ipvsctl run`: all the wiring happens here.
+"""`ipvsctl run`: the node daemon composed from its options.
 
-kernel adapter + source adapter + state file + engine + loop + HTTP, each built from flags,
-each failure at start-up one clear line and exit 1. On SIGTERM/SIGINT the threads stop and
-the IPVS table is left exactly as it is: traffic keeps flowing while the daemon restarts.
+The core (state file, engine with its change feed, loop, HTTP API), built once, then the
+features (`FEATURES`: daemon/feature.py, daemon/features/), each built from the options and
+the core's parts, subscribed to the feed, its routes and collectors added, its threads
+started. The outside things come from adapters.py. Each failure at start-up is one clear
+line and exit 1. On SIGTERM/SIGINT the threads stop and the IPVS table is left exactly as
+it is: traffic keeps flowing while the daemon restarts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import queue
+import socket
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ipvsctl.daemon import adapters
+from ipvsctl.daemon.adapters import StartupError
 from ipvsctl.daemon.api import DaemonAPI
+from ipvsctl.daemon.feature import Builder, Feature, Parts, Run
+from ipvsctl.daemon.features import (
+    audit,
+    conntrack_sweep,
+    drain_check,
+    events,
+    health_check_ports,
+    netfilter,
+    node_drain,
+    proxy_health,
+    service_metrics,
+)
+from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
 from ipvsctl.daemon.status_json import engine_status
-from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
-from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.httpd import HTTPServer, Limits
-from ipvsctl.kernel.port import ConntrackTable, IPVSKernel, KernelError, ServiceStatsReader
-from ipvsctl.model import NodeContext, ServiceKey
-from ipvsctl.model.cidrs import in_cidrs
-from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
-from ipvsctl.netfilter.nft import NftError, NftUnavailable
-from ipvsctl.netfilter.ruleset import RulesetConfig
-from ipvsctl.netfilter.sync import NetfilterSync, NftRunner, SyncConfig
+from ipvsctl.kernel.port import ConntrackTable, HostAddresses, IPVSKernel
+from ipvsctl.model import ServiceKey
+from ipvsctl.netfilter.sync import NftRunner
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.persist.drain_state import DrainStateFile
-from ipvsctl.plan.ownership import is_owned, may_take_over
-from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 from ipvsctl.reconcile.engine import Engine, EngineConfig
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.loop import Loop, LoopConfig
-from ipvsctl.reconcile.node_drain import NodeDrain
-from ipvsctl.reconcile.paced import Pace, PacedRunner
-from ipvsctl.reconcile.service_traffic import (
-    DEFAULT_MAX_SERIES,
-    ServiceMetricsMode,
-    ServiceTraffic,
-)
 from ipvsctl.reconcile.view import EngineView
 from ipvsctl.reconcile.writer import StateWriter
 from ipvsctl.source.backlog import Backlog
-from ipvsctl.source.events import ObjectSource, SourceConfigError, SourceEvent
-from ipvsctl.source.node import DEFAULT_DRAINING_TAINTS
+from ipvsctl.source.events import ObjectKind, ObjectSource, SourceEvent
 
 if TYPE_CHECKING:
     from ipvsctl.kube.events import EventWriter
@@ -57,58 +60,31 @@ SWITCH_INTERVAL = 0.001  # seconds: sys.setswitchinterval, see Daemon.start
 
 log = logging.getLogger("ipvsctl.daemon")
 
-NODE_PORT_RANGE = DEFAULT_NODE_PORT_RANGE
 # Scrapes, probes, the shutdown-managers' /v1/quiesced and a few /status streams at once.
 DAEMON_HTTP_LIMITS = Limits(max_connections=64, workers=8)
 
 
-class StartupError(Exception):
-    """A fatal start-up problem; the message is the one line the user sees."""
+# The daemon's features (daemon/features/), in the order they hear the feed and start: a new
+# feature is its own module plus one line here.
+FEATURES: tuple[Builder, ...] = (
+    drain_check.feature,
+    audit.feature,
+    netfilter.feature,
+    health_check_ports.feature,
+    service_metrics.feature,
+    node_drain.feature,
+    conntrack_sweep.feature,
+    proxy_health.feature,
+    events.feature,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class DaemonOptions:
-    node: NodeContext
-    kubeconfig: str | None = None
-    apiserver: str | None = None
-    manifests: str | None = None
-    interface: str = "kube-ipvs0"
-    drain_timeout: float = 30.0
-    service_drain_timeout: float = 30.0
-    drain_check_interval: float = 1.0
-    tcp_timeout: int = 0
-    tcpfin_timeout: int = 0
-    udp_timeout: int = 0
-    state_dir: str = "/var/lib/ipvsctl"
-    listen: str = "0.0.0.0:9796"
-    stale_after: float = 60.0  # /healthz fails when the loop has not turned for this long
-    cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr (normalized)
-    masquerade_all: bool = False  # --masquerade-all
-    nftables: bool = True  # --no-nftables: no nftables table (masquerading done elsewhere)
-    # No --node-ip: node.node_ips were read from the host and are re-read while running
-    # (NodePort virtual servers follow); with --node-ip they are fixed.
-    follow_node_ips: bool = False
-    # --service-node-port-range: NodePort virtual servers on node IPs in it are ipvsctl's
-    node_port_range: range = NODE_PORT_RANGE
-    # --healthz-bind-address: kube-proxy's health server ("" : none). The CLI's default is
-    # 0.0.0.0:10256; in-process daemons (tests) serve none unless asked.
-    healthz_bind_address: str = ""
-    # --service-metrics, --service-metrics-max-series: per-Service traffic series
-    service_metrics: ServiceMetricsMode = ServiceMetricsMode.ANNOTATED
-    service_metrics_max_series: int = DEFAULT_MAX_SERIES
-    # --draining-taints: taint keys that mean this node is leaving (docs/node-drain.md)
-    draining_taints: tuple[str, ...] = DEFAULT_DRAINING_TAINTS
-    lb_grace: float = 30.0  # --lb-grace: draining this long before it can be quiesced
-    # --config's ipvs.excludeCIDRs: virtual servers there are never ipvsctl's
-    exclude_cidrs: tuple[str, ...] = ()
-    # --config's nodePortAddresses: the followed node addresses are those in these CIDRs
-    node_port_cidrs: tuple[str, ...] = ()
-    strict_arp: bool = False  # --config's ipvs.strictARP: arp_ignore=1, arp_announce=2
+T = TypeVar("T")
 
 
 @dataclass
 class Daemon:
-    """The running parts, so tests can drive a daemon in-process."""
+    """The running parts, so tests can drive a daemon in-process: the core (state file,
+    engine, loop, HTTP API) and the features built on it."""
 
     options: DaemonOptions
     kernel: IPVSKernel
@@ -119,38 +95,51 @@ class Daemon:
     owned: Callable[[ServiceKey], bool] = lambda key: True
     # Which existing virtual servers not ours a Service may take over (open_kernel).
     may_take_over: Callable[[ServiceKey], bool] = lambda key: True
-    nft: NftRunner | None = None  # ipvsctl's nftables table, kept by a service listener
-    health: HealthServer | None = None  # healthCheckNodePorts, a service listener too
     read_node_ips: Callable[[], list[str]] | None = None  # None: fixed node IPs
     # When to sync, check drains, audit...; None: the defaults with the options' interval.
     loop_config: LoopConfig | None = None
-    conntrack: ConntrackTable | None = None  # None: no stale-UDP-entry sweep
-    # ConnectionsCut Events (CONTRACT.md "Events"); None: none (a manifest directory)
-    event_writer: EventWriter | None = None
+    # Every address of the node, followed (kernel/netlink/address_watch.py): Node safety
+    # counts them all. None: only the NodePort addresses count (tests without a kernel).
+    host_addresses: HostAddresses | None = None
+    # The outside things features need (daemon/feature.py's Parts); None: not here.
+    nft: NftRunner | None = None  # ipvsctl's nftables table
+    health_ports: Callable[[int], socket.socket] | None = None  # healthCheckNodePorts
+    conntrack: ConntrackTable | None = None  # the stale-UDP-entry sweep's table
+    event_writer: EventWriter | None = None  # ConnectionsCut Events (an API server's)
+    features: Sequence[Builder] = FEATURES
 
     def __post_init__(self) -> None:
-        self.options = o = with_apiserver_addresses(self.options, self.source)
-        self.state = DrainStateFile(o.state_dir)
+        self.options = o = adapters.with_apiserver_addresses(self.options, self.source)
+        if self.host_addresses is not None:
+            self.options = o = dataclasses.replace(
+                o, node=dataclasses.replace(o.node, host_ips=self.host_addresses.host_addresses())
+            )
+        self.state = DrainStateFile(o.drain.state_dir)
         try:
             self.state.ensure_dir()
         except OSError as exc:
-            raise StartupError(f"--state-dir {o.state_dir}: {exc}") from None
+            raise StartupError(f"--state-dir {o.drain.state_dir}: {exc}") from None
+        self.feed = ChangeFeed()
         self.engine = Engine(
             self.kernel,
             EngineConfig(
                 o.node,
-                o.drain_timeout,
-                service_drain_timeout=o.service_drain_timeout,
+                o.drain.timeout,
+                service_drain_timeout=o.drain.service_timeout,
                 wait_for_node=getattr(self.source, "emits_node", False),
             ),
             metrics=self.metrics,
             owned=self.owned,
             restored_queue=self.state.load(),
             may_take_over=self.may_take_over,
+            feed=self.feed,
         )
         self.view = EngineView(self.engine)
-        if self.event_writer is not None:
-            self.engine.applier.on_cut = self.event_writer.record
+        # A pod_gone grace counts only while the EndpointSlices are watched (an API source
+        # says when; a manifest folder has no stream to break).
+        watch_listeners = getattr(self.source, "watch_listeners", None)
+        if isinstance(watch_listeners, list):
+            watch_listeners.append(self._watched)
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
@@ -162,81 +151,11 @@ class Daemon:
         self.loop = Loop(
             self.engine,
             self.events,
-            self.loop_config or LoopConfig(drain_check_interval=o.drain_check_interval),
+            self.loop_config or LoopConfig(drain_check_interval=o.drain.check_interval),
             save_queue=self.writer.submit,
             read_node_ips=self.read_node_ips,
+            host_addresses=self.host_addresses,
         )
-        self.netfilter: NetfilterSync | None = None
-        if self.nft is not None:
-            self.netfilter = NetfilterSync(
-                self.nft,
-                SyncConfig(RulesetConfig(o.cluster_cidrs, o.masquerade_all)),
-                batch_lock=self.loop.lock,
-                ready=lambda: self.view.started,
-                metrics=self.metrics,
-                node_ips=lambda: self.view.node.node_ips,
-            )
-            self.engine.service_listeners.append(self.netfilter.on_service)
-            self.engine.vs_drain_listeners.append(self.netfilter.on_virtual_server_drain)
-        if self.health is not None:
-            self.health.metrics = self.metrics
-            # The node's own peers are never refused on a healthCheckNodePort either.
-            self.health.http.trusted = lambda peer: self.api.is_local_peer(peer)
-            self.health.proxy_healthy = lambda: self.api.healthz({})[0] == 200
-            self.engine.service_listeners.append(self.health.on_service)
-        # Per-Service traffic: read at scrape time; the event path only keeps who opted in.
-        self.service_traffic: ServiceTraffic | None = None
-        if o.service_metrics is not ServiceMetricsMode.NONE and isinstance(
-            self.kernel, ServiceStatsReader
-        ):
-            self.service_traffic = ServiceTraffic(
-                self.kernel,
-                o.service_metrics,
-                o.service_metrics_max_series,
-                on_error=lambda exc: self.metrics.netlink_errors.labels(
-                    exc.operation or "read_service_stats"
-                ).inc(),
-            )
-            self.engine.service_listeners.append(self.service_traffic.on_service)
-            self.metrics.service_traffic.read = self.service_traffic.read
-        # Node drain: since when the node is leaving, and what still comes through it.
-        check_interval = self.loop.config.drain_check_interval
-        self.node_drain = NodeDrain(
-            self.kernel,
-            self.metrics,
-            self.engine.clock,
-            draining_taints=o.draining_taints,
-            lb_grace=o.lb_grace,
-            interval=check_interval,
-            ready=lambda: self.view.started,
-        )
-        self.engine.node_listeners.append(self.node_drain.on_node)
-        self.engine.service_listeners.append(self.node_drain.on_service)
-        # The background reads of the kernel, each on its own thread (reconcile/paced.py).
-        self.readers: list[PacedRunner] = [
-            self.loop.drain_runner,
-            self.loop.audit_runner,
-            PacedRunner(
-                "node-drain",
-                self.node_drain,
-                self.loop.lock,
-                Pace(every=check_interval),  # a poll: NodeDrain paces its own reads
-                clock=self.engine.clock,
-            ),
-        ]
-        self.sweeper: ConntrackSweeper | None = None
-        if self.conntrack is not None:
-            self.sweeper = ConntrackSweeper(self.view, self.conntrack, self.loop.lock, self.metrics)
-            self.engine.service_listeners.append(self.sweeper.on_service)
-            self.readers.append(
-                PacedRunner(
-                    "conntrack",
-                    self.sweeper,
-                    self.loop.lock,
-                    self.sweeper.pace(),
-                    wake=self.sweeper.wake,
-                )
-            )
         self.threads: list[threading.Thread] = []
         self.api = DaemonAPI(
             self.view,
@@ -245,35 +164,68 @@ class Daemon:
             heartbeat=lambda: self.loop.heartbeat,
             threads=lambda: self.threads,
             source_dead_threads=lambda: getattr(self.source, "dead_threads", list)(),
-            stale_after=o.stale_after,
-            node_drain=self.node_drain,
+            stale_after=o.http.stale_after,
         )
+        parts = Parts(
+            o,
+            self.kernel,
+            self.metrics,
+            self.view,
+            self.engine.clock,
+            self.loop,
+            self.api,
+            nft=self.nft,
+            health_ports=self.health_ports,
+            conntrack=self.conntrack,
+            event_writer=self.event_writer,
+        )
+        self.running = [f for build in self.features if (f := build(parts)) is not None]
+        routes = dict(self.api.routes())
+        local_only = set(DaemonAPI.LOCAL_ONLY)
+        for f in self.running:
+            self.feed.subscribe(f.hears)
+            routes.update(f.routes)
+            local_only |= f.local_only
+            for collector in f.collectors:
+                self.metrics.registry.register(collector)
         try:
             self.http = HTTPServer(
-                o.listen,
-                self.api.routes(),
+                o.http.listen,
+                routes,
                 limits=DAEMON_HTTP_LIMITS,
                 name="daemon",
-                local_only=DaemonAPI.LOCAL_ONLY,
+                local_only=frozenset(local_only),
+                inline=DaemonAPI.INLINE,
                 is_local=self.api.is_local_peer,
                 on_refused=lambda r: self.metrics.http_refused.labels("daemon", r).inc(),
             )
         except (OSError, ValueError) as exc:
-            raise StartupError(f"--listen {o.listen}: {exc}") from None
+            raise StartupError(f"--listen {o.http.listen}: {exc}") from None
+        self.api.metrics_doc.listeners.append(self.http.server.wake)
         self.metrics.ready.set_function(lambda: 1 if self.api.readyz({})[0] == 200 else 0)
         self.metrics.node_object_known.set_function(
             lambda: 1 if (node := self.view.node_object) is not None and node.present else 0
         )
-        self.proxy_health = (
-            ProxyHealthServer(
-                o.healthz_bind_address,
-                self.api.proxy_state,
-                self.metrics,
-                trusted=self.api.is_local_peer,
-            )
-            if o.healthz_bind_address
-            else None
-        )
+
+    def _leave_out(self, f: Feature) -> None:
+        """A feature that could not start: it hears, serves and counts nothing."""
+        self.feed.unsubscribe(f.hears)
+        for path in f.routes:
+            self.http.routes.pop(path, None)
+        for collector in f.collectors:
+            self.metrics.registry.unregister(collector)
+        self.running.remove(f)
+
+    def part(self, kind: type[T]) -> T | None:
+        """The running part of that type of a feature this daemon runs (None: none)."""
+        for f in self.running:
+            if isinstance(f.part, kind):
+                return f.part
+        return None
+
+    def _watched(self, kind: ObjectKind, watching: bool) -> None:
+        if kind is ObjectKind.ENDPOINT_SLICE:
+            self.engine.slices_watched(watching)
 
     def status(self) -> dict[str, Any]:
         with self.loop.lock:
@@ -288,59 +240,27 @@ class Daemon:
         # default), several times per change (each netlink call releases it). 1 ms keeps an
         # event's wait short while a dump or a table read is being parsed.
         sys.setswitchinterval(SWITCH_INTERVAL)
-        if self.netfilter is not None:
-            try:
-                self.netfilter.start()
-            except NftError as exc:
-                # IPVS alone still carries pod-to-Service traffic, the core of the job: run
-                # degraded and say so loudly rather than leave the node with no proxy.
-                hint = (
-                    "; install nftables or pass --no-nftables"
-                    if isinstance(exc, NftUnavailable)
-                    else ""
-                )
-                log.error(
-                    "nftables unavailable: running without ipvsctl's netfilter rules "
-                    "(no masquerade, hairpin or NodePort from outside)",
-                    extra=fields(error=f"{exc}{hint}"),
-                )
-                self.engine.service_listeners.remove(self.netfilter.on_service)
-                self.engine.vs_drain_listeners.remove(self.netfilter.on_virtual_server_drain)
-                self.netfilter = None
+        for f in list(self.running):
+            if f.start is not None and not f.start():  # it said why: run without it
+                self._leave_out(f)
         self.http.start()
         self.loop.pause_gc_until_started()
-        self.threads = [
-            threading.Thread(
-                target=self._guard(self.loop.run), args=(self.stop,), name="loop", daemon=True
-            ),
-            threading.Thread(
-                target=self._guard(self.source.run),
-                args=(self.events.put, self.stop),
-                name="source",
-                daemon=True,
-            ),
+        core: list[tuple[str, Run | None]] = [
+            ("loop", self.loop.run),
+            ("source", lambda stop: self.source.run(self.events.put, stop)),
+            ("metrics", self.api.metrics_doc.run),
+            ("node-addresses", getattr(self.host_addresses, "run", None)),
+            ("state-writer", self.writer.run),
         ]
-        # Drain checks, the audit and the conntrack sweep read the kernel off the loop's
-        # lock, each on its own thread: a drain check never waits behind a full dump.
-        for runner in self.readers:
-            self.threads.append(
-                threading.Thread(
-                    target=self._guard(runner.run), args=(self.stop,), name=runner.name, daemon=True
-                )
-            )
-        for name, part in (
-            ("netfilter", self.netfilter),
-            ("health", self.health),
-            ("proxy-health", self.proxy_health),
-            ("state-writer", self.writer),
-            ("events", self.event_writer),
-        ):
-            if part is not None:
-                self.threads.append(
-                    threading.Thread(
-                        target=self._guard(part.run), args=(self.stop,), name=name, daemon=True
-                    )
-                )
+        # The features' background reads (drain checks, the audit, the conntrack sweep...)
+        # read the kernel off the loop's lock, each on its own thread: a drain check never
+        # waits behind a full dump.
+        threads = core + [
+            thread
+            for f in self.running
+            for thread in [*((r.name, r.run) for r in f.readers), *f.threads]
+        ]
+        self.threads += [_thread(name, run, self.stop) for name, run in threads if run]
         for t in self.threads:
             t.start()
         log.info(
@@ -349,35 +269,24 @@ class Daemon:
                 node=self.options.node.node_name,
                 node_ips=",".join(self.options.node.node_ips),
                 node_ips_followed=self.read_node_ips is not None,
-                listen=f"{self.options.listen} (port {self.http.port})",
-                source=self.options.manifests or self.options.apiserver or "kubeconfig",
+                listen=f"{self.options.http.listen} (port {self.http.port})",
+                source=self.options.source.describe(),
             ),
         )
-
-    def _guard(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
-
-        def run(*args: Any) -> None:
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("thread died", extra=fields(thread=threading.current_thread().name))
-
-        return run
 
     def shutdown(self) -> None:
         """Stop threads; leave the kernel's IPVS table exactly as it is."""
         self.stop.set()
-        if self.netfilter is not None:
-            self.netfilter.wake.set()
-        for runner in self.readers:
-            runner.wake.set()
+        for f in self.running:
+            if f.wake is not None:
+                f.wake()
+            for runner in f.readers:
+                runner.wake.set()
         for t in self.threads:
             t.join(timeout=10)
-        if self.health is not None:
-            self.health.close()
-        if self.proxy_health is not None:
-            self.proxy_health.close()
+        for f in self.running:
+            if f.stop is not None:
+                f.stop()
         self.http.stop()
         try:  # after the writer's last save (a hung disk: not for ever, the kubelet waits)
             self.state.save(self.view.drain_queue(), lock_timeout=5.0)
@@ -393,131 +302,21 @@ class Daemon:
         )
 
 
-def open_kernel(
-    o: DaemonOptions,
-    node_ips: Callable[[], Collection[str]] | None = None,
-) -> tuple[IPVSKernel, Callable[[ServiceKey], bool], Callable[[ServiceKey], bool]]:
-    """The netlink kernel, host set-up done, which virtual servers are ipvsctl's (those on
-    its dummy interface's addresses and NodePorts on node IPs; others are left alone), and
-    which existing ones a Service may take over: ours, or another Kubernetes proxy's (an
-    address on kube-ipvs0 or kube-dummy-if, read once here). `node_ips` gives the node IPs
-    as they are now (they can change while running); without it, the start-up ones."""
-    from ipvsctl.kernel import netlink
+def _thread(name: str, run: Run, stop: threading.Event) -> threading.Thread:
+    """A thread that dies logs why; /healthz then fails and the kubelet restarts us."""
 
-    try:
-        kernel = netlink.NetlinkKernel(interface=o.interface)
-        netlink.configure_host(
-            tcp_timeout=o.tcp_timeout,
-            tcpfin_timeout=o.tcpfin_timeout,
-            udp_timeout=o.udp_timeout,
-            kernel=kernel,
-            strict_arp=o.strict_arp,
-        )
-        bound = set(kernel.bound_addresses())
-    except KernelError as exc:
-        raise StartupError(str(exc)) from None
-    try:
-        proxy_addresses = bound | set(netlink.interface_addresses())
-    except Exception as exc:  # not fatal: then only our own are taken over
-        log.warning("proxy interfaces unreadable", extra=fields(error=exc))
-        proxy_addresses = bound
-    fixed = frozenset(o.node.node_ips)
-    current = node_ips or (lambda: fixed)
-    node_ports = o.node_port_range
-    excluded = o.exclude_cidrs
-
-    def owned(key: ServiceKey) -> bool:
-        return is_owned(key, bound, current(), node_ports, excluded)
-
-    def take_over(key: ServiceKey) -> bool:
-        return may_take_over(key, owned(key), proxy_addresses)
-
-    return kernel, owned, take_over
-
-
-def node_ips_reader(o: DaemonOptions) -> Callable[[], list[str]] | None:
-    """How the loop re-reads the node's addresses; None with --node-ip (fixed addresses)."""
-    if not o.follow_node_ips:
-        return None
-    from ipvsctl.kernel.netlink.addresses import node_addresses
-
-    # As at start-up (cli._node): the VIP interface's addresses are ClusterIPs.
-    read = functools.partial(node_addresses, exclude_interfaces=(o.interface,))
-    if not o.node_port_cidrs:
-        return read
-    return lambda: in_cidrs(read(), o.node_port_cidrs)
-
-
-def open_source(o: DaemonOptions, metrics: Metrics) -> ObjectSource:
-    if o.manifests:
-        from ipvsctl.manifests import ManifestSource
-
+    def guarded() -> None:
         try:
-            return ManifestSource(
-                o.manifests,
-                on_file_error=lambda: metrics.invalid_objects.labels("ManifestFile").inc(),
-            )
-        except SourceConfigError as exc:
-            raise StartupError(str(exc)) from None
-    from ipvsctl.kube.client import SENTINEL_SERVICE, KubeSource
-    from ipvsctl.source.convert import service_label_selector
-    from ipvsctl.source.store import Preparer
+            run(stop)
+        except Exception:
+            log.exception("thread died", extra=fields(thread=name))
 
-    try:
-        return KubeSource.from_config(
-            kubeconfig=o.kubeconfig,
-            apiserver=o.apiserver,
-            node_name=o.node.node_name,
-            on_watch_restart=lambda resource, reason: metrics.watch_restarts.labels(
-                resource, reason
-            ).inc(),
-            service_label_selector=service_label_selector(o.node.service_proxy_name),
-            # default/kubernetes carries no proxy-name label: with a name it is never listed,
-            # so it cannot vouch for a Service list (the empty-list guard is off then).
-            sentinel=None if o.node.service_proxy_name else SENTINEL_SERVICE,
-            # Lists parsed as they are decoded, as the engine's store would (its
-            # configuration is the same o.node): never all raw objects alive at once.
-            prepare=Preparer.for_node(o.node),
-        )
-    except SourceConfigError as exc:
-        raise StartupError(str(exc)) from None
-
-
-def open_event_writer(
-    o: DaemonOptions, source: ObjectSource, metrics: Metrics
-) -> EventWriter | None:
-    """The Events writer, on the source's API client; None without an API server."""
-    api_client = getattr(source, "api_client", None)
-    if api_client is None:
-        return None
-    from ipvsctl.kube.events import EventWriter
-
-    node = o.node.node_name or ""
-    return EventWriter(
-        api_client,
-        instance=f"ipvsctl-{node}" if node else "ipvsctl",
-        node=node,
-        on_result=lambda reason, result: metrics.events.labels(reason, result).inc(),
-    )
-
-
-def with_apiserver_addresses(o: DaemonOptions, source: ObjectSource) -> DaemonOptions:
-    """The API server's own addresses, never an external or load-balancer IP (CONTRACT
-    "Node safety"): a Service binding one would send this daemon's API traffic into IPVS.
-    A hostname is resolved once, here."""
-    host = getattr(source, "host", None)
-    if not isinstance(host, str) or not host:
-        return o
-    from ipvsctl.kube.config import host_addresses
-
-    ips = host_addresses(host)
-    log.info("API server addresses", extra=fields(host=host, addresses=",".join(sorted(ips))))
-    return dataclasses.replace(o, node=dataclasses.replace(o.node, apiserver_ips=ips))
+    return threading.Thread(target=guarded, name=name, daemon=True)
 
 
 def run(o: DaemonOptions) -> int:
     metrics = Metrics()
-    source = open_source(o, metrics)  # configuration mistakes first: they are the user's
+    source = adapters.open_source(o, metrics)  # configuration mistakes first: they are the user's
     daemon: Daemon | None = None
 
     def node_ips() -> Collection[str]:
@@ -526,13 +325,9 @@ def run(o: DaemonOptions) -> int:
         # during syncs, once `daemon` exists.
         return daemon.view.node_ips_known if daemon else o.node.node_ips
 
-    kernel, owned, take_over = open_kernel(o, node_ips)
-    event_writer = open_event_writer(o, source, metrics)
-    nft = None
-    if o.nftables:
-        from ipvsctl.netfilter.nft import Nft
-
-        nft = Nft(metrics=metrics)
+    kernel, owned, take_over = adapters.open_kernel(o, node_ips, metrics)
+    host_addresses = adapters.open_host_addresses(o, metrics)
+    from ipvsctl.healthcheck.server import listen_any
     from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack
 
     daemon = Daemon(
@@ -542,11 +337,12 @@ def run(o: DaemonOptions) -> int:
         metrics=metrics,
         owned=owned,
         may_take_over=take_over,
-        nft=nft,
-        health=HealthServer(o.node.node_name),
-        read_node_ips=node_ips_reader(o),
+        nft=adapters.open_nft(o, metrics),
+        health_ports=listen_any,
+        read_node_ips=adapters.node_ips_reader(o, host_addresses),
         conntrack=NetlinkConntrack(),
-        event_writer=event_writer,
+        event_writer=adapters.open_event_writer(o, source, metrics),
+        host_addresses=host_addresses,
     )
     serve_until_signal(daemon.start)
     log.info("signal received, stopping")

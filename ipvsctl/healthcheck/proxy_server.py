@@ -5,6 +5,9 @@ Its port is often still taken when ipvsctl starts: kube-proxy runs on the node u
 migration removes it. That is one error line and a count in
 `ipvsctl_proxy_health_errors_total`, never a failed start; the port is tried again every
 `retry_interval` seconds and taken as soon as it is free (one line when it is).
+
+Both paths are answered by the HTTP server's selector thread as soon as they are read
+(plain attributes, no lock): a load balancer's probe never waits behind another request.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class ProxyHealthServer:
                 {p: self._route(p) for p in PATHS},
                 name="proxy-health",
                 is_local=self.trusted,
+                inline=PATHS,  # probes: answered at once by the selector thread
                 on_refused=lambda r: self.metrics.http_refused.labels("proxy-health", r).inc(),
             )
         except (OSError, ValueError) as exc:

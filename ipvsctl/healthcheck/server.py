@@ -1,11 +1,13 @@
 """The healthCheckNodePort server: one thread multiplexing every health-check port.
 
-`on_service` (an Engine service listener, on the loop's thread) updates the pure state and
-opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded server with every
-port as a listener: request heads are read by its selector (a slow or silent client holds
-no thread and is cut after a few seconds), answers come from a small worker pool, and
-connections are capped. A port that cannot be opened (already in use) is counted, logged
-once, and retried every `retry_interval` seconds while its Service wants it.
+`on_service` (a service listener on the engine's change feed, on the loop's thread) updates
+the pure state and opens or closes ports; the thread (`run`) is ipvsctl.httpd's bounded
+server with every port as a listener: request heads are read by its selector (a slow or
+silent client holds no thread and is cut after a few seconds), every request is answered by
+that same thread as soon as it is read (a probe never waits behind another), and
+connections are capped. A
+port that cannot be opened (already in use) is counted, logged once, and retried every
+`retry_interval` seconds while its Service wants it.
 
 Requests are answered whatever their path, as kube-proxy does: load balancers probe
 `/healthz`, some probe `/`.
@@ -20,7 +22,14 @@ import time
 from collections.abc import Callable
 
 from ipvsctl.healthcheck.state import HealthState
-from ipvsctl.httpd import BoundedServer, Limits, Request, Response, listen_socket
+from ipvsctl.httpd import (
+    BoundedServer,
+    Limits,
+    Request,
+    Response,
+    is_loopback_peer,
+    listen_socket,
+)
 from ipvsctl.model import DesiredService, ServiceRef
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.obs.metrics import Metrics
@@ -45,6 +54,7 @@ class HealthServer:
         listen: Callable[[int], socket.socket] = listen_any,
         proxy_healthy: Callable[[], bool] = lambda: True,
         retry_interval: float = 5.0,
+        trusted: Callable[[str], bool] = is_loopback_peer,
     ) -> None:
         self.state = HealthState(node_name)
         self.metrics = metrics
@@ -56,15 +66,22 @@ class HealthServer:
         self._failed = FailureStreaks(log)  # ports wanted but not open
         self._closed = False
         self._next_retry = 0.0
+        # Every request is a probe, answered at once by the selector thread (a dict look-up
+        # under a lock held only for dict updates): none waits behind another.
         self.http = BoundedServer(
-            self._answer, name="health", limits=HEALTH_HTTP_LIMITS, on_refused=self._refused
+            self._answer,
+            name="health",
+            limits=HEALTH_HTTP_LIMITS,
+            on_refused=self._refused,
+            inline=lambda req: True,
+            trusted=trusted,  # the node's own peers: never refused
         )
 
     # --- the listener -----------------------------------------------------------------------
     def on_service(
         self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
     ) -> None:
-        """Engine service listener: new counts, and ports opened or closed."""
+        """A service listener (the change feed): new counts, and ports opened or closed."""
         if (old is None or old.health_check_node_port is None) and (
             new is None or new.health_check_node_port is None
         ):

@@ -1,6 +1,7 @@
 """ipvsctl's one HTTP server, for every listener (the daemon's --listen, kube-proxy's
-health port, the healthCheckNodePorts, the shutdown-manager): bounded per peer, GET and
-HEAD only, slow clients cut (server.py); pure request framing and parsing (request.py);
+health port, the healthCheckNodePorts, the shutdown-manager): bounded per peer (an IPv4
+address or an IPv6 /64), probes answered inline, never behind other requests, GET and HEAD
+only, slow clients cut (server.py); pure request framing and parsing (request.py);
 a route table on top (routes.py); the one way a listener is opened and the one way
 ipvsctl's own requests go out, never through a proxy (sockets.py)."""
 
@@ -12,6 +13,7 @@ from ipvsctl.httpd.request import (
     Response,
     Waiter,
     is_loopback_peer,
+    peer_key,
 )
 from ipvsctl.httpd.routes import Handler, HTTPServer, as_json, text
 from ipvsctl.httpd.server import REASONS, BoundedServer, Limits
@@ -33,5 +35,6 @@ __all__ = [
     "direct_opener",
     "is_loopback_peer",
     "listen_socket",
+    "peer_key",
     "text",
 ]

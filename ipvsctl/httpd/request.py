@@ -78,9 +78,14 @@ class Waiter(Protocol):
 class Park:
     """A handler's "answer later": the connection waits in the selector, not in a thread.
     Whoever makes the answer ready calls `BoundedServer.wake()` (polls run at least every
-    second and at the waiter's deadline anyway)."""
+    second and at the waiter's deadline anyway).
+
+    `protected`: no bound ever closes the connection while it waits (the shutdown-manager's
+    /shutdown: the kubelet takes a closed preStop as "done"). Otherwise a waiting connection
+    may be closed as an idle one is, to make room for another peer."""
 
     waiter: Waiter
+    protected: bool = False
 
 
 Handle = Callable[[Request], "Response | Park"]
@@ -92,6 +97,21 @@ def is_loopback_peer(peer: str) -> bool:
         return ipaddress.ip_address(peer).is_loopback
     except ValueError:
         return False
+
+
+def peer_key(peer: str) -> str:
+    """Whose share a connection counts in: an IPv4 address, or an IPv6 address's /64 (one
+    host, or one pod, can hold a whole /64: counting each address apart would let it take
+    every slot). Anything else (not an address) as it is."""
+    try:
+        addr = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer
+    if addr.version == 4:
+        return peer
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(addr) >> 64 << 64, 64)))
 
 
 def head(code: int, headers: dict[str, str]) -> bytes:

@@ -32,7 +32,11 @@ class HTTPServer:
     serves from `start()` on its own thread until `stop()`.
 
     Paths in `local_only` answer 403 unless `is_local(peer)` (default: loopback peers). The
-    same peers are the server's trusted ones: never refused or evicted by its bounds."""
+    same peers are the server's trusted ones: never refused or evicted by its bounds.
+
+    Paths in `inline` (health probes) are answered by the server's selector thread as soon
+    as they are read, never behind other requests: their handlers must be cheap and never
+    block (no lock another thread holds for long, no I/O). An unknown path's 404 is too."""
 
     def __init__(
         self,
@@ -44,15 +48,22 @@ class HTTPServer:
         on_refused: Callable[[str], None] | None = None,
         local_only: Collection[str] = (),
         is_local: Callable[[str], bool] = is_loopback_peer,
+        inline: Collection[str] = (),
     ) -> None:
         host, _, port = listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
         self.routes = dict(routes)
         self.local_only = frozenset(local_only)
         self.is_local = is_local
+        self.inline = frozenset(inline)
         self.sock = listen_socket(host, int(port))
         self.server = BoundedServer(
-            self._handle, name=name, limits=limits, on_refused=on_refused, trusted=is_local
+            self._handle,
+            name=name,
+            limits=limits,
+            on_refused=on_refused,
+            trusted=is_local,
+            inline=lambda req: req.path in self.inline or req.path not in self.routes,
         )
         self.server.add_listener(self.sock)
         self.thread = threading.Thread(target=self.server.serve, name=name, daemon=True)

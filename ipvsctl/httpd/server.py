@@ -9,21 +9,30 @@ its headers one byte a second holds one for ever. Here:
   an idle or slow connection costs a socket and a small buffer, never a thread;
 - the whole request head must arrive within `header_timeout` (slowloris is cut), its request
   line and headers are bounded (414, 431), only GET and HEAD are served (405);
-- bounds are per peer (the client's address), so a flood from one address never refuses or
-  evicts another's connection: a peer holds at most `max_per_peer` connections (one past
-  that closes the same peer's oldest connection still sending its head, or is refused);
-  past `max_connections` in all, a new connection closes the oldest idle one of the peer
-  holding the most (only if it holds at least two more than the newcomer), else it is
-  refused with 503 at once;
+- bounds are per peer: an IPv4 address, or an IPv6 address's /64 (`peer_key`), so a flood
+  from one host never refuses or evicts another's connection: a peer holds at most
+  `max_per_peer` connections (one past that closes the same peer's oldest closable
+  connection, or is refused); past `max_connections` in all, a new connection closes the
+  oldest closable one of the peer holding the most (only if it holds at least two more
+  than the newcomer), else it is refused with 503 at once. Closable: still sending its
+  head, then stalled writing its answer, then parked unless `Park.protected`;
 - trusted peers (`trusted(peer)`: loopback and the node's own addresses, where the
-  kubelet's probes and a preStop come from) are never refused or evicted, and count for
-  no other peer's share;
-- complete requests are answered by `workers` threads; a response must be written within
-  `write_timeout`; one request per connection (`Connection: close`);
+  kubelet's probes and a preStop come from) are never refused or evicted, count by their
+  exact address, and for no other peer's share: their connections come on top of
+  `max_connections`, so the kubelet probing never costs a stranger a slot;
+- requests for which `inline(request)` is true (health probes: cheap, never blocking) are
+  answered by the selector thread itself, as soon as their head is read: they never wait
+  behind other requests in the worker pool;
+- the others are answered by `workers` threads; one request per connection
+  (`Connection: close`);
+- an answer whose body is bytes is written by the selector thread without blocking (a
+  client that does not read holds a socket, not a thread) within `write_timeout`; a
+  streamed body (chunks) is written by a worker within the same timeout;
 - a handler may answer `Park(waiter)` instead of a Response: the connection goes back to
   the selector, holding no thread, until the waiter has the answer (the shutdown-manager's
-  /shutdown waits so, for as many callers as come). A parked connection whose client
-  closes is dropped (`waiter.cancel()`).
+  /shutdown waits so, for as many callers as come; the daemon's /metrics waits for the
+  next shared rendering). A parked connection whose client closes is dropped
+  (`waiter.cancel()`).
 
 Every refusal calls `on_refused(reason)` (the daemon counts them in
 `ipvsctl_http_refused_total{server,reason}`); reasons are in `REASONS`.
@@ -49,11 +58,11 @@ from ipvsctl.httpd.request import (
     Refusal,
     Request,
     Response,
-    Waiter,
     frame_request,
     head,
     is_loopback_peer,
     peer_address,
+    peer_key,
     plain,
 )
 from ipvsctl.obs.logging import fields
@@ -62,16 +71,22 @@ log = logging.getLogger("ipvsctl.http")
 
 REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request", "method", "forbidden")
 LIMIT_LOG_INTERVAL = 60.0  # "connection limit reached" at most this often per server
+# Writing answers shares the selector thread with reading requests (probes among them): a
+# write event sends at most SEND_CHUNK bytes, and a turn of the loop writes for at most
+# WRITE_SLICE seconds before it reads again (the rest are still writable: next turn).
+SEND_CHUNK = 65536
+WRITE_SLICE = 0.005
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_connections: int = 64
-    """Open connections, whatever their state (trusted peers may go past it)."""
+    """Open connections of untrusted peers, whatever their state (trusted peers' come on
+    top: they take no room from anyone)."""
     max_per_peer: int = 16
-    """Open connections of one (untrusted) peer address."""
+    """Open connections of one (untrusted) peer: an IPv4 address or an IPv6 /64."""
     workers: int = 4
-    """Threads answering complete requests."""
+    """Threads answering complete requests that are not answered inline."""
     header_timeout: float = 5.0
     """The whole request head must arrive within this many seconds of the accept."""
     write_timeout: float = 30.0
@@ -86,22 +101,50 @@ class Limits:
 
 
 class _Conn:
-    __slots__ = ("accepted", "buf", "deadline", "peer", "sock", "tag", "trusted")
+    __slots__ = ("accepted", "buf", "deadline", "key", "peer", "sock", "tag", "trusted")
 
     def __init__(
-        self, sock: socket.socket, peer: str, tag: object, now: float, limits: Limits, trusted: bool
+        self,
+        sock: socket.socket,
+        peer: str,
+        key: str,
+        tag: object,
+        now: float,
+        limits: Limits,
+        trusted: bool,
     ) -> None:
-        self.sock, self.peer, self.tag, self.accepted = sock, peer, tag, now
+        self.sock, self.peer, self.key, self.tag, self.accepted = sock, peer, key, tag, now
         self.deadline = now + limits.header_timeout
         self.buf = b""
         self.trusted = trusted
 
 
 class _Parked:
-    __slots__ = ("conn", "req", "waiter")
+    __slots__ = ("conn", "protected", "req", "waiter")
 
-    def __init__(self, conn: _Conn, req: Request, waiter: Waiter) -> None:
-        self.conn, self.req, self.waiter = conn, req, waiter
+    def __init__(self, conn: _Conn, req: Request, park: Park) -> None:
+        self.conn, self.req, self.waiter, self.protected = conn, req, park.waiter, park.protected
+
+
+class _Writing:
+    """An answer being written by the selector thread: what is left of it."""
+
+    __slots__ = ("bufs", "conn", "deadline", "path")
+
+    def __init__(self, conn: _Conn, bufs: list[memoryview], deadline: float, path: str) -> None:
+        self.conn, self.bufs, self.deadline, self.path = conn, bufs, deadline, path
+
+
+class _Answered:
+    """A worker's answer handed back to the selector thread (parked, or bytes to write)."""
+
+    __slots__ = ("answer", "conn", "req")
+
+    def __init__(self, conn: _Conn, req: Request, answer: Response | Park) -> None:
+        self.conn, self.req, self.answer = conn, req, answer
+
+
+_Victim = _Conn | _Parked | _Writing
 
 
 class BoundedServer:
@@ -117,6 +160,7 @@ class BoundedServer:
         on_refused: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         trusted: Callable[[str], bool] = is_loopback_peer,
+        inline: Callable[[Request], bool] = lambda req: False,
     ) -> None:
         self.handle = handle
         self.name = name
@@ -124,17 +168,20 @@ class BoundedServer:
         self.on_refused = on_refused
         self.clock = clock
         self.trusted = trusted
+        self.inline = inline
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # busy or parked went down
-        self._busy = 0  # connections handed to the workers and not yet closed
+        self._idle = threading.Condition(self._lock)  # busy, parked or writing went down
+        self._busy = 0  # connections handed to the workers, not yet back or closed
         self._pending: list[tuple[str, socket.socket, object]] = []
         self._reading: OrderedDict[socket.socket, _Conn] = OrderedDict()  # oldest first
-        # Per peer: its open connections (reading, busy, parked), and its reading and
-        # parked ones oldest first (what a bound may close).
+        # Per peer key: its open connections (reading, busy, parked, writing), and its
+        # reading ones oldest first (the first a bound closes).
         self._per_peer: Counter[str] = Counter()
+        self._trusted_open = 0  # open connections of trusted peers: outside the cap
         self._peer_reading: dict[str, OrderedDict[socket.socket, _Conn]] = {}
         self._parked: OrderedDict[socket.socket, _Parked] = OrderedDict()
+        self._writing: OrderedDict[socket.socket, _Writing] = OrderedDict()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -142,6 +189,9 @@ class BoundedServer:
         self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-worker")
         self._stop = threading.Event()
         self._last_limit_log = -LIMIT_LOG_INTERVAL
+        self._write_turn = 0
+        self._poll_due = False  # parked requests to poll at the end of this turn
+        self._next_poll = 0.0  # ... and no later than this
 
     # --- listeners (any thread) -------------------------------------------------------------
     def add_listener(self, sock: socket.socket, tag: object = None) -> None:
@@ -158,20 +208,30 @@ class BoundedServer:
 
     def open_connections(self) -> int:
         with self._lock:
-            return len(self._reading) + self._busy + len(self._parked)
+            return len(self._reading) + self._busy + len(self._parked) + len(self._writing)
 
     def parked(self) -> int:
         with self._lock:
             return len(self._parked)
 
+    def _key(self, peer: str) -> str:
+        """The share a peer's connections count in: a trusted peer's own address, else its
+        IPv4 address or IPv6 /64."""
+        return peer if self.trusted(peer) else peer_key(peer)
+
     def connections_of(self, peer: str) -> int:
+        """Open connections counted in `peer`'s share (its /64's, for IPv6)."""
+        key = self._key(peer)
         with self._lock:
-            return self._per_peer.get(peer, 0)
+            return self._per_peer.get(key, 0)
 
     def wait_answered(self, timeout: float) -> bool:
-        """Block until no request is parked or being answered (at most `timeout` s)."""
+        """Block until no request is parked, being answered or written (at most
+        `timeout` s)."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._parked and not self._busy, timeout)
+            return self._idle.wait_for(
+                lambda: not self._parked and not self._busy and not self._writing, timeout
+            )
 
     def wake(self) -> None:
         """A parked request's answer may be ready: poll now (any thread)."""
@@ -194,24 +254,36 @@ class BoundedServer:
             now = self.clock()
             timeout = min(1.0, tick_interval)
             if self._reading:
-                timeout = max(0.0, min(timeout, next(iter(self._reading.values())).deadline - now))
-            for p in self._parked.values():
-                timeout = max(0.0, min(timeout, p.waiter.deadline - now))
-            events = self._selector.select(timeout)
+                timeout = min(timeout, next(iter(self._reading.values())).deadline - now)
+            if self._writing:
+                timeout = min(timeout, next(iter(self._writing.values())).deadline - now)
+            if self._parked:
+                timeout = 0.0 if self._poll_due else min(timeout, self._next_poll - now)
+            events = self._selector.select(max(0.0, timeout))
             self._apply_pending()
+            writable: list[_Writing] = []
             for key, _ in events:
+                data = key.data
                 if key.fileobj is self._wake_r:
+                    self._poll_due = True  # a parked answer may be ready
                     with contextlib.suppress(OSError):
                         while self._wake_r.recv(4096):
                             pass
-                elif isinstance(key.data, _Conn):
-                    self._read(key.data)
-                elif isinstance(key.data, _Parked):
-                    self._parked_readable(key.data)
+                elif isinstance(data, _Conn):
+                    if data.sock in self._reading:  # not evicted by an accept just now
+                        self._read(data)
+                elif isinstance(data, _Parked):
+                    if self._parked.get(data.conn.sock) is data:
+                        self._parked_readable(data)
+                elif isinstance(data, _Writing):
+                    writable.append(data)
                 else:  # a listener: ("listener", tag)
-                    self._accept(key.fileobj, key.data[1])  # type: ignore[arg-type]
+                    self._accept(key.fileobj, data[1])  # type: ignore[arg-type]
+            self._write_some(writable)
             self._expire(self.clock())
-            self._poll_parked(self.clock())
+            now = self.clock()
+            if self._parked and (self._poll_due or now >= self._next_poll):
+                self._poll_parked(now)
             if tick is not None and self.clock() >= next_tick:
                 next_tick = self.clock() + tick_interval
                 tick()
@@ -224,17 +296,10 @@ class BoundedServer:
             if op == "add":
                 # The tuple marks a listener (connections carry a _Conn).
                 self._selector.register(sock, selectors.EVENT_READ, ("listener", tag))
-            elif op == "park":
-                assert isinstance(tag, _Parked)
+            elif isinstance(tag, _Answered):  # a worker's: parked or written from here
                 with self._lock:
-                    self._busy -= 1
-                    self._parked[sock] = tag
-                try:
-                    sock.setblocking(False)
-                    # Readable: the client closed (or sent more, which is read and dropped).
-                    self._selector.register(sock, selectors.EVENT_READ, tag)
-                except (OSError, ValueError):
-                    self._unpark(tag, cancel=True)
+                    self._busy -= 1  # counted below as parked or writing (or closed)
+                self._respond(tag.conn, tag.req, tag.answer)
             else:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(sock)
@@ -250,63 +315,77 @@ class BoundedServer:
                 return  # closed meanwhile, or out of file descriptors: try next round
             sock.setblocking(False)
             peer = peer_address(addr)
-            if not self._admit(peer):
+            trusted = self.trusted(peer)
+            key = peer if trusted else peer_key(peer)
+            if not self._admit(key, trusted):
                 self._refuse(sock, "busy", plain(503, "too many connections\n"))
                 continue
-            conn = _Conn(sock, peer, tag, self.clock(), self.limits, self.trusted(peer))
+            conn = _Conn(sock, peer, key, tag, self.clock(), self.limits, trusted)
             with self._lock:
                 self._reading[sock] = conn
-                self._peer_reading.setdefault(peer, OrderedDict())[sock] = conn
-                self._per_peer[peer] += 1
+                self._peer_reading.setdefault(key, OrderedDict())[sock] = conn
+                self._per_peer[key] += 1
+                self._trusted_open += trusted
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _admit(self, peer: str) -> bool:
-        """Room for a new connection from `peer`, made by closing another if fair (see the
-        module docstring); False: refuse it."""
-        trusted = self.trusted(peer)
+    def _admit(self, key: str, trusted: bool) -> bool:
+        """Room for a new connection of peer `key`, made by closing another if fair (see
+        the module docstring); False: refuse it. A trusted peer's is always admitted and
+        takes no room (it comes on top of the cap)."""
+        if trusted:
+            return True
         with self._lock:
-            mine = self._per_peer.get(peer, 0)
-            total = len(self._reading) + self._busy + len(self._parked)
-        if not trusted and mine >= self.limits.max_per_peer:
-            victim = self._oldest_of(peer)
+            mine = self._per_peer.get(key, 0)
+            open_ = len(self._reading) + self._busy + len(self._parked) + len(self._writing)
+            total = open_ - self._trusted_open
+        if mine >= self.limits.max_per_peer:
+            victim = self._oldest_of(key)
             if victim is None:
                 return False
             self._evict(victim)
             return True
         if total < self.limits.max_connections:
             return True
-        victim = self._victim(None if trusted else mine)
-        if victim is not None:
-            self._evict(victim)
-            return True
-        return trusted  # never refused; it may go past the cap
+        victim = self._victim(mine)
+        if victim is None:
+            return False
+        self._evict(victim)
+        return True
 
-    def _oldest_of(self, peer: str) -> _Conn | _Parked | None:
-        """The peer's oldest connection still sending its head, else its oldest parked."""
-        reading = self._peer_reading.get(peer)
+    def _oldest_of(self, key: str) -> _Victim | None:
+        """The peer's oldest connection still sending its head, else its oldest answer
+        stalled in writing, else its oldest parked one that is not protected."""
+        reading = self._peer_reading.get(key)
         if reading:
             return next(iter(reading.values()))
-        return next((p for p in self._parked.values() if p.conn.peer == peer), None)
+        for w in self._writing.values():
+            if w.conn.key == key:
+                return w
+        return next(
+            (p for p in self._parked.values() if p.conn.key == key and not p.protected), None
+        )
 
-    def _victim(self, newcomer: int | None) -> _Conn | _Parked | None:
+    def _victim(self, newcomer: int) -> _Victim | None:
         """Whom a new connection may displace at the cap: the oldest closable connection of
         the untrusted peer holding the most, if it holds at least two more than the
-        newcomer (None: a trusted newcomer, any untrusted peer will do)."""
+        newcomer's peer."""
         with self._lock:
             ranked = sorted(self._per_peer.items(), key=lambda kv: -kv[1])
-        for peer, n in ranked:
-            if newcomer is not None and n < newcomer + 2:
+        for key, n in ranked:
+            if n < newcomer + 2:
                 return None
-            if self.trusted(peer):
+            if self.trusted(key):
                 continue
-            victim = self._oldest_of(peer)
+            victim = self._oldest_of(key)
             if victim is not None:
                 return victim
         return None
 
-    def _evict(self, victim: _Conn | _Parked) -> None:
+    def _evict(self, victim: _Victim) -> None:
         if isinstance(victim, _Parked):
             self._unpark(victim, cancel=True, reason="evicted")
+        elif isinstance(victim, _Writing):
+            self._end_write(victim, reason="evicted")
         else:
             self._forget(victim)
             self._drop(victim, "evicted")
@@ -333,45 +412,168 @@ class BoundedServer:
         )
         if req is None:
             return  # the head is not complete yet
-        self._forget(conn)
         if isinstance(req, Refusal):
+            self._forget(conn)
             self._refuse(conn.sock, req.reason, req.reply)
             return
-        with self._lock:  # being answered: counted (for its peer too) until closed
+        self._forget(conn, keep_count=True)  # counted for its peer until closed
+        if self.inline(req):  # a probe: answered here and now
+            self._respond(conn, req, self._call(req))
+            return
+        with self._lock:
             self._busy += 1
-            self._per_peer[conn.peer] += 1
         try:
-            self._pool.submit(self._answer, conn.sock, req, conn)
+            self._pool.submit(self._answer, conn, req)
         except RuntimeError:  # the pool is shut down: we are stopping
-            self._closed(conn.peer)
-            conn.sock.close()
+            self._closed(conn)
 
-    def _closed(self, peer: str) -> None:
+    def _call(self, req: Request) -> Response | Park:
+        try:
+            return self.handle(req)
+        except Exception as exc:  # a bug in a handler must not kill the server
+            log.exception("http handler failed", extra=fields(server=self.name, path=req.path))
+            return Response(
+                500, "text/plain; charset=utf-8", f"internal error: {type(exc).__name__}\n".encode()
+            )
+
+    def _respond(self, conn: _Conn, req: Request, answer: Response | Park) -> None:
+        """(The selector thread.) Park the connection, write a bytes answer from here, or
+        hand a streamed one to a worker."""
+        if isinstance(answer, Park):
+            parked = _Parked(conn, req, answer)
+            with self._lock:
+                self._parked[conn.sock] = parked
+            self._poll_due = True  # its answer may be ready already (woken before it came)
+            try:
+                # Readable: the client closed (or sent more, which is read and dropped).
+                self._selector.register(conn.sock, selectors.EVENT_READ, parked)
+            except (OSError, ValueError):
+                self._unpark(parked, cancel=True)
+            return
+        if answer.code == 403:
+            self.count("forbidden")
+        if isinstance(answer.body, bytes | bytearray):
+            self._start_write(conn, req, answer)
+            return
+        with self._lock:
+            self._busy += 1
+        try:
+            self._pool.submit(self._stream_and_close, conn, req, answer)
+        except RuntimeError:  # stopping
+            self._closed(conn)
+
+    def _closed(self, conn: _Conn) -> None:
         """A connection handed to the workers is closed."""
+        with contextlib.suppress(OSError):
+            conn.sock.close()
         with self._lock:
             self._busy -= 1
-            self._release_peer(peer)
+            self._release(conn)
             self._idle.notify_all()
 
     def _forget(self, conn: _Conn, keep_count: bool = False) -> None:
-        """Out of the reading set; `keep_count`: the connection lives on (to a worker)."""
+        """Out of the reading set; `keep_count`: the connection lives on (answered)."""
         with self._lock:
             if self._reading.pop(conn.sock, None) is not None:
-                reading = self._peer_reading.get(conn.peer)
+                reading = self._peer_reading.get(conn.key)
                 if reading is not None:
                     reading.pop(conn.sock, None)
                     if not reading:
-                        del self._peer_reading[conn.peer]
+                        del self._peer_reading[conn.key]
                 if not keep_count:
-                    self._release_peer(conn.peer)
+                    self._release(conn)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
 
-    def _release_peer(self, peer: str) -> None:
-        """One connection of `peer` closed. Called with the lock held."""
-        self._per_peer[peer] -= 1
-        if self._per_peer[peer] <= 0:
-            del self._per_peer[peer]
+    def _release(self, conn: _Conn) -> None:
+        """One connection closed. Called with the lock held."""
+        self._trusted_open -= conn.trusted
+        self._per_peer[conn.key] -= 1
+        if self._per_peer[conn.key] <= 0:
+            del self._per_peer[conn.key]
+
+    # --- answers written by the selector thread ---------------------------------------------
+    def _start_write(self, conn: _Conn, req: Request, resp: Response) -> None:
+        body = resp.body
+        assert isinstance(body, bytes | bytearray)
+        headers = {
+            "Content-Type": resp.content_type,
+            **resp.headers,
+            "X-Content-Type-Options": "nosniff",
+            "Connection": "close",
+            "Content-Length": str(len(body)),
+        }
+        bufs = [memoryview(head(resp.code, headers))]
+        if body and req.method != "HEAD":
+            bufs.append(memoryview(body))  # shared with every other caller: never copied
+        w = _Writing(conn, bufs, self.clock() + self.limits.write_timeout, req.path)
+        with self._lock:
+            self._writing[conn.sock] = w
+        # A small answer (a probe's) goes at once; a large one waits its turns.
+        if sum(map(len, bufs)) <= SEND_CHUNK and not self._send(w):
+            return
+        try:
+            self._selector.register(conn.sock, selectors.EVENT_WRITE, w)
+        except (OSError, ValueError):
+            self._end_write(w)
+
+    def _write_some(self, writable: list[_Writing]) -> None:
+        """A chunk for each writable answer, starting a turn later each time (none
+        starves), until WRITE_SLICE is spent."""
+        if not writable:
+            return
+        self._write_turn += 1
+        first = self._write_turn % len(writable)
+        started = time.monotonic()
+        for w in writable[first:] + writable[:first]:
+            if self._writing.get(w.conn.sock) is w:
+                self._send(w)
+            if time.monotonic() - started > WRITE_SLICE:
+                return
+
+    def _send(self, w: _Writing) -> bool:
+        """Send one chunk (at most SEND_CHUNK bytes); False: done (written, or the client
+        went)."""
+        chunk: list[memoryview] = []
+        room = SEND_CHUNK
+        for buf in w.bufs:
+            if room <= 0:
+                break
+            chunk.append(buf[:room])
+            room -= len(chunk[-1])
+        try:
+            n = w.conn.sock.sendmsg(chunk)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:  # the client went away
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                log.debug("http write failed", extra=fields(server=self.name, error=exc))
+            self._end_write(w)
+            return False
+        while n and w.bufs:
+            head_ = w.bufs[0]
+            if n >= len(head_):
+                n -= len(head_)
+                w.bufs.pop(0)
+            else:
+                w.bufs[0], n = head_[n:], 0
+        if w.bufs:
+            return True
+        self._end_write(w)
+        return False
+
+    def _end_write(self, w: _Writing, reason: str | None = None) -> None:
+        with self._lock:
+            if self._writing.pop(w.conn.sock, None) is None:
+                return
+            self._release(w.conn)
+            self._idle.notify_all()
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(w.conn.sock)
+        if reason is not None:
+            self.count(reason)
+        with contextlib.suppress(OSError):
+            w.conn.sock.close()
 
     # --- parked requests (the selector thread) ------------------------------------------
     def _parked_readable(self, parked: _Parked) -> None:
@@ -385,6 +587,11 @@ class BoundedServer:
             self._unpark(parked, cancel=True)
 
     def _poll_parked(self, now: float) -> None:
+        """Poll every parked request: when woken, when one was parked, at the earliest
+        waiter's deadline, and at least every second (not at every turn of the loop: with
+        many parked, that would cost more than the writes it interleaves with)."""
+        self._poll_due = False
+        next_poll = now + 1.0
         for parked in list(self._parked.values()):
             try:
                 resp = parked.waiter.poll(now)
@@ -395,26 +602,20 @@ class BoundedServer:
                 )
                 resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
             if resp is None:
+                next_poll = min(next_poll, parked.waiter.deadline)
                 continue
             with self._lock:
-                self._parked.pop(parked.conn.sock, None)
-                self._busy += 1  # the peer's count goes on: the worker releases it
+                self._parked.pop(parked.conn.sock, None)  # the peer's count goes on
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(parked.conn.sock)
-            try:
-                self._pool.submit(self._reply, parked.conn.sock, parked.req, resp)
-            except RuntimeError:  # stopping
-                with self._lock:
-                    self._busy -= 1
-                    self._release_peer(parked.conn.peer)
-                    self._idle.notify_all()
-                parked.conn.sock.close()
+            self._respond(parked.conn, parked.req, resp)
+        self._next_poll = next_poll
 
     def _unpark(self, parked: _Parked, cancel: bool, reason: str | None = None) -> None:
         with self._lock:
             if self._parked.pop(parked.conn.sock, None) is None:
                 return
-            self._release_peer(parked.conn.peer)
+            self._release(parked.conn)
             self._idle.notify_all()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(parked.conn.sock)
@@ -431,13 +632,19 @@ class BoundedServer:
         while self._reading:
             conn = next(iter(self._reading.values()))
             if conn.deadline > now:
-                return
+                break
             self._forget(conn)
             self._refuse(
                 conn.sock,
                 "timeout",
                 plain(408, "request head not received in time\n") if conn.buf else b"",
             )
+        while self._writing:
+            w = next(iter(self._writing.values()))
+            if w.deadline > now:
+                break
+            log.debug("http write timed out", extra=fields(server=self.name, path=w.path))
+            self._end_write(w)
 
     def _drop(self, conn: _Conn, reason: str) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -478,29 +685,25 @@ class BoundedServer:
             self.on_refused(reason)
 
     # --- the workers ------------------------------------------------------------------------
-    def _answer(self, sock: socket.socket, req: Request, conn: _Conn) -> None:
-        try:
-            resp = self.handle(req)
-        except Exception as exc:  # a bug in a handler must not kill the server
-            log.exception("http handler failed", extra=fields(server=self.name, path=req.path))
-            resp = Response(
-                500, "text/plain; charset=utf-8", f"internal error: {type(exc).__name__}\n".encode()
-            )
-        if isinstance(resp, Park):  # back to the selector: no thread waits for it
-            with self._lock:
-                self._pending.append(("park", sock, _Parked(conn, req, resp.waiter)))
-            self._wake()
+    def _answer(self, conn: _Conn, req: Request) -> None:
+        answer = self._call(req)
+        if isinstance(answer, Response) and not isinstance(answer.body, bytes | bytearray):
+            if answer.code == 403:
+                self.count("forbidden")
+            self._stream_and_close(conn, req, answer)
             return
-        self._reply(sock, req, resp)
+        # Parked or bytes: back to the selector, which holds it without a thread.
+        with self._lock:
+            self._pending.append(("answer", conn.sock, _Answered(conn, req, answer)))
+        self._wake()
 
-    def _reply(self, sock: socket.socket, req: Request, resp: Response) -> None:
-        """Write the response and close (a worker)."""
+    def _stream_and_close(self, conn: _Conn, req: Request, resp: Response) -> None:
+        """Write a streamed (chunked) response and close (a worker)."""
+        sock = conn.sock
         try:
             sock.setblocking(True)
             sock.settimeout(self.limits.write_timeout)
-            if resp.code == 403:
-                self.count("forbidden")
-            self._write(sock, req, resp)
+            self._write_chunked(sock, req, resp)
         except OSError as exc:  # the client went away or was too slow to read
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, None) and not isinstance(
                 exc, TimeoutError
@@ -509,28 +712,21 @@ class BoundedServer:
         except Exception:  # a streamed body failing half-way: the client sees a cut stream
             log.exception("http response failed", extra=fields(server=self.name, path=req.path))
         finally:
-            with contextlib.suppress(OSError):
-                sock.close()
-            self._closed(req.peer)
+            self._closed(conn)
 
-    def _write(self, sock: socket.socket, req: Request, resp: Response) -> None:
+    def _write_chunked(self, sock: socket.socket, req: Request, resp: Response) -> None:
         headers = {
             "Content-Type": resp.content_type,
             **resp.headers,
             "X-Content-Type-Options": "nosniff",
             "Connection": "close",
+            "Transfer-Encoding": "chunked",
         }
         deadline = time.monotonic() + self.limits.write_timeout
-        if isinstance(resp.body, bytes | bytearray):
-            headers["Content-Length"] = str(len(resp.body))
-            sock.sendall(
-                head(resp.code, headers) + (b"" if req.method == "HEAD" else bytes(resp.body))
-            )
-            return
-        headers["Transfer-Encoding"] = "chunked"
-        sock.sendall(head(resp.code, headers))
         chunks = resp.body
+        assert not isinstance(chunks, bytes | bytearray)
         try:
+            sock.sendall(head(resp.code, headers))
             if req.method == "HEAD":
                 return
             for chunk in chunks:
@@ -565,6 +761,7 @@ class BoundedServer:
             self._reading.clear()
             self._peer_reading.clear()
             parked, self._parked = list(self._parked.values()), OrderedDict()
+            self._writing.clear()
             self._idle.notify_all()
         for p in parked:  # their sockets were closed above
             with contextlib.suppress(Exception):

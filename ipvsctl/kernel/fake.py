@@ -19,7 +19,7 @@ from ipvsctl.kernel.port import (
     RealServerBatch,
     add_each,
 )
-from ipvsctl.kernel.procfs.codec import ConnScan, kernel_address, scan_connections
+from ipvsctl.kernel.procfs.codec import kernel_address, scan_connections
 from ipvsctl.kernel.table import format_table
 from ipvsctl.kernel.wrappers import (
     FaultyKernel,
@@ -32,6 +32,7 @@ from ipvsctl.kernel.wrappers import (
     set_vs_line,
 )
 from ipvsctl.model import (
+    ConnScan,
     Protocol,
     RealServerKey,
     RealServerStatus,

@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
+from ipvsctl.model import (
+    ConnScan,
+    RealServerKey,
+    RealServerStatus,
+    ServiceKey,
+    ServiceStats,
+    VirtualServer,
+)
 
 if TYPE_CHECKING:
-    from ipvsctl.kernel.procfs.codec import ConnScan
     from ipvsctl.model import Protocol as TransportProtocol
     from ipvsctl.model.conntrack import ConntrackEntry
 
@@ -169,4 +175,20 @@ class ConntrackTable(Protocol):
     def delete_conntrack(self, entries: Collection[ConntrackEntry]) -> int:
         """Delete these entries (by their original tuple); returns how many were deleted
         (one gone meanwhile is not an error)."""
+        ...
+
+
+class HostAddresses(Protocol):
+    """The node's own addresses as the kernel has them, followed while running (netlink:
+    kernel/netlink/address_watch.py). `version` grows with every change; the two reads
+    are the state as of that version, O(1) each, from any thread."""
+
+    version: int
+
+    def host_addresses(self) -> frozenset[str]:
+        """Every address of the node but the proxies' dummy interfaces' (Node safety)."""
+        ...
+
+    def node_addresses(self) -> list[str]:
+        """The default NodePort addresses (global scope, not lo, not the VIP interface)."""
         ...

@@ -14,8 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelTransient
-from ipvsctl.kernel.procfs.codec import ConnScan
-from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, VirtualServer
+from ipvsctl.model import ConnScan, RealServerKey, RealServerStatus, ServiceKey, VirtualServer
 
 K = TypeVar("K", bound=IPVSKernel)
 

@@ -31,42 +31,61 @@ from ipvsctl.kube.node import node_list_func
 from ipvsctl.kube.probe import ReadyProbe
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_endpoint_slice, trim_node, trim_service
-from ipvsctl.kube.watch import ListCheck, Reflector, WatchRestartCallback
+from ipvsctl.kube.watch import (
+    InvalidObjectCallback,
+    ListCheck,
+    Reflector,
+    WatchRestartCallback,
+)
 from ipvsctl.source.convert import SliceInfo
-from ipvsctl.source.events import EventSink, ObjectKind, RawObject, Replace, SourceEvent
-from ipvsctl.source.store import Prepared, Preparer
+from ipvsctl.source.events import (
+    EventSink,
+    ObjectKind,
+    PreparedReplace,
+    RawObject,
+    Replace,
+    SourceEvent,
+)
+from ipvsctl.source.prepare import Prepared, Preparer
 
 # The Service every real cluster has: a Service list without it is not the cluster's truth
 # (an empty 200 from a broken proxy, a restored-empty etcd) and must not empty the table.
 SENTINEL_SERVICE = ("default", "kubernetes")
 
 
-def count_nodes(slices: list[Any]) -> int:
+def count_nodes(event: Replace | PreparedReplace) -> int:
     """Nodes that run endpoints: a lower bound of the cluster's size, for the herd spread.
     Of a prepared list, the nodes of the slices that parsed."""
     nodes: set[str] = set()
-    for sl in slices:
-        if isinstance(sl, Prepared):
-            if isinstance(sl.value, SliceInfo):
-                nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name is not None)
-            continue
-        for ep in sl.get("endpoints") or ():
-            if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
-                nodes.add(ep["nodeName"])
+    match event:
+        case PreparedReplace():
+            for sl in event.objects:
+                if isinstance(sl.value, SliceInfo):
+                    nodes.update(ep.node_name for ep in sl.value.endpoints if ep.node_name)
+        case Replace():
+            for obj in event.objects:
+                endpoints = obj.get("endpoints")
+                for ep in endpoints if isinstance(endpoints, list) else ():
+                    if isinstance(ep, dict) and isinstance(ep.get("nodeName"), str):
+                        nodes.add(ep["nodeName"])
     return len(nodes)
 
 
 def require_service(namespace: str, name: str) -> ListCheck:
-    def check(objects: list[Any]) -> str | None:
-        for obj in objects:
-            if isinstance(obj, Prepared):
-                if obj.key == (namespace, name):
+    def check(event: Replace | PreparedReplace) -> str | None:
+        match event:
+            case PreparedReplace():
+                if any(obj.key == (namespace, name) for obj in event.objects):
                     return None
-                continue
-            meta = obj.get("metadata") or {}
-            if meta.get("name") == name and meta.get("namespace") == namespace:
-                return None
-        return f"no Service {namespace}/{name} among {len(objects)}"
+            case Replace():
+                for obj in event.objects:
+                    meta = obj.get("metadata")  # trimmed, but as sent when not a mapping
+                    if isinstance(meta, Mapping) and (
+                        meta.get("namespace"),
+                        meta.get("name"),
+                    ) == (namespace, name):
+                        return None
+        return f"no Service {namespace}/{name} among {len(event.objects)}"
 
     return check
 
@@ -87,6 +106,12 @@ class KubeSource:
     list without `sentinel` (default `default/kubernetes`; None: no check) is refused: the
     table is kept, one warning is logged, the restart is counted with reason `suspect`, and
     the list is retried with backoff.
+
+    An object that cannot be read (in a list or a watch event) is skipped and
+    `on_invalid_object(kind)` called (ipvsctl_invalid_objects_total). `on_health(why)` is
+    told why the lists or watches of one or more resources keep failing
+    (`KubeSettings.degraded_after`), and None once they all work again: the daemon's `source`
+    degraded condition.
     """
 
     def __init__(
@@ -101,8 +126,14 @@ class KubeSource:
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         prepare: Preparer | None = None,
+        on_invalid_object: InvalidObjectCallback | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> None:
         self._api = api_client
+        self._on_invalid_object = on_invalid_object
+        self._on_health = on_health
+        self._failing: dict[str, str] = {}  # resource -> why it keeps failing
+        self._health_lock = threading.Lock()
         self._prepare = prepare
         self._sentinel = sentinel
         # --service-proxy-name: only Services this proxy serves are listed and watched
@@ -122,6 +153,10 @@ class KubeSource:
         s = self.settings
         self.probe = ReadyProbe(self._readyz, max_age=s.probe_interval / 2, clock=clock)
         self.cluster_nodes = 0  # distinct nodeNames in the last EndpointSlice list
+        # Told (kind, watching) as each resource's watch opens and breaks (the reflectors'
+        # `on_watching`): the engine holds pod_gone deletions while EndpointSlices are not
+        # watched (reconcile/termination.py). Append before `run`.
+        self.watch_listeners: list[Callable[[ObjectKind, bool], None]] = []
         self._halt = threading.Event()
         self._sink_lock = threading.Lock()
         self._started = False
@@ -143,6 +178,8 @@ class KubeSource:
         node_name: str | None = None,
         sentinel: tuple[str, str] | None = SENTINEL_SERVICE,
         prepare: Preparer | None = None,
+        on_invalid_object: InvalidObjectCallback | None = None,
+        on_health: Callable[[str | None], None] | None = None,
     ) -> KubeSource:
         """Configure from `kubeconfig` (else $KUBECONFIG), else the in-cluster service
         account; `apiserver` overrides the server URL (http:// allowed). Raises
@@ -159,6 +196,8 @@ class KubeSource:
             node_name=node_name,
             sentinel=sentinel,
             prepare=prepare,
+            on_invalid_object=on_invalid_object,
+            on_health=on_health,
         )
 
     @property
@@ -182,8 +221,11 @@ class KubeSource:
         halt = self._halt
 
         def emit(event: SourceEvent) -> None:
-            if isinstance(event, Replace) and event.kind is ObjectKind.ENDPOINT_SLICE:
-                self.cluster_nodes = count_nodes(event.objects)
+            if (
+                isinstance(event, Replace | PreparedReplace)
+                and event.kind is ObjectKind.ENDPOINT_SLICE
+            ):
+                self.cluster_nodes = count_nodes(event)
             with self._sink_lock:
                 if not halt.is_set():
                     sink(event)
@@ -197,6 +239,8 @@ class KubeSource:
             "rng": self._rng,
             "probe": self.probe,
             "cluster_nodes": lambda: self.cluster_nodes,
+            "on_invalid": self._on_invalid_object,
+            "on_health": self._resource_health,
         }
         list_services: Any = self._services
         if self._service_selector:
@@ -212,6 +256,7 @@ class KubeSource:
                 prepare=self._prepared(ObjectKind.SERVICE),
                 prepare_event=self._prepared_event(ObjectKind.SERVICE),
                 check=require_service(*self._sentinel) if self._sentinel else None,
+                on_watching=self._watching(ObjectKind.SERVICE),
                 **common,
             ),
             Reflector(
@@ -221,6 +266,7 @@ class KubeSource:
                 trim=trim_endpoint_slice,
                 prepare=self._prepared(ObjectKind.ENDPOINT_SLICE),
                 prepare_event=self._prepared_event(ObjectKind.ENDPOINT_SLICE),
+                on_watching=self._watching(ObjectKind.ENDPOINT_SLICE),
                 **common,
             ),
         ]
@@ -273,11 +319,32 @@ class KubeSource:
 
     # ---- internals ----------------------------------------------------------------------
 
+    def _resource_health(self, resource: str, why: str | None) -> None:
+        """One reflector's failing streak began, went on or ended: `on_health` gets every
+        failing resource's reason, or None when none is failing. Called from the reflector
+        threads and their timers; serialised, so the last word is the current one."""
+        with self._health_lock:
+            if why is None:
+                if self._failing.pop(resource, None) is None:
+                    return
+            else:
+                self._failing[resource] = why
+            if self._on_health is not None:
+                summary = "; ".join(f"{r}: {w}" for r, w in sorted(self._failing.items()))
+                self._on_health(summary or None)
+
     def _prepared(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
         return None if self._prepare is None else functools.partial(self._prepare, kind)
 
     def _prepared_event(self, kind: ObjectKind) -> Callable[[RawObject], Prepared] | None:
         return None if self._prepare is None else functools.partial(self._prepare.event, kind)
+
+    def _watching(self, kind: ObjectKind) -> Callable[[bool], None]:
+        def tell(watching: bool) -> None:
+            for listener in self.watch_listeners:
+                listener(kind, watching)
+
+        return tell
 
     @staticmethod
     def _run_reflector(reflector: Reflector, halt: threading.Event) -> None:

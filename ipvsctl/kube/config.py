@@ -1,5 +1,12 @@
 """Where the API server is and how to authenticate: kubeconfig, in-cluster service account,
-and the `--apiserver` override. Every failure becomes one SourceConfigError line."""
+and the `--apiserver` override. Every failure becomes one SourceConfigError line.
+
+Every file this reads (the kubeconfig, the token, CA, client certificate and key it or the
+in-cluster configuration names) is checked first by `kube.files.read_bounded`: a regular
+file, opened non-blocking, within a size; a FIFO or `/dev/zero` named by mistake is one
+line and exit 1, not a hung start-up or a node out of memory. The CA is then handed to the
+client as data, so no connection reads its file again; the token is re-read (it rotates)
+the same bounded way."""
 
 from __future__ import annotations
 
@@ -16,12 +23,23 @@ from kubernetes import client as k8s_client
 from kubernetes.config import kube_config
 from kubernetes.config.incluster_config import (
     SERVICE_CERT_FILENAME,
+    SERVICE_PORT_ENV_NAME,
     SERVICE_TOKEN_FILENAME,
-    InClusterConfigLoader,
+    _join_host_port,
 )
 from urllib3.connection import HTTPConnection
 
-from ipvsctl.kube.logs import log
+from ipvsctl.kube.files import (
+    CA_LIMIT,
+    CERT_LIMIT,
+    KUBECONFIG_LIMIT,
+    TOKEN_LIMIT,
+    FileRefused,
+    read_bounded,
+    read_token,
+)
+from ipvsctl.kube.logs import LOGGER, log
+from ipvsctl.obs.logging import FailureStreaks
 from ipvsctl.source.events import SourceConfigError
 
 IN_CLUSTER_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -71,11 +89,19 @@ def _keepalive_options() -> list[tuple[int, int, int]]:
 
 
 def _pin_host(cfg: k8s_client.Configuration, host: str) -> None:
-    """Use `host` for every request. The kubeconfig and in-cluster loaders install a token
-    refresh hook that rewrites `configuration.host` on each request; run it against a scratch
-    object that shares only the credentials, so another thread can never see the in-cluster
-    ClusterIP even for a moment."""
+    """Use `host` for every request (the loader's hook must not rewrite it: see
+    `_credentials_only`)."""
     cfg.host = host
+    _credentials_only(cfg)
+
+
+def _credentials_only(cfg: k8s_client.Configuration) -> None:
+    """The kubeconfig loader installs a token refresh hook, run before every request, that
+    writes everything it loaded back onto the configuration (`host`, the CA's path, ...).
+    Run it against a scratch object that shares only the credentials: the host may be
+    pinned (`--apiserver`), the CA is handed over as data (`_ca_as_data`), and another
+    thread must never see either change, even for a moment. (What else it sets is read
+    only when an ApiClient is made, never by one that exists.)"""
     hook = cfg.refresh_api_key_hook
     if hook is None:
         return
@@ -103,15 +129,72 @@ def _token_file(loader: Any) -> str | None:
     return file
 
 
+# The files a context names, as the client's loader reads them: (section, key, the key that
+# carries the same inline (then no file is read), size bound, read only for an https server)
+_NAMED_FILES = (
+    ("user", "tokenFile", "token", TOKEN_LIMIT, False),
+    ("user", "client-certificate", "client-certificate-data", CERT_LIMIT, True),
+    ("user", "client-key", "client-key-data", CERT_LIMIT, True),
+    ("cluster", "certificate-authority", "certificate-authority-data", CA_LIMIT, True),
+)
+
+
+def _check_named_files(loader: Any, path: str) -> None:
+    """Before the client's loader opens them (unbounded, blocking): every file the current
+    context's user and cluster name, as the loader would resolve it (relative to its
+    kubeconfig's folder). SourceConfigError naming the first that cannot be used."""
+    nodes = {
+        section: node
+        for section in ("user", "cluster")
+        if isinstance(node := getattr(loader, f"_{section}", None), kube_config.ConfigNode)
+        and isinstance(node.value, dict)
+    }
+    server = nodes["cluster"].safe_get("server") if "cluster" in nodes else None
+    https = isinstance(server, str) and server.startswith("https")
+    for section, key, inline, limit, tls_only in _NAMED_FILES:
+        node = nodes.get(section)
+        if node is None:
+            continue
+        name = node.safe_get(key)
+        if name is None or node.safe_get(inline) or (tls_only and not https):
+            continue
+        file = os.path.normpath(os.path.join(loader._get_base_path(node.path), str(name)))
+        try:
+            read_bounded(file, limit)
+        except FileRefused as exc:
+            raise SourceConfigError(f"invalid kubeconfig {path}: {key} {file}: {exc}") from None
+
+
+def _ca_as_data(cfg: k8s_client.Configuration, what: str) -> None:
+    """Hand the client the CA's contents, read once here, instead of its path: urllib3
+    would have OpenSSL open the file again for every new connection, unbounded and blocking
+    (a FIFO there would hang a watch's reconnect). PEM as text, anything else as bytes
+    (DER), as OpenSSL takes them."""
+    if not cfg.ssl_ca_cert:
+        return
+    try:
+        data = read_bounded(cfg.ssl_ca_cert, CA_LIMIT)
+    except FileRefused as exc:
+        raise SourceConfigError(f"{what} certificate-authority {cfg.ssl_ca_cert}: {exc}") from None
+    try:
+        cfg.ca_cert_data = data.decode("ascii")
+    except UnicodeDecodeError:
+        cfg.ca_cert_data = data
+    cfg.ssl_ca_cert = None
+
+
 def _reread_token(
     cfg: k8s_client.Configuration,
     token_file: str,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Re-read a kubeconfig's `tokenFile` at most once a minute, as client-go does: the
-    kubelet rotates projected service-account tokens, and the Python client reads the file
-    once. A failed read keeps the token it has (the API server's answer says if it expired)."""
+    """Re-read a token file at most once a minute, as client-go does: the kubelet rotates
+    projected service-account tokens, and the Python client reads the file once. The read
+    is bounded and never blocks (it runs before every request, on the watches' threads); a
+    failed one keeps the token it has (the API server's answer says if it expired), logged
+    once per streak."""
     read_at = clock()
+    streak = FailureStreaks(LOGGER)
 
     def refresh(c: Any) -> None:
         nonlocal read_at
@@ -119,14 +202,48 @@ def _reread_token(
             return
         read_at = clock()
         try:
-            with open(token_file) as fh:
-                token = fh.read().strip()
-        except OSError:
+            token = read_token(token_file)
+        except FileRefused as exc:
+            streak.failed(
+                logging.WARNING,
+                "token file unreadable, keeping the token",
+                file=token_file,
+                error=str(exc),
+            )
             return
-        if token:
-            c.api_key["BearerToken"] = f"Bearer {token}"
+        streak.recovered("token file readable again", file=token_file)
+        c.api_key["BearerToken"] = f"Bearer {token}"
 
     cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed None in the client
+
+
+def _in_cluster(
+    cfg: k8s_client.Configuration, env: Mapping[str, str], token_file: str, ca_file: str
+) -> None:
+    """The pod's service account, as the client's InClusterConfigLoader and client-go's
+    rest.InClusterConfig read it, with the token and CA read bounded (that loader opens
+    them unbounded and blocking, at start-up and on every re-read)."""
+    host, port = env.get(IN_CLUSTER_HOST_ENV), env.get(SERVICE_PORT_ENV_NAME)
+    if not host or not port:
+        raise SourceConfigError(
+            f"in-cluster API config: {IN_CLUSTER_HOST_ENV} and {SERVICE_PORT_ENV_NAME} "
+            "must both be set"
+        )
+    try:
+        token = read_token(token_file)
+    except FileRefused as exc:
+        raise SourceConfigError(f"in-cluster API config: token {token_file}: {exc}") from None
+    try:
+        ca = read_bounded(ca_file, CA_LIMIT)
+    except FileRefused as exc:
+        raise SourceConfigError(f"in-cluster API config: CA {ca_file}: {exc}") from None
+    if not ca.strip():
+        raise SourceConfigError(f"in-cluster API config: CA {ca_file}: empty")
+    cfg.host = "https://" + _join_host_port(host, port)
+    cfg.api_key["BearerToken"] = f"Bearer {token}"
+    cfg.ssl_ca_cert = ca_file
+    _ca_as_data(cfg, "in-cluster API config:")
+    _reread_token(cfg, token_file)
 
 
 def load_configuration(
@@ -151,16 +268,19 @@ def load_configuration(
     cfg = k8s_client.Configuration()
     if path:
         # KUBECONFIG may list several files; as kubectl, tolerate missing ones but not all.
+        # The loader reads every one that exists: each must be a file it can read whole.
         problems = []
+        found = False
         for file in [p for p in path.split(os.pathsep) if p]:
             try:
-                with open(os.path.expanduser(file), "rb"):
-                    pass
-            except OSError as exc:
-                problems.append(f"cannot read kubeconfig {file}: {exc.strerror or _one_line(exc)}")
+                read_bounded(os.path.expanduser(file), KUBECONFIG_LIMIT)
+            except FileRefused as exc:
+                if not exc.missing:
+                    raise SourceConfigError(f"cannot read kubeconfig {file}: {exc}") from None
+                problems.append(f"cannot read kubeconfig {file}: {exc}")
             else:
-                break
-        else:
+                found = True
+        if not found:
             raise SourceConfigError(problems[0] if problems else "empty kubeconfig path")
         try:
             # load_kube_config's own steps, keeping the loader to see its user's tokenFile
@@ -169,21 +289,20 @@ def load_configuration(
                 active_context=context,
                 persist_config=False,  # never write to the user's kubeconfig
             )
+            _check_named_files(loader, path)
             loader.load_and_set(cfg)
+        except SourceConfigError:
+            raise
         except Exception as exc:
             raise SourceConfigError(f"invalid kubeconfig {path}: {_one_line(exc)}") from None
+        _credentials_only(cfg)
+        _ca_as_data(cfg, f"invalid kubeconfig {path}:")
         user_token_file = _token_file(loader)
         if user_token_file:
             _reread_token(cfg, user_token_file)
         source = "kubeconfig"
     elif env.get(IN_CLUSTER_HOST_ENV):
-        try:
-            loader = InClusterConfigLoader(
-                token_filename=token_file, cert_filename=ca_file, environ=env
-            )
-            loader.load_and_set(cfg)
-        except Exception as exc:
-            raise SourceConfigError(f"in-cluster API config: {_one_line(exc)}") from None
+        _in_cluster(cfg, env, token_file, ca_file)
         source = "in-cluster"
         if apiserver is None and proxy:
             log(

@@ -32,6 +32,7 @@ from ipvsctl.plan.events import (
     TokenBucket,
     Write,
     connections_cut,
+    in_own_namespace,
     merge_cuts,
 )
 
@@ -106,6 +107,7 @@ class EventWriter:
         self._timeout = timeout
         self._retry_pause = retry_pause
         self._forbidden_logged = False
+        self._other_namespace_logged = False
         self._failing = FailureStreaks(LOGGER)
         self._idle = threading.Condition()
         self._pending = 0  # items recorded and not yet tried (for `flush`)
@@ -114,7 +116,22 @@ class EventWriter:
 
     def record(self, item: Item) -> bool:
         """Queue an Event (a cut, or a ready EventSpec); False when the queue is full (the
-        item is dropped and counted)."""
+        item is dropped and counted), or for a cut whose pod is in another namespace than
+        its slice (`in_own_namespace`: never written; counted, logged once)."""
+        if isinstance(item, ConnectionsCut) and not in_own_namespace(item):
+            self._on_result(_reason(item), "other_namespace")
+            if not self._other_namespace_logged:
+                self._other_namespace_logged = True
+                LOGGER.warning(
+                    "no Event on a pod outside its slice's namespace; counting in"
+                    " ipvsctl_events_total",
+                    extra=fields(
+                        reason=_reason(item),
+                        service=item.service,
+                        pod=item.pod,
+                    ),
+                )
+            return False
         with self._idle:
             self._pending += 1  # before the put: the writer may take it at once
         try:

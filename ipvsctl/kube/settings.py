@@ -64,5 +64,12 @@ class KubeSettings:
     bookmark, an object, then a 410 or garbled JSON), is no progress and is retried with
     the backoff, so a misbehaving server cannot spin us (real watches last 300-600 s)."""
 
+    degraded_after: int = 5
+    """List-and-watch attempts of one resource that fail in a row, with no watch working
+    `healthy_watch_seconds` between, before the daemon says its source is degraded
+    (`/readyz`'s body, ipvsctl_degraded{condition="source"}): four backoff periods, 12-24 s
+    after the first failure at the default backoff. A single failure or a 410's relist says
+    nothing; an API server restart longer than that shows until its watches work again."""
+
     join_timeout: float = 5.0
     """How long `run()` waits for its threads after `stop` (they are daemon threads)."""

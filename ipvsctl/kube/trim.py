@@ -50,8 +50,18 @@ def _prefixed(src: Any, prefixes: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in src.items() if isinstance(k, str) and k.startswith(prefixes)}
 
 
-def trim_service(obj: Mapping[str, Any]) -> RawObject:
+def _metadata(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any]:
+    """(the object's metadata to pick from, what to emit where it is not a mapping): a
+    metadata that is a string or a list is passed on as it is, for validation to report
+    (the object is skipped there, with its reason), never an error that fails a list."""
     meta = obj.get("metadata") or {}
+    if isinstance(meta, Mapping):
+        return meta, None
+    return {}, meta
+
+
+def trim_service(obj: Mapping[str, Any]) -> RawObject:
+    meta, bad = _metadata(obj)
     # creationTimestamp: the older of two Services claiming one virtual server keeps it
     out_meta = _pick(meta, ("name", "namespace", "uid", "creationTimestamp"))
     annotations = _prefixed(meta.get("annotations"), SERVICE_ANNOTATION_PREFIXES)
@@ -63,7 +73,7 @@ def trim_service(obj: Mapping[str, Any]) -> RawObject:
     out: RawObject = {
         "kind": "Service",
         "apiVersion": "v1",
-        "metadata": out_meta,
+        "metadata": out_meta if bad is None else bad,
         "spec": _pick(obj.get("spec"), SERVICE_SPEC_FIELDS),
     }
     status = obj.get("status")
@@ -132,7 +142,7 @@ def _trim_endpoint(ep: Any) -> Any:
 
 
 def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
-    meta = obj.get("metadata") or {}
+    meta, bad = _metadata(obj)
     out_meta = _pick(meta, ("name", "namespace", "labels"))
     # only the trigger time (the network programming SLI); kubectl's last-applied and the
     # rest are dropped
@@ -142,7 +152,7 @@ def trim_endpoint_slice(obj: Mapping[str, Any]) -> RawObject:
     out: RawObject = {
         "kind": "EndpointSlice",
         "apiVersion": "discovery.k8s.io/v1",
-        "metadata": out_meta,
+        "metadata": out_meta if bad is None else bad,
     }
     if obj.get("addressType") is not None:
         out["addressType"] = obj["addressType"]
@@ -165,14 +175,18 @@ def trim_node(obj: Mapping[str, Any]) -> RawObject:
     mean "leaving" is `--draining-taints`'s to say) and the NetworkUnavailable condition's
     status. Node status changes every few seconds (heartbeats); trimmed, those updates
     compare equal and cost nothing."""
-    meta = obj.get("metadata") or {}
+    meta, bad = _metadata(obj)
     out_meta = _pick(meta, ("name", "deletionTimestamp"))
     labels = meta.get("labels")
     if isinstance(labels, Mapping):
         picked = {k: labels[k] for k in NODE_LABELS if k in labels}
         if picked:
             out_meta["labels"] = picked
-    out: RawObject = {"kind": "Node", "apiVersion": "v1", "metadata": out_meta}
+    out: RawObject = {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": out_meta if bad is None else bad,
+    }
     spec = obj.get("spec")
     taints = spec.get("taints") if isinstance(spec, Mapping) else None
     if isinstance(taints, list):

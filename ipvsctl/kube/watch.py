@@ -20,19 +20,27 @@ quiet period does not replay or expire. Raw JSON is read (`kube.listwatch`) and
 trimmed at once (decode.py): deserialising into the generated models is slow and heavy at
 this scale. What to do after a watch ends (wait how, relist or not) is `retry.py`'s pure
 rule; this module does the requests and the waiting.
+
+What cannot be read is skipped, never the whole list or the watch: a list item that is not
+an object, is nested too deeply to decode, or that trimming or preparing raises on; a watch
+event (ADDED, MODIFIED, DELETED) whose object cannot be read. Each is counted
+(`on_invalid`, ipvsctl_invalid_objects_total{kind}) and the first of a streak logged; the
+last good version of the object stays in force. A body or watch line that is not JSON at
+all is a failed request, as before. Attempts that fail in a row (`degraded_after`, a few
+backoff periods, with no working watch between) are said through `on_health` (the `source`
+degraded condition), and cleared once a watch has worked `healthy_watch_seconds`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -43,21 +51,40 @@ from ipvsctl.kube.decode import decode_list, iter_lines
 from ipvsctl.kube.logs import LOGGER, describe, log
 from ipvsctl.kube.retry import CLOSED, ERROR, EXPIRED, SUSPECT, TIMEOUT, Wait, decide_retry
 from ipvsctl.kube.settings import KubeSettings
+from ipvsctl.obs import gcpause
 from ipvsctl.obs.logging import FailureStreaks
-from ipvsctl.source.events import Delete, ObjectKind, RawObject, Replace, SourceEvent, Upsert
+from ipvsctl.source.convert import object_name
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    RawObject,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Prepared
 
 # A list or watch request returning the raw response (`kube.listwatch.ListWatch`; it takes
 # the keyword arguments of the generated `list_*_for_all_namespaces` methods)
 ListFunc = Callable[..., Any]
 WatchRestartCallback = Callable[[str, str], None]  # (resource, reason)
+InvalidObjectCallback = Callable[[str], None]  # (kind): one unreadable object skipped
+# (resource, why its lists or watches keep failing; None: they work again)
+HealthCallback = Callable[[str, str | None], None]
+# Told True when a watch is open (its response came, after any list), False when the
+# stream is broken or not yet open (at start, at every restart): a consumer can tell time
+# the stream was up from time it was not (the pod_gone grace, reconcile/termination.py).
+WatchingCallback = Callable[[bool], None]
 
 
 # A list that must not be applied (its objects raw, or as `prepare` made them): returns a
 # short reason, or None when the list is fine.
-ListCheck = Callable[[list[Any]], str | None]
+ListCheck = Callable[[Replace | PreparedReplace], str | None]
 # What a list keeps of each trimmed object in place of it (the store's `Preparer`, bound
 # to the kind): parsed where it is decoded, so a list never holds every raw object at once.
-Prepare = Callable[[RawObject], Any]
+Prepare = Callable[[RawObject], Prepared]
 # Is the API server answering again? (a cheap request; see kube.probe)
 Probe = Callable[[], bool]
 
@@ -121,34 +148,6 @@ class _Stopped(Exception):
     pass
 
 
-_gc_lock = threading.Lock()
-_gc_holders = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a list. Decoding allocates hundreds of
-    thousands of containers, and as the trimmed objects accumulate the generational GC
-    re-scans the growing heap over and over (measured: 10,000 slices of 10 endpoints listed
-    in 1.9 s with it, 1.25 s without). Reference counting still frees everything acyclic;
-    the pause ends with the list (each page is bounded by its read timeout). Nested and
-    concurrent uses (two reflectors) are counted; it only re-enables what it disabled."""
-    global _gc_holders, _gc_was_enabled
-    with _gc_lock:
-        if _gc_holders == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_holders += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_holders -= 1
-            if _gc_holders == 0 and _gc_was_enabled:
-                gc.enable()
-
-
 def _shutdown(resp: Any) -> None:
     """Unblock a thread reading `resp` (a urllib3 response) from another thread."""
     sock = getattr(getattr(resp, "connection", None), "sock", None)
@@ -178,6 +177,9 @@ class Reflector:
         probe: Probe | None = None,
         cluster_nodes: Callable[[], int] | None = None,
         wait: Callable[[threading.Event, float], bool] | None = None,
+        on_invalid: InvalidObjectCallback | None = None,
+        on_health: HealthCallback | None = None,
+        on_watching: WatchingCallback | None = None,
     ) -> None:
         self.kind = kind
         self.resource = resource
@@ -186,15 +188,21 @@ class Reflector:
         # A listed object: trimmed, and prepared when there is a `prepare` (then a Replace
         # carries what it made). A watch event's object likewise with `prepare_event`: a
         # parsed slice waiting in the backlog is ~1 KB where the trimmed raw one is ~7 KB.
-        self._load: Callable[[Mapping[str, Any]], Any] = (
-            trim if prepare is None else lambda obj: prepare(trim(obj))
+        # None for an object that raised there: skipped and counted.
+        self._load = self._guarded(trim, prepare)
+        self._load_event = self._guarded(trim, prepare_event)
+        # The events at the stage their objects are at (source/events.py)
+        self._replace: type[Replace] | type[PreparedReplace] = (
+            Replace if prepare is None else PreparedReplace
         )
-        self._load_event: Callable[[Mapping[str, Any]], Any] = (
-            trim if prepare_event is None else lambda obj: prepare_event(trim(obj))
+        self._upsert: type[Upsert] | type[PreparedUpsert] = (
+            Upsert if prepare_event is None else PreparedUpsert
         )
         self._emit = emit
         self._settings = settings
         self._on_restart = on_restart
+        self._on_watching = on_watching
+        self._watching: bool | None = None  # as last told (None: not yet)
         self._clock = clock
         self._rng = rng or random.Random()
         self._check = check
@@ -208,6 +216,16 @@ class Reflector:
         self._opened = False
         self._rv_unavailable = False  # the last relist at our resourceVersion failed
         self._suspect = FailureStreaks(LOGGER)  # lists refused by `check`
+        self._on_invalid = on_invalid
+        self._on_health = on_health
+        self._unreadable = FailureStreaks(LOGGER)  # objects skipped as unreadable
+        self.skipped = 0  # unreadable objects skipped, all told
+        # Attempts (list and watch) that failed in a row, with no working watch between;
+        # `_health_gen` tells a timer whether the watch it was started for still runs.
+        self._health_lock = threading.Lock()
+        self._failures = 0
+        self._degraded = False
+        self._health_gen = 0
         self._watch_list = settings.watch_list  # cleared for good when the server lacks it
         self.lists = 0  # completed lists (each emitted one Replace)
 
@@ -227,6 +245,7 @@ class Reflector:
         last_list: float | None = None  # when the last list started
         expired_streak = 0  # 410s in a row without progress: only the first relists at once
         shortcut_used = False  # the probe ended a pause early since the last progress
+        self._tell_watching(False)  # not until the first watch is open
         while not halt.is_set():
             started = self._clock()
             self._opened = False  # the watch request got a response
@@ -253,6 +272,7 @@ class Reflector:
                 reason, error = ERROR, exc
             if halt.is_set():
                 return
+            self._tell_watching(False)
             # As client-go: what a watch delivered before it failed is no sign of health
             # (a bookmark then a 410, 30,851 lists in 3 s); only time is.
             progress = self._opened and self._clock() - started >= s.healthy_watch_seconds
@@ -266,6 +286,7 @@ class Reflector:
             )
             if progress:
                 shortcut_used = False
+            self._attempt_ended(progress, reason, error)
             expired_streak = retry.expired_streak
             delay = (
                 0.0
@@ -293,21 +314,38 @@ class Reflector:
             shortcut_used = shortcut_used or shortcut
 
     def _relist(self, halt: threading.Event) -> None:
-        with gc_paused():
+        skipped = self.skipped
+        # Decoding allocates hundreds of thousands of containers, and as the trimmed objects
+        # accumulate the generational GC re-scans the growing heap over and over (measured:
+        # 10,000 slices of 10 endpoints listed in 1.9 s with it, 1.25 s without). Reference
+        # counting still frees everything acyclic; the pause ends with the list (each page
+        # is bounded by its read timeout).
+        with gcpause.paused():
             objects, rv = self._list_or_stream(halt)
-        problem = self._check(objects) if self._check is not None else None
+        skipped = self.skipped - skipped
+        replace = self._replace(self.kind, objects, self._clock())
+        del objects
+        problem = self._check(replace) if self._check is not None else None
         if problem is not None:
-            del objects
+            del replace
             self._suspect.failed(
                 logging.WARNING, "list refused, table kept", resource=self.resource, problem=problem
             )
             raise SuspectList(problem)
         self._suspect.recovered("list accepted again", resource=self.resource)
+        if not skipped:
+            self._unreadable.recovered("every object readable again", resource=self.resource)
         self.resource_version = rv
         self.lists += 1
-        self._emit(Replace(self.kind, objects, self._clock()))
-        del objects
-        log(logging.DEBUG, "list complete", resource=self.resource, resource_version=rv)
+        self._emit(replace)
+        del replace
+        log(
+            logging.DEBUG,
+            "list complete",
+            resource=self.resource,
+            resource_version=rv,
+            skipped=skipped,
+        )
 
     def _herd_spread(self) -> float:
         """A random 0..relist_spread_per_node x (nodes seen in EndpointSlices): at 5,000
@@ -370,6 +408,130 @@ class Reflector:
                 self._on_restart(self.resource, reason)
             except Exception as exc:  # a metrics hook must never stop the watch
                 log(logging.ERROR, "watch restart callback failed", error=describe(exc))
+
+    # ---- what cannot be read, and whether the source works --------------------------------
+
+    def _guarded(
+        self, trim: Callable[[Mapping[str, Any]], RawObject], prepare: Prepare | None
+    ) -> Callable[[Any], Any]:
+        """trim, then prepare, with an object either raises on skipped (None) instead of
+        failing the list or the watch: validation reports the shapes it knows; this is for
+        the ones it does not. One call per object, as without the guard (a list of 10,000
+        slices makes 10,000)."""
+        skipped = self._skipped
+
+        if prepare is None:
+
+            def read(obj: Any) -> Any:
+                try:
+                    return trim(obj)
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    skipped(describe(exc), obj)
+                    return None
+
+        else:
+
+            def read(obj: Any) -> Any:
+                try:
+                    return prepare(trim(obj))
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    skipped(describe(exc), obj)
+                    return None
+
+        return read
+
+    def _skipped(self, reason: str, obj: Any = None) -> None:
+        """One unreadable object left out: counted every time, logged once per streak (a
+        streak ends with a list that skipped nothing)."""
+        self.skipped += 1
+        self._unreadable.failed(
+            logging.WARNING,
+            "unreadable object skipped",
+            resource=self.resource,
+            object=object_name(obj) if isinstance(obj, Mapping) else None,
+            reason=reason,
+        )
+        if self._on_invalid is not None:
+            try:
+                self._on_invalid(self.kind.value)
+            except Exception as exc:  # a metrics hook must never stop the watch
+                log(logging.ERROR, "invalid object callback failed", error=describe(exc))
+
+    def _attempt_ended(self, progress: bool, reason: str, error: BaseException | None) -> None:
+        """A list-and-watch attempt ended: one that made progress ends a failing streak;
+        `degraded_after` in a row without any make the source degraded."""
+        with self._health_lock:
+            self._health_gen += 1  # a timer's watch has ended
+            if progress:
+                self._set_healthy()
+                return
+            self._failures += 1
+            if self._failures < self._settings.degraded_after:
+                return
+            why = f"{reason}: {describe(error)}" if error is not None else reason
+            why = f"{self._failures} attempts failed in a row, last {why}"
+            if not self._degraded:
+                self._degraded = True
+                log(
+                    logging.WARNING,
+                    "API source failing, table kept",
+                    resource=self.resource,
+                    failures=self._failures,
+                    error=why,
+                )
+            self._report(why)
+
+    def _watch_opened(self) -> threading.Timer | None:
+        """A watch is open: while degraded, a timer clears it once this watch has held
+        `healthy_watch_seconds` (a quiet healthy watch may send nothing for minutes)."""
+        with self._health_lock:
+            if not self._degraded:
+                return None
+            seconds = self._settings.healthy_watch_seconds
+            if seconds <= 0:
+                self._set_healthy()
+                return None
+            gen = self._health_gen
+
+        def held() -> None:
+            with self._health_lock:
+                if gen == self._health_gen:
+                    self._set_healthy()
+
+        timer = threading.Timer(seconds, held)
+        timer.daemon = True
+        timer.name = f"ipvsctl-kube-{self.resource}-health"
+        timer.start()
+        return timer
+
+    def _set_healthy(self) -> None:
+        """Under `_health_lock`."""
+        self._failures = 0
+        if self._degraded:
+            self._degraded = False
+            log(logging.INFO, "API source working again", resource=self.resource)
+            self._report(None)
+
+    def _report(self, why: str | None) -> None:
+        if self._on_health is None:
+            return
+        try:
+            self._on_health(self.resource, why)
+        except Exception as exc:  # a metrics hook must never stop the watch
+            log(logging.ERROR, "source health callback failed", error=describe(exc))
+
+    def _tell_watching(self, watching: bool) -> None:
+        if self._on_watching is None or self._watching is watching:
+            return
+        self._watching = watching
+        try:
+            self._on_watching(watching)
+        except Exception as exc:  # a listener must never stop the watch
+            log(logging.ERROR, "watch state callback failed", error=describe(exc))
 
     def interrupt(self) -> None:
         """Break the request in flight, if any (called from another thread on stop)."""
@@ -442,13 +604,22 @@ class Reflector:
             for line in iter_lines(resp.stream(None, decode_content=False)):
                 if halt.is_set():
                     raise _Stopped
-                event = json.loads(line)
-                if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                try:
+                    event = json.loads(line)
+                except RecursionError:  # an object too deep to decode: skipped
+                    self._skipped("nested too deeply")
+                    continue
+                type_ = event.get("type") if isinstance(event, dict) else None
+                obj = event.get("object") if isinstance(event, dict) else None
+                if type_ == "ADDED" and not isinstance(obj, dict):
+                    self._skipped(f"an ADDED event whose object is {type(obj).__name__}")
+                    continue
+                if not isinstance(obj, dict):
                     raise ValueError("watch event without an object")
-                obj = event["object"]
-                type_ = event.get("type")
                 if type_ == "ADDED":
-                    objects.append(load(obj))
+                    loaded = load(obj)
+                    if loaded is not None:
+                        objects.append(loaded)
                 elif type_ == "BOOKMARK":
                     meta = obj.get("metadata") or {}
                     annotations = meta.get("annotations") or {}
@@ -514,7 +685,7 @@ class Reflector:
                 clean = True
             finally:
                 self._release(resp, clean=clean)
-            items, meta = decode_list(body, load)
+            items, meta = decode_list(body, load, self._skipped)
             del body
             objects.extend(items)
             del items
@@ -544,22 +715,36 @@ class Reflector:
             _request_timeout=(s.connect_timeout, read_timeout),
         )
         self._opened = True
+        timer = self._watch_opened()
+        self._tell_watching(True)
         clean = False
         try:
             for line in iter_lines(resp.stream(None, decode_content=False)):
                 received = self._clock()
                 if halt.is_set():
                     raise _Stopped
-                self._handle(json.loads(line), received)
+                try:
+                    event = json.loads(line)
+                except RecursionError:  # an object too deep to decode: skipped
+                    self._skipped("nested too deeply")
+                    continue
+                self._handle(event, received)
             clean = True
         finally:
+            if timer is not None:
+                timer.cancel()
             self._release(resp, clean=clean)
 
     def _handle(self, event: Any, received: float) -> None:
-        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        type_ = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            if type_ in ("ADDED", "MODIFIED", "DELETED"):
+                # One object that cannot be read: its last good version stays in force,
+                # and the watch goes on (a relist would read it no better).
+                self._skipped(f"a {type_} event whose object is {type(obj).__name__}")
+                return
             raise ValueError("watch event without an object")
-        type_ = event.get("type")
-        obj: dict[str, Any] = event["object"]
         if type_ == "ERROR":
             code = obj.get("code")
             message = f"{code} {obj.get('reason')}: {obj.get('message')}"
@@ -573,16 +758,21 @@ class Reflector:
                 else None
             )
             raise WatchStatusError(message, code, seconds)
-        meta = obj.get("metadata") or {}
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            meta = {}
         if type_ in ("ADDED", "MODIFIED"):
-            self._emit(Upsert(self.kind, self._load_event(obj), received))
+            loaded = self._load_event(obj)
+            if loaded is not None:
+                self._emit(self._upsert(self.kind, loaded, received))
         elif type_ == "DELETED":
-            if meta.get("name"):
-                self._emit(
-                    Delete(self.kind, meta.get("namespace") or "default", meta["name"], received)
-                )
+            name, namespace = meta.get("name"), meta.get("namespace") or "default"
+            if isinstance(name, str) and name and isinstance(namespace, str):
+                self._emit(Delete(self.kind, namespace, name, received))
+            else:
+                self._skipped("a DELETED event without a readable name", obj)
         elif type_ != "BOOKMARK":
             log(logging.DEBUG, "unknown watch event ignored", resource=self.resource, type=type_)
         rv = meta.get("resourceVersion")
-        if rv:
+        if isinstance(rv, str) and rv:  # else the next request would be refused for it
             self.resource_version = rv

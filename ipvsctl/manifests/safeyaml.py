@@ -1,5 +1,6 @@
-"""YAML and JSON with bounded depth, alias expansion and size: hostile manifests must fail
-with one clear error, never exhaust memory, hang, overflow the stack or kill a thread.
+"""YAML and JSON with bounded depth, alias expansion (nodes and text) and size: hostile
+manifests must fail with one clear error, never exhaust memory, hang, overflow the stack or
+kill a thread.
 
 libyaml's parser (CParser) is used when PyYAML has it: ~4x faster than the pure-Python
 one on a 3,000-Service `kubectl get -o yaml` dump. Its C composer recurses without a bound
@@ -17,18 +18,22 @@ import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent, Event
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 from yaml.resolver import Resolver
 
 MAX_DEPTH = 64  # Kubernetes objects nest < 20 deep
 # Nodes that aliases may add to a file (each alias counts the size of what it names): a
 # billion-laughs bomb is refused before anything walks its expansion.
 MAX_ALIAS_NODES = 100_000
+# Characters of scalars that aliases may add to a file: nodes alone do not bound it (a 1 MB
+# string aliased 1,300 times is 1,300 nodes, shared in memory, but 1.3 GB to anything that
+# writes it out, an error message's repr() once did).
+MAX_ALIAS_CHARS = 16 << 20
 MAX_BYTES = 256 << 20  # per file
 
 
 class LimitError(yaml.YAMLError):
-    """A document beyond MAX_DEPTH or MAX_ALIAS_NODES."""
+    """A document beyond MAX_DEPTH, MAX_ALIAS_NODES or MAX_ALIAS_CHARS."""
 
 
 class _Limits(Composer):
@@ -37,8 +42,11 @@ class _Limits(Composer):
     def _init_limits(self) -> None:
         self._depth = 0
         self._composed = 0
+        self._chars = 0  # scalar characters composed so far (aliases' included)
         self._alias_nodes = 0
-        self._sizes: dict[int, int] = {}  # id(anchored node) -> nodes under it
+        self._alias_chars = 0
+        # id(anchored node) -> (nodes, scalar characters) under it
+        self._sizes: dict[int, tuple[int, int]] = {}
 
     if TYPE_CHECKING:  # the Parser this is mixed with reads the events
 
@@ -48,25 +56,35 @@ class _Limits(Composer):
         event = self.peek_event()
         if isinstance(event, AliasEvent):
             node = Composer.compose_node(self, parent, index)
-            size = self._sizes.get(id(node), 1)
-            self._composed += size  # an alias inside an anchored node counts in its size
+            size, chars = self._sizes.get(id(node), (1, 0))
+            # an alias inside an anchored node counts in its size
+            self._composed += size
+            self._chars += chars
             self._alias_nodes += size
+            self._alias_chars += chars
             if self._alias_nodes > MAX_ALIAS_NODES:
                 raise LimitError(
                     f"aliases expand to more than {MAX_ALIAS_NODES} nodes (at {event.start_mark})"
+                )
+            if self._alias_chars > MAX_ALIAS_CHARS:
+                raise LimitError(
+                    f"aliases expand to more than {MAX_ALIAS_CHARS >> 20} MiB of text "
+                    f"(at {event.start_mark})"
                 )
             return node
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise LimitError(f"nested deeper than {MAX_DEPTH} levels (at {event.start_mark})")
-        before = self._composed
+        before, chars_before = self._composed, self._chars
         try:
             node = Composer.compose_node(self, parent, index)
         finally:
             self._depth -= 1
         self._composed += 1
+        if isinstance(node, ScalarNode):
+            self._chars += len(node.value)
         if getattr(event, "anchor", None) is not None:  # only anchored nodes can be aliased
-            self._sizes[id(node)] = self._composed - before
+            self._sizes[id(node)] = (self._composed - before, self._chars - chars_before)
         return node
 
 

@@ -22,6 +22,8 @@ from ipvsctl.model.drain import (
 from ipvsctl.model.ipvs import (
     AppliedVirtualServer,
     ConnCounts,
+    ConnKey,
+    ConnScan,
     RealServerStatus,
     ServiceStats,
     VirtualServer,
@@ -42,6 +44,8 @@ __all__ = [
     "NO_DEADLINE",
     "AppliedVirtualServer",
     "ConnCounts",
+    "ConnKey",
+    "ConnScan",
     "ConnectionsCut",
     "DeadlineSource",
     "DesiredService",

@@ -10,6 +10,9 @@ from ipvsctl.model.ipvs import VirtualServer
 from ipvsctl.model.keys import PodRef, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 
+# --max-table-entries: sized in docs/reference.md ("Node safety")
+DEFAULT_MAX_TABLE_ENTRIES = 500_000
+
 
 class VirtualServerKind(StrEnum):
     CLUSTER_IP = "ClusterIP"
@@ -35,10 +38,16 @@ class NodeContext:
     service_proxy_name: str | None = None
     # Node safety (CONTRACT.md): the cluster's NodePort range (a node address at any other
     # port is never a virtual server), the API server's own addresses (never an external or
-    # load-balancer IP), and the most virtual servers one Service may make.
+    # load-balancer IP), the most virtual servers one Service may make, and the most
+    # entries (virtual plus real servers) all of them may (plan/capacity.py).
     node_port_range: range = DEFAULT_NODE_PORT_RANGE
     apiserver_ips: frozenset[str] = frozenset()
     max_virtual_servers: int = 1024
+    max_table_entries: int = DEFAULT_MAX_TABLE_ENTRIES
+    # Every address of the node (all interfaces but the proxies' dummy ones), whatever
+    # `node_ips` (--node-ip, nodePortAddresses) chose for NodePorts: Node safety counts
+    # them all (docker0's, a second NIC's). Followed while the daemon runs.
+    host_ips: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,3 +108,25 @@ class ConnCounts:
 
     def to_json(self) -> dict[str, int]:
         return {"established": self.established, "closing": self.closing, "closed": self.closed}
+
+
+# A (virtual server, real server) pair, as the connection table is read for it.
+ConnKey = tuple[ServiceKey, RealServerKey]
+
+
+@dataclass(slots=True)
+class ConnScan:
+    """What one pass over ip_vs_conn found for the wanted (virtual, real server) pairs, and
+    the work it took (the lab asserts on these, not on time)."""
+
+    counts: dict[ConnKey, ConnCounts] = field(default_factory=dict)
+    lines: int = 0  # lines read
+    matched: int = 0  # lines whose DestIP:DPrt is a wanted real server's (parsed)
+    slow: int = 0  # lines not in the canonical layout (parsed to be sure)
+    bad: int = 0  # lines naming a wanted real server that did not parse
+    unattributed: int = 0  # TCP lines that parse neither way: could be anyone's
+
+    @property
+    def trustworthy(self) -> bool:
+        """No line that might belong to a wanted real server went unread."""
+        return self.unattributed == 0

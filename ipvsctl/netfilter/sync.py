@@ -2,9 +2,9 @@
 
 - `start()` writes the chains once (idempotently: map elements left by an earlier run stay,
   so a restart opens no window without masquerading).
-- `on_service(ref, old, new)` is an Engine service listener: called after a Service's
-  changes reached IPVS, it compares that Service's elements before and after, O(the
-  Service). An endpoint change leaves them equal and costs nothing more.
+- `on_service(ref, old, new)` is a service listener on the engine's change feed: called
+  after a Service's changes reached IPVS, it compares that Service's elements before and
+  after, O(the Service). An endpoint change leaves them equal and costs nothing more.
 - A thread (`run`) pushes what changed as one `nft -f` transaction per batch: it takes the
   changes under the loop's lock (`batch_lock`), so a batch is whole syncs, never half of
   one, and runs nft outside it. The first push after the engine is ready replaces every
@@ -140,7 +140,7 @@ class NetfilterSync:
     def on_service(
         self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
     ) -> None:
-        """Engine service listener: note this Service's element changes, O(the Service)."""
+        """A service listener: note this Service's element changes, O(the Service)."""
         nodes = frozenset(self.node_ips())
         old_el, new_el = service_elements(old, nodes), service_elements(new, nodes)
         if old_el == new_el:

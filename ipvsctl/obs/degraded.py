@@ -17,6 +17,8 @@ CONDITIONS = {
     "filter may be missing or stale",
     "state_write": "the drain state file cannot be written: a restart would lose deadlines",
     "audit": "the kernel drift audit is raising: hand-made changes are not put right",
+    "source": "the API server's lists or watches keep failing: the table is kept as it is, "
+    "and Service and endpoint changes do not reach it",
 }
 
 

@@ -79,11 +79,12 @@ _SERVICE_LABELS = ["namespace", "service", "port", "protocol"]
 
 
 class ServiceTrafficCollector:
-    """The per-Service traffic series, made at scrape time by `read` (the daemon sets it:
-    reconcile/service_traffic.py; until then, and with --service-metrics none, none)."""
+    """The per-Service traffic series, made at scrape time by `read` (the daemon's
+    service-metrics feature gives reconcile/service_traffic.py's; with --service-metrics
+    none, none: the families are described, with no series)."""
 
-    def __init__(self) -> None:
-        self.read: TrafficRead = lambda: ((), 0)
+    def __init__(self, read: TrafficRead = lambda: ((), 0)) -> None:
+        self.read = read
 
     def _families(self) -> tuple[CounterMetricFamily, ...]:
         return (
@@ -172,6 +173,12 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.netlink_answers_lost = Counter(
+            "ipvsctl_netlink_answers_lost",
+            "Real server adds of a batch whose answer was lost (a full receive buffer, or "
+            "none in time): each reported failed, its Service retried.",
+            registry=r,
+        )
         self.invalid_objects = Counter(
             "ipvsctl_invalid_objects",
             "Objects skipped (or fields ignored) as invalid, by kind.",
@@ -213,7 +220,8 @@ class Metrics:
         )
         self.node_address_errors = Counter(
             "ipvsctl_node_address_errors",
-            "Failed re-reads of the node's addresses (the addresses in force were kept).",
+            "Failed re-reads of the node's addresses, or failures of the socket that follows "
+            "them (the addresses in force were kept).",
             registry=r,
         )
         # nftables (ipvsctl/netfilter) and healthCheckNodePort (ipvsctl/health)
@@ -225,8 +233,8 @@ class Metrics:
         )
         self.degraded_conditions = Gauge(
             "ipvsctl_degraded",
-            "1 while a part of the daemon keeps failing (nftables, state_write, audit); "
-            "readiness is not failed for it.",
+            "1 while a part of the daemon keeps failing (nftables, state_write, audit, "
+            "source); readiness is not failed for it.",
             ["condition"],
             registry=r,
         )
@@ -282,6 +290,16 @@ class Metrics:
             "How long the last /status rendering took.",
             registry=r,
         )
+        self.metrics_renders = Counter(
+            "ipvsctl_metrics_renders",
+            "/metrics renderings (the scrapes that come together share one).",
+            registry=r,
+        )
+        self.metrics_render_seconds = Gauge(
+            "ipvsctl_metrics_render_seconds",
+            "How long the last /metrics rendering took.",
+            registry=r,
+        )
         # This node's Node and kube-proxy's health server (--healthz-bind-address)
         self.node_object_known = Gauge(
             "ipvsctl_node_object_known",
@@ -313,6 +331,23 @@ class Metrics:
         self.virtual_server_conflict_losers = Gauge(
             "ipvsctl_virtual_server_conflict_losers",
             "Claims on virtual servers currently lost to another Service.",
+            registry=r,
+        )
+        # The node's table against --max-table-entries (plan/capacity.py)
+        self.table_entries = Gauge(
+            "ipvsctl_table_entries",
+            "IPVS entries (virtual servers and their real servers) the admitted Services "
+            "ask for, counted against --max-table-entries.",
+            registry=r,
+        )
+        self.table_entries_limit = Gauge(
+            "ipvsctl_table_entries_limit",
+            "--max-table-entries: past it, the newest Services are refused whole.",
+            registry=r,
+        )
+        self.table_refused_services = Gauge(
+            "ipvsctl_table_refused_services",
+            "Services refused whole because they do not fit in --max-table-entries.",
             registry=r,
         )
         self.build_info = Gauge(
@@ -383,7 +418,7 @@ class Metrics:
             "external-IP virtual servers, at the last reading of the IPVS table.",
             registry=r,
         )
-        # Drains that Kubernetes can see (ipvsctl/kube/events.py, issue 28)
+        # Drains that Kubernetes can see (ipvsctl/kube/events.py)
         self.drain_connections_cut = Counter(
             "ipvsctl_drain_connections_cut",
             "Established connections cut when a drain deadline deleted their real server "
@@ -394,7 +429,7 @@ class Metrics:
         self.events = Counter(
             "ipvsctl_events",
             "Kubernetes Events, by reason and result (created, series, aggregated, "
-            "rate_limited, dropped, forbidden, refused, error).",
+            "rate_limited, dropped, forbidden, refused, error, other_namespace).",
             ["reason", "result"],
             registry=r,
         )
@@ -413,9 +448,6 @@ class Metrics:
         )
         for reason in ("malformed", "future"):
             self.network_programming_skipped.labels(reason)
-        # Per-Service traffic (reconcile/service_traffic.py), last: read at scrape time
-        self.service_traffic = ServiceTrafficCollector()
-        r.register(self.service_traffic)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

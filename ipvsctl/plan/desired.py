@@ -39,23 +39,34 @@ def _rank(ep: EndpointInfo) -> tuple[bool, bool, bool]:
     return (ep.ready, ep.serving, not ep.terminating)
 
 
-def collect_endpoints(
-    slices: Iterable[SliceInfo], family: int, port_name: str, protocol: Protocol
-) -> dict[RealServerKey, EndpointInfo]:
-    """Endpoints of one Service port and family; an address:port in several slices counts
-    once, with its best conditions (slices are read in name order, so this is stable)."""
-    found: dict[RealServerKey, EndpointInfo] = {}
+# (family, port name, protocol) -> the slices' ports of that name, as (slice, port number)
+SlicePorts = dict[tuple[int | None, str, Protocol], list[tuple[SliceInfo, int]]]
+
+
+def slice_ports(slices: Iterable[SliceInfo]) -> SlicePorts:
+    """The slices' ports by what a Service port matches them on, in slice order: one pass,
+    so that a Service of P ports over slices of P ports costs O(P), not O(P x P) (1,024
+    ports: 0.5 s a build, under the loop lock, at every change of a tenant's slice)."""
+    found: SlicePorts = {}
     for sl in slices:
-        if sl.family != family:
-            continue
         for p in sl.ports:
-            if p.name != port_name or p.protocol is not protocol:
-                continue
-            for ep in sl.endpoints:
-                key = RealServerKey(ep.address, p.port)
-                old = found.get(key)
-                if old is None or _rank(ep) > _rank(old):
-                    found[key] = ep
+            found.setdefault((sl.family, p.name, p.protocol), []).append((sl, p.port))
+    return found
+
+
+def collect_endpoints(
+    matches: Iterable[tuple[SliceInfo, int]],
+) -> dict[RealServerKey, EndpointInfo]:
+    """Endpoints of one Service port and family (its `slice_ports` entry); an address:port
+    in several slices counts once, with its best conditions (slices are read in name
+    order, so this is stable)."""
+    found: dict[RealServerKey, EndpointInfo] = {}
+    for sl, port in matches:
+        for ep in sl.endpoints:
+            key = RealServerKey(ep.address, port)
+            old = found.get(key)
+            if old is None or _rank(ep) > _rank(old):
+                found[key] = ep
     return found
 
 
@@ -171,11 +182,12 @@ def build_desired_service(
         )
 
     has_external = bool(svc.external_ips) or svc.type in ("NodePort", "LoadBalancer")
+    by_port = slice_ports(slices)
     for p in svc.ports:
         cluster: dict[int, tuple[RealServerKey, ...]] = {}
         external: dict[int, tuple[RealServerKey, ...]] = {}
         for family in (4, 6):
-            eps = collect_endpoints(slices, family, p.name, p.protocol)
+            eps = collect_endpoints(by_port.get((family, p.name, p.protocol), ()))
             selected = select_endpoints(eps, svc.internal_local, node.node_name, topo)
             cluster[family] = sorted_real_servers(selected)
             # Most Services have no external addresses, and most that do share the cluster

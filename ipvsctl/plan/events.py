@@ -197,6 +197,14 @@ def merge_cuts(cuts: Iterable[ConnectionsCut]) -> list[tuple[ConnectionsCut, int
     return list(merged.values())
 
 
+def in_own_namespace(cut: ConnectionsCut) -> bool:
+    """Whether the cut's pod may carry its Event: only a pod in the namespace of the
+    EndpointSlice that named it (its Service's; a slice and its Service share one). A
+    hand-written slice's targetRef may name any namespace: a tenant must not make the node
+    write Warnings into another's (kube-system). No Service known: no namespace to match."""
+    return cut.service is not None and cut.pod.namespace == cut.service.namespace
+
+
 def connections_cut(cut: ConnectionsCut, virtual_servers: int, node: str) -> EventSpec:
     """The Event on the pod: how many, through which node, after how long a drain."""
     where = f"{cut.service} " if cut.service else ""

@@ -8,7 +8,9 @@ link-local, ...) are refused earlier, in source/convert.py, as field warnings.
 - The API server's own address as an external or load-balancer IP: bound on kube-ipvs0, it
   would send the daemon's own API traffic into IPVS (it could never see the Service go).
 - A node address at a port outside the NodePort range: `externalIPs: [<node IP>]` at port
-  22 would capture sshd, 10250 the kubelet.
+  22 would capture sshd, 10250 the kubelet. Any address of the node counts (`host_ips`:
+  docker0's, a second NIC's), not only those NodePorts listen on (`node_ips`, which
+  --node-ip or nodePortAddresses may narrow).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ def too_many(svc: ServiceInfo, node: NodeContext) -> str | None:
     )
 
 
+def is_node_address(address: str, node: NodeContext) -> bool:
+    """An address of this node: a NodePort address, or any other it holds."""
+    return address in node.host_ips or address in node.node_ips
+
+
 def refused_address(
     kind: VirtualServerKind, address: str, port: int, node: NodeContext
 ) -> str | None:
@@ -51,7 +58,7 @@ def refused_address(
         address in node.apiserver_ips
     ):
         return f"{kind.value} {address} is the API server's address"
-    if port not in node.node_port_range and address in node.node_ips:
+    if port not in node.node_port_range and is_node_address(address, node):
         return (
             f"{kind.value} {address}:{port} is a node address at a port outside the NodePort range"
         )

@@ -8,8 +8,8 @@ an op at a time: real servers added to one virtual server one after another go t
 that can (`RealServerBatch`: netlink) as one batch, a Service's endpoints in one send. Every call is
 idempotent against a kernel that moved on its own (as Cilium's BPFOps Update/Delete): an
 add that finds the entry takes it over, a delete of what is gone is done. A function
-returns True when the kernel turned out to hold something the applied state did not know
-(a "surprise": the Service is diffed once more to put it right).
+returns True when the kernel turned out to hold something the applied state did not know:
+then the Service is diffed once more to put it right (`Then.DIFF_AGAIN`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import itertools
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, assert_never
 
 from ipvsctl.kernel.port import (
@@ -55,6 +56,7 @@ from ipvsctl.plan.ops import (
 )
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.clock import Clock
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.termination import Terminations
 
 log = logging.getLogger("ipvsctl.engine")
@@ -69,13 +71,26 @@ class ForeignVirtualServer(KernelExists):
         self.key = key
 
 
+class Then(Enum):
+    """What a Service needs after its ops were applied."""
+
+    DONE = "done"  # nothing more
+    # The kernel held something the applied state did not know (now recorded), or one of its
+    # virtual servers is another tool's (left alone): diff it once more, in this sync.
+    DIFF_AGAIN = "diff_again"
+    RETRY = "retry"  # an op failed, the rest were not tried: again later, with backoff
+
+
 @dataclass(frozen=True, slots=True)
 class Applied:
     """How applying one Service's ops went."""
 
     ops: int = 0  # applied
-    failed: bool = False  # an op failed: the rest were not tried
-    surprised: bool = False  # the kernel held something unknown: diff once more
+    then: Then = Then.DONE
+
+    @property
+    def failed(self) -> bool:
+        return self.then is Then.RETRY
 
 
 @dataclass
@@ -86,11 +101,10 @@ class Applier:
     metrics: Metrics
     clock: Clock
     node_ips: Callable[[], Collection[str]]  # now: they change while running
+    # Where a virtual server's drain and the connections a deadline cut are told (feed.py).
+    feed: ChangeFeed = field(default_factory=ChangeFeed)
     # A virtual server was deleted: a Service waiting for its key may have it now.
     on_released: Callable[[ServiceKey], None] = lambda key: None
-    # A deadline cut established connections of a pod's endpoint: its Event (never blocks:
-    # the writer queues it, `kube/events.py`).
-    on_cut: Callable[[ConnectionsCut], object] = lambda cut: None
     # Whether an existing virtual server not ours may be taken over: only another
     # Kubernetes service proxy's (plan/ownership.py's `may_take_over`).
     may_take_over: Callable[[ServiceKey], bool] = lambda key: True
@@ -99,8 +113,6 @@ class Applier:
     # A draining virtual server whose last real server went could not be deleted: its
     # Service is synced again (the diff deletes a draining virtual server left empty).
     on_retry: Callable[[ServiceRef], None] = lambda ref: None
-    # A virtual server began to drain, was taken over or went (the engine's listeners).
-    on_vs_drain: Callable[[ServiceKey, VirtualServerDrainEvent], None] = lambda k, e: None
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -113,7 +125,7 @@ class Applier:
         servers added to one virtual server one after another go to the kernel as one
         batch: all of them are tried, and each added one is recorded even after one that
         failed (the state says what the kernel holds)."""
-        surprised = False
+        again = False  # the kernel held something unknown
         done = 0
         i, n = 0, len(ops)
         while i < n:
@@ -123,19 +135,19 @@ class Applier:
                 added, failure = self._add_real_servers(ref, run)
                 done += added
                 if failure is not None:
-                    return self._failed(ref, *failure, done, surprised)
+                    return self._failed(ref, *failure, done)
                 i += len(run)
                 continue
             try:
                 self.state.mutations += 1
-                surprised |= _apply_op(self, ref, op)
+                again |= _apply_op(self, ref, op)
             except ForeignVirtualServer as exc:
-                # Not a failure: the Service is built again without that key (a surprise:
-                # diffed once more, the ops for the key's real servers are never tried).
+                # Not a failure: the Service is built again without that key, at once (the
+                # ops for the key's real servers are never tried).
                 self.on_foreign(ref, exc.key)
-                return Applied(done, False, True)
+                return Applied(done, Then.DIFF_AGAIN)
             except KernelError as exc:
-                return self._failed(ref, op, exc, done, surprised)
+                return self._failed(ref, op, exc, done)
             done += 1
             # the queue's bookkeeping (RetimeDrain, ForgetDrain) is no kernel operation
             if not isinstance(op, RetimeDrain | ForgetDrain):
@@ -144,7 +156,7 @@ class Applier:
             i += 1
         if ref is not None:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)
-        return Applied(done, False, surprised)
+        return Applied(done, Then.DIFF_AGAIN if again else Then.DONE)
 
     def _add_real_servers(
         self, ref: ServiceRef | None, run: list[AddRealServer]
@@ -183,9 +195,7 @@ class Applier:
             ok = self._ok[type(op)] = self.metrics.kernel_ops.labels(type(op).__name__, "ok")
         ok.inc()
 
-    def _failed(
-        self, ref: ServiceRef | None, op: Op, exc: KernelError, done: int, surprised: bool
-    ) -> Applied:
+    def _failed(self, ref: ServiceRef | None, op: Op, exc: KernelError, done: int) -> Applied:
         operation = exc.operation or type(op).__name__
         self.metrics.netlink_errors.labels(operation).inc()
         self.metrics.kernel_ops.labels(type(op).__name__, "error").inc()
@@ -199,7 +209,7 @@ class Applier:
                 operation=operation,
                 error=exc,
             )
-        return Applied(done, True, surprised)
+        return Applied(done, Then.RETRY)
 
     def delete_orphan(self, key: ServiceKey, real_servers: int) -> bool:
         """A virtual server of ours that no Service wants. Returns whether it is gone."""
@@ -221,7 +231,7 @@ class Applier:
         old = self.state.move(key, ref)
         self.drains.take_over(key)
         self.state.mutations += 1
-        self.on_vs_drain(key, VirtualServerDrainEvent.TAKEN_OVER)
+        self.feed.vs_drain(key, VirtualServerDrainEvent.TAKEN_OVER)
         log.info("draining virtual server taken over", extra=fields(service=ref, vs=key, was=old))
 
     def finish_vs_drain(self, ref: ServiceRef | None, key: ServiceKey) -> None:
@@ -263,7 +273,7 @@ class Applier:
         draining = key in self.drains.draining_virtual_servers
         self.drains.remove_vs(key)
         if draining:
-            self.on_vs_drain(key, VirtualServerDrainEvent.GONE)
+            self.feed.vs_drain(key, VirtualServerDrainEvent.GONE)
         if real_servers:
             self.metrics.real_server_deletions.labels(DeletionReason.SERVICE_DELETED.value).inc(
                 real_servers
@@ -297,7 +307,7 @@ def _add_vs(a: Applier, ref: ServiceRef | None, op: AddVirtualServer) -> bool:
 
 def _update_vs(a: Applier, ref: ServiceRef | None, op: UpdateVirtualServer) -> bool:
     state = a.state.get(ref, op.vs.key)
-    surprised = False
+    gone = False  # deleted by someone else: its real servers are gone with it
     try:
         a.kernel.update_virtual_server(op.vs)
     except KernelNotFound:
@@ -305,10 +315,10 @@ def _update_vs(a: Applier, ref: ServiceRef | None, op: UpdateVirtualServer) -> b
         if state:
             for rs in list(state.weights):
                 a.state.set_weight(state, rs, None)
-        surprised = True
+        gone = True
     if state:
         state.vs = op.vs
-    return surprised
+    return gone
 
 
 def _delete_vs(a: Applier, ref: ServiceRef | None, op: DeleteVirtualServer) -> bool:
@@ -320,7 +330,7 @@ def _delete_vs(a: Applier, ref: ServiceRef | None, op: DeleteVirtualServer) -> b
 
 def _drain_vs(a: Applier, ref: ServiceRef | None, op: DrainVirtualServer) -> bool:
     a.drains.drain_virtual_server(op.key, op.service)
-    a.on_vs_drain(op.key, VirtualServerDrainEvent.DRAINING)
+    a.feed.vs_drain(op.key, VirtualServerDrainEvent.DRAINING)
     state = a.state.get(ref, op.key)
     log.info(
         "virtual server draining",
@@ -442,7 +452,7 @@ def _delete_rs(a: Applier, ref: ServiceRef | None, op: DeleteRealServer) -> bool
     if established > 0:
         a.metrics.drain_connections_cut.labels(op.vs.protocol.value).inc(established)
         if entry is not None and entry.pod is not None:
-            a.on_cut(
+            a.feed.connections_cut(
                 ConnectionsCut(
                     entry.pod,
                     entry.service or ref,
@@ -478,7 +488,8 @@ def _adds_at(ops: list[Op], i: int) -> list[AddRealServer]:
 
 
 def _apply_op(a: Applier, ref: ServiceRef | None, op: Op) -> bool:
-    """The op's function: True when the kernel surprised it. The commonest ops first."""
+    """The op's function: True when the kernel held something the applied state did not know.
+    The commonest ops first."""
     match op:
         case AddRealServer():
             return _add_rs(a, ref, op)

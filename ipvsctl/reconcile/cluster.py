@@ -14,6 +14,8 @@ from ipvsctl.model import (
     ServiceRef,
 )
 from ipvsctl.model.keys import display_order, normalize_ip
+from ipvsctl.plan.capacity import admit, entries, refusal
+from ipvsctl.plan.capacity import rank as capacity_rank
 from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.guard import too_many
@@ -41,6 +43,15 @@ def plan_objects(
         built[ref] = build_desired_service(store.services[ref], store.slices_of(ref), node, refused)
         whole = too_many(store.services[ref], node) is not None
         problems += (Problem(ObjectKind.SERVICE, str(ref), r, fatal=whole) for r in refused)
+    # The node's table (plan/capacity.py): the newest that do not fit are refused whole,
+    # and claim nothing.
+    sizes = {
+        ref: (capacity_rank(store.services[ref].created, ref), entries(d))
+        for ref, d in built.items()
+    }
+    for ref in sorted(admit(sizes, node.max_table_entries)):
+        problems.append(Problem(ObjectKind.SERVICE, str(ref), refusal(node.max_table_entries)))
+        built[ref] = dataclasses.replace(built[ref], virtual_servers={})
     winners = resolve(
         (ref, key, rank(dvs.kind, store.services[ref].created, ref))
         for ref, desired in built.items()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ipvsctl.kernel.port import IPVSKernel, KernelError, KernelUnavailable
 from ipvsctl.model import (
     ConnCounts,
+    ConnScan,
     DrainEntry,
     RealServerKey,
     RealServerStatus,
@@ -87,7 +88,7 @@ class DrainReader:
         # streak is logged once for good.
         self._table_failing = FailureStreaks(log)
         self._conns_failing = FailureStreaks(log)
-        self.last_scan: object | None = None  # the last ConnScan (its work counters, for tests)
+        self.last_scan: ConnScan | None = None  # the last one's work counters (tests read them)
 
     def read(self, snapshot: DrainSnapshot) -> DrainReading:
         reading = DrainReading(snapshot)

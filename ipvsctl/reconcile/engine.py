@@ -10,6 +10,7 @@ A thin facade over parts split by the state each owns, bottom to top (imports go
     audit        Auditor: the drift audit, a background read too
     contention   Contention: claims on contested virtual servers (rule: plan/conflicts.py)
     intake       Intake: the object store and what each event makes dirty
+    feed         ChangeFeed: what the engine tells the rest of the daemon, given to it built
 
 The engine's own surface is `handle` (an event), `sync` and `set_node_ips`; the drain
 check and the audit are run by the loop's paced runners, and everything else reads the
@@ -36,34 +37,32 @@ from ipvsctl.model import (
     NodeContext,
     ServiceKey,
     ServiceRef,
-    VirtualServerDrainEvent,
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.capacity import Capacity, entries, refusal
+from ipvsctl.plan.capacity import rank as capacity_rank
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.diff import POD_GONE_GRACE, DrainPolicy, diff_service
+from ipvsctl.plan.guard import too_many
 from ipvsctl.reconcile import adopt
 from ipvsctl.reconcile.applied import AppliedState
-from ipvsctl.reconcile.apply import Applier
+from ipvsctl.reconcile.apply import Applier, Then
 from ipvsctl.reconcile.audit import Auditor
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.contention import Contention, LiveOwners
 from ipvsctl.reconcile.drain_check import DrainCheck
 from ipvsctl.reconcile.drain_reader import DrainReader
+from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.intake import Intake
 from ipvsctl.reconcile.termination import Terminations
-from ipvsctl.source.events import Replace, SourceEvent
-from ipvsctl.source.node import NodeInfo
+from ipvsctl.source.events import SourceEvent
 
 log = logging.getLogger("ipvsctl.engine")
 
 __all__ = ["Engine", "EngineConfig", "SyncResult"]
 
 FOREIGN_RETRY = 60.0  # seconds before a Service tries again a key another tool held
-
-ServiceListener = Callable[[ServiceRef, DesiredService | None, DesiredService | None], None]
-VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], None]
-NodeListener = Callable[[NodeInfo | None, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +112,7 @@ class Engine:
         owned: Callable[[ServiceKey], bool] = lambda key: True,
         restored_queue: Iterable[DrainEntry] = (),
         may_take_over: Callable[[ServiceKey], bool] = lambda key: True,
+        feed: ChangeFeed | None = None,
     ) -> None:
         self.kernel = kernel
         self.config = config
@@ -128,17 +128,9 @@ class Engine:
         self.repaired = False
         self.started = False
         self._restored = list(restored_queue)
-        # Called after a Service's changes reached the kernel: (ref, old, new). Netfilter
-        # rules and health checks follow Services through this, O(the Service) each.
-        self.service_listeners: list[ServiceListener] = []
-        # Told when a virtual server that left the wanted set begins to drain, is taken
-        # over, or goes: a listener that keeps something per virtual server (the nftables
-        # elements) keeps it while the virtual server drains, though its Service no longer
-        # names it.
-        self.vs_drain_listeners: list[VirtualServerDrainListener] = []
-        # Called when this node's Node changed: (the Node as now read, the event's arrival,
-        # monotonic). The node drain stamps when the node began leaving through this.
-        self.node_listeners: list[NodeListener] = []
+        # What the rest of the daemon hears (feed.py): a Service's changes once they are in
+        # the kernel, a virtual server's drain, this node's Node, connections a drain cut.
+        self.feed = feed if feed is not None else ChangeFeed()
         # For kube-proxy's health server: monotonic arrival of the oldest event not yet in
         # the kernel (None: all applied), wall time of the last complete sync (None: none
         # yet). Plain attributes, read by the HTTP thread without the lock.
@@ -151,6 +143,8 @@ class Engine:
         self.state = AppliedState(self.clock)
         self.drains = Terminations()
         self.contention = Contention(self.metrics)
+        # How much of the node's table each Service may have (rule: plan/capacity.py)
+        self.capacity = Capacity(config.node.max_table_entries)
         self.intake = Intake(config.node, self.metrics, started=self.clock.wall())
         self.applier = Applier(
             kernel,
@@ -163,7 +157,7 @@ class Engine:
             may_take_over=lambda key: self.may_take_over(key),
             on_foreign=self._foreign,
             on_retry=self._repaired_one,
-            on_vs_drain=self._vs_drain_event,
+            feed=self.feed,
         )
         # The two background reads (`paced.py`), run by the loop's paced runners.
         self.audit = Auditor(
@@ -198,12 +192,25 @@ class Engine:
         services, node = self.intake.handle(event)
         self.dirty |= services
         if services and self.pending_since is None:
-            earlier = () if isinstance(event, Replace) else event.earlier
-            self.pending_since = earlier[0] if earlier else event.received
+            self.pending_since = event.arrivals[0]
         if node:
             self._set_node(*self.intake.node_changed(self.config.node))
-            for listener in self.node_listeners:
-                listener(self.intake.store.node, event.received)
+            self.feed.node_changed(self.intake.store.node, event.received)
+
+    def set_host_ips(self, ips: frozenset[str]) -> bool:
+        """The node's own addresses changed (any interface, not only the NodePort ones):
+        mark dirty only the Services with an external or load-balancer IP among those that
+        came or went (Node safety: a node address at a port outside the NodePort range is
+        never a virtual server). Returns whether anything changed."""
+        changed = self.intake.set_host_ips(ips, self.config.node)
+        if changed is not None:
+            self._set_node(*changed)
+        return changed is not None
+
+    def slices_watched(self, watching: bool) -> None:
+        """The source's EndpointSlice watch opened or broke. Any thread: it only replaces
+        one value the drain check reads (`Terminations.slices_watched`)."""
+        self.drains.slices_watched(watching, self.clock.wall(), self.config.pod_gone_grace)
 
     def set_node_ips(self, ips: Iterable[str]) -> bool:
         """The node's addresses changed (kube-proxy re-reads them every sync): swap the
@@ -260,10 +267,6 @@ class Engine:
         self.dirty |= refs
         self.repaired = True
 
-    def _vs_drain_event(self, key: ServiceKey, event: VirtualServerDrainEvent) -> None:
-        for listener in self.vs_drain_listeners:
-            listener(key, event)
-
     def _repaired_one(self, ref: ServiceRef) -> None:
         self._repaired({ref})
 
@@ -284,7 +287,7 @@ class Engine:
 
     def _rounds(self, result: SyncResult, rounds: int) -> None:
         """Sync the dirty Services. One can make others dirty while syncing (it released or
-        lost a virtual server another one waits for, or the kernel surprised it): those go
+        lost a virtual server another one waits for, or must be diffed again): those go
         in a further round of the same sync."""
         for _ in range(rounds):
             todo, self.dirty = self.dirty - result.failed, set()
@@ -305,6 +308,13 @@ class Engine:
 
     def _build(self, ref: ServiceRef) -> DesiredService | None:
         """The Service's virtual servers, all it claims (conflicts not yet resolved)."""
+        return self._claim(ref, *self._build_unclaimed(ref))
+
+    def _build_unclaimed(
+        self, ref: ServiceRef, settle: bool = True
+    ) -> tuple[DesiredService | None, list[str]]:
+        """The Service as built, its size recorded against the node's table (with
+        `settle`, the Services whose admission that changed are made dirty)."""
         svc = self.intake.store.services.get(ref)
         refused: list[str] = []
         desired = (
@@ -314,7 +324,24 @@ class Engine:
                 svc, self.intake.store.slices_of(ref), self.config.node, refused
             )
         )
-        self.intake.refused(ref, refused)
+        size = entries(desired) if desired is not None and svc is not None else 0
+        at = capacity_rank(svc.created, ref) if svc is not None else None
+        # Services let in or shut out by this change: rebuilt in this or the next pass
+        self.dirty |= self.capacity.update(ref, at, size, settle=settle)
+        return desired, refused
+
+    def _claim(
+        self, ref: ServiceRef, desired: DesiredService | None, refused: list[str]
+    ) -> DesiredService | None:
+        """What the Service may have of the table (refused whole when it does not fit:
+        then it claims nothing, so it takes no key from another Service either)."""
+        svc = self.intake.store.services.get(ref)
+        whole = too_many(svc, self.config.node) if svc is not None else None
+        if desired is not None and self.capacity.refuses(ref):
+            whole = refusal(self.capacity.limit)
+            refused.append(whole)
+            desired = dataclasses.replace(desired, virtual_servers={}, health_check_node_port=None)
+        self.intake.refused(ref, refused, whole)
         # Services that won or lost a key by this change: rebuilt in this or the next pass
         self.dirty |= self.contention.claim(ref, desired, svc.created if svc else None)
         return desired
@@ -357,7 +384,7 @@ class Engine:
         outcome = self.applier.apply(ref, ops)
         result.ops += outcome.ops
         result.services += 1
-        if outcome.failed:
+        if outcome.then is Then.RETRY:
             result.failed.add(ref)
             return
         if new is None:
@@ -365,20 +392,19 @@ class Engine:
             self.state.forget_service(ref, [k for k in kept if k in draining_vs])
         else:
             self.state.desired[ref] = new
-        if self.foreign and not outcome.surprised:  # marks of keys now ours, or unwanted
+        if self.foreign and outcome.then is Then.DONE:  # marks of keys now ours, or unwanted
             for key in [k for k, (r, _) in self.foreign.items() if r == ref]:
                 if new is None or self.state.get(ref, key) is not None:
                     del self.foreign[key]
         if new != old:
-            for listener in self.service_listeners:
-                listener(ref, old, new)
+            self.feed.service_changed(ref, old, new)
         now = self.clock.monotonic()
         for t in self.intake.arrivals.pop(ref, ()):
             self.metrics.event_to_kernel.observe(max(0.0, now - t))
         triggers = self.intake.triggers.pop(ref, None)
         if triggers:
             self._observe_programming(triggers)
-        if outcome.surprised:  # the kernel held something we did not know: diff once more
+        if outcome.then is Then.DIFF_AGAIN:
             self.dirty.add(ref)
 
     def _observe_programming(self, triggers: list[float]) -> None:
@@ -402,8 +428,12 @@ class Engine:
         virtual servers nobody wants, then diff every Service against the adopted state.
         Wanted real servers found at weight 0 go back to 1 (kubernetes#92019)."""
         t0 = self.clock.monotonic()
-        # every claim first, so that who wins does not depend on the order of building
-        claimed = {ref: self._build(ref) for ref in sorted(self.intake.store.services)}
+        # every Service's size first, then every claim, so that neither who fits in the
+        # table nor who wins a key depends on the order of building
+        refs = sorted(self.intake.store.services)
+        unclaimed = {ref: self._build_unclaimed(ref, settle=False) for ref in refs}
+        self.capacity.settle()
+        claimed = {ref: self._claim(ref, *unclaimed.pop(ref)) for ref in refs}
         built: dict[ServiceRef, DesiredService | None] = {}
         for ref, desired in claimed.items():
             if desired is not None:
@@ -435,7 +465,7 @@ class Engine:
         todo, self.dirty = self.dirty | set(self.intake.store.services) | draining_refs, set()
         for ref in sorted(todo):
             self._sync_service(ref, result, built)
-        self._rounds(result, 2)  # what the first pass made dirty (a kernel surprise)
+        self._rounds(result, 2)  # what the first pass made dirty (Then.DIFF_AGAIN)
         # Only now, and not when the sync raised: `started` is /readyz ("the first full
         # list is in the kernel") and what /v1/quiesced calls ready, and other threads read
         # it without the lock.
@@ -462,3 +492,7 @@ class Engine:
         m.drain_queue_length.set_function(lambda: len(drains))
         m.real_servers.labels("draining").set_function(lambda: len(drains))
         m.real_servers.labels("active").set_function(lambda: max(0, state.n_rs - len(drains)))
+        capacity = self.capacity
+        m.table_entries.set_function(lambda: capacity.used)
+        m.table_entries_limit.set(capacity.limit)
+        m.table_refused_services.set_function(lambda: len(capacity.refused))

@@ -2,8 +2,8 @@
 event, node change or node address change makes dirty, O(the Services it touches).
 
 Keeps the indexes that make those answers cheap (Services with a nodePort, Services whose
-slices carry topology hints), the node IPs removed while running (NodePort virtual servers
-on them are still ours).
+slices carry topology hints, Services by their external and load-balancer IPs), the node
+IPs removed while running (NodePort virtual servers on them are still ours).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import logging
 from collections.abc import Iterable
 
 from ipvsctl.model import NodeContext, ServiceRef
+from ipvsctl.model.objects import ServiceInfo
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
+from ipvsctl.source.events import ObjectKind, SourceEvent
 from ipvsctl.source.store import ObjectStore, Problem
 
 log = logging.getLogger("ipvsctl.engine")
@@ -43,11 +44,18 @@ class Intake:
         self._node_port_services: set[ServiceRef] = set()
         # Services with a slice carrying topology hints: the only ones a zone change touches.
         self._hinted_services: set[ServiceRef] = set()
+        # Services by their external and load-balancer IPs (only those that have some):
+        # the ones a change of the node's own addresses touches (Node safety).
+        self._by_address: dict[str, set[ServiceRef]] = {}
+        self._addresses_of: dict[ServiceRef, frozenset[str]] = {}
         self._former_node_ips: dict[str, None] = {}  # insertion-ordered, oldest first
         self.node_ips_known = frozenset(node.node_ips)
         # What Node safety refused of each Service at its last build (plan/guard.py):
         # logged and counted when it changes, not at every rebuild of the Service.
         self._refused: dict[ServiceRef, tuple[str, ...]] = {}
+        # The Services refused whole, with why (the per-Service or the node's table
+        # limit): `/status` lists them as `plan` does.
+        self.skipped: dict[ServiceRef, str] = {}
 
     def handle(self, event: SourceEvent) -> tuple[set[ServiceRef], bool]:
         """Returns the Services the event changed, and whether this node's Node did (then
@@ -57,9 +65,7 @@ class Intake:
             self._report_problem(problem)
         # A merged event (source/backlog.py) stands for every version it replaced: each is
         # observed from its own arrival.
-        stamps = (
-            (event.received,) if isinstance(event, Replace) else (*event.earlier, event.received)
-        )
+        stamps = event.arrivals
         for ref in change.services:
             self.arrivals.setdefault(ref, []).extend(stamps)
             self._index(ref)
@@ -82,11 +88,58 @@ class Intake:
             self._node_port_services.add(ref)
         else:
             self._node_port_services.discard(ref)
+        self._index_addresses(ref, svc)
         by_name = self.store.slices_by_service.get(ref)
         if by_name and any(sl.has_hints for sl in by_name.values()):
             self._hinted_services.add(ref)
         else:
             self._hinted_services.discard(ref)
+
+    def _index_addresses(self, ref: ServiceRef, svc: ServiceInfo | None) -> None:
+        new = (
+            frozenset((*svc.external_ips, *svc.load_balancer_ips))
+            if svc is not None
+            else frozenset()
+        )
+        old = self._addresses_of.get(ref, frozenset())
+        if new == old:
+            return
+        for address in old - new:
+            refs = self._by_address[address]
+            refs.discard(ref)
+            if not refs:
+                del self._by_address[address]
+        for address in new - old:
+            self._by_address.setdefault(address, set()).add(ref)
+        if new:
+            self._addresses_of[ref] = new
+        else:
+            del self._addresses_of[ref]
+
+    def set_host_ips(
+        self, ips: frozenset[str], node: NodeContext
+    ) -> tuple[NodeContext, set[ServiceRef]] | None:
+        """The node's own addresses changed (any interface): the new NodeContext and the
+        Services whose external or load-balancer IPs are among the addresses that came or
+        went (Node safety refuses, or lets through, their virtual servers at ports outside
+        the NodePort range); None when nothing changed. O(the change). ClusterIPs come from
+        the service range, no node address: they are checked whenever their Service is
+        built, not here."""
+        if ips == node.host_ips:
+            return None
+        changed = ips ^ node.host_ips
+        dirty: set[ServiceRef] = set()
+        for address in changed:
+            dirty |= self._by_address.get(address, set())
+        log.info(
+            "node's own addresses changed",
+            extra=fields(
+                added=",".join(sorted(ips - node.host_ips)) or None,
+                removed=",".join(sorted(node.host_ips - ips)) or None,
+                services=len(dirty),
+            ),
+        )
+        return dataclasses.replace(node, host_ips=ips), dirty
 
     def node_changed(self, node: NodeContext) -> tuple[NodeContext, set[ServiceRef]]:
         """This node's Node changed: a new zone marks dirty only the Services whose slices
@@ -145,9 +198,13 @@ class Intake:
             ObjectKind.NODE in synced or not wait_for_node
         )
 
-    def refused(self, ref: ServiceRef, reasons: list[str]) -> None:
-        """Node safety refused these of the Service's virtual servers (or all of it): one
-        line and a count in ipvsctl_invalid_objects_total when that changes."""
+    def refused(self, ref: ServiceRef, reasons: list[str], whole: str | None = None) -> None:
+        """Node safety refused these of the Service's virtual servers (or all of it, for
+        `whole`): one line and a count in ipvsctl_invalid_objects_total when that changes."""
+        if whole is None:
+            self.skipped.pop(ref, None)
+        else:
+            self.skipped[ref] = whole
         now = tuple(reasons)
         if self._refused.get(ref, ()) == now:
             return

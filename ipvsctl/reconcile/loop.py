@@ -13,7 +13,10 @@ waits or is applied, those readers step aside at their next give-way point
 (`events_first.py`): a change does not wait for a reader's Python.
 
 Node addresses (without --node-ip) are re-read every `node_ips_interval`, as kube-proxy
-re-reads them every sync: NodePort virtual servers follow an address added or removed.
+re-reads them every sync, and at once when the followed addresses (`host_addresses`, from
+rtnetlink's notifications) changed: NodePort virtual servers follow an address added or
+removed. Every address of the node goes to the engine too, with or without --node-ip (Node
+safety counts them all).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
-from ipvsctl.kernel.port import KernelError
+from ipvsctl.kernel.port import HostAddresses, KernelError
 from ipvsctl.model import DrainEntry
+from ipvsctl.obs import gcpause
 from ipvsctl.obs.logging import FailureStreaks, fields
 from ipvsctl.reconcile.clock import Clock, SystemClock
 from ipvsctl.reconcile.engine import Engine
@@ -64,6 +68,7 @@ class Loop:
         clock: Clock | None = None,
         save_queue: Callable[[Sequence[DrainEntry]], None] | None = None,
         read_node_ips: Callable[[], list[str]] | None = None,
+        host_addresses: HostAddresses | None = None,
     ) -> None:
         self.engine = engine
         self.events = events
@@ -71,6 +76,11 @@ class Loop:
         self.clock = clock or SystemClock()
         self.save_queue = save_queue
         self.read_node_ips = read_node_ips  # None: fixed addresses (--node-ip)
+        # Every address of the node, followed (None: not followed, as in most tests): a
+        # change reaches the engine at the next step, and re-reads the NodePort addresses.
+        self.host_addresses = host_addresses
+        self._host_version = host_addresses.version if host_addresses is not None else 0
+        self._node_ips_version = self._host_version
         self.lock = threading.Lock()
         # The readers give way to events (the engine's audit and drain reads call it).
         self.events_first = EventsFirst(events)
@@ -129,14 +139,14 @@ class Loop:
         growing heap, ~40% of a 10,000-Service initial sync's CPU on the host. The first
         sync ends it (collect, freeze, enable); so does STARTUP_GC_GRACE without one (an
         API server that never answers must not leave the GC off for good)."""
-        if gc.isenabled():
-            gc.disable()
+        if self._gc_paused_until is None:
+            gcpause.hold()
             self._gc_paused_until = self.clock.monotonic() + STARTUP_GC_GRACE
 
     def _resume_gc(self) -> None:
         if self._gc_paused_until is not None:
             self._gc_paused_until = None
-            gc.enable()
+            gcpause.release()
 
     def _timeout(self) -> float:
         now = self.clock.monotonic()
@@ -170,6 +180,7 @@ class Loop:
         if self._gc_paused_until is not None and self.clock.monotonic() >= self._gc_paused_until:
             self._resume_gc()  # no first sync within the grace: the GC back on
         node_ips = self._read_node_ips()  # outside the lock: a netlink dump
+        host_ips = self._read_host_ips()
         with self.lock:
             got_events = bool(batch)
             # Each raw object goes as soon as the store has taken what it needs (a first
@@ -181,6 +192,7 @@ class Loop:
             now = self.clock.monotonic()
             e = self.engine
             moved = node_ips is not None and e.set_node_ips(node_ips)
+            moved = (host_ips is not None and e.set_host_ips(host_ips)) or moved
             starting = not e.started and (self._retry_at is None or self._retry_due(now))
             if e.ready and (
                 starting
@@ -193,18 +205,32 @@ class Loop:
         if snapshot is not None:  # the fsyncs outside the lock: /status never waits on disk
             self._persist(*snapshot)
 
+    def _read_host_ips(self) -> frozenset[str] | None:
+        """The node's own addresses when they changed since the last step, else None
+        (O(1): a version compared)."""
+        ha = self.host_addresses
+        if ha is None or ha.version == self._host_version:
+            return None
+        self._host_version = ha.version
+        return ha.host_addresses()
+
     def _read_node_ips(self) -> list[str] | None:
-        """The node's addresses when a re-read is due, else None. A failed read keeps the
-        addresses in force: dropping every NodePort on a transient netlink error would be
-        worse than following a change a little late."""
+        """The node's addresses when a re-read is due (every interval, or at once when the
+        followed addresses changed), else None. A failed read keeps the addresses in force:
+        dropping every NodePort on a transient netlink error would be worse than following
+        a change a little late."""
         if self.read_node_ips is None:
             return None
         now = self.clock.monotonic()
-        if self._next_node_ips is not None and now < self._next_node_ips:
+        ha = self.host_addresses
+        moved = ha is not None and ha.version != self._node_ips_version
+        if moved and ha is not None:
+            self._node_ips_version = ha.version
+        if self._next_node_ips is not None and now < self._next_node_ips and not moved:
             return None
         first = self._next_node_ips is None
         self._next_node_ips = now + self.config.node_ips_interval
-        if first:
+        if first and not moved:
             return None
         try:
             ips = self.read_node_ips()

@@ -72,7 +72,7 @@ class ServiceTraffic:
     def on_service(
         self, ref: ServiceRef, old: DesiredService | None, new: DesiredService | None
     ) -> None:
-        """A service listener (engine.service_listeners), under the loop's lock: O(1)."""
+        """A service listener (the engine's change feed), under the loop's lock: O(1)."""
         wanted = self.wants(new)
         with self._index_lock:
             if wanted:

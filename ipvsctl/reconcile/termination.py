@@ -11,6 +11,7 @@ their application removes entries here (`remove`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -24,7 +25,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.model.keys import by_service
 from ipvsctl.plan.drain import check_drains
-from ipvsctl.plan.ops import DeleteRealServer, ForgetDrain, Op
+from ipvsctl.plan.ops import DeleteRealServer, DeletionReason, ForgetDrain, Op
 from ipvsctl.reconcile.drain_reader import DrainReading, DrainSnapshot
 
 RsKey = tuple[ServiceKey, RealServerKey]
@@ -51,6 +52,7 @@ class DrainVerdict:
 
     ops: list[tuple[ServiceKey, list[tuple[DrainEntry, Op]]]]
     seen: dict[RsKey, Seen]
+    now: float = 0.0  # when it was judged (wall)
 
 
 class Terminations:
@@ -64,6 +66,19 @@ class Terminations:
         # its key meanwhile takes it over (`take_over`). Rebuilt at start-up from the
         # queue's entries (`DrainEntry.vs_draining`), which is what the state file keeps.
         self.draining_virtual_servers: dict[ServiceKey, ServiceRef] = {}
+        # No `pod_gone` deletion before this wall time (plan/drain.py `deadline_passed`):
+        # infinite while the EndpointSlices are not watched, and a grace after their watch
+        # is open again (`slices_watched`). Written by the source's thread, read by the
+        # drain check's and the loop's: one float, replaced whole.
+        self.pod_gone_after = -math.inf
+
+    def slices_watched(self, watching: bool, now: float, grace: float) -> None:
+        """The EndpointSlice watch opened (`watching`) or broke at `now`. While it is not
+        open, an endpoint that left every slice may be on its way back in an event not yet
+        delivered (a slice re-pack's second half): its grace counts from when the watch is
+        open again (and whatever it missed delivered at once: a resumed watch replays it, a
+        relist's Replace holds it)."""
+        self.pod_gone_after = now + grace if watching else math.inf
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -138,6 +153,7 @@ class Terminations:
         server, judged on the snapshot's entries; touches no state of this object.
         `give_way` is called every few virtual servers (the loop's events first)."""
         previous = self._seen  # replaced whole by accept(), never changed: safe to read
+        pod_gone_after = self.pod_gone_after
         seen: dict[RsKey, Seen] = {}
         out: list[tuple[ServiceKey, list[tuple[DrainEntry, Op]]]] = []
         entries = sorted(reading.snapshot.entries.items(), key=by_service)
@@ -161,20 +177,31 @@ class Terminations:
                         reading.conns.get((key, status.key)),
                     )
             conns = {rs: c for rs in snapped if (c := reading.conns.get((key, rs))) is not None}
-            ops: list[DrainOp] = check_drains(snapped, observed, now, conns)
+            ops: list[DrainOp] = check_drains(snapped, observed, now, conns, pod_gone_after)
             if ops:
                 out.append((key, [(snapped[op.rs], op) for op in ops]))
-        return DrainVerdict(out, seen)
+        return DrainVerdict(out, seen, now)
 
     def accept(self, verdict: DrainVerdict) -> list[tuple[ServiceKey, list[Op]]]:
         """Under the lock: the verdict's ops whose entries are still queued as the very same
         entries (an endpoint that came back, or drained anew, since the snapshot is left
-        alone), and what was seen becomes the record. O(the ops)."""
+        alone), and what was seen becomes the record. O(the ops). A `pod_gone` deletion
+        judged before the EndpointSlice watch broke (or came back: its grace restarted)
+        is left for a later check."""
         self._seen = verdict.seen
+        held = verdict.now < self.pod_gone_after
         out: list[tuple[ServiceKey, list[Op]]] = []
         for key, judged in verdict.ops:
             queued = self.queue.for_vs(key)
-            ops = [op for entry, op in judged if queued.get(entry.rs) is entry]
+            ops = [
+                op
+                for entry, op in judged
+                if queued.get(entry.rs) is entry and not (held and _pod_gone(op))
+            ]
             if ops:
                 out.append((key, ops))
         return out
+
+
+def _pod_gone(op: Op) -> bool:
+    return isinstance(op, DeleteRealServer) and op.reason is DeletionReason.POD_GONE

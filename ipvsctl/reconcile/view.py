@@ -8,6 +8,7 @@ batch), so a caller reads them and lets go before the lock does.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 
 from ipvsctl.model import (
@@ -95,6 +96,17 @@ class EngineView:
 
     def drain_conns(self, vs: ServiceKey, rs: RealServerKey) -> ConnCounts | None:
         return self._engine.drains.conns(vs, rs)
+
+    def table(self) -> tuple[int, int]:
+        """(entries the admitted Services ask for, --max-table-entries)."""
+        capacity = self._engine.capacity
+        return capacity.used, capacity.limit
+
+    def skipped(self, most: int = 1000) -> tuple[list[tuple[ServiceRef, str]], int]:
+        """The first `most` Services refused whole, with why, sorted, and how many there
+        are (a tenant can make thousands: the list is bounded, the count is not)."""
+        skipped = self._engine.intake.skipped
+        return heapq.nsmallest(most, skipped.items()), len(skipped)
 
     def quiesced(self, address: str) -> Quiesced:
         return self._engine.state.quiesced(address)

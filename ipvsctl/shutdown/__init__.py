@@ -13,7 +13,12 @@ The sidecar is wired in `ipvsctl.daemon.shutdown_manager`, its command in
 `ipvsctl.cli.shutdown_manager`.
 """
 
-DEFAULT_DAEMON_SERVICE = "ipvsctl-metrics.ipvsctl-system.svc.cluster.local"
-"""The DaemonSet's headless metrics Service: one A/AAAA record per daemon."""
+DEFAULT_DAEMON_SERVICES = (
+    "ipvsctl-metrics.ipvsctl-system.svc.cluster.local",
+    "ipvsctl-metrics.kube-system.svc.cluster.local",
+)
+"""The DaemonSet's headless metrics Service, one A/AAAA record per daemon, in each namespace
+ipvsctl ships for: its own (daemonset/) and kube-proxy's (daemonset/kube-proxy-takeover).
+A name that does not exist is skipped; the daemons are those of every name that does."""
 DEFAULT_DAEMON_PORT = 9796
 """The daemons' --listen port (/metrics, /v1/quiesced, ...)."""

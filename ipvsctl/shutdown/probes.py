@@ -30,7 +30,15 @@ class ProbeError(Exception):
 
 # --- finding the daemons ------------------------------------------------------------------
 
+
+class NameNotFound(ProbeError):
+    """The name does not exist, or has no address (NXDOMAIN, NODATA): nothing runs behind
+    it. Any other failure (a timeout, SERVFAIL) says nothing about what runs there."""
+
+
 Resolver = Callable[[str, int], Sequence[str]]
+
+_NOT_FOUND = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 
 def resolve_addresses(name: str, port: int) -> list[str]:
@@ -38,7 +46,10 @@ def resolve_addresses(name: str, port: int) -> list[str]:
     search list and ndots apply as for any client in the pod)."""
     try:
         infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
+    except socket.gaierror as exc:
+        kind = NameNotFound if exc.errno in _NOT_FOUND else ProbeError
+        raise kind(f"cannot resolve {name}: {exc}") from None
+    except UnicodeError as exc:
         raise ProbeError(f"cannot resolve {name}: {exc}") from None
     return [str(info[4][0]) for info in infos]
 
@@ -54,22 +65,54 @@ def daemon_urls(addresses: Iterable[str], port: int) -> list[str]:
     return sorted({daemon_url(a, port) for a in addresses})
 
 
-class DnsDaemons:
-    """The daemons behind a headless Service: one A/AAAA record per ready daemon pod (or
-    every daemon pod with `publishNotReadyAddresses: true`). Looked up again each round, so
-    nodes that come and go during a shutdown are followed."""
+Lookup = Sequence[str] | ProbeError
+"""One name's lookup: its addresses, or why there are none (NameNotFound: no such name)."""
 
-    def __init__(self, name: str, port: int, resolve: Resolver = resolve_addresses) -> None:
-        self.name, self.port, self.resolve = name, port, resolve
+
+def merge_lookups(lookups: Sequence[tuple[str, Lookup]]) -> list[str]:
+    """The daemons' addresses from the lookups of every name they may be behind (one per
+    namespace ipvsctl may run in): the union of the names that exist. A name that does not
+    exist is skipped; a lookup that failed otherwise fails the whole round (its daemons may
+    exist, and a barrier that forgot them would end early); no address at all fails too.
+    Raises ProbeError with the message the barrier logs."""
+    found: list[str] = []
+    for _, lookup in lookups:
+        if isinstance(lookup, ProbeError) and not isinstance(lookup, NameNotFound):
+            raise ProbeError(str(lookup))
+        if not isinstance(lookup, ProbeError):
+            found.extend(lookup)
+    if not found:
+        names = " or ".join(name for name, _ in lookups)
+        raise ProbeError(f"no daemon found: {names} has no A/AAAA records")
+    return found
+
+
+class DnsDaemons:
+    """The daemons behind headless Services: one A/AAAA record per ready daemon pod (or
+    every daemon pod with `publishNotReadyAddresses: true`), under any of `names` (the
+    namespaces ipvsctl may run in; merge_lookups). Looked up again each round, so nodes that
+    come and go during a shutdown are followed."""
+
+    def __init__(
+        self, names: str | Sequence[str], port: int, resolve: Resolver = resolve_addresses
+    ) -> None:
+        self.names = (names,) if isinstance(names, str) else tuple(dict.fromkeys(names))
+        if not self.names:
+            raise ValueError("at least one daemon service name is needed")
+        self.port, self.resolve = port, resolve
+
+    def _lookup(self, name: str) -> Lookup:
+        try:
+            addresses = self.resolve(name, self.port)
+        except ProbeError as exc:
+            return exc
+        return addresses if addresses else NameNotFound(f"{name} has no A/AAAA records")
 
     def __call__(self) -> list[str]:
-        addresses = self.resolve(self.name, self.port)
-        if not addresses:
-            raise ProbeError(f"{self.name} has no A/AAAA records")
-        return daemon_urls(addresses, self.port)
+        return daemon_urls(merge_lookups([(n, self._lookup(n)) for n in self.names]), self.port)
 
     def __str__(self) -> str:
-        return f"dns:{self.name}:{self.port}"
+        return "dns:" + ",".join(self.names) + f":{self.port}"
 
 
 class StaticDaemons:
@@ -312,3 +355,45 @@ class ShutdownProbes:
             return self.connections()
         except ProbeError as exc:
             return Failure(str(exc))
+
+
+def parse_default_gateways(route: str, ipv6_route: str) -> frozenset[str]:
+    """The default routes' gateways in /proc/net/route (IPv4: little-endian hex words) and
+    /proc/net/ipv6_route (IPv6: plain hex); malformed lines are skipped. In a pod, these are
+    the node as the pod sees it: with a bridge CNI the bridge's address, from which the
+    kubelet's probes and preStops come."""
+    found: set[str] = set()
+    for line in route.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 8 or cols[1] != "00000000" or cols[7] != "00000000":
+            continue
+        try:
+            gateway = decode_address(cols[2])
+        except ValueError:
+            continue
+        if gateway != "0.0.0.0":
+            found.add(gateway)
+    for line in ipv6_route.splitlines():
+        cols = line.split()
+        if len(cols) < 5 or cols[0] != "0" * 32 or cols[1] != "00":
+            continue
+        try:
+            raw = bytes.fromhex(cols[4])
+            gateway = socket.inet_ntop(socket.AF_INET6, raw) if len(raw) == 16 else "::"
+        except ValueError:
+            continue
+        if gateway != "::":
+            found.add(gateway)
+    return frozenset(found)
+
+
+def default_gateways(proc_net: str | Path = "/proc/net") -> frozenset[str]:
+    """parse_default_gateways of this network namespace's route files (one that cannot be
+    read counts as having none)."""
+    texts = []
+    for name in ("route", "ipv6_route"):
+        try:
+            texts.append((Path(proc_net) / name).read_text())
+        except OSError:
+            texts.append("")
+    return parse_default_gateways(*texts)

@@ -318,14 +318,29 @@ def _scheduling(
     return scheduler, sched_flags
 
 
+# kube-router annotations named in one warning line, at most (the rest are counted)
+IGNORED_SHOWN = 8
+
+
 def _kube_router_ignored(annotations: Mapping[str, Any], warnings: list[str]) -> None:
+    keys = sorted(
+        k
+        for k in annotations
+        if isinstance(k, str)
+        and k.startswith("kube-router.io/service.")
+        and k not in KUBE_ROUTER_HONOURED
+    )
+    if not keys:
+        return
+    # one line per Service, however many keys and however long (a manifest's keys are
+    # not the API server's, which bounds them): each shown short, a few of them
     ignored = [
-        f"{key} ({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
-        for key in sorted(k for k in annotations if isinstance(k, str))
-        if key.startswith("kube-router.io/service.") and key not in KUBE_ROUTER_HONOURED
+        f"{key if len(key) <= 80 else short(key)} "
+        f"({KUBE_ROUTER_IGNORED.get(key, 'no ipvsctl meaning')})"
+        for key in keys[:IGNORED_SHOWN]
     ]
-    if ignored:  # one line per Service, however many
-        warnings.append(f"kube-router annotations ignored: {', '.join(ignored)}")
+    more = f" and {len(keys) - IGNORED_SHOWN} more" if len(keys) > IGNORED_SHOWN else ""
+    warnings.append(f"kube-router annotations ignored: {', '.join(ignored)}{more}")
 
 
 def _drain_timeout(annotations: Mapping[str, Any], warnings: list[str]) -> float | None:
@@ -346,7 +361,10 @@ def _traffic_metrics(annotations: Mapping[str, Any], warnings: list[str]) -> boo
         return False
     value = raw.strip().lower() if isinstance(raw, str) else raw
     if value not in ("true", "false"):
-        warnings.append(f'annotation {METRICS_ANNOTATION}: {raw!r} is not "true" or "false"')
+        # short(): a value's repr is unbounded (a YAML alias list of a 1 MB string: 1.3 GB)
+        warnings.append(
+            f'annotation {METRICS_ANNOTATION}: {short(raw)} is not "true" or "false", ignored'
+        )
     return value == "true"
 
 

@@ -1,8 +1,13 @@
 """What every object source (API server watch, manifest folder) emits, and the port it
-implements. Sources pass raw JSON-like dicts (trimmed to the fields ipvsctl reads); parsing
-and validation happen once, in `source.convert`: on the engine's side, or for the API
-source's lists and watch events where each object is decoded (the store's `Preparer`,
-source/store.py).
+implements. An object is at one of two stages, and each stage has its own events:
+
+    Upsert, Replace                   raw JSON-like dicts (trimmed to the fields ipvsctl
+                                      reads), as a manifest folder emits them
+    PreparedUpsert, PreparedReplace   what the node's `Preparer` made of them (prepare.py),
+                                      as the API source emits them: parsed where decoded
+
+Parsing and validation happen once, in `source.convert`, through a `Preparer`: the engine's
+intake prepares raw events; the store applies prepared ones only.
 """
 
 from __future__ import annotations
@@ -10,21 +15,33 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ipvsctl.source.kinds import ObjectKind
+
+if TYPE_CHECKING:
+    from ipvsctl.source.prepare import Prepared
 
 RawObject = dict[str, Any]
 
 
-class ObjectKind(StrEnum):
-    SERVICE = "Service"
-    ENDPOINT_SLICE = "EndpointSlice"
-    NODE = "Node"  # this node's own Node (zone, deletion); no Replace of it is required
+class _Mergeable:
+    """An event the backlog (backlog.py) may merge newer versions of an object into: it then
+    stands for each version it replaced while waiting."""
+
+    __slots__ = ()
+    earlier: tuple[float, ...]
+    received: float
+
+    @property
+    def arrivals(self) -> tuple[float, ...]:
+        """Its arrival, after those of the versions it replaced while waiting."""
+        return (*self.earlier, self.received)
 
 
 @dataclass(frozen=True, slots=True)
-class Upsert:
-    """An object was added or modified (watch ADDED/MODIFIED)."""
+class Upsert(_Mergeable):
+    """An object was added or modified (watch ADDED/MODIFIED), raw."""
 
     kind: ObjectKind
     obj: RawObject
@@ -36,7 +53,18 @@ class Upsert:
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
+class PreparedUpsert(_Mergeable):
+    """An Upsert whose object the source prepared as it decoded it (`Preparer.event`)."""
+
+    kind: ObjectKind
+    obj: Prepared
+    received: float
+    earlier: tuple[float, ...] = ()  # as Upsert's
+    earlier_triggers: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Delete(_Mergeable):
     """An object was deleted (watch DELETED)."""
 
     kind: ObjectKind
@@ -55,13 +83,31 @@ class Replace:
     as synced."""
 
     kind: ObjectKind
-    # Raw objects, or what the store's `Preparer` (source/store.py) made of them where the
-    # list was decoded (the API source: no list of raw objects beside the parsed store).
-    objects: list[Any]
+    objects: list[RawObject]
     received: float
 
+    @property
+    def arrivals(self) -> tuple[float, ...]:
+        return (self.received,)
 
-SourceEvent = Upsert | Delete | Replace
+
+@dataclass(frozen=True, slots=True)
+class PreparedReplace:
+    """A Replace whose objects the source prepared as it decoded the list (the API source:
+    no list of raw objects beside the parsed store)."""
+
+    kind: ObjectKind
+    objects: list[Prepared]
+    received: float
+
+    @property
+    def arrivals(self) -> tuple[float, ...]:
+        return (self.received,)
+
+
+# What a source emits, at either stage; what the store applies (the intake prepares first).
+SourceEvent = Upsert | Delete | Replace | PreparedUpsert | PreparedReplace
+StoreEvent = PreparedUpsert | Delete | PreparedReplace
 EventSink = Callable[[SourceEvent], None]
 
 
@@ -86,10 +132,13 @@ __all__ = [
     "EventSink",
     "ObjectKind",
     "ObjectSource",
+    "PreparedReplace",
+    "PreparedUpsert",
     "RawObject",
     "Replace",
     "SourceConfigError",
     "SourceEvent",
+    "StoreEvent",
     "Upsert",
 ]
 _ = threading  # used in the Protocol's signature

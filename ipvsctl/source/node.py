@@ -111,7 +111,7 @@ def _network_unavailable(conditions: Any, warnings: list[str]) -> bool:
         if isinstance(c, Mapping) and c.get("type") == NETWORK_UNAVAILABLE:
             status = c.get("status")
             if status not in ("True", "False", "Unknown"):
-                warnings.append(f"condition {NETWORK_UNAVAILABLE}: status {status!r}, ignored")
+                warnings.append(f"condition {NETWORK_UNAVAILABLE}: status {short(status)}, ignored")
                 return False
             return bool(status == "True")
     return False

@@ -7,25 +7,24 @@ changes, so a relist of an unchanged cluster reports nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
-from ipvsctl.model import NodeContext, ServiceRef
-from ipvsctl.source.convert import (
-    InvalidObject,
-    Parsed,
-    ServiceInfo,
-    SliceInfo,
-    is_proxied,
-    object_name,
-    parse_endpoint_slice,
-    parse_service,
-    parse_trigger_time,
-    trigger_annotation,
+from ipvsctl.model import ServiceRef
+from ipvsctl.source.convert import ServiceInfo, SliceInfo, parse_trigger_time
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    Replace,
+    SourceEvent,
+    StoreEvent,
+    Upsert,
 )
-from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from ipvsctl.source.node import NodeInfo, parse_node
+from ipvsctl.source.node import NodeInfo
+from ipvsctl.source.prepare import Prepared, Preparer
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,86 +56,6 @@ class StoreChange:
         self.malformed_triggers += other.malformed_triggers
 
 
-@dataclass(slots=True)  # not frozen: built once per object and event, frozen's init is slow
-class Prepared:
-    """One object as a Replace or Upsert applies it, parsed but not yet stored: what the
-    store makes of a raw object with its fixed configuration alone (`Preparer`). A source
-    may prepare objects as it decodes them (kube/watch.py), so the raw tree of one object
-    lives only while it is parsed: a list never holds them all at once, and an update
-    waiting in the backlog waits parsed."""
-
-    kind: ObjectKind
-    key: tuple[str, str] | None  # (namespace, name) the Replace counts as listed
-    value: ServiceInfo | SliceInfo | NodeInfo | None  # None: skipped, not ours, other Node
-    by: Preparer
-    warnings: tuple[str, ...] = ()
-    problem: str | None = None  # fatal: the object is skipped
-    label: str | None = None  # namespace/name for the problems (only with one)
-    unproxied: tuple[str, str] | None = None  # a Service not ours: delete this one
-    # A watch event's slice: its trigger-time annotation as sent, for when a newer version
-    # replaces it while it waits (source/backlog.py; the store parses it as a raw one's).
-    trigger: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class Preparer:
-    """Parses raw objects as the store with this configuration does (pure)."""
-
-    default_scheduler: str = "rr"
-    node_name: str | None = None
-    service_proxy_name: str | None = None  # --service-proxy-name
-
-    @classmethod
-    def for_node(cls, node: NodeContext) -> Preparer:
-        """The one the engine's store uses with this node's configuration."""
-        return cls(node.default_scheduler, node.node_name, node.service_proxy_name)
-
-    def __call__(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
-        return self.prepare(kind, obj, listed_key(obj))
-
-    def event(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Prepared:
-        """A watch event's object: as listed, and a slice's trigger-time annotation kept
-        (a raw waiting event's is read from it when a newer version replaces it)."""
-        prepared = self.prepare(kind, obj, listed_key(obj))
-        if kind is ObjectKind.ENDPOINT_SLICE:
-            prepared.trigger = trigger_annotation(obj)
-        return prepared
-
-    def prepare(
-        self, kind: ObjectKind, obj: Mapping[str, Any], key: tuple[str, str] | None
-    ) -> Prepared:
-        """As called, with the listed key given (None where no Replace reads it)."""
-        try:
-            if kind is ObjectKind.SERVICE:
-                if not is_proxied(obj, self.service_proxy_name):
-                    namespace, name = _name_of(obj)
-                    return Prepared(
-                        kind, key, None, self, unproxied=(namespace, name) if name else None
-                    )
-                parsed: Parsed[Any] | None = parse_service(obj, self.default_scheduler)
-            elif kind is ObjectKind.ENDPOINT_SLICE:
-                parsed = parse_endpoint_slice(obj)
-            elif kind is ObjectKind.NODE:
-                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-                mine = isinstance(meta, Mapping) and meta.get("name") == self.node_name
-                parsed = parse_node(obj) if mine else None
-            else:
-                parsed = None
-        except InvalidObject as exc:
-            return Prepared(kind, key, None, self, problem=str(exc), label=object_name(obj))
-        except (TypeError, AttributeError, OverflowError, RecursionError) as exc:
-            # A shape the converters did not foresee: still one object skipped, never a dead
-            # loop (the fuzz test hunts these down; each found gets a proper check).
-            return Prepared(
-                kind, key, None, self, problem=f"malformed: {exc}", label=object_name(obj)
-            )
-        if parsed is None:
-            return Prepared(kind, key, None, self)
-        if not parsed.warnings:
-            return Prepared(kind, key, parsed.value, self)
-        return Prepared(kind, key, parsed.value, self, parsed.warnings, label=object_name(obj))
-
-
 class ObjectStore:
     def __init__(
         self,
@@ -166,22 +85,38 @@ class ObjectStore:
 
     # --- events -------------------------------------------------------------------
     def apply(self, event: SourceEvent) -> StoreChange:
-        if isinstance(event, Upsert):
-            obj = event.obj
-            if isinstance(obj, Prepared):
-                self._check_prepared(event.kind, obj)
-                change = self._put(obj)
-            else:
-                change = self._upsert(event.kind, obj)
-        elif isinstance(event, Delete):
-            change = self._delete(event.kind, event.namespace, event.name)
-        elif isinstance(event, Replace):
-            return self._replace(event.kind, event.objects)
-        else:
-            raise TypeError(f"unknown event {event!r}")
-        if event.earlier_triggers and change.services:
-            self._earlier_triggers(change, event.earlier_triggers)
+        """The event's changes (a raw one's objects prepared first, prepare.py)."""
+        e = self._prepared(event)
+        match e:
+            case PreparedUpsert():
+                self._check_prepared(e.kind, e.obj)
+                change = self._put(e.obj)
+            case Delete():
+                change = self._delete(e.kind, e.namespace, e.name)
+            case PreparedReplace():
+                return self._replace(e.kind, e.objects)
+            case _:
+                assert_never(e)
+        if e.earlier_triggers and change.services:
+            self._earlier_triggers(change, e.earlier_triggers)
         return change
+
+    def _prepared(self, event: SourceEvent) -> StoreEvent:
+        """The event at the store's stage: a raw one's objects prepared (a raw Replace's one
+        by one, as listed), a prepared one as the source made it."""
+        match event:
+            case Upsert():
+                obj = self.preparer.prepare(event.kind, event.obj, None)
+                return PreparedUpsert(
+                    event.kind, obj, event.received, event.earlier, event.earlier_triggers
+                )
+            case Replace():
+                objects = [self.preparer(event.kind, o) for o in event.objects]
+                return PreparedReplace(event.kind, objects, event.received)
+            case PreparedUpsert() | PreparedReplace() | Delete():
+                return event
+            case _:
+                assert_never(event)
 
     def _earlier_triggers(self, change: StoreChange, raws: Iterable[Any]) -> None:
         """The trigger times of the versions a merged event replaced (source/backlog.py):
@@ -195,9 +130,6 @@ class ObjectStore:
                 change.triggers.append((ref, t))
             elif malformed:
                 change.malformed_triggers += 1
-
-    def _upsert(self, kind: ObjectKind, obj: Mapping[str, Any]) -> StoreChange:
-        return self._put(self.preparer.prepare(kind, obj, None))
 
     def _put(self, prepared: Prepared) -> StoreChange:
         change = StoreChange()
@@ -238,15 +170,12 @@ class ObjectStore:
             self._set_node(NodeInfo(name, present=False), change)
         return change
 
-    def _replace(self, kind: ObjectKind, objects: list[Any]) -> StoreChange:
+    def _replace(self, kind: ObjectKind, objects: list[Prepared]) -> StoreChange:
         change = StoreChange(synced=kind)
         listed: set[tuple[str, str]] = set()
-        preparer = self.preparer
-        for obj in objects:  # before anything changes
-            if isinstance(obj, Prepared):
-                self._check_prepared(kind, obj)
-        for obj in objects:
-            prepared = obj if isinstance(obj, Prepared) else preparer(kind, obj)
+        for prepared in objects:  # before anything changes
+            self._check_prepared(kind, prepared)
+        for prepared in objects:
             change.merge(self._put(prepared))
             if prepared.key is not None:
                 listed.add(prepared.key)
@@ -311,27 +240,3 @@ class ObjectStore:
         if self.node != info:
             self.node = info
             change.node = True
-
-
-def _name_of(obj: Mapping[str, Any]) -> tuple[str, str | None]:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        return "", None
-    namespace = meta.get("namespace") or "default"
-    return (namespace if isinstance(namespace, str) else ""), meta["name"] or None
-
-
-def listed_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, name) as a Replace counts the object present and the backlog merges its
-    updates by, None when unreadable."""
-    # type() first: isinstance against the Mapping ABC costs ~0.5 us, and these are dicts
-    meta = obj.get("metadata") if type(obj) is dict or isinstance(obj, Mapping) else None
-    if (
-        (type(meta) is dict or isinstance(meta, Mapping))
-        and isinstance(meta.get("name"), str)
-        and meta["name"]
-    ):
-        namespace = meta.get("namespace") or "default"
-        if isinstance(namespace, str):  # else skipped as invalid
-            return namespace, meta["name"]
-    return None

@@ -25,7 +25,7 @@ class InvalidObject(ValueError):
 class CheckCount:
     """Calls of the general field checks (optional_str, mapping, items, ip), whose callers
     build the error's location text before knowing whether there is an error. The hot loops
-    (a slice's endpoints: ~40% of one change's CPU once, issue 14) check the common shapes
+    (a slice's endpoints: ~40% of one change's CPU once) check the common shapes
     inline and call none; the cost tests read this to see it. Counted without a lock: a
     measure, not an account."""
 

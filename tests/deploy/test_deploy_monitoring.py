@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ipvsctl.daemon.options import DrainOptions, HTTPOptions, SourceOptions
+
 from .helpers import DAEMONSET_DIR, NAMESPACE, REPO, find, one, overlay_with, render
 
 MONITORING = DAEMONSET_DIR / "monitoring"
@@ -39,10 +41,12 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def exported_metrics() -> set[str]:
     """Every series name a daemon's /metrics can carry (histograms: _bucket, _sum, _count)."""
-    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.obs.metrics import Metrics, ServiceTrafficCollector
 
+    metrics = Metrics()
+    metrics.registry.register(ServiceTrafficCollector())  # the service-metrics feature's
     names: set[str] = set()
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", Metrics().render().decode(), re.M):
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", metrics.render().decode(), re.M):
         names.add(name)
         if kind == "histogram":
             names.update(f"{name}{s}" for s in ("_bucket", "_sum", "_count"))
@@ -105,10 +109,30 @@ MUTATIONS = {
         "(ipvsctl_virtual_server_conflict_losers) > 5",
         "IpvsctlVirtualServerConflict",
     ),
+    "source-not-its-own": (
+        '(ipvsctl_degraded{condition="source"}) > 0',
+        '(ipvsctl_degraded{condition="nftables"}) > 0',
+        "IpvsctlSourceFailing",
+    ),
+    "source-twice": (
+        '(ipvsctl_degraded{condition!="source"}) > 0',
+        "(ipvsctl_degraded) > 0",
+        "IpvsctlDegraded",
+    ),
     "node-draining-threshold": (
         "(ipvsctl_node_draining_seconds) > 1800",
         "(ipvsctl_node_draining_seconds) > 3600",
         "IpvsctlNodeDrainingLong",
+    ),
+    "table-threshold": (
+        "ipvsctl_table_entries_limit) > 0.8",
+        "ipvsctl_table_entries_limit) > 0.9",
+        "IpvsctlTableNearlyFull",
+    ),
+    "table-full-threshold": (
+        "(ipvsctl_table_refused_services) > 0",
+        "(ipvsctl_table_refused_services) > 10",
+        "IpvsctlTableFull",
     ),
     # an aggregation that drops `node`: the alert loses the label the tests expect
     "node-dropped": (
@@ -358,7 +382,9 @@ def test_servicemonitor_scrapes_the_metrics_service():
     svc = one(docs, "Service", "ipvsctl-metrics")
     for key, value in sm["spec"]["selector"]["matchLabels"].items():
         assert svc["metadata"]["labels"].get(key) == value
-    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    # its own namespace, the Service's (no namespaceSelector: test_deploy_namespaces.py)
+    assert "namespaceSelector" not in sm["spec"]
+    assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     # the same node label as the PodMonitor's, which the dashboard and alerts expect
     pm = yaml.safe_load((DAEMONSET_DIR / "podmonitor" / "podmonitor.yaml").read_text())
@@ -377,11 +403,13 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
 
     from devkit.builders import endpoint, endpoint_slice, service
     from devkit.harness import vs
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.kernel.fake import FakeKernel
     from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext, ServiceStats
     from ipvsctl.reconcile.loop import LoopConfig
+    from ipvsctl.reconcile.service_traffic import ServiceTraffic
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -394,9 +422,9 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
     d = Daemon(
         DaemonOptions(
             node=NodeContext("node-a", ("192.0.2.10",)),
-            manifests=str(folder),
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
+            source=SourceOptions(manifests=str(folder)),
+            drain=DrainOptions(state_dir=str(tmp_path / "state")),
+            http=HTTPOptions(listen="127.0.0.1:0"),
         ),
         kernel,
         ManifestSource(folder, interval=0.05),
@@ -405,7 +433,12 @@ def test_a_real_scrape_with_per_service_series_passes_promtool_check_metrics(tmp
     d.start()
     try:
         for _ in range(200):
-            if vs() in kernel.services and d.view.started and d.service_traffic.read()[0]:
+            if (
+                vs() in kernel.services
+                and d.view.started
+                and (t := d.part(ServiceTraffic)) is not None
+                and t.read()[0]
+            ):
                 break
             __import__("time").sleep(0.05)
         kernel.add_traffic(vs(), ServiceStats(2, 10, 8, 900, 4000))

@@ -125,7 +125,7 @@ def _exported() -> dict[str, tuple[str, tuple[str, ...]]]:
     """name -> (type, label names) of every ipvsctl_ metric the daemon defines."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    from ipvsctl.obs.metrics import Metrics
+    from ipvsctl.obs.metrics import Metrics, ServiceTrafficCollector
 
     out = {}
     metrics = Metrics()
@@ -133,8 +133,9 @@ def _exported() -> dict[str, tuple[str, tuple[str, ...]]]:
         if isinstance(m, MetricWrapperBase):
             name = m._name + ("_total" if m._type == "counter" else "")
             out[name] = (m._type, tuple(m._labelnames))
-    # the per-Service traffic series, made at scrape time by a collector (no children)
-    for family in metrics.service_traffic.describe():
+    # the per-Service traffic series, made at scrape time by the service-metrics feature's
+    # collector (no children)
+    for family in ServiceTrafficCollector().describe():
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = tuple(getattr(family, "_labelnames", ()))
         out[name] = (family.type, labels)

@@ -148,13 +148,20 @@ def test_documented_patches_render_and_only_add(name, block):
     assert lost(base, patched) == [], f"{name}: the patch drops or changes what daemonset/ has"
 
 
-def test_kube_router_guide_node_selector_keeps_linux():
+def test_kube_router_guide_node_selector_keeps_linux_and_is_the_takeovers():
+    """One node-label scheme for both guides: the kube-router guide's patch selects the nodes
+    the kube-proxy takeover component selects."""
     [block] = [b for n, b in documented_patches() if n.startswith("migrating-from-kube-router")]
     ds = one(render(overlay({"patches": block["patches"]})), "DaemonSet")
+    takeover = one(render(overlay_with("kube-proxy-takeover")), "DaemonSet")
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {
         "kubernetes.io/os": "linux",
-        "ipvsctl.io/enabled": "true",
+        "ipvsctl.io/proxy": "ipvsctl",
     }
+    assert (
+        takeover["spec"]["template"]["spec"]["nodeSelector"]
+        == (ds["spec"]["template"]["spec"]["nodeSelector"])
+    )
 
 
 def test_install_guide_overlay_example_sets_image_and_api_server():

@@ -158,9 +158,9 @@ def test_the_pod_starts_from_each_kubeadm_configmap(monkeypatch, tmp_path, confi
     r = CliRunner().invoke(app, args, env={"NODE_NAME": "node-1", "KUBECONFIG": None})
     assert r.exit_code == 0, r.output
     (opts,) = seen
-    assert opts.apiserver is None and opts.node.node_name == "node-1"
-    assert opts.kubeconfig == str(mount / "kubeconfig.conf")
-    cfg = load_configuration(opts.kubeconfig, None, environ={})
+    assert opts.source.apiserver is None and opts.node.node_name == "node-1"
+    assert opts.source.kubeconfig == str(mount / "kubeconfig.conf")
+    cfg = load_configuration(opts.source.kubeconfig, None, environ={})
     assert cfg.host == server
     assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer a-projected-token"
 

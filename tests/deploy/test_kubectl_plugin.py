@@ -11,20 +11,33 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import DAEMONSET_DIR, NAMESPACE, one, render
+from .helpers import DAEMONSET_DIR, NAMESPACE, one, overlay_with, render
 
 PLUGIN = DAEMONSET_DIR / "kubectl-ipvsctl"
 
-# The stand-in: logs argv as JSON; `get pods` answers the pods listed in $PODS, `get
-# events.events.k8s.io` the Event list in $EVENTS.
+# The stand-in: logs argv as JSON; `get events.events.k8s.io` answers the Event list in
+# $EVENTS; `get pods` answers, as the plugin's jsonpath asks ("NAMESPACE NAME" lines), the
+# pods of $PODS ("namespace/name" words) in the namespace asked for (--namespace NS, or
+# every one with --all-namespaces, which fails as RBAC would when $FORBID_ALL is set).
 FAKE = """#!{python}
 import json, os, sys
+argv = sys.argv[1:]
 with open(os.environ["LOG"], "a") as f:
-    f.write(json.dumps(sys.argv[1:]) + "\\n")
-if "events.events.k8s.io" in sys.argv:
+    f.write(json.dumps(argv) + "\\n")
+if "events.events.k8s.io" in argv:
     sys.stdout.write(os.environ.get("EVENTS", ""))
-elif "get" in sys.argv:
-    sys.stdout.write(os.environ.get("PODS", ""))
+elif "get" in argv:
+    if "--all-namespaces" in argv:
+        if os.environ.get("FORBID_ALL"):
+            sys.stderr.write("Error from server (Forbidden): pods is forbidden\\n")
+            sys.exit(1)
+        want = None
+    else:
+        want = argv[argv.index("--namespace") + 1]
+    for pod in os.environ.get("PODS", "").split():
+        ns, name = pod.split("/")
+        if want in (None, ns):
+            sys.stdout.write(ns + " " + name + "\\n")
 """
 
 
@@ -37,7 +50,7 @@ def kubectl(tmp_path) -> Path:
 
 
 def plugin(
-    kubectl: Path, *args: str, pods: str = "", events: str = ""
+    kubectl: Path, *args: str, pods: str = "", events: str = "", **env: str
 ) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     log = kubectl.parent / "log"
     log.write_text("")
@@ -53,34 +66,71 @@ def plugin(
             "LOG": str(log),
             "PODS": pods,
             "EVENTS": events,
+            **env,
         },
     )
     return r, [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def test_execs_into_the_pod_on_that_node(kubectl):
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("namespace", [NAMESPACE, "kube-system"])
+def test_execs_into_the_pod_on_that_node_in_whichever_namespace_it_runs(kubectl, namespace):
     r, calls = plugin(
-        kubectl, "status", "--node", "worker-2", "-o", "wide", pods="ipvsctl-abcde\nipvsctl-old\n"
+        kubectl,
+        "status",
+        "--node",
+        "worker-2",
+        "-o",
+        "wide",
+        pods=f"{namespace}/ipvsctl-abcde {namespace}/ipvsctl-old",
     )
     assert r.returncode == 0, r.stderr
     get, exe = calls
-    assert get[:2] == ["get", "pods"]
-    assert get[get.index("--field-selector") + 1] == "spec.nodeName=worker-2,status.phase=Running"
-    assert get[get.index("--namespace") + 1] == NAMESPACE
+    assert get[:2] == ["get", "pods"] and "--all-namespaces" in get
+    assert flag(get, "--field-selector") == "spec.nodeName=worker-2,status.phase=Running"
     assert exe[:2] == ["exec", "--stdin"] and "--tty" not in exe
-    assert exe[exe.index("--container") + 1] == "ipvsctl"
+    assert flag(exe, "--namespace") == namespace
+    assert flag(exe, "--container") == "ipvsctl"
     assert exe[exe.index("--") + 1 :] == ["ipvsctl", "status", "-o", "wide"]
     assert "ipvsctl-abcde" in exe
 
 
-def test_selector_matches_the_daemonsets_pods(kubectl):
-    """The default selector is the DaemonSet's own: a relabelled DaemonSet breaks this test."""
-    _, (get, _) = plugin(kubectl, "--node=n1", pods="p\n")
-    key, _, value = get[get.index("--selector") + 1].partition("=")
-    ds = one(render(DAEMONSET_DIR), "DaemonSet", "ipvsctl")
-    assert ds["spec"]["template"]["metadata"]["labels"][key] == value
+@pytest.mark.parametrize("components", [(), ("kube-proxy-takeover",)], ids=["base", "takeover"])
+def test_selector_matches_the_daemonsets_pods(kubectl, components):
+    """The default selector is the DaemonSet's own, in both shipped namespaces: a relabelled
+    DaemonSet breaks this test."""
+    _, (get, _) = plugin(kubectl, "--node=n1", pods="kube-system/p")
+    ds = one(render(overlay_with(*components)), "DaemonSet", "ipvsctl")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    for pair in flag(get, "--selector").split(","):
+        key, _, value = pair.partition("=")
+        assert labels[key] == value, pair
     assert ds["spec"]["template"]["spec"]["containers"][0]["name"] == "ipvsctl"
-    assert ds["metadata"]["namespace"] == NAMESPACE
+    assert ds["metadata"]["namespace"] in ("ipvsctl-system", "kube-system")
+
+
+def test_without_the_right_to_list_every_namespace_the_shipped_ones_are_tried(kubectl):
+    r, calls = plugin(kubectl, "--node", "n1", pods="kube-system/ipvsctl-x", FORBID_ALL="1")
+    assert r.returncode == 0, r.stderr
+    *gets, exe = calls
+    assert [flag(g, "--namespace") for g in gets[1:]] == [NAMESPACE, "kube-system"]
+    assert flag(exe, "--namespace") == "kube-system" and "ipvsctl-x" in exe
+    r, calls = plugin(kubectl, "--node", "n1", FORBID_ALL="1")
+    assert r.returncode == 1
+    assert "in namespace ipvsctl-system or kube-system" in r.stderr, r.stderr
+
+
+def test_daemons_in_two_namespaces_on_one_node_ask_for_one(kubectl):
+    r, calls = plugin(kubectl, "--node", "n1", pods="kube-system/a ipvsctl-system/b")
+    assert r.returncode == 1 and len(calls) == 1
+    assert "ipvsctl-system,kube-system" in r.stderr and "-n" in r.stderr
+    r, (_, exe) = plugin(
+        kubectl, "-n", "kube-system", "--node", "n1", pods="kube-system/a ipvsctl-system/b"
+    )
+    assert r.returncode == 0 and flag(exe, "--namespace") == "kube-system" and "a" in exe
 
 
 def test_options_and_defaults(kubectl):
@@ -98,17 +148,19 @@ def test_options_and_defaults(kubectl):
         "-",
         "--node",
         "x",
-        pods="p1\n",
+        pods="kube-system/p1",
     )
     assert r.returncode == 0, r.stderr
     get, exe = calls
     assert get[0] == "--context=prod" and exe[0] == "--context=prod"
-    assert get[get.index("--namespace") + 1] == "kube-system"
+    assert flag(get, "--namespace") == "kube-system" and "--all-namespaces" not in get
     assert exe[exe.index("--") + 1 :] == ["ipvsctl", "plan", "-f", "-", "--node", "x"]
-    _, (_, exe) = plugin(kubectl, "--node", "n1", pods="p1\n")
+    _, (_, exe) = plugin(kubectl, "--node", "n1", pods=f"{NAMESPACE}/p1")
     assert exe[exe.index("--") + 1 :] == ["ipvsctl", "status"]
-    _, (_, exe) = plugin(kubectl, "--node", "n1", "status", "--help", pods="p1\n")
+    _, (_, exe) = plugin(kubectl, "--node", "n1", "status", "--help", pods=f"{NAMESPACE}/p1")
     assert exe[-1] == "--help"  # after a command, --help is ipvsctl's
+    _, (get, exe) = plugin(kubectl, "--node", "n1", pods="x/p1", IPVSCTL_NAMESPACE="x")
+    assert flag(get, "--namespace") == "x" and flag(exe, "--namespace") == "x"
 
 
 def test_errors(kubectl):

@@ -46,6 +46,7 @@ from ipvsctl.cli.status import join_status, render_status
 from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.port import IPVSKernel, KernelError, add_each
 from ipvsctl.kernel.table import read_statuses
+from ipvsctl.kernel.wrappers import RecordingKernel
 from ipvsctl.manifests import load_file
 from ipvsctl.model import (
     NodeContext,
@@ -90,57 +91,24 @@ def seed_of(name: str, n: int) -> int:
 
 
 # --- the kernel under test ------------------------------------------------------------------
-class GoldenKernel:
-    """Wraps the kernel under test (FakeKernel, FaultyKernel, NetlinkKernel): logs each
-    mutating call that succeeded as FakeKernel.ops spells it, and reports the case's
+class GoldenKernel(RecordingKernel[Any]):
+    """The kernel under test (FakeKernel, FaultyKernel, NetlinkKernel) recorded as
+    RecordingKernel records it, each add of a batch on its own line, with the case's
     connection counts for the real servers it names (the fake keeps none, the lab's kernel
     sees no traffic): the drain check reads them like the kernel's."""
 
     def __init__(self, impl: Any) -> None:
-        self.impl = impl
-        self.ops: list[str] = []
+        super().__init__(impl)
         self.conns: dict[tuple[ServiceKey, RealServerKey], tuple[int, int]] = {}
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # beyond the port: the dummy interface...
         return getattr(self.impl, name)
-
-    def take_ops(self) -> list[str]:
-        ops, self.ops = self.ops, []
-        return ops
-
-    def add_virtual_server(self, vs: VirtualServer, bind_address: bool) -> None:
-        self.impl.add_virtual_server(vs, bind_address)
-        self.ops.append(f"add-vs {vs}")
-
-    def update_virtual_server(self, vs: VirtualServer) -> None:
-        self.impl.update_virtual_server(vs)
-        self.ops.append(f"set-vs {vs}")
-
-    def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
-        self.impl.delete_virtual_server(key, bind_address)
-        self.ops.append(f"del-vs {key}")
-
-    def add_real_server(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        self.impl.add_real_server(key, rs, weight)
-        self.ops.append(f"add-rs {key} -> {rs} weight {weight}")
 
     def add_real_servers(
         self, key: ServiceKey, real_servers: Sequence[RealServerKey], weight: int
     ) -> list[KernelError | None]:
         # an add each, so that each is recorded (not passed through to `impl` unseen)
         return add_each(self, key, real_servers, weight)
-
-    def set_real_server_weight(self, key: ServiceKey, rs: RealServerKey, weight: int) -> None:
-        self.impl.set_real_server_weight(key, rs, weight)
-        self.ops.append(f"set-rs {key} -> {rs} weight {weight}")
-
-    def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
-        self.impl.delete_real_server(key, rs)
-        self.ops.append(f"del-rs {key} -> {rs}")
-
-    def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
-        self.impl.flush_conntrack(key, rs)
-        self.ops.append(f"flush-conntrack {key} -> {rs}")
 
     def _counted(self, key: ServiceKey, s: RealServerStatus) -> RealServerStatus:
         counts = self.conns.get((key, s.key))

@@ -87,9 +87,9 @@ def _lab_unavailable() -> str | None:
 @pytest.fixture(scope="session", autouse=True)
 def fake_api_request_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every fake API server of the run logs each request here (devkit.fakeapi); at the
-    end, the whole run's log must show requests and no Pod among them (issue 23: the daemon
+    end, the whole run's log must show requests and no Pod among them (the daemon
     reads no Pod). A failure here is an error at the session's teardown."""
-    from devkit.fakeapi.server import REQUEST_LOG_ENV
+    from devkit.fakeapi.state import REQUEST_LOG_ENV
 
     path = tmp_path_factory.mktemp("fakeapi") / "requests.jsonl"
     path.touch()

@@ -25,6 +25,13 @@ from typing import Any
 import yaml
 
 from devkit.labkit import Connection, Netns, Node, Pod, open_connection, sh
+from ipvsctl.daemon.options import (
+    DrainOptions,
+    HTTPOptions,
+    NetfilterOptions,
+    NodeDrainOptions,
+    SourceOptions,
+)
 from ipvsctl.kernel.netns import run_in_netns
 
 NODE_LAN = "192.168.50.1"
@@ -160,29 +167,26 @@ def run_daemon(
     lb_grace: float = 30.0,
 ) -> Iterator[Any]:
     """The daemon, in-process, programming `node`; stopped (table left in place) on exit."""
-    from ipvsctl.daemon.wiring import Daemon, DaemonOptions
-    from ipvsctl.healthcheck.server import HealthServer
+    from ipvsctl.daemon.options import DaemonOptions
+    from ipvsctl.daemon.wiring import Daemon
     from ipvsctl.manifests import ManifestSource
     from ipvsctl.model import NodeContext
     from ipvsctl.netfilter.nft import Nft
 
     opts = DaemonOptions(
         node=NodeContext("node-a", node_ips),
-        manifests=str(manifests),
-        state_dir=str(state_dir),
-        listen="127.0.0.1:0",
-        drain_check_interval=0.2,
-        cluster_cidrs=cluster_cidrs,
-        masquerade_all=masquerade_all,
-        healthz_bind_address=healthz_bind_address,
-        lb_grace=lb_grace,
+        source=SourceOptions(manifests=str(manifests)),
+        drain=DrainOptions(state_dir=str(state_dir), check_interval=0.2),
+        http=HTTPOptions(listen="127.0.0.1:0", healthz_bind_address=healthz_bind_address),
+        netfilter=NetfilterOptions(cluster_cidrs=cluster_cidrs, masquerade_all=masquerade_all),
+        node_drain=NodeDrainOptions(lb_grace=lb_grace),
     )
     d = Daemon(
         opts,
         node.kernel,
         ManifestSource(manifests, interval=0.2),
         nft=Nft(netns=node.name),
-        health=HealthServer("node-a", listen=health_socket_factory(node.name)),
+        health_ports=health_socket_factory(node.name),
     )
     d.start()
     try:

@@ -29,6 +29,7 @@ from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 from ipvsctl.model.conntrack import ConntrackEntry
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.conntrack import SweepTable, stale_entries
+from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper
 
 pytestmark = pytest.mark.lab
 
@@ -145,7 +146,9 @@ def test_the_daemon_sweeps_when_a_udp_port_gets_endpoints(
     ct = NetlinkConntrack(netns=node.name)
     d = make_daemon(node, source, metrics=metrics, conntrack=ct)
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
-    wait_for(lambda: d.sweeper.last is not None, timeout=120, what="the start-up sweep")
+    wait_for(
+        lambda: d.part(ConntrackSweeper).last is not None, timeout=120, what="the start-up sweep"
+    )
     sock = client.udp_socket(4)
     stale = stale_entry(ct, client, sock)  # made while the Service has no UDP port
 
@@ -158,7 +161,7 @@ def test_the_daemon_sweeps_when_a_udp_port_gets_endpoints(
         return stale not in to_vip(ct, client)
 
     wait_for(swept, timeout=120, what="the sweep")
-    assert d.sweeper.last.reason == "endpoints"  # not the 60 s periodic sweep
+    assert d.part(ConntrackSweeper).last.reason == "endpoints"  # not the 60 s periodic sweep
     assert metrics.value("ipvsctl_conntrack_stale_entries_deleted_total") >= 1
     assert answer(client, sock) == (dns_pod.name, NODE_GW4)  # same source port, masqueraded
     assert [e.reply_src for e in to_vip(ct, client)] == [dns_pod.ip]

@@ -104,6 +104,8 @@ def kube_daemon(
         apiserver=api.url,
         settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5, healthy_watch_seconds=0.05),
         on_watch_restart=lambda r, why: metrics.watch_restarts.labels(r, why).inc(),
+        on_invalid_object=lambda kind: metrics.invalid_objects.labels(kind).inc(),
+        on_health=lambda why: metrics.degraded.set("source", why),  # as daemon.wiring
     )
     d = make_daemon(node, source, metrics=metrics, events=True, drain_timeout=drain_timeout)
     wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
@@ -198,7 +200,7 @@ def drain_of(node: Node, d: Any, ip: str) -> dict[str, Any] | None:
 def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
     node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
 ) -> None:
-    """Issue 23.1 on the real kernel with real traffic: `web-0` deleted and created again
+    """On the real kernel with real traffic: `web-0` deleted and created again
     (a new uid, a new address) and terminated again within the hour took its former
     incarnation's deadline and was cut at the first drain check."""
     d, pods = kube_daemon
@@ -261,9 +263,10 @@ def test_statefulset_pod_of_a_reused_name_keeps_its_live_connections(
 def test_a_deleted_services_connection_survives_without_nftables(
     node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
 ) -> None:
-    """Issue 26 on the real kernel, IPVS alone (no nftables table: test_netfilter_lab.py has
-    the whole path): a connection held through a deleted Service's ClusterIP goes on, a new
-    one is refused at once, and the virtual server goes with its last real server."""
+    """A deleted Service's virtual server drains, on the real kernel, IPVS alone (no
+    nftables table: test_netfilter_lab.py has the whole path): a connection held through a
+    deleted Service's ClusterIP goes on, a new one is refused at once, and the virtual
+    server goes with its last real server."""
     d, pods = kube_daemon
     held, gone, _ = held_connection(node, client, pods)
     api.delete("Service", "default", "web")
@@ -330,10 +333,17 @@ def test_api_outage_leaves_the_table_and_traffic_and_catches_up(
         )
 
     wait_for(lambda: failed_reconnects() >= 4, what="reconnects failing through the outage")
+
+    def source_degraded() -> float:
+        metrics = daemon_get(node, d, "/metrics")[1]
+        return metric_sum(metrics, "ipvsctl_degraded", condition="source")
+
+    wait_for(lambda: source_degraded() == 1, what="the source said degraded")
     assert weights(node) == table
     assert {client.request(VIP, 80) for _ in range(4)} == {p.name for p in pods}
     assert daemon_get(node, d, "/healthz")[0] == 200
-    assert daemon_get(node, d, "/readyz")[0] == 200
+    status, body = daemon_get(node, d, "/readyz")
+    assert status == 200 and "degraded: source: " in body  # ready, serving what it has
     assert metric_sum(daemon_get(node, d, "/metrics")[1], "ipvsctl_kernel_ops_total") == ops
 
     kept, removed = pods
@@ -346,6 +356,31 @@ def test_api_outage_leaves_the_table_and_traffic_and_catches_up(
     )
     assert weights(node)[str(KEY)][f"{kept.ip}:8080"] == 1
     assert daemon_get(node, d, "/healthz")[0] == 200
+    wait_for(lambda: source_degraded() == 0, what="the source working again")
+    assert daemon_get(node, d, "/readyz") == (200, "ready\n")
+
+
+def test_an_object_the_api_server_sends_unreadable_is_skipped_not_the_list(
+    node: Node, client: Pod, api: FakeAPIServer, kube_daemon: tuple[Any, list[Pod]]
+) -> None:
+    """A malformed Service among the others (a broken server) is counted and skipped, on a
+    relist and as a watch event; the rest is programmed and the watch goes on."""
+    d, pods = kube_daemon
+    api.put_raw("Service", "default", "bad", b'{"kind":"Service","metadata":"x"}')
+    api.expire_watches()  # a relist that carries it
+    marker = node.make_pod("10.244.1.3", name="web-3")
+    api.update(endpoint_slice("web", eps(*pods, marker)))
+    wait_for(lambda: f"{marker.ip}:8080" in weights(node)[str(KEY)], what="a change after it")
+    api.put_raw("Service", "default", "bad", b"7")  # and as a watch event
+    api.update(endpoint_slice("web", eps(*pods)))
+    wait_for(
+        lambda: weights(node)[str(KEY)].get(f"{marker.ip}:8080", 0) == 0, what="the next change"
+    )
+    metrics = daemon_get(node, d, "/metrics")[1]
+    assert metric_sum(metrics, "ipvsctl_invalid_objects_total", kind="Service") >= 2
+    assert metric_sum(metrics, "ipvsctl_degraded", condition="source") == 0
+    assert daemon_get(node, d, "/readyz") == (200, "ready\n")
+    assert {client.request(VIP, 80) for _ in range(4)} == {p.name for p in pods}
 
 
 # --- (b) `ipvsctl run` as a command, in the node's netns --------------------------------------

@@ -1,4 +1,4 @@
-"""Drains that end when the connections end (issue 13), on the real kernel with real TCP:
+"""Drains that end when the connections end, on the real kernel with real TCP:
 the engine reads /proc/net/ip_vs for counts and /proc/net/ip_vs_conn for the states of
 TCP real servers whose connections are all inactive.
 
@@ -26,8 +26,7 @@ from devkit.harness import Harness
 from devkit.labkit import Node, Pod, RecordingKernel, wait_for
 from ipvsctl.daemon.status_json import engine_status
 from ipvsctl.kernel.netns import run_in_netns
-from ipvsctl.kernel.procfs.codec import ConnScan
-from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
+from ipvsctl.model import ConnScan, Protocol, RealServerKey, ServiceKey, VirtualServer
 
 pytestmark = pytest.mark.lab
 

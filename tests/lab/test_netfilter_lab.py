@@ -30,8 +30,10 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, Pod, _Server, sh, wait_for
+from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.netlink import configure_host
 from ipvsctl.model import Protocol, ServiceKey, VirtualServer
+from ipvsctl.netfilter.sync import NetfilterSync
 from tests.lab import netkit
 from tests.lab.netkit import (
     NODE_LAN,
@@ -291,7 +293,7 @@ def test_endpoint_changes_leave_nftables_alone_service_changes_are_element_delta
 
 
 def test_periodic_check_puts_back_a_flushed_table(world: World) -> None:
-    sync = world.daemon.netfilter
+    sync = world.daemon.part(NetfilterSync)
     before = world.elements()
     metrics = world.daemon.metrics
     assert sync.check() and sync.audit()  # nothing to repair in normal operation
@@ -495,10 +497,10 @@ def test_health_check_node_port_answers_with_local_endpoints(world: World) -> No
         return False
 
     wait_for(closed, timeout=60, what="port closed")
-    assert world.daemon.health.ports() == []
+    assert world.daemon.part(HealthServer).ports() == []
 
 
-# --- a deleted Service's virtual servers drain (issue 26) -------------------------------------
+# --- a deleted Service's virtual servers drain -------------------------------------
 def diagnose(world: World, what: object) -> str:
     """The kernel's and the daemon's view, for a failure's message (and the lab's out dir)."""
     node = world.node

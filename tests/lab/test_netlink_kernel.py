@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import threading
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ import pytest
 
 from devkit.labkit import Node, Pod, wait_for
 from ipvsctl.kernel import (
+    KernelError,
     KernelExists,
     KernelNotFound,
     KernelPermissionDenied,
@@ -202,6 +204,33 @@ def test_a_batch_of_real_server_adds_reports_each_ones_error(node: Node) -> None
     }
     missing = ServiceKey(Protocol.TCP, VIP, 81)
     assert all(isinstance(e, KernelNotFound) for e in k.add_real_servers(missing, rss[:3], 1))
+
+
+def test_a_batch_whose_answers_overflow_the_socket_fails_alone_and_promptly(
+    node: Node,
+) -> None:
+    """A receive buffer too small for a batch's answers: the kernel drops the rest and
+    says ENOBUFS once, and while what it queued is unread, drops more without a word. The
+    batch reports what it knows and each add it does not as failed; what was queued is
+    read away, so the next batch's end is not dropped (it was: a 30 s wait, then a
+    'Connection timed out' for adds the kernel had made)."""
+    lost: list[int] = []
+    k = NetlinkKernel(netns=node.name, create_interface=False, on_answers_lost=lost.append)
+    try:
+        key = ServiceKey(Protocol.TCP, VIP, 80)
+        k.add_virtual_server(VirtualServer(key), bind_address=True)
+        sock = k._sockets.ipvs().asyncore.socket
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # the kernel's least
+        rss = [RealServerKey(f"10.244.1.{i}", 8080) for i in range(1, 121)]
+        got = k.add_real_servers(ServiceKey(Protocol.TCP, VIP, 81), rss, 1)
+        assert all(isinstance(e, KernelError) for e in got)
+        assert lost and lost[0] > 0  # some answers came (ESRCH), the others are unknown
+        assert all(isinstance(e, KernelNotFound) or "No buffer space" in str(e) for e in got)
+        assert k.add_real_servers(key, rss, 1) == [None] * len(rss)
+        assert len(lost) == 1
+        assert len(node.ipvsadm()[str(key)].real_servers) == len(rss)
+    finally:
+        k.close()
 
 
 def test_nat_traffic_and_weight_zero_drain(node: Node, client: Pod) -> None:

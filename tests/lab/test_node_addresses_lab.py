@@ -15,7 +15,8 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, Pod, wait_for
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, NodeIPs, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.netlink.addresses import node_addresses
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.manifests import ManifestSource
@@ -68,10 +69,10 @@ def daemon(node: Node, tmp_path: Path) -> Iterator[tuple[Daemon, Pod]]:
     assert ips == [FIRST]  # link-local (veths), lo and kube-ipvs0 are not node IPs
     opts = DaemonOptions(
         node=NodeContext("node-a", tuple(ips)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="0.0.0.0:0",
-        follow_node_ips=True,
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="0.0.0.0:0"),
+        node_ips=NodeIPs(follow=True),
     )
     d: Any = run_in_netns(
         node.name,

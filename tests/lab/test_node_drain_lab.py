@@ -1,4 +1,4 @@
-"""Node drain on a real kernel with real traffic (issue 27): a client outside the node (its
+"""Node drain on a real kernel with real traffic: a client outside the node (its
 own netns, routed over a LAN veth) holds a connection through a NodePort while the node is
 tainted for removal. kube-proxy's health answers 503 within seconds, the connection keeps
 working, the node is not quiesced while it lives, and `ipvsctl node-drain --wait` (the
@@ -26,8 +26,10 @@ from typer.testing import CliRunner
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.labkit import Node, wait_for
 from ipvsctl.cli.app import app
+from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.kernel.netlink import configure_host
 from ipvsctl.model import Protocol, ServiceKey
+from ipvsctl.reconcile.node_drain import NodeDrain
 from tests.lab import netkit
 from tests.lab.netkit import NODE_LAN, Outside
 
@@ -98,8 +100,8 @@ def test_a_tainted_node_fails_health_keeps_its_connection_and_tells_the_hook(
             lb_grace=LB_GRACE,
         ) as d:
             wait_for(lambda: d.engine.started, timeout=180, what="first sync")
-            wait_for(lambda: d.proxy_health.port, timeout=60, what="the health port")
-            health = f"http://127.0.0.1:{d.proxy_health.port}/healthz"
+            wait_for(lambda: d.part(ProxyHealthServer).port, timeout=60, what="the health port")
+            health = f"http://127.0.0.1:{d.part(ProxyHealthServer).port}/healthz"
             api = f"http://127.0.0.1:{d.http.port}"
             assert get_json(health)[0] == 200
 
@@ -151,7 +153,9 @@ def test_a_tainted_node_fails_health_keeps_its_connection_and_tells_the_hook(
             # for the emulated guest; the time taken is recorded
             waiter.join(timeout=90)
             assert result, "node-drain --wait did not return within 90 s of the close"
-            TIMINGS["connection_closed_to_last_reading_s"] = round(d.node_drain.read_at - t1, 2)
+            TIMINGS["connection_closed_to_last_reading_s"] = round(
+                d.part(NodeDrain).read_at - t1, 2
+            )
             timing("connection_closed_to_node_drain_returned_s", t1)
             out = result[0].output
             assert result[0].exit_code == 0, out

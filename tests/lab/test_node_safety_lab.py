@@ -1,4 +1,4 @@
-"""Node safety on a real kernel (issue 25.4): a virtual server another tool made (keepalived's,
+"""Node safety on a real kernel: a virtual server another tool made (keepalived's,
 on an address of no Kubernetes proxy) is left alone, real servers and all, while one of
 kube-router's (its VIP on kube-dummy-if) is taken over in place. The daemon's wiring with
 `ipvsctl run`'s ownership rule, a KubeSource against the fake API server."""
@@ -62,3 +62,61 @@ def test_another_tools_virtual_server_is_left_alone_and_a_proxys_is_taken_over(
         api.delete("Service", "default", "web")
         wait_for(lambda: "10.96.0.10:80/TCP" not in weights(node), what="the Service's table gone")
         assert weights(node)[str(KEEPALIVED)] == {f"{theirs.ip}:8080": 3}
+
+
+def tenant_service(i: int, created: str) -> list[dict[str, Any]]:
+    """A Service of 2 ports on its cluster IP and its slice of 2 endpoints: 6 entries."""
+    name = f"svc-{i}"
+    svc = service(
+        name,
+        cluster_ip=f"10.96.1.{i + 1}",
+        ports=[{"name": f"p{j}", "port": 80 + j, "protocol": "TCP"} for j in range(2)],
+        namespace="tenant",
+    )
+    svc["metadata"]["creationTimestamp"] = created
+    sl = endpoint_slice(
+        name,
+        [endpoint(f"10.244.{i + 2}.{k + 1}") for k in range(2)],
+        ports=[{"name": f"p{j}", "port": 8080 + j, "protocol": "TCP"} for j in range(2)],
+        namespace="tenant",
+    )
+    return [svc, sl]
+
+
+def test_the_table_holds_the_oldest_services_that_fit_and_lets_a_refused_one_in(
+    node: Node, make_daemon: Callable[..., Any]
+) -> None:
+    """`--max-table-entries` on the real kernel: of four Services of 6 entries under a limit
+    of 18, the three oldest are programmed and the newest (first in name order) is not;
+    when an admitted one goes, the refused one gets in, and the others are never touched."""
+    with FakeAPIServer() as api:
+        # names and ages in opposite orders: svc-0 is the newest
+        for i in range(4):
+            for obj in tenant_service(i, f"2025-01-0{4 - i}T00:00:00Z"):
+                api.add(obj)
+        source = KubeSource.from_config(
+            apiserver=api.url, settings=KubeSettings(backoff_initial=0.05, backoff_max=0.5)
+        )
+        d = make_daemon(node, source, max_table_entries=18)
+        wait_for(lambda: d.engine.started, timeout=180, what="the daemon's first sync")
+        table = weights(node)
+        admitted = {f"10.96.1.{i + 1}:{80 + j}/TCP" for i in (1, 2, 3) for j in range(2)}
+        assert set(table) == admitted
+        assert all(set(w.values()) == {1} for w in table.values())
+        metrics = daemon_get(node, d, "/metrics")[1]
+        assert metric_sum(metrics, "ipvsctl_table_refused_services") == 1
+        assert metric_sum(metrics, "ipvsctl_table_entries") == 18
+        assert metric_sum(metrics, "ipvsctl_invalid_objects_total", kind="Service") == 1
+
+        api.delete("Service", "tenant", "svc-3")  # the oldest goes: svc-0 fits now
+        wait_for(lambda: "10.96.1.1:80/TCP" in weights(node), what="the refused one let in")
+        table = weights(node)
+        assert {k for k in table if k.startswith("10.96.1.1:")} == {
+            "10.96.1.1:80/TCP",
+            "10.96.1.1:81/TCP",
+        }
+        for i in (1, 2):  # never touched: the same real servers at weight 1
+            for j in range(2):
+                assert table[f"10.96.1.{i + 1}:{80 + j}/TCP"] == {
+                    f"10.244.{i + 2}.{k + 1}:{8080 + j}": 1 for k in range(2)
+                }

@@ -1,4 +1,5 @@
-"""Issue 15 on a real kernel, with the real daemon in-process and real traffic.
+"""The Service semantics users rely on, on a real kernel, with the real daemon in-process and
+real traffic.
 
 `externalTrafficPolicy: Local` with no endpoint on this node (node-a): its only endpoint is
 on node-b (a pod netns here, its slice says node-b). kube-proxy's IPVS mode gives the

@@ -1,4 +1,4 @@
-"""Issue 8 on a real kernel: a pod's shutdown barrier (`ipvsctl shutdown-manager`) returns as
+"""On a real kernel: a pod's shutdown barrier (`ipvsctl shutdown-manager`) returns as
 soon as its node has set the pod's real servers to weight 0 and the pod's connections have
 closed, not after a fixed sleep.
 
@@ -23,7 +23,15 @@ import pytest
 import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
-from devkit.labkit import Node, Pod, daemon_url_from_pods, http_get, http_json, wait_for
+from devkit.labkit import (
+    NODE_GW4,
+    Node,
+    Pod,
+    daemon_url_from_pods,
+    http_get,
+    http_json,
+    wait_for,
+)
 from ipvsctl.cli.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.manifests import ManifestSource
@@ -151,7 +159,7 @@ def test_shutdown_barrier_returns_once_weight_is_0_and_the_connection_closed(
 def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early(
     node: Node, client: Pod, tmp_path: Path, make_daemon: Callable[..., Any]
 ) -> None:
-    """Issue 11: another pod GETs /shutdown while this pod is in no Service yet (quiesced on
+    """Another pod GETs /shutdown while this pod is in no Service yet (quiesced on
     every node, so that barrier ends at once, "drained"). Later the pod serves, then is
     deleted: the kubelet's preStop must wait for the node's weight 0, not get the stray
     call's result. Also: /status answers only the node, /v1/quiesced anyone."""
@@ -171,6 +179,9 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
 
     manager = start_manager_in(leaving, from_pod)
     try:
+        # The pod's default gateway (the node's veth address, where the kubelet's preStop
+        # comes from), read from the pod's own /proc/net/route, is trusted as the node's.
+        assert manager.trusted == {NODE_GW4}
         url = f"http://{leaving.ip}:{manager.port}/shutdown"
         stray = http_json(url, client.netns.name, timeout=TIMEOUT + 60)  # from another pod
         assert stray["outcome"] == "drained"  # nothing to wait for: in no Service yet
@@ -195,7 +206,7 @@ def test_a_stray_early_shutdown_call_does_not_make_the_real_prestop_return_early
             return rs.weight if rs is not None else None
 
         wait_for(lambda: weight() == 1, what="weight 1")
-        # Issue 23.2: another pod holds 64 stray /shutdown calls and floods the port with
+        # Another pod holds 64 stray /shutdown calls and floods the port with
         # idle connections (they used to take every slot: the preStop got 503 at once).
         request = b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n"
 

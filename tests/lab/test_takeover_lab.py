@@ -11,17 +11,20 @@ besides `--config` is `--state-dir` (the guest's /var/lib is not ours to write).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.fakeapi.server import FakeAPIServer
-from devkit.labkit import Node, Pod, http_get, wait_for
+from devkit.labkit import Node, Pod, http_get, sh, wait_for
 from ipvsctl.kernel.netns import run_in_netns
 
 pytestmark = pytest.mark.lab
@@ -70,12 +73,11 @@ def weights(node: Node) -> dict[str, dict[str, int]]:
     }
 
 
-def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
-    node: Node, client: Pod, tmp_path: Path
-) -> None:
-    pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
-    kube_proxy_table(node, pods)
-    held = client.connect(VIP, 80)  # through kube-proxy's table, before ipvsctl runs
+@contextlib.contextmanager
+def takeover(node: Node, pods: list[Pod], tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """`ipvsctl run --config` from kubeadm's files in the node's netns, against a fake API
+    server there serving the Service `web` on `pods`; yields (the process, the API server)
+    once /readyz says 200. Killed at the end if still running."""
     api = run_in_netns(node.name, lambda: FakeAPIServer(token=TOKEN).start())
     api.add(service("web"))
     api.add(endpoint_slice("web", [endpoint(p.ip, pod=p.name) for p in pods]))
@@ -89,6 +91,7 @@ def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+    proc.log = log  # type: ignore[attr-defined]
     try:
 
         def ready() -> bool:
@@ -103,23 +106,92 @@ def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
             wait_for(ready, timeout=900, interval=1.0, what="/readyz 200")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nipvsctl run's log:\n{log.read_text()}") from None
-        # The Service's virtual server adopted as it was; the held connection lives on.
-        assert weights(node)[f"{VIP}:80/TCP"] == {f"{p.ip}:8080": 1 for p in pods}
-        assert held.echo("still served after the takeover")
-        assert {client.request(VIP, 80, reset=True) for _ in range(4)} == {p.name for p in pods}
-        # kube-proxy's leftover of a deleted Service goes (drained: no connection holds it)...
-        wait_for(lambda: f"{STALE}:80/TCP" not in weights(node), timeout=300, what="stale VS gone")
-        # ...while the virtual server in ipvs.excludeCIDRs is never touched.
-        assert weights(node)[f"{OTHER}:80/TCP"] == {f"{pods[1].ip}:8080": 1}
-        # Ready means listed: the fake answers 401 to any request without the tokenFile's
-        # token, so the kubeconfig's tokenFile authenticated them.
-        assert api.count("list") >= 2
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0, log.read_text()
-        assert f"{VIP}:80/TCP" in weights(node)  # nothing flushed on exit
+        yield proc, api
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        held.close()
         api.stop()
+
+
+def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
+    node: Node, client: Pod, tmp_path: Path
+) -> None:
+    pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
+    kube_proxy_table(node, pods)
+    held = client.connect(VIP, 80)  # through kube-proxy's table, before ipvsctl runs
+    try:
+        with takeover(node, pods, tmp_path) as (proc, api):
+            # The Service's virtual server adopted as it was; the held connection lives on.
+            assert weights(node)[f"{VIP}:80/TCP"] == {f"{p.ip}:8080": 1 for p in pods}
+            assert held.echo("still served after the takeover")
+            assert {client.request(VIP, 80, reset=True) for _ in range(4)} == {p.name for p in pods}
+            # kube-proxy's leftover of a deleted Service goes (drained: no connection holds
+            # it)...
+            wait_for(
+                lambda: f"{STALE}:80/TCP" not in weights(node), timeout=300, what="stale VS gone"
+            )
+            # ...while the virtual server in ipvs.excludeCIDRs is never touched.
+            assert weights(node)[f"{OTHER}:80/TCP"] == {f"{pods[1].ip}:8080": 1}
+            # Ready means listed: the fake answers 401 to any request without the
+            # tokenFile's token, so the kubeconfig's tokenFile authenticated them.
+            assert api.count("list") >= 2
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(120) == 0, proc.log.read_text()
+            assert f"{VIP}:80/TCP" in weights(node)  # nothing flushed on exit
+    finally:
+        held.close()
+
+
+def refused(client: Pod, address: str, port: int) -> bool:
+    try:
+        client.request(address, port, reset=True)
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_filters(
+    node: Node, client: Pod, tmp_path: Path
+) -> None:
+    """A node handed back to kube-proxy: ipvsctl's pod gone (SIGTERM: it leaves its table),
+    kube-proxy back, which adds a new port to an existing Service IP. ipvsctl's frozen port
+    filter rejects it until `ipvsctl cleanup --rollback`, which removes that filter and the
+    drain state and nothing else: kube-proxy's virtual servers, kube-ipvs0, a connection
+    held throughout and kube-proxy's own nftables table stay."""
+    pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
+    kube_proxy_table(node, pods)
+    # kube-proxy's nftables table (its nftables mode's; any other program's is the same)
+    node.run("nft", "add", "table", "ip", "kube-proxy")
+    node.run("nft", "add", "chain", "ip", "kube-proxy", "services")
+    state = tmp_path / "state"
+    with takeover(node, pods, tmp_path) as (proc, _):
+        held = client.connect(VIP, 80)  # through the table ipvsctl took over
+        proc.send_signal(signal.SIGTERM)  # the node labelled back: ipvsctl's pod goes
+        assert proc.wait(120) == 0, proc.log.read_text()
+    try:
+        assert (state / "drain-queue.json").exists()
+        # kube-proxy returns and programs the Service's new port on the same address
+        pods[0].serve("tcp", 8081)
+        node.run("ipvsadm", "-A", "-t", f"{VIP}:81", "-s", "rr")
+        node.run("ipvsadm", "-a", "-t", f"{VIP}:81", "-r", f"{pods[0].ip}:8081", "-m", "-w", "1")
+        table_before, bound_before = weights(node), node.interface_addresses()
+        assert {VIP, OTHER} <= bound_before
+        assert refused(client, VIP, 81)  # ipvsctl's frozen port filter: the bug left behind
+
+        out = sh(
+            "ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "cleanup", "--rollback",
+            "--state-dir", str(state), timeout=600,
+        )  # fmt: skip
+        assert "deleted nftables table inet ipvsctl" in out, out
+        assert out.splitlines()[-1] == "cleanup (rollback) done: nftables table, drain queue state"
+
+        tables = node.run("nft", "list", "tables").splitlines()
+        assert "table inet ipvsctl" not in tables and "table ip kube-proxy" in tables
+        assert not (state / "drain-queue.json").exists()
+        assert weights(node) == table_before  # kube-proxy's table, untouched
+        assert node.interface_addresses() == bound_before  # kube-ipvs0 too
+        assert client.request(VIP, 81, reset=True) == "web-1"  # the new port answers
+        assert held.echo("the connection lives through the rollback")
+    finally:
+        held.close()

@@ -13,7 +13,7 @@ from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness
 from ipvsctl.source.backlog import Backlog
 from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
-from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
+from ipvsctl.source.events import Delete, ObjectKind, PreparedUpsert, Replace, SourceEvent, Upsert
 
 SLICE, SVC = ObjectKind.ENDPOINT_SLICE, ObjectKind.SERVICE
 
@@ -117,8 +117,10 @@ def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger(prepa
     h.start([service("web")], [sl("web-1", "10.0.0.1")])
     preparer = h.engine.intake.store.preparer
 
-    def load(obj: dict):
-        return preparer.event(SLICE, obj) if prepared else obj
+    def upsert(obj: dict, received: float) -> Upsert | PreparedUpsert:
+        if prepared:
+            return PreparedUpsert(SLICE, preparer.event(SLICE, obj), received)
+        return Upsert(SLICE, obj, received)
 
     h.clock.advance(100)  # trigger times from before the daemon started are not observed
     m = h.metrics
@@ -127,11 +129,11 @@ def test_every_merged_version_is_observed_from_its_own_arrival_and_trigger(prepa
     q = Backlog()
     t0 = h.clock.monotonic()
     wall = h.clock.wall()
-    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.2", trigger=rfc3339(wall - 5))), t0))
+    q.put(upsert(sl("web-1", "10.0.0.2", trigger=rfc3339(wall - 5)), t0))
     h.clock.advance(1)
-    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.3", trigger="not a time")), t0 + 1))
+    q.put(upsert(sl("web-1", "10.0.0.3", trigger="not a time"), t0 + 1))
     h.clock.advance(1)
-    q.put(Upsert(SLICE, load(sl("web-1", "10.0.0.4", trigger=rfc3339(wall - 1))), t0 + 2))
+    q.put(upsert(sl("web-1", "10.0.0.4", trigger=rfc3339(wall - 1)), t0 + 2))
     (event,) = drain(q)
     h.clock.advance(1)
     h.engine.handle(event)

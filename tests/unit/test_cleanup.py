@@ -232,9 +232,57 @@ def test_the_system_hosts_kernel_errors_are_cleanup_errors():
 
     host = SystemHost("kube-ipvs0")
 
-    def failing_ip(*args: str) -> str:
-        raise KernelError(f"ip {' '.join(args)}: Operation not permitted", "ip")
+    def refused() -> None:
+        raise KernelError("delete_interface kube-ipvs0: Operation not permitted", "delete")
 
-    host._host._ip = failing_ip
-    with pytest.raises(CleanupError, match="ip link delete dev kube-ipvs0: Operation not"):
+    host._host._link.delete = refused  # type: ignore[method-assign]
+    with pytest.raises(CleanupError, match="delete_interface kube-ipvs0: Operation not"):
         host.delete_interface()
+
+
+# --- a node rolled back to kube-proxy: only what changes traffic once the daemon is gone ---
+
+
+def test_rollback_removes_the_table_and_state_and_leaves_the_ipvs_table_and_interface(
+    monkeypatch, state
+):
+    """kube-proxy's virtual servers and kube-ipvs0 (kube-proxy's interface too) stay with
+    their connections; ipvsctl's frozen port filter and its drain state go. The node's
+    addresses are not even read (no NodePort is touched)."""
+    host = FakeHost()
+    before = list(host.vs)
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    import ipvsctl.kernel.netlink.addresses as addresses
+
+    monkeypatch.setattr(addresses, "node_addresses", lambda **kw: pytest.fail("read"))
+    runner = CliRunner()
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert host.calls == [] and host.table and (state / "drain-queue.json").exists()
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0, r.output
+    assert host.vs == before and host.iface == ("dummy", [VIP, VIP6])
+    assert host.calls == ["del table"] and host.table is False and not state.exists()
+    assert r.output.splitlines() == [
+        "deleted nftables table inet ipvsctl",
+        f"removed {state / 'drain-queue.json'}",
+        f"removed {state / 'drain-queue.json.corrupt-1700000000'}",
+        "cleanup (rollback) done: nftables table, drain queue state",
+    ]
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0 and r.output.strip() == "cleanup (rollback) done: nothing to remove"
+
+
+def test_rollback_reports_a_failed_step_and_refuses_beside_a_daemon(monkeypatch, state):
+    host = FakeHost()
+    host.fail = {"del table"}
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    r = CliRunner().invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 1 and "ipvsctl: del table: injected" in r.output
+    assert not state.exists()  # the state went all the same
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: True)
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: pytest.fail("touched"))
+    r = CliRunner().invoke(app, ["cleanup", "--rollback"])
+    assert r.exit_code == 1 and "stop it first" in r.output

@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,44 @@ def test_a_fatal_start_up_line_is_json_with_log_format_json(tmp_path):
     # a bad flag after the format is known is a JSON line too (exit 2)
     r = cli("run", "--log-format", "json", "--listen", "0.0.0.0:99999")
     assert r.returncode == 2 and json.loads(r.stderr)["msg"].startswith("--listen 0.0.0.0:99999")
+
+
+def _bounded_memory() -> None:
+    """The child's address space capped at 2 GiB: an unbounded read of /dev/zero fails
+    there with MemoryError instead of taking the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("named", ["kubeconfig", "tokenFile"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_kubeconfig_file_that_is_a_fifo_or_dev_zero_is_one_line(tmp_path, named, kind):
+    """Start-up reads every file a kubeconfig names bounded: a FIFO does not hang it (a
+    plain open waits for a writer), /dev/zero does not exhaust the memory."""
+    import os
+
+    bad = tmp_path / "bad"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    else:
+        bad = Path("/dev/zero")
+    config = bad
+    if named == "tokenFile":
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            "clusters: [{name: c, cluster: {server: 'https://192.0.2.1:6443'}}]\n"
+            f"users: [{{name: u, user: {{tokenFile: '{bad}'}}}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+        )
+    args = ["run", "--kubeconfig", str(config), "--state-dir", str(tmp_path / "s")]
+    r = subprocess.run(
+        [sys.executable, "-m", "ipvsctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=_bounded_memory,
+    )
+    line = one_line(r)
+    assert "not a regular file" in line and str(bad) in line

@@ -1,4 +1,4 @@
-"""kubectl's habits in the CLI (issue 31): -h, -o=json, metavars, values checked while
+"""kubectl's habits in the CLI: -h, -o=json, metavars, values checked while
 parsing (exit 2, one line, nothing touched), HOST:PORT endpoints, one source, one exit code
 for a missing path, `completion SHELL`, and cleanup saying what it could not check."""
 
@@ -19,10 +19,10 @@ import yaml
 from typer.testing import CliRunner
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.cli import app as app_mod
 from ipvsctl.cli import cleanup as cleanup_mod
 from ipvsctl.cli.app import app
 from ipvsctl.cli.params import daemon_url, host_port, split_short_equals
+from ipvsctl.daemon import options as options_mod
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = typer.main.get_command(app)
@@ -125,7 +125,7 @@ def test_bad_addresses_are_exit_2_before_anything_is_touched(monkeypatch, args, 
 
     monkeypatch.setattr(wiring, "run", lambda o: touched.append("daemon") or 0)
     monkeypatch.setattr(cleanup_mod, "SystemHost", lambda i: touched.append("host"))
-    monkeypatch.setattr(app_mod, "_node", lambda *a, **k: touched.append("node"))
+    monkeypatch.setattr(options_mod, "node_context", lambda *a, **k: touched.append("node"))
     r = invoke(*args)
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
@@ -182,7 +182,7 @@ def test_manifests_beside_kubeconfig_from_the_environment_is_standalone(monkeypa
         env={"KUBECONFIG": str(tmp_path / "kc")},
     )
     assert r.exit_code == 0, r.output
-    assert got[0].manifests == str(tmp_path)
+    assert got[0].source.manifests == str(tmp_path)
 
 
 def test_a_missing_path_is_exit_2_in_run_and_in_plan(tmp_path):

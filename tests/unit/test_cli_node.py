@@ -32,7 +32,7 @@ def started_with(monkeypatch, tmp_path, *args: str):
 def test_the_default_interface_s_vips_are_not_node_ips(monkeypatch, tmp_path):
     opts = started_with(monkeypatch, tmp_path)
     assert opts.node.node_ips == ("10.96.0.2", "192.0.2.10")
-    assert opts.follow_node_ips  # read from the host: followed while running
+    assert opts.node_ips.follow  # read from the host: followed while running
 
 
 def test_a_custom_interface_s_vips_are_not_node_ips(monkeypatch, tmp_path):
@@ -45,4 +45,4 @@ def test_a_custom_interface_s_vips_are_not_node_ips(monkeypatch, tmp_path):
 def test_node_ip_flags_win(monkeypatch, tmp_path):
     opts = started_with(monkeypatch, tmp_path, "--node-ip", "198.51.100.7")
     assert opts.node.node_ips == ("198.51.100.7",)
-    assert not opts.follow_node_ips  # fixed
+    assert not opts.node_ips.follow  # fixed

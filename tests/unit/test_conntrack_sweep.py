@@ -18,7 +18,8 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple, nfct_msg
 
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink.conntrack import NetlinkConntrack, entry_from_message
 from ipvsctl.kernel.port import KernelPermissionDenied, KernelTransient, KernelUnavailable
@@ -32,6 +33,7 @@ from ipvsctl.plan.conntrack import (
     sweep_table,
 )
 from ipvsctl.reconcile.conntrack_sweeper import ConntrackSweeper, SweepConfig, SweepResult
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.paced import PacedRunner
 
 CLUSTER_IP, CLUSTER_IP6 = "10.96.0.10", "fd96::10"
@@ -264,7 +266,7 @@ class Sweep:
             clock=self.h.clock,
             wake=self.sweeper.wake,
         )
-        self.h.engine.service_listeners.append(self.sweeper.on_service)
+        self.h.feed.subscribe(Subscriptions(service=self.sweeper.on_service))
         self.services, self.slices = services, slices
 
     def step(self) -> SweepResult | None:
@@ -345,7 +347,8 @@ def test_requests_coalesce_and_respect_the_minimum_interval() -> None:
 
 def test_node_address_change_asks_for_a_sweep() -> None:
     s = Sweep(*SERVED)
-    s.h.engine.service_listeners.clear()  # the address poll alone (new NodePorts also ask)
+    # the address poll alone (new NodePorts also ask)
+    s.h.feed.unsubscribe(Subscriptions(service=s.sweeper.on_service))
     s.start()
     s.step()
     s.h.clock.advance(5)
@@ -569,9 +572,9 @@ def test_the_daemon_sweeps_at_start_up_on_its_own_thread(tmp_path) -> None:
     kernel.conntrack = {stale, live}
     opts = DaemonOptions(
         node=NodeContext("node-a", (NODE_IP,)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     d = Daemon(opts, kernel, ManifestSource(folder, interval=0.05), conntrack=kernel)
     d.start()

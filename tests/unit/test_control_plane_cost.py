@@ -1,6 +1,6 @@
-"""Per-daemon requests to the API server, counted by the fake API server (issue 17.1): a
+"""Per-daemon requests to the API server, counted by the fake API server: a
 change that adds a request per event, per pod or per restart fails here; no scenario reads
-a Pod (issue 23). The model in
+a Pod. The model in
 bench/control_plane.py (docs/benchmarks.md, "Control-plane cost") multiplies these out."""
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ def test_steady_state_events_cost_no_request(measured) -> None:
 
 
 def test_rollout_costs_no_request(measured) -> None:
-    # Issue 23: one pod GET per terminating pod on every node was 1 M GETs per 1,000-pod
+    # One pod GET per terminating pod on every node was 1 M GETs per 1,000-pod
     # rollout at 1,000 nodes; the drains are bounded by the slices alone.
     assert measured["rollout"]["requests"] == {}
     assert measured["rollout"]["bytes"]["watch EndpointSlice"] > 0
 
 
 def test_a_rollout_that_cuts_writes_one_event_per_pod_up_to_the_rate_limit(measured) -> None:
-    # Issue 28: a rollout with no cuts wrote nothing (above); one that cuts every pod's
+    # A rollout with no cuts wrote nothing (above); one that cuts every pod's
     # connections writes a ConnectionsCut Event per pod, never more than the node's burst,
     # and reads nothing.
     cut = measured["cut_rollout"]

@@ -14,7 +14,9 @@ import yaml
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import rs, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions, StartupError
+from ipvsctl.daemon.adapters import StartupError
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DrainEntry, NodeContext
@@ -49,11 +51,11 @@ def write(folder: Path, name: str, *objs: dict) -> None:
 def make(tmp_path: Path, kernel: FakeKernel, drain_timeout: float = 30.0) -> Daemon:
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        drain_timeout=drain_timeout,
-        drain_check_interval=0.05,
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(
+            state_dir=str(tmp_path / "state"), timeout=drain_timeout, check_interval=0.05
+        ),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     d = Daemon(
         opts,
@@ -171,9 +173,9 @@ def test_readyz_waits_for_the_first_full_list(tmp_path):
 
     opts = DaemonOptions(
         node=NodeContext("n"),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "s"),
-        listen="127.0.0.1:0",
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "s")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     d = Daemon(opts, FakeKernel(), Silent(tmp_path / "m"))
     try:
@@ -201,7 +203,9 @@ def test_the_ready_gauge_follows_readyz(tmp_path, folder):
 def test_unwritable_state_dir_is_a_startup_error(tmp_path):
     (tmp_path / "file").write_text("")
     opts = DaemonOptions(
-        node=NodeContext("n"), state_dir=str(tmp_path / "file" / "sub"), listen="127.0.0.1:0"
+        node=NodeContext("n"),
+        drain=DrainOptions(state_dir=str(tmp_path / "file" / "sub")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     (tmp_path / "m").mkdir()
     with pytest.raises(StartupError, match="--state-dir"):
@@ -209,14 +213,13 @@ def test_unwritable_state_dir_is_a_startup_error(tmp_path):
 
 
 def test_the_daemon_takes_its_loop_configuration(tmp_path):
-    # Issue 12: tests used to rewrite d.loop.config after construction, too late for what
+    # Tests used to rewrite d.loop.config after construction, too late for what
     # the loop derives from it when built (its first audit time, its retry delay).
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        drain_check_interval=0.25,
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state"), check_interval=0.25),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     (tmp_path / "m").mkdir()
     source = ManifestSource(tmp_path / "m", interval=0.05)

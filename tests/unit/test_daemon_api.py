@@ -12,7 +12,8 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, pod, service, terminating
 from devkit.fakeapi.server import FakeAPIServer
 from devkit.harness import rs, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.settings import KubeSettings
@@ -37,11 +38,9 @@ def start_daemon(api: FakeAPIServer, tmp_path, kernel: FakeKernel) -> Daemon:
     settings = KubeSettings(backoff_initial=0.05, backoff_max=0.2, healthy_watch_seconds=0.05)
     opts = DaemonOptions(
         node=NodeContext("node-a"),
-        apiserver=api.url,
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        drain_timeout=300,
-        drain_check_interval=0.05,
+        source=SourceOptions(apiserver=api.url),
+        drain=DrainOptions(state_dir=str(tmp_path / "state"), timeout=300, check_interval=0.05),
+        http=HTTPOptions(listen="127.0.0.1:0"),
     )
     metrics = Metrics()
     source = KubeSource.from_config(
@@ -92,7 +91,7 @@ def test_terminating_endpoint_drains_until_its_pod_goes_with_no_pod_read(api, tm
 
 
 def test_statefulset_name_reuse_never_takes_the_former_pods_deadline(api, tmp_path):
-    """Issue 23.1: `web-0` terminated twice within an hour took its first incarnation's
+    """Regression: `web-0` terminated twice within an hour took its first incarnation's
     deletionTimestamp (kept by namespace/name) and was cut at the first drain check with
     its connections open. The endpoint (name and uid) bounds the drain, not a pod read."""
     kernel = FakeKernel()

@@ -1,4 +1,4 @@
-"""Honest health (issue 16.4): a sync that dies at start-up is never ready, and a dead
+"""Honest health: a sync that dies at start-up is never ready, and a dead
 thread inside the source shows on /healthz."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_dead_audit_reader_is_unhealthy(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("folder")
 def test_manifests_mode_survives_hostile_files(tmp_path: Path) -> None:
-    """Issue 16.3: ten shapes killed the loop or source thread in --manifests mode."""
+    """Regression: ten shapes killed the loop or source thread in --manifests mode."""
     from devkit.builders import endpoint, endpoint_slice, service
     from devkit.harness import rs, vs
     from ipvsctl.manifests import ManifestSource

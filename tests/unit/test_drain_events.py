@@ -14,9 +14,11 @@ from ipvsctl.plan.events import (
     TokenBucket,
     connections_cut,
     event_name,
+    in_own_namespace,
     merge_cuts,
     quiesce_outcome,
 )
+from ipvsctl.reconcile.feed import Subscriptions
 
 SVC = service("web")
 A, B = "10.244.1.5", "10.244.1.6"
@@ -36,7 +38,7 @@ def started(drain_timeout: float = 30) -> tuple[Harness, list[ConnectionsCut]]:
         ],
     )
     cuts: list[ConnectionsCut] = []
-    h.engine.applier.on_cut = cuts.append
+    h.feed.subscribe(Subscriptions(cut=cuts.append))
     h.ops()
     return h, cuts
 
@@ -76,6 +78,33 @@ def test_a_deadline_with_only_closing_connections_cuts_nothing():
     h.upsert(endpoint_slice("web", [endpoint(B, pod="pod-6")], name="web-abc"))
     h.check(31)
     assert h.deletions("deadline") == 1 and cuts == [] and cut_total(h) == 0
+
+
+def test_a_cut_names_the_pod_its_slice_names_in_whatever_namespace_it_says():
+    # The engine reports what the slice said; the Event's writer keeps to its namespace.
+    h = Harness(drain_timeout=30)
+    theirs = endpoint(A, pod="coredns-1", namespace="kube-system", uid="uid-dns")
+    h.start([SVC], [endpoint_slice("web", [theirs, endpoint(B, pod="pod-6")], name="web-abc")])
+    cuts: list[ConnectionsCut] = []
+    h.feed.subscribe(Subscriptions(cut=cuts.append))
+    h.fake.set_connections(vs(), rs(A), active=2)
+    h.upsert(endpoint_slice("web", [endpoint(B, pod="pod-6")], name="web-abc"))
+    h.check(31)
+    (cut,) = cuts
+    assert cut.pod == PodRef("kube-system", "coredns-1", "uid-dns")
+    assert not in_own_namespace(cut)
+
+
+def test_only_a_pod_of_the_slices_own_namespace_may_carry_the_event():
+    web = ServiceRef("shop", "web")
+    for pod, svc, expected in [
+        (PodRef("shop", "web-1"), web, True),
+        (PodRef("kube-system", "coredns-1"), web, False),
+        (PodRef("default", "web-1"), web, False),
+        (PodRef("shop", "web-1"), None, False),  # no Service known: no namespace to match
+    ]:
+        cut = ConnectionsCut(pod, svc, vs(), rs(A), 1, 30.0)
+        assert in_own_namespace(cut) is expected, (pod, svc)
 
 
 def spec(pod: PodRef = POD, n: int = 1):

@@ -1,4 +1,4 @@
-"""Hostile state files (issue 16.5): each is set aside and start-up goes on by adoption."""
+"""Hostile state files: each is set aside and start-up goes on by adoption."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_good_file_round_trips(tmp_path: Path) -> None:
 
 
 def test_a_file_of_the_version_that_read_pods_loads(tmp_path: Path) -> None:
-    """Written by the previous version (before issue 23), whose "pod" deadline was the pod's
+    """Written by the version that read pods, whose "pod" deadline was the pod's
     deletionTimestamp and whose entries carry no uid: it loads, such a drain as one its pod
     bounds (the first sync judges it from the slices), the others as they were."""
     old = (Path(__file__).parent / "data" / "drain-queue-v1-pod-deadlines.json").read_bytes()
@@ -159,7 +159,7 @@ def test_a_nan_deadline_is_never_written(tmp_path: Path) -> None:
     assert not (tmp_path / FILE_NAME).exists()
 
 
-# --- issue 25.5: numbers no parser should meet, deadlines out of range, the size cap ---------
+# --- numbers no parser should meet, deadlines out of range, the size cap ---------
 BIG_INT = "9" * 5000  # past sys.get_int_max_str_digits(): int() raises ValueError
 
 
@@ -190,7 +190,7 @@ def test_deadlines_out_of_range_are_set_aside(tmp_path: Path, since: float, dead
 
 
 def test_a_drain_its_pod_bounds_keeps_a_null_deadline(tmp_path: Path) -> None:
-    """Issue 23's `deadline: null` with `deadline_source: "pod"` stays valid."""
+    """That version's `deadline: null` with `deadline_source: "pod"` stays valid."""
     raw = json.dumps(_doc(deadline=None, deadline_source="pod", pod="default/web-0", pod_uid="u"))
     entries, state = _load(tmp_path, raw.encode())
     assert state.load_error is None and len(entries) == 1 and not entries[0].has_deadline

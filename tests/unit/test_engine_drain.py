@@ -15,6 +15,8 @@ from ipvsctl.model import (
     VirtualServer,
 )
 from ipvsctl.plan.diff import POD_GONE_GRACE
+from ipvsctl.plan.drain import deadline_passed
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.source.events import ObjectKind, Replace
 
 SVC = service("web")
@@ -181,6 +183,89 @@ def test_slice_repack_add_then_delete_cuts_nothing():
     h.check(POD_GONE_GRACE * 10)
     assert h.fake.weight(vs(), rs(A)) == 0
     assert h.deletions("pod_gone") == 0 and h.deletions("deadline") == 0
+
+
+def test_a_pod_gone_deadline_also_waits_for_the_watch():
+    def entry(source):
+        return DrainEntry(vs(), rs(A), None, DrainReason.TERMINATING, 0.0, 10.0, source)
+
+    inf = float("inf")
+    for source, now, after, passed in [
+        (DeadlineSource.POD_GONE, 9.9, -inf, False),  # before its deadline
+        (DeadlineSource.POD_GONE, 10.0, -inf, True),  # the watch never broke
+        (DeadlineSource.POD_GONE, 12.0, inf, False),  # the watch is broken
+        (DeadlineSource.POD_GONE, 12.0, 14.0, False),  # back, its grace not yet run
+        (DeadlineSource.POD_GONE, 14.0, 14.0, True),
+        (DeadlineSource.DEFAULT, 10.0, inf, True),  # other deadlines: the clock alone
+        (DeadlineSource.ANNOTATION, 10.0, inf, True),
+        (DeadlineSource.VIRTUAL_SERVER, 10.0, inf, True),
+    ]:
+        assert deadline_passed(entry(source), now, after) is passed, (source, now, after)
+
+
+def _first_half_then_watch_down(h):
+    """pod-5's endpoint leaves web-abc (the first half of a re-pack, or its pod gone), then
+    the EndpointSlice watch breaks before anything else comes."""
+    h.fake.set_connections(vs(), rs(A), active=3)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
+    h.upsert(slice_of(endpoint(B), name="web-abc"))
+    assert h.engine.drains.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.POD_GONE
+    h.engine.slices_watched(False)
+
+
+def test_a_repack_whose_second_half_comes_after_a_broken_watch_cuts_nothing():
+    # The second half arrives 6 s late (the watch broken, re-opened): the grace counted
+    # only while the watch was open, so the real server is still there to be found.
+    h = started(A, B, drain_timeout=300)
+    _first_half_then_watch_down(h)
+    for _ in range(6):
+        h.check(1)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.deletions("pod_gone") == 0
+    h.engine.slices_watched(True)
+    h.upsert(slice_of(terminating(A, pod="pod-5", uid="u5"), name="web-def"))
+    assert h.engine.drains.queue.get(vs(), rs(A)).deadline_source is DeadlineSource.POD
+    h.check(POD_GONE_GRACE * 10)
+    assert h.fake.weight(vs(), rs(A)) == 0
+    assert h.deletions("pod_gone") == 0 and h.deletions("deadline") == 0
+
+
+def test_pod_gone_grace_restarts_when_the_watch_is_open_again():
+    # No second half after all: the pod is gone, its real server goes a grace after the
+    # watch is back (whatever it missed was delivered at once), not before.
+    h = started(A, B, drain_timeout=300)
+    _first_half_then_watch_down(h)
+    h.check(60)  # a minute-long outage
+    assert h.fake.weight(vs(), rs(A)) == 0
+    h.engine.slices_watched(True)
+    h.check(POD_GONE_GRACE - 0.5)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.deletions("pod_gone") == 0
+    h.check(0.5)
+    assert h.fake.weight(vs(), rs(A)) is None and h.deletions("pod_gone") == 1
+
+
+def test_a_pod_gone_deletion_judged_before_the_watch_broke_is_not_applied_after():
+    h = started(A, B, drain_timeout=300)
+    h.fake.set_connections(vs(), rs(A), active=3)
+    h.upsert(slice_of(endpoint(B), terminating(A, pod="pod-5", uid="u5")))
+    h.upsert(slice_of(endpoint(B), name="web-abc"))
+    h.clock.advance(POD_GONE_GRACE)
+    check = h.engine.drain_check
+    snapshot = check.snapshot()
+    assert snapshot is not None
+    verdict = check.read(snapshot)  # off the lock: the deletion judged due
+    assert [op.reason.value for _, ops in verdict.ops for _, op in ops] == ["pod_gone"]
+    h.engine.slices_watched(False)  # meanwhile the watch broke
+    check.apply(verdict)
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.deletions("pod_gone") == 0
+
+
+def test_other_deadlines_do_not_wait_for_the_watch():
+    h = started(A, B, drain_timeout=30)
+    h.fake.set_connections(vs(), rs(A), active=1)
+    h.upsert(slice_of(endpoint(B)))  # removed, never terminating: --drain-timeout
+    h.engine.slices_watched(False)
+    h.check(30)
+    assert h.deletions("deadline") == 1
 
 
 def test_statefulset_pod_of_the_same_name_is_another_endpoint():
@@ -479,11 +564,13 @@ def test_restart_takes_over_a_wanted_virtual_server_it_does_not_own_in_place():
     assert vs("10.96.5.5") in h.fake.services
 
 
-def test_service_listeners_see_each_applied_change_once():
+def test_the_feed_tells_each_applied_service_change_once():
     seen = []
     h = Harness()
-    h.engine.service_listeners.append(
-        lambda ref, old, new: seen.append((str(ref), old is None, new is None))
+    h.feed.subscribe(
+        Subscriptions(
+            service=lambda ref, old, new: seen.append((str(ref), old is None, new is None))
+        )
     )
     h.start([SVC], [slice_of(endpoint(A))])
     h.upsert(slice_of(endpoint(A)))  # no change: no call
@@ -510,7 +597,7 @@ class _FailingRestore(FakeKernel):
 
 
 def test_a_failed_weight_restore_never_lets_the_drain_check_delete_a_wanted_server():
-    """Issue 25.6: the entry stayed queued when the restore failed, and the drain check
+    """Regression: the entry stayed queued when the restore failed, and the drain check
     then deleted the wanted real server at its deadline, live connections and all."""
     kernel = _FailingRestore()
     h = started(A, B, h=Harness(kernel=kernel, drain_timeout=10))

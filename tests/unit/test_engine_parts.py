@@ -1,4 +1,4 @@
-"""The engine's parts (issue 12): every op has its function, and a surprise is no failure."""
+"""The engine's parts: every op has its function, and an unknown kernel entry is no failure."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ class LateKernel(FakeKernel):
         return shown
 
 
-def test_the_first_sync_too_finishes_what_a_kernel_surprise_left():
+def test_the_first_sync_too_finishes_what_an_unknown_kernel_entry_left():
     h = Harness(kernel=LateKernel())
     result = _start(h)
     assert result.failed == set() and result.resync == set() and not h.engine.dirty
@@ -203,3 +203,21 @@ def test_an_add_in_a_batch_that_finds_its_real_server_takes_it_over_at_weight_1(
         rs("10.0.0.1"): 1,
         rs("10.0.0.2"): 1,
     }
+
+
+def test_what_a_service_needs_after_its_ops() -> None:
+    from ipvsctl.reconcile.apply import Then
+
+    bad = rs("10.0.0.2")
+    h = Harness(kernel=CountingKernel(failing=frozenset({bad})))
+    h.start([], [])
+    ref, key, left = ServiceRef("default", "web"), vs(), vs("10.96.0.11")
+    a = h.engine.applier
+    add = AddVirtualServer(VirtualServer(key), VirtualServerKind.CLUSTER_IP, ref)
+    assert a.apply(ref, [add, AddRealServer(key, rs("10.0.0.1"))]).then is Then.DONE
+    h.fake.add_virtual_server(VirtualServer(left), True)  # left by an earlier run
+    h.fake.add_real_server(left, rs("10.9.9.9"), 1)
+    found = a.apply(ref, [AddVirtualServer(VirtualServer(left), VirtualServerKind.CLUSTER_IP, ref)])
+    assert found.then is Then.DIFF_AGAIN and not found.failed  # its real server now known
+    failed = a.apply(ref, [AddRealServer(key, bad)])
+    assert failed.then is Then.RETRY and failed.failed

@@ -1,4 +1,4 @@
-"""CONTRACT.md "Draining", the virtual server bullets (issue 26): a virtual server that
+"""CONTRACT.md "Draining", the virtual server bullets: a virtual server that
 leaves the wanted set drains as its real servers do, on the in-memory kernel."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from devkit.harness import Harness, rs, vs
 from ipvsctl.daemon.status_json import engine_status, quiesced_json
 from ipvsctl.model import NO_DEADLINE, DeadlineSource, DrainReason, ServiceRef
 from ipvsctl.persist.drain_state import DrainStateFile, parse_state
+from ipvsctl.reconcile.feed import Subscriptions
 
 A, B, C = "10.244.1.5", "10.244.1.6", "10.244.2.7"
 WEB = ServiceRef("default", "web")
@@ -238,8 +239,8 @@ def test_nftables_elements_stay_while_the_virtual_server_drains():
 
     h = Harness(service_drain_timeout=30.0)
     sync = NetfilterSync(nft=None)  # type: ignore[arg-type]  # never pushed here
-    h.engine.service_listeners.append(sync.on_service)
-    h.engine.vs_drain_listeners.append(sync.on_virtual_server_drain)
+    h.feed.subscribe(Subscriptions(service=sync.on_service))
+    h.feed.subscribe(Subscriptions(vs_drain=sync.on_virtual_server_drain))
     h.start([web()], [slice_of(A)])
     tcp, udp = vs(), vs("10.96.0.10", 53, "UDP")
     assert set(sync.desired) == {tcp, udp}

@@ -1,4 +1,4 @@
-"""Events before background reads (issue 32): a reader busy in Python steps aside for the
+"""Events before background reads: a reader busy in Python steps aside for the
 loop while an event waits, so the change's GIL handoffs do not each wait a switch interval
 behind it. Counted in the reader's own work (Services compared, give-way points), not
 timed."""

@@ -1,8 +1,8 @@
 """Golden `ipvsctl plan --json` cases, one per rule of CONTRACT.md "What becomes a virtual
-server" and issue 15: tests/golden/plan/<case>/ holds the manifests (objects.yaml), the
-command's flags (case.yaml `args`) and what it must print: plan.json (stdout, keys sorted)
-and warnings.txt (stderr). The real command runs, in-process. IPVSCTL_GOLDEN_UPDATE=1
-rewrites the expected files."""
+server" and of the Service semantics: tests/golden/plan/<case>/ holds the manifests
+(objects.yaml), the command's flags (case.yaml `args`) and what it must print: plan.json
+(stdout, keys sorted) and warnings.txt (stderr). The real command runs, in-process.
+IPVSCTL_GOLDEN_UPDATE=1 rewrites the expected files."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.reconcile.feed import Subscriptions
 
 
 class Ports:
@@ -73,7 +74,7 @@ def running():
         "node-a", metrics=m, listen=ports, proxy_healthy=lambda: healthy["ok"], retry_interval=0.05
     )
     h = Harness()
-    h.engine.service_listeners.append(hs.on_service)
+    h.feed.subscribe(Subscriptions(service=hs.on_service))
     stop = threading.Event()
     t = threading.Thread(target=hs.run, args=(stop,), daemon=True)
     t.start()

@@ -1,4 +1,4 @@
-"""Hostile manifests (issue 16.3 and 16.7): every shape is one clear line, never a traceback,
+"""Hostile manifests: every shape is one clear line, never a traceback,
 and the other objects are planned as before."""
 
 from __future__ import annotations
@@ -141,6 +141,73 @@ def test_aliases_within_the_limit_still_load(tmp_path: Path) -> None:
     assert len(load_file(f).objects) == 1
 
 
+def _aliased_bomb(string_chars: int, aliases: int, where: str) -> str:
+    """A Service whose annotation `where` is a list of `aliases` aliases of one string."""
+    return "\n".join(
+        [
+            "kind: Service",
+            f"x: &s {'x' * string_chars}",
+            "metadata:",
+            "  name: bomb",
+            "  annotations:",
+            f"    {where}: [{', '.join(['*s'] * aliases)}]",
+            "spec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}",
+        ]
+    )
+
+
+def test_aliases_of_a_long_string_are_one_clear_error_not_gigabytes(tmp_path: Path) -> None:
+    # 1,300 aliases of a 1 MB string: 1,301 nodes (far under the node limit), shared in
+    # memory, but 1.3 GB to anything that writes the value out (plan's warning did).
+    f = tmp_path / "m.yaml"
+    f.write_text(_aliased_bomb(1_000_000, 1_300, "ipvsctl.io/metrics"))
+    t0 = time.monotonic()
+    with pytest.raises(ManifestError, match="aliases expand to more than 16 MiB of text"):
+        load_file(f)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yes" * 300_000,  # a plain long string: 900 KB
+        ["x" * 100_000] * 150,  # an aliased list under the limits: 15 MB written out
+        {"k" * 1000: "v" * 100_000},
+    ],
+    ids=["long-string", "aliased-list", "map"],
+)
+@pytest.mark.parametrize(
+    "annotation",
+    ["ipvsctl.io/metrics", "ipvsctl.io/scheduler", "kube-router.io/service.flags"],
+)
+def test_an_annotation_value_is_echoed_bounded(value: Any, annotation: str) -> None:
+    svc = _svc(metadata__annotations={annotation: value})
+    _, problems = plan_objects({ObjectKind.SERVICE: [svc, GOOD_SVC]}, NODE)
+    (problem,) = problems
+    assert annotation in problem.reason and len(problem.reason) < 300
+
+
+def test_many_long_kube_router_annotation_keys_are_one_bounded_line() -> None:
+    keys = {f"kube-router.io/service.{i:04d}{'x' * 10_000}": "1" for i in range(1_000)}
+    _, problems = plan_objects({ObjectKind.SERVICE: [_svc(metadata__annotations=keys)]}, NODE)
+    (problem,) = problems
+    assert "kube-router annotations ignored" in problem.reason
+    assert "and 992 more" in problem.reason and len(problem.reason) < 2_000
+
+
+def test_plan_prints_a_bounded_line_for_a_long_annotation(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ipvsctl.cli.app import app
+
+    f = tmp_path / "m.yaml"
+    f.write_text(_aliased_bomb(100_000, 150, "ipvsctl.io/metrics"))  # 15 MB: loads
+    result = CliRunner().invoke(app, ["plan", "-f", str(f), "--node-ip", "192.0.2.10"])
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "ipvsctl.io/metrics" in ln]
+    assert len(line) < 300
+
+
 # --- fuzz: any JSON shape through the converters and the store ----------------------
 _scalars = st.one_of(
     st.none(),
@@ -270,7 +337,7 @@ def test_a_zone_id_in_cluster_cidr_is_a_flag_error() -> None:
 
 
 def test_a_value_that_does_not_fit_netlink_is_a_kernel_error_not_a_crash() -> None:
-    # Issue 16.7: struct.error escaped the adapter's error translation and killed the loop.
+    # Regression: struct.error escaped the adapter's error translation and killed the loop.
     import struct
 
     from ipvsctl.kernel.netlink.errors import errors

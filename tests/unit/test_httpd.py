@@ -226,7 +226,7 @@ def _ask(s: socket.socket, path: str = "/healthz") -> int:
 
 
 def test_a_flood_from_one_peer_never_refuses_or_evicts_another_peers_probes() -> None:
-    """Issue 23.2: an idle flood from one address evicted other clients' connections (the
+    """Regression: an idle flood from one address evicted other clients' connections (the
     kubelet's probes failed 1-4 of 10-25). Bounds are per peer now: 127.0.0.3 floods,
     127.0.0.2 probes as the kubelet does (connect, then send), neither trusted."""
     refused: list[str] = []
@@ -324,3 +324,30 @@ def test_frame_request(data: bytes, expected: object) -> None:
         assert isinstance(got, Refusal)
         reason, code = expected  # type: ignore[misc]
         assert got.reason == reason and got.reply.startswith(f"HTTP/1.1 {code} ".encode())
+
+
+def test_a_client_that_does_not_read_holds_no_worker() -> None:
+    """Answers in bytes are written by the selector thread, a chunk at a time: a client
+    that never reads its 8 MB answer holds a socket, and the one worker answers others
+    meanwhile; a client that reads gets every byte."""
+    big = bytes(range(256)) * (8 * 4096)
+    srv = HTTPServer(
+        "127.0.0.1:0",
+        {
+            "/big": lambda q: (200, "application/octet-stream", big),
+            "/ok": lambda q: text(200, "ok\n"),
+        },
+        limits=Limits(workers=1),
+    )
+    srv.start()
+    try:
+        stuck = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(5):
+            assert _get(srv.port) == (200, b"ok\n")
+        code, body = _get(srv.port, "/big")
+        assert code == 200 and body == big
+        stuck.close()
+    finally:
+        srv.stop()

@@ -32,6 +32,10 @@ def test_the_tree_keeps_every_contract() -> None:
 
 
 FLOORS = "every package on a floor"
+RECONCILE = "reconcile/: the loop, the view, the engine"
+NETLINK = "kernel/netlink/: the adapter on the calls"
+DAEMON = "daemon/: the wiring on the features"
+FEATURES = "daemon/features/: a feature knows no other"
 
 
 def _copy(tmp_path: Path) -> None:
@@ -64,7 +68,15 @@ def _copy(tmp_path: Path) -> None:
         ("kernel/table.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
         ("kernel/procfs/ipvs.py", "import pyroute2", "only kernel/netlink imports pyroute2"),
         ("kernel/fake.py", "import ipvsctl.kernel.netlink.wire", "know nothing of netlink"),
-        ("reconcile/applied.py", "import ipvsctl.reconcile.apply", "the engine's parts"),
+        # inside the packages: a cycle, a reader importing the loop, a feature another
+        ("kernel/netlink/wire.py", "import ipvsctl.kernel.netlink.adapter", NETLINK),
+        ("kernel/netlink/codec.py", "import ipvsctl.kernel.netlink.errors", NETLINK),
+        ("reconcile/node_drain.py", "import ipvsctl.reconcile.loop", RECONCILE),
+        ("reconcile/conntrack_sweeper.py", "import ipvsctl.reconcile.loop", RECONCILE),
+        ("reconcile/service_traffic.py", "import ipvsctl.reconcile.engine", RECONCILE),
+        ("reconcile/applied.py", "import ipvsctl.reconcile.apply", RECONCILE),
+        ("daemon/features/node_drain.py", "import ipvsctl.daemon.features.netfilter", FEATURES),
+        ("daemon/feature.py", "import ipvsctl.daemon.wiring", DAEMON),
         ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
         ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
         ("../demo/app.py", "import clusterlab.scenarios", "the dev tools import downward"),
@@ -75,6 +87,18 @@ def test_a_planted_violation_fails(tmp_path: Path, module: str, line: str, contr
     _copy(tmp_path)
     target = tmp_path / "ipvsctl" / module
     target.write_text(target.read_text() + f"\n{line}  # planted\n")
+    result = _lint(tmp_path)
+    assert result.returncode != 0
+    assert contract in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "contract"),
+    [("reconcile/newpart.py", RECONCILE), ("kernel/netlink/newcall.py", NETLINK)],
+)
+def test_a_module_without_a_layer_fails(tmp_path: Path, module: str, contract: str) -> None:
+    _copy(tmp_path)
+    (tmp_path / "ipvsctl" / module).write_text("")
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert contract in result.stdout

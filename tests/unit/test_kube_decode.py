@@ -1,5 +1,5 @@
-"""decode_list: list responses decoded item by item (issue 17.2: a watch-cache list may come
-in one piece), equal to json.loads and strict on bad input."""
+"""decode_list: list responses decoded item by item (a watch-cache list may come in one
+piece), equal to json.loads and strict on bad input."""
 
 from __future__ import annotations
 

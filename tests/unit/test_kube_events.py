@@ -5,26 +5,19 @@ limit holds, a 403 is logged once and counted, and a slow server never blocks `r
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.events import EventWriter
 from ipvsctl.kube.permissions import REQUIRED_PERMISSIONS
 from ipvsctl.model import ConnectionsCut, PodRef, Protocol, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.obs.metrics import Metrics
 from ipvsctl.plan.events import TokenBucket
-
-try:
-    from devkit.fakeapi import FakeAPIServer
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer
 
 WAIT = 10.0
 VS = ServiceKey(Protocol.TCP, "10.96.0.10", 80)
@@ -171,6 +164,26 @@ def test_a_403_is_logged_once_and_counted(
     running.writer.record(cut(PodRef("shop", "web-9", "uid-9")))  # granted since
     assert running.writer.flush(WAIT)
     assert len(api.objects("Event")) == 1
+
+
+def test_a_pod_outside_its_slices_namespace_gets_no_event(
+    api: FakeAPIServer, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hand-written slice in shop whose targetRef names kube-system: the cut is counted,
+    # logged once, and nothing is written there (nor anywhere).
+    stranger = PodRef("kube-system", "coredns-5d7f", "uid-dns")
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.kube"):
+        assert not running.writer.record(cut(stranger))
+        assert not running.writer.record(cut(stranger, port=443))
+        assert running.writer.flush(WAIT)
+    lines = [r for r in caplog.records if "outside its slice's namespace" in r.getMessage()]
+    assert len(lines) == 1
+    assert running.result("other_namespace") == 2
+    assert api.count("create", "Event") == 0 and api.objects("Event") == []
+    assert running.writer.record(cut())  # the slice's own namespace: written as ever
+    assert running.writer.flush(WAIT)
+    (ev,) = api.objects("Event")
+    assert ev["metadata"]["namespace"] == "shop"
 
 
 def test_a_hung_server_never_blocks_record(api: FakeAPIServer) -> None:

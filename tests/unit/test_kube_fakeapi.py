@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-try:
-    from devkit.fakeapi import FakeAPIServer, objects
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer, objects
+from devkit.fakeapi import FakeAPIServer, objects
 
 SERVICES = "/api/v1/services"
 

@@ -19,11 +19,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 DAEMON = """
-    from ipvsctl.daemon.wiring import DaemonOptions, open_event_writer, open_source
+    from ipvsctl.daemon.options import DaemonOptions, SourceOptions
+    from ipvsctl.daemon.adapters import open_event_writer, open_source
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
 
-    o = DaemonOptions(node=NodeContext("node-a", ("192.0.2.10",)), apiserver="http://127.0.0.1:9")
+    node = NodeContext("node-a", ("192.0.2.10",))
+    o = DaemonOptions(node=node, source=SourceOptions(apiserver="http://127.0.0.1:9"))
     m = Metrics()
     source = open_source(o, m)  # the KubeSource with its Service, EndpointSlice and Node requests
     assert open_event_writer(o, source, m) is not None

@@ -1,6 +1,6 @@
 # ruff: noqa: F811  (pytest fixtures imported from test_kube_source)
 """Backoff, outage recovery, suspect lists and cache reads of the API adapter, against the
-fake API server (issues 16.1, 16.2, 11.7, 17.2). Requests are counted on the server."""
+fake API server. Requests are counted on the server."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.settings import KubeSettings
-from ipvsctl.source.events import Replace, Upsert
-from ipvsctl.source.store import Preparer
+from ipvsctl.source.events import PreparedReplace, Replace, Upsert
+from ipvsctl.source.prepare import Preparer
 from tests.unit.test_kube_source import (  # noqa: F401  (fixtures)
     EPS,
     FAST,
@@ -77,7 +77,7 @@ def test_error_events_back_off_instead_of_relisting_at_the_initial_delay(
 
 
 def test_a_watch_that_delivered_then_failed_does_not_reset_the_backoff(api, harness, logs):
-    """Issue 25.1: delivering something and failing within the healthy time is no progress
+    """Delivering something and failing within the healthy time is no progress
     (client-go: only time resets the backoff, `BackoffManager`'s tests)."""
     h = harness(STRICT).start()
     h.synced()
@@ -172,7 +172,7 @@ def test_empty_service_list_is_refused_and_retried_with_backoff(
     reasons = [h.restart("services") for _ in range(4)]
     assert reasons == ["expired", "suspect", "suspect", "suspect"]
     again = h.next(SVC)  # the first Service event after the empty lists: the real list
-    assert isinstance(again, Replace) and names(again) == ["web"]
+    assert isinstance(again, Replace | PreparedReplace) and names(again) == ["web"]
     assert api.count("list", "Service") == 1 + 3 + 1
     refused = [r for r in logs.all() if r.getMessage() == "list refused, table kept"]
     assert len(refused) == 1 and "default/kubernetes" in refused[0].fields["problem"]
@@ -193,7 +193,7 @@ def test_initial_list_without_default_kubernetes_is_not_applied(prepare) -> None
         hh = Harness(bare, _with(FAST, backoff_initial=0.01, backoff_max=0.02), prepare).start()
         try:
             assert hh.restart("services") == "suspect"
-            assert isinstance(hh.next(EPS), Replace)  # slices are not held back
+            assert isinstance(hh.next(EPS), Replace | PreparedReplace)  # slices are not held back
             assert hh.empty(SVC)  # no Service Replace: the daemon stays unready
             bare.add(
                 {
@@ -217,7 +217,7 @@ def test_lists_are_served_from_the_watch_cache(api, harness) -> None:
     assert {q.get("resourceVersion") for q in first} == {"0"}
     rv = h.source.reflectors[0].resource_version
     api.expire_watches("Service")
-    assert isinstance(h.replace(SVC), Replace)
+    assert isinstance(h.replace(SVC), Replace | PreparedReplace)
     relist = [r.query for r in api.requests if r.verb == "list" and r.resource == "services"][-1]
     # The relist never goes back before what was applied: NotOlderThan our version.
     assert relist["resourceVersion"] == rv and relist["resourceVersionMatch"] == "NotOlderThan"
@@ -232,13 +232,13 @@ def test_relist_falls_back_to_a_consistent_read_when_the_cache_cannot_serve(api,
     api.expire_watches("Service")
     assert h.restart("services") == "expired"
     assert h.restart("services") == "error"
-    assert isinstance(h.replace(SVC), Replace)
+    assert isinstance(h.replace(SVC), Replace | PreparedReplace)
     queries = [r.query for r in api.requests if r.verb == "list" and r.resource == "services"]
     assert "resourceVersion" not in queries[-1]  # etcd, once
     assert api.list_reads("Service") == {"cache": 2, "etcd": 1}
     h.wait_watching("Service")
     api.expire_watches("Service")
-    assert isinstance(h.replace(SVC), Replace)
+    assert isinstance(h.replace(SVC), Replace | PreparedReplace)
     assert api.list_reads("Service") == {"cache": 3, "etcd": 1}  # back to the cache
     h.close()
 
@@ -325,7 +325,7 @@ def test_relist_after_a_long_outage_is_spread_by_cluster_size(api, harness, logs
     api.up()
     rec = logs.next("watch restart", resource="services", reason="expired")
     assert 0.0 < rec.fields["backoff"] <= 0.05 * 3  # spread, not at once
-    assert isinstance(h.replace(SVC), Replace)
+    assert isinstance(h.replace(SVC), Replace | PreparedReplace)
     h.close()
 
 

@@ -5,29 +5,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer, objects
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.permissions import PUBLIC_PATHS, REQUIRED_PERMISSIONS
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.kube.trim import trim_service
 from ipvsctl.model import ServiceRef
 from ipvsctl.source.convert import TRIGGER_TIME_ANNOTATION
-from ipvsctl.source.events import Delete, ObjectKind, Replace, SourceEvent, Upsert
-from ipvsctl.source.store import ObjectStore, Prepared, Preparer
-
-try:
-    from devkit.fakeapi import FakeAPIServer, objects
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer, objects
+from ipvsctl.source.events import (
+    Delete,
+    ObjectKind,
+    PreparedReplace,
+    PreparedUpsert,
+    Replace,
+    SourceEvent,
+    Upsert,
+)
+from ipvsctl.source.prepare import Prepared, Preparer
+from ipvsctl.source.store import ObjectStore
 
 SVC, EPS = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE
 WAIT = 5.0  # generous upper bound for conditions; tests normally pass far sooner
@@ -117,6 +119,8 @@ class Harness:
             k: queue.Queue() for k in ObjectKind
         }
         self.restarts: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.invalid: queue.Queue[str] = queue.Queue()  # kinds of unreadable objects skipped
+        self.health: queue.Queue[str | None] = queue.Queue()  # the `source` condition's word
         self.source = KubeSource.from_config(
             None,
             api.url,
@@ -124,6 +128,8 @@ class Harness:
             settings=settings,
             on_watch_restart=lambda resource, reason: self.restarts.put((resource, reason)),
             prepare=prepare,
+            on_invalid_object=self.invalid.put,
+            on_health=self.health.put,
         )
         self.stop = threading.Event()
         self.thread = threading.Thread(
@@ -140,12 +146,13 @@ class Harness:
     def next(self, kind: ObjectKind) -> SourceEvent:
         return self.queues[kind].get(timeout=WAIT)
 
-    def replace(self, kind: ObjectKind) -> Replace:
+    def replace(self, kind: ObjectKind) -> Replace | PreparedReplace:
+        """A list's event: raw objects, or prepared (a source with a Preparer)."""
         event = self.next(kind)
-        assert isinstance(event, Replace), event
+        assert isinstance(event, Replace | PreparedReplace), event
         return event
 
-    def synced(self) -> tuple[Replace, Replace]:
+    def synced(self) -> tuple[Replace | PreparedReplace, Replace | PreparedReplace]:
         """The first Replace of both kinds, once both watches are open."""
         services, slices = self.replace(SVC), self.replace(EPS)
         self.wait_watching()
@@ -271,13 +278,13 @@ def test_a_prepared_list_hands_the_store_parsed_objects(api, harness, watch_list
     h.synced()
     api.add(objects.service("later", cluster_ip="10.96.0.20"))
     event = h.next(SVC)
-    assert isinstance(event, Upsert) and isinstance(event.obj, Prepared)
+    assert isinstance(event, PreparedUpsert)
     assert event.obj.key == ("default", "later") and event.obj.trigger is None
     sl = objects.endpoint_slice("later-1", "later", [objects.endpoint("10.244.1.9")])
     sl["metadata"]["annotations"] = {TRIGGER_TIME_ANNOTATION: "2026-11-27T01:00:00Z"}
     api.add(sl)
     sl_event = h.next(EPS)
-    assert isinstance(sl_event, Upsert) and isinstance(sl_event.obj, Prepared)
+    assert isinstance(sl_event, PreparedUpsert)
     assert sl_event.obj.trigger == "2026-11-27T01:00:00Z"
     h.close()
     raw_store = ObjectStore("wrr")
@@ -533,7 +540,7 @@ def test_list_ok_but_every_watch_failing_backs_off_instead_of_relisting_in_a_loo
 
 
 def test_a_crashed_reflector_is_a_dead_thread_for_healthz(api, harness, monkeypatch) -> None:
-    # Issue 16.4: the source's run() thread lived on, so /healthz never saw the dead reflector.
+    # Regression: the source's run() thread lived on, so /healthz never saw the dead reflector.
     from ipvsctl.kube import watch
 
     real_run = watch.Reflector.run

@@ -201,7 +201,7 @@ def test_iter_lines_splits_across_chunks() -> None:
 def test_gc_paused_nests_and_restores() -> None:
     import gc
 
-    from ipvsctl.kube.watch import gc_paused
+    from ipvsctl.obs.gcpause import paused as gc_paused
 
     assert gc.isenabled()
     with gc_paused():

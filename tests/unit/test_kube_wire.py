@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,20 +24,14 @@ from kubernetes.client.exceptions import (
     UnauthorizedException,
 )
 
+from devkit.fakeapi import FakeAPIServer, objects
+from devkit.fakeapi.state import RequestRecord
 from ipvsctl.kube.client import KubeSource
 from ipvsctl.kube.config import load_configuration, new_api_client
 from ipvsctl.kube.listwatch import SERVICES, ListWatch
 from ipvsctl.kube.settings import KubeSettings
 from ipvsctl.source.convert import service_label_selector
 from ipvsctl.source.events import ObjectKind, Replace, SourceEvent
-
-try:
-    from devkit.fakeapi import FakeAPIServer, objects
-    from devkit.fakeapi.server import RequestRecord
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer, objects
-    from devkit.fakeapi.server import RequestRecord
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 5.0

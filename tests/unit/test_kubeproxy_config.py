@@ -15,7 +15,8 @@ import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
 import ipvsctl.obs.logging
 from ipvsctl.cli.app import app
-from ipvsctl.cli.config_file import CONFIG_MAX_BYTES
+from ipvsctl.daemon.config_file import CONFIG_MAX_BYTES
+from ipvsctl.daemon.options import NodeIPs
 from ipvsctl.kernel.procfs.sysctl import STRICT_ARP_SYSCTLS, wanted_sysctls
 from ipvsctl.model import ServiceKey
 from ipvsctl.plan.ownership import is_owned
@@ -79,6 +80,16 @@ ACCEPTED = {
     ),
 }
 REFUSED = {"eks-iptables.conf": "mode"}
+# the options group each checked field is in
+GROUP = {
+    "cluster_cidrs": "netfilter",
+    "masquerade_all": "netfilter",
+    "strict_arp": "kernel",
+    "exclude_cidrs": "kernel",
+    "tcp_timeout": "kernel",
+    "tcpfin_timeout": "kernel",
+    "udp_timeout": "kernel",
+}
 
 
 def test_the_corpus_is_all_listed():
@@ -96,9 +107,10 @@ def test_real_world_files_are_accepted(monkeypatch, tmp_path, name):
         elif key == "scheduler":
             assert opts.node.default_scheduler == value
         else:
-            assert getattr(opts, key) == value, key
+            group = GROUP[key]
+            assert getattr(getattr(opts, group), key) == value, key
     if "kubeadm" in name:  # kubeadm's kubeconfig, beside config.conf in the pod
-        assert opts.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
+        assert opts.source.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
 
 
 @pytest.mark.parametrize(("name", "field"), sorted(REFUSED.items()))
@@ -332,12 +344,12 @@ FILE = yaml.safe_dump(
 def test_the_file_alone(monkeypatch, tmp_path):
     r, o = invoke(monkeypatch, tmp_path, FILE)
     assert r.exit_code == 0, r.output
-    assert o.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
+    assert o.source.kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
     assert o.node.node_name == "from-file" and o.node.default_scheduler == "lc"
-    assert o.cluster_cidrs == ("10.244.0.0/16",) and o.masquerade_all
-    assert o.tcp_timeout == 900 and o.healthz_bind_address == "127.0.0.1:10256"
-    assert o.exclude_cidrs == ("10.96.99.0/24",)
-    assert o.node.node_ips == ("10.1.2.3",) and o.node_port_cidrs == ("10.0.0.0/8",)
+    assert o.netfilter.cluster_cidrs == ("10.244.0.0/16",) and o.netfilter.masquerade_all
+    assert o.kernel.tcp_timeout == 900 and o.http.healthz_bind_address == "127.0.0.1:10256"
+    assert o.kernel.exclude_cidrs == ("10.96.99.0/24",)
+    assert o.node.node_ips == ("10.1.2.3",) and o.node_ips.cidrs == ("10.0.0.0/8",)
 
 
 @pytest.mark.parametrize(
@@ -345,22 +357,22 @@ def test_the_file_alone(monkeypatch, tmp_path):
     [
         # a plain value flag
         (["--scheduler", "wrr"], {}, lambda o: o.node.default_scheduler == "wrr"),
-        (["--healthz-bind-address", ""], {}, lambda o: o.healthz_bind_address == ""),
+        (["--healthz-bind-address", ""], {}, lambda o: o.http.healthz_bind_address == ""),
         # a duration flag, even when it says the flag's default
-        (["--ipvs-tcp-timeout", "0"], {}, lambda o: o.tcp_timeout == 0),
+        (["--ipvs-tcp-timeout", "0"], {}, lambda o: o.kernel.tcp_timeout == 0),
         # a repeatable flag: the command line's list replaces the file's, not merged
         (
             ["--cluster-cidr", "10.0.0.0/16", "--cluster-cidr", "fd00::/64"],
             {},
-            lambda o: o.cluster_cidrs == ("10.0.0.0/16", "fd00::/64"),
+            lambda o: o.netfilter.cluster_cidrs == ("10.0.0.0/16", "fd00::/64"),
         ),
         # an on/off flag, both ways
-        (["--no-masquerade-all"], {}, lambda o: o.masquerade_all is False),
-        (["--masquerade-all"], {}, lambda o: o.masquerade_all is True),
+        (["--no-masquerade-all"], {}, lambda o: o.netfilter.masquerade_all is False),
+        (["--masquerade-all"], {}, lambda o: o.netfilter.masquerade_all is True),
         # the flag's environment variable (the DaemonSet's NODE_NAME from spec.nodeName)
         ([], {"NODE_NAME": "from-env"}, lambda o: o.node.node_name == "from-env"),
         (["--node-name", "from-flag"], {}, lambda o: o.node.node_name == "from-flag"),
-        ([], {"KUBECONFIG": "/env-kc"}, lambda o: o.kubeconfig == "/env-kc"),
+        ([], {"KUBECONFIG": "/env-kc"}, lambda o: o.source.kubeconfig == "/env-kc"),
         # --node-ip replaces nodePortAddresses' selection
         (["--node-ip", "192.0.2.10"], {}, lambda o: o.node.node_ips == ("192.0.2.10",)),
     ],
@@ -389,7 +401,7 @@ def test_log_format_flag_wins(monkeypatch, tmp_path):
 def test_a_relative_kubeconfig_is_beside_the_file(monkeypatch, tmp_path):
     body = yaml.safe_dump({**BASE, "clientConnection": {"kubeconfig": "kubeconfig.conf"}})
     r, o = invoke(monkeypatch, tmp_path, body)
-    assert r.exit_code == 0 and o.kubeconfig == str(tmp_path / "kubeconfig.conf")
+    assert r.exit_code == 0 and o.source.kubeconfig == str(tmp_path / "kubeconfig.conf")
 
 
 def test_noted_fields_are_logged_once_each(monkeypatch, tmp_path, caplog):
@@ -425,7 +437,8 @@ def test_kinds_are_three():
 
 def test_node_port_addresses_filter_the_followed_addresses(monkeypatch):
     """nodePortAddresses CIDRs select the node addresses at start-up and while running."""
-    from ipvsctl.daemon.wiring import DaemonOptions, node_ips_reader
+    from ipvsctl.daemon.adapters import node_ips_reader
+    from ipvsctl.daemon.options import DaemonOptions
     from ipvsctl.model import NodeContext
 
     addresses = ["192.0.2.10", "10.1.2.3", "2001:db8::10"]
@@ -436,10 +449,10 @@ def test_node_port_addresses_filter_the_followed_addresses(monkeypatch):
     )
     node = NodeContext("n")
     read = node_ips_reader(
-        DaemonOptions(node, follow_node_ips=True, node_port_cidrs=("10.0.0.0/8", "2001:db8::/32"))
+        DaemonOptions(node, node_ips=NodeIPs(follow=True, cidrs=("10.0.0.0/8", "2001:db8::/32")))
     )
     assert read is not None and read() == ["10.1.2.3", "2001:db8::10"]
     addresses.append("10.9.9.9")
     assert read() == ["10.1.2.3", "2001:db8::10", "10.9.9.9"]
-    everything = node_ips_reader(DaemonOptions(node, follow_node_ips=True))
+    everything = node_ips_reader(DaemonOptions(node, node_ips=NodeIPs(follow=True)))
     assert everything is not None and everything() == addresses

@@ -120,7 +120,7 @@ def _persisting_loop(h: Harness, saved: list[int], locked: list[bool]) -> tuple[
 
 
 def test_a_new_drain_is_written_at_once_other_changes_at_most_every_persist_interval():
-    # Issue 16.6: a drain started just before a SIGKILL lost its 600 s deadline because its
+    # Regression: a drain started just before a SIGKILL lost its 600 s deadline because its
     # first write waited for the coalescing interval.
     h = Harness()
     saved: list[int] = []
@@ -216,7 +216,7 @@ def test_a_failing_state_write_is_retried_per_interval_not_per_step():
 
 
 def test_a_sync_that_meets_an_unknown_kernel_entry_is_not_a_failure(caplog):
-    # Issue 12: such a sync used to count its Service as failed: "sync incomplete,
+    # Regression: such a sync used to count its Service as failed: "sync incomplete,
     # retrying" and a doubled backoff, for a sync where nothing failed.
     from devkit.harness import rs, vs
     from ipvsctl.model import VirtualServer
@@ -280,6 +280,29 @@ def test_the_gc_comes_back_after_the_grace_without_a_first_sync():
         assert gc.isenabled() and not h.engine.started
     finally:
         gc.enable()
+
+
+def test_a_list_ending_meanwhile_leaves_the_start_up_pause_in_force():
+    """The API source pauses the GC while it decodes a list; the loop, until its first sync.
+    Whichever began first, the GC comes back only when both are done."""
+    import gc
+
+    from ipvsctl.obs import gcpause
+
+    h, events, loop = make()
+    try:
+        with gcpause.paused():  # a list being decoded when the daemon starts
+            loop.pause_gc_until_started()
+        assert not gc.isenabled()  # the list is done, the first sync is not
+        events.put(Replace(ObjectKind.SERVICE, [service("web")], 0))
+        events.put(Replace(ObjectKind.ENDPOINT_SLICE, [], 0))
+        with gcpause.paused():  # a relist under way as the first sync ends
+            loop.step()
+            assert h.engine.started and not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 class Raw(dict):

@@ -116,7 +116,7 @@ def test_daemon_flag_errors_exit_2():
 
 
 def test_missing_manifests_folder_is_exit_2_with_one_line(tmp_path):
-    """As `plan -f` with a missing path: a flag's value that cannot be used (issue 31)."""
+    """As `plan -f` with a missing path: a flag's value that cannot be used."""
     r = _cli(
         "run",
         "--manifests",

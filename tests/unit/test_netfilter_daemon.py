@@ -11,12 +11,20 @@ from typer.testing import CliRunner
 
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.cli.app import app
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    NetfilterOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.healthcheck.server import HealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
 from ipvsctl.netfilter.nft import NftUnavailable
+from ipvsctl.netfilter.sync import NetfilterSync
 from ipvsctl.reconcile.loop import LoopConfig
 from tests.unit.test_daemon import wait_for, write
 from tests.unit.test_healthcheck_server import Ports, get
@@ -38,17 +46,17 @@ def lb(local: bool = True):
 def make(tmp_path: Path, nft: FakeNft, ports: Ports) -> Daemon:
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        cluster_cidrs=("10.244.0.0/16",),
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
+        netfilter=NetfilterOptions(cluster_cidrs=("10.244.0.0/16",)),
     )
     d = Daemon(
         opts,
         FakeKernel(),
         ManifestSource(tmp_path / "m", interval=0.05),
         nft=nft,
-        health=HealthServer("node-a", listen=ports),
+        health_ports=ports,
         loop_config=LoopConfig(idle_wakeup=0.05),
     )
     return d
@@ -85,7 +93,7 @@ def test_daemon_keeps_the_table_and_serves_health_checks(tmp_path):
         )
         wait_for(lambda: nft.elements().get("192.0.2.10 . tcp . 30080") == "external")
         assert [op for op, _ in nft.scripts][-1] == "elements"
-        wait_for(lambda: d.health.ports() == [])
+        wait_for(lambda: d.part(HealthServer).ports() == [])
         assert d.metrics.value("ipvsctl_netfilter_elements") == 2
     finally:
         d.shutdown()
@@ -105,7 +113,7 @@ def test_nft_unavailable_runs_degraded_and_says_so(tmp_path, caplog):
     try:
         d.start()
         wait_for(lambda: d.engine.started)
-        assert d.netfilter is None
+        assert d.part(NetfilterSync) is None
         assert any("nftables unavailable" in r.getMessage() for r in caplog.records)
     finally:
         d.shutdown()

@@ -14,6 +14,7 @@ from ipvsctl.model import ServiceRef
 from ipvsctl.netfilter.nft import NftError, NftNotFound, NftUnavailable
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
+from ipvsctl.reconcile.feed import Subscriptions
 from tests.unit.test_netfilter_ruleset import desired
 
 CONFIG = SyncConfig(
@@ -121,7 +122,7 @@ def setup():
     h = Harness()
     nft = FakeNft()
     sync = NetfilterSync(nft, CONFIG, ready=lambda: h.engine.started, clock=h.clock.monotonic)
-    h.engine.service_listeners.append(sync.on_service)
+    h.feed.subscribe(Subscriptions(service=sync.on_service))
     return h, nft, sync
 
 
@@ -445,7 +446,7 @@ def test_the_daemon_s_node_addresses_are_never_filtered():
         clock=h.clock.monotonic,
         node_ips=lambda: h.engine.config.node.node_ips,
     )
-    h.engine.service_listeners.append(sync.on_service)
+    h.feed.subscribe(Subscriptions(service=sync.on_service))
     sync.start()
     # at a port in the NodePort range: a node address at any other is no virtual server
     ports = [{"name": "http", "port": 30080}]

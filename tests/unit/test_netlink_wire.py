@@ -7,6 +7,8 @@ ipvsctl never sends fwmark services, so none are here."""
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 import types
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from pyroute2.ipvs import AsyncIPVS
 
 from devkit.fakenetlink import (
+    IPVS_FAMILY,
     Answer,
     IPVSModel,
     ModelKernelSocket,
@@ -25,6 +28,7 @@ from devkit.fakenetlink import (
 from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.codec import dest_spec, service_key_spec, service_spec
 from ipvsctl.kernel.netlink.ipvs_calls import IPVSCalls
+from ipvsctl.kernel.netlink.raw import BATCH_ANSWER_WAIT
 from ipvsctl.kernel.port import KernelExists, KernelNotFound
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 
@@ -331,3 +335,65 @@ def test_a_real_server_that_cannot_be_packed_fails_alone_in_its_batch() -> None:
     assert got[0] is None and got[2] is None
     assert "10.244.1.999" in str(got[1]) and "add_real_server" in str(got[1])
     assert [r.key for r in model.table.list_real_servers(vs.key)] == good
+
+
+# --- a batch whose answers are lost ---------------------------------------------------------
+def _rss(n: int, third: int = 1) -> list[RealServerKey]:
+    return [RealServerKey(f"10.244.{third}.{i}", 8080) for i in range(1, n + 1)]
+
+
+def test_a_batch_whose_answers_overflow_the_buffer_reports_the_unknown_adds_failed() -> None:
+    """The kernel queues a batch's answers inside send(); a full receive buffer drops the
+    rest and says ENOBUFS once. The answers that came are each add's own; the others are
+    unknown, each reported failed (the Service is retried). What was queued is read to the
+    end: left there, it took the next batch's end, and that batch waited 30 s for it."""
+    model = IPVSModel()
+    lost: list[int] = []
+    calls = IPVSCalls(model_sockets(model), on_answers_lost=lost.append)
+    vs = VIRTUAL_SERVERS[0]
+    calls.add_service(vs)
+    sock = calls.sockets.ipvs().asyncore.socket
+    sock.rcvbuf = 36 * 10  # ten answers fit
+    missing = VIRTUAL_SERVERS[6].key
+    t0 = time.monotonic()
+    got = calls.add_dests(missing, _rss(25), 1)
+    assert [type(e).__name__ for e in got] == ["KernelNotFound"] * 10 + ["KernelTransient"] * 15
+    assert all("No buffer space" in str(e) for e in got[10:]) and sock.dropped == 15
+    assert lost == [15]
+    assert calls.add_dests(vs.key, _rss(5, 2), 1) == [None] * 5  # its end was not dropped
+    assert time.monotonic() - t0 < 5
+    assert len(model.table.list_real_servers(vs.key)) == 5 and lost == [15]
+
+
+def test_a_batch_whose_answers_never_come_is_bounded_and_fails_its_adds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No answer at all (not even the end): the wait is BATCH_ANSWER_WAIT, not the 30 s a
+    single request may wait, and under the loop's lock; every add is reported failed;
+    one warning per streak."""
+    model = IPVSModel()
+    silent = {"on": True}
+
+    def answer(req: Any) -> Any:
+        answers = model(req)
+        if silent["on"] and req.kind == IPVS_FAMILY and req.cmd == wire.NEW_DEST:
+            return []  # made, but its answer lost
+        return answers
+
+    lost: list[int] = []
+    calls = IPVSCalls(model_sockets(model, answer=answer), on_answers_lost=lost.append)
+    vs = VIRTUAL_SERVERS[0]
+    calls.add_service(vs)
+    with caplog.at_level(logging.WARNING, logger="ipvsctl.kernel"):
+        for _ in range(2):
+            t0 = time.monotonic()
+            got = calls.add_dests(vs.key, _rss(4), 1)
+            assert BATCH_ANSWER_WAIT * 0.9 <= time.monotonic() - t0 < BATCH_ANSWER_WAIT + 2
+            assert [type(e).__name__ for e in got] == ["KernelTransient"] * 4
+            assert "timed out" in str(got[0]) and "10.244.1.1" in str(got[0])
+    assert lost == [4, 4]
+    lines = [r for r in caplog.records if "netlink answers lost" in r.getMessage()]
+    assert len(lines) == 1  # once per streak, counted every time
+    silent["on"] = False  # the retry: the adds that were made are found, the others made
+    got = calls.add_dests(vs.key, _rss(5), 1)
+    assert [type(e).__name__ if e else None for e in got] == ["KernelExists"] * 4 + [None]

@@ -15,10 +15,14 @@ import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
-from ipvsctl.daemon.wiring import NODE_PORT_RANGE, Daemon, DaemonOptions, node_ips_reader
+from ipvsctl.daemon.adapters import node_ips_reader
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, NodeIPs, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, VirtualServer
+from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.loop import Loop, LoopConfig
 from ipvsctl.source.events import ObjectKind, Replace
 from tests.unit.test_daemon import wait_for, write
@@ -147,7 +151,7 @@ def test_node_port_listeners_see_the_move():
     they are told about the NodePort Services, with the new address's virtual server."""
     h = started()
     seen: list[tuple[ServiceRef, DesiredService | None, DesiredService | None]] = []
-    h.engine.service_listeners.append(lambda ref, old, new: seen.append((ref, old, new)))
+    h.feed.subscribe(Subscriptions(service=lambda ref, old, new: seen.append((ref, old, new))))
     h.engine.set_node_ips([NEW])
     h.engine.sync()
     assert sorted(ref for ref, _, _ in seen) == [LB, WEB]
@@ -171,7 +175,9 @@ def test_the_audit_deletes_a_leftover_on_a_removed_address():
     virtual server on an address removed while running is still recognised as ours."""
     h = started()
     e = h.engine
-    e.owned = lambda key: key.port in NODE_PORT_RANGE and key.address in e.intake.node_ips_known
+    e.owned = lambda key: (
+        key.port in DEFAULT_NODE_PORT_RANGE and key.address in e.intake.node_ips_known
+    )
     e.set_node_ips([NEW])
     e.sync()
     h.fake.add_virtual_server(VirtualServer(vs(OLD, 31000), "rr"), False)  # not ipvsctl's doing
@@ -265,7 +271,7 @@ def test_fixed_node_ips_never_poll():
     assert h.engine.config.node.node_ips == (OLD,) and h.ops() == []
     opts = DaemonOptions(node=NodeContext("node-a", (OLD,)))  # --node-ip given
     assert node_ips_reader(opts) is None
-    assert node_ips_reader(DaemonOptions(node=opts.node, follow_node_ips=True)) is not None
+    assert node_ips_reader(DaemonOptions(node=opts.node, node_ips=NodeIPs(follow=True))) is not None
 
 
 # --- the daemon in-process ---------------------------------------------------------------
@@ -278,10 +284,10 @@ def daemon(tmp_path: Path):
     read = Reader([OLD])
     opts = DaemonOptions(
         node=NodeContext("node-a", (OLD,)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        follow_node_ips=True,
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
+        node_ips=NodeIPs(follow=True),
     )
     kernel = FakeKernel()
     d = Daemon(

@@ -1,4 +1,4 @@
-"""Node drain (issue 27): the Node's taints and conditions as read (pure), the quiesced rule
+"""Node drain: the Node's taints and conditions as read (pure), the quiesced rule
 (pure), the running part on a fake kernel (which virtual servers count, when a reading
 decides), a real daemon in-process (health 503, /v1/node-quiesced, node-local), and
 `ipvsctl node-drain --wait` against it."""
@@ -16,7 +16,15 @@ from typer.testing import CliRunner
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.cli.app import app
 from ipvsctl.cli.node_drain import Answer, describe, wait_quiesced
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    NodeDrainOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
+from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.manifests import ManifestSource
@@ -363,7 +371,7 @@ def test_a_virtual_server_that_left_the_wanted_set_counts_while_the_kernel_has_i
     w.conns(EXTERNAL, 2)
     w.drain.on_service(REF, desired(*KINDS), desired(CLUSTER, NODE_PORT, LB))
     assert w.step()
-    assert w.drain.established == 2  # draining (issue 26): still established through us
+    assert w.drain.established == 2  # draining: still established through us
     w.kernel.delete_virtual_server(EXTERNAL, bind_address=False)
     w.clock.advance(1.0)
     assert w.step()
@@ -489,22 +497,22 @@ def daemon(tmp_path: Path) -> Any:
     d = Daemon(
         DaemonOptions(
             node=NodeContext("node-a", (NODE_IP,)),
-            manifests=str(folder),
-            state_dir=str(tmp_path / "state"),
-            listen="127.0.0.1:0",
-            healthz_bind_address="127.0.0.1:0",
-            lb_grace=0.5,
-            draining_taints=("example.com/retire", "karpenter.sh/disrupted"),
+            source=SourceOptions(manifests=str(folder)),
+            drain=DrainOptions(state_dir=str(tmp_path / "state")),
+            http=HTTPOptions(listen="127.0.0.1:0", healthz_bind_address="127.0.0.1:0"),
+            node_drain=NodeDrainOptions(
+                lb_grace=0.5, draining_taints=("example.com/retire", "karpenter.sh/disrupted")
+            ),
         ),
         kernel,
         ManifestSource(folder, interval=0.05),
         loop_config=LoopConfig(idle_wakeup=0.05, drain_check_interval=0.05),
     )
-    assert d.proxy_health is not None
-    d.proxy_health.retry_interval = 0.05
+    assert d.part(ProxyHealthServer) is not None
+    d.part(ProxyHealthServer).retry_interval = 0.05
     d.start()
     try:
-        wait_for(lambda: d.engine.started and d.proxy_health.port)
+        wait_for(lambda: d.engine.started and d.part(ProxyHealthServer).port)
         yield d, folder, kernel
     finally:
         d.shutdown()
@@ -517,8 +525,8 @@ def node_state(d: Daemon) -> dict[str, Any]:
 
 
 def health(d: Daemon) -> int:
-    assert d.proxy_health is not None
-    return get(f"http://127.0.0.1:{d.proxy_health.port}/healthz")[0]
+    assert d.part(ProxyHealthServer) is not None
+    return get(f"http://127.0.0.1:{d.part(ProxyHealthServer).port}/healthz")[0]
 
 
 def test_daemon_drains_the_node_for_its_taint_and_the_hook_waits(daemon: Any) -> None:

@@ -1,4 +1,4 @@
-"""Node safety (issue 25.2 and 25.3): what a Service may never make of a node, in the daemon's
+"""Node safety: what a Service may never make of a node, in the daemon's
 engine and in `ipvsctl plan` alike: one line, a count, and the other Services go on."""
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ def test_node_context_defaults_are_the_contracts():
 
 
 def test_the_api_servers_host_is_resolved_once_at_start(caplog):
-    from ipvsctl.daemon.wiring import DaemonOptions, with_apiserver_addresses
+    from ipvsctl.daemon.adapters import with_apiserver_addresses
+    from ipvsctl.daemon.options import DaemonOptions
     from ipvsctl.kube.config import host_addresses
 
     assert host_addresses("https://127.0.0.1:6443") == frozenset({"127.0.0.1"})

@@ -1,4 +1,4 @@
-"""Old findings (issue 25.6): the YAML alias repr bomb, text-format log forging."""
+"""Old findings: the YAML alias repr bomb, text-format log forging."""
 
 from __future__ import annotations
 
@@ -42,23 +42,69 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-@pytest.mark.parametrize(
-    "field",
-    [
-        "type",
-        "externalIPs",
-        "loadBalancerSourceRanges",
-        "trafficDistribution",
-        "metadata.creationTimestamp",
-        "metadata.namespace",
-        "annotation:ipvsctl.io/scheduler",
-        "annotation:ipvsctl.io/scheduler-flags",
-        "annotation:ipvsctl.io/drain-timeout",
-    ],
-)
-def test_an_aliased_value_is_shown_short_within_the_memory_limit(field, tmp_path):
+FIELDS = [
+    "type",
+    "externalIPs",
+    "loadBalancerSourceRanges",
+    "trafficDistribution",
+    "metadata.creationTimestamp",
+    "metadata.namespace",
+    "annotation:ipvsctl.io/scheduler",
+    "annotation:ipvsctl.io/scheduler-flags",
+    "annotation:ipvsctl.io/drain-timeout",
+    "annotation:ipvsctl.io/metrics",
+]
+
+# The same value built in Python, where no YAML limit applies (a source that hands the
+# parser shared objects): each field's error text must still be short, in bounded memory.
+_IN_PROCESS = """
+import sys
+from ipvsctl.model import NodeContext
+from ipvsctl.reconcile.cluster import plan_objects
+from ipvsctl.source.events import ObjectKind
+
+field = sys.argv[1]
+l3 = [[["A" * 250_000] * 30] * 30] * 30
+meta = {"name": "bomb"}
+spec = {"clusterIP": "10.96.0.77", "ports": [{"port": 80}]}
+if field != "type":
+    spec["type"] = "LoadBalancer"
+if field.startswith("metadata."):
+    meta[field.split(".", 1)[1]] = l3
+elif field.startswith("annotation:"):
+    meta["annotations"] = {field.split(":", 1)[1]: l3}
+elif field == "externalIPs":
+    spec["externalIPs"] = [l3]
+else:
+    spec[field] = l3
+svc = {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+_, problems = plan_objects({ObjectKind.SERVICE: [svc]}, NodeContext("node-a"))
+for p in problems:
+    print(p.name, p.reason, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_an_aliased_value_is_shown_short_within_the_memory_limit(field):
     """repr() before truncation (validate._short) and an untruncated `{value!r}` in convert
     took a 296 KB file to 1.6 GB; each field here is one such place."""
+    r = subprocess.run(
+        [sys.executable, "-c", _IN_PROCESS, field],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limit_memory,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
+    assert r.stderr.strip(), "the value was reported"
+    assert all(len(line) < 400 for line in r.stderr.splitlines()), r.stderr[:2000]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_an_aliased_yaml_bomb_is_one_clear_error_within_the_memory_limit(field, tmp_path):
+    """The same value from YAML (a 296 KB file): its aliases bring 6.7 GB of text, refused
+    at load as one line (safeyaml's MAX_ALIAS_CHARS), before anything walks it."""
     path = tmp_path / "bomb.yaml"
     path.write_text(_bomb(field))
     if field != "type":
@@ -70,9 +116,10 @@ def test_an_aliased_value_is_shown_short_within_the_memory_limit(field, tmp_path
         timeout=120,
         preexec_fn=_limit_memory,
     )
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
-    assert all(len(line) < 400 for line in r.stderr.splitlines()), r.stderr[:2000]
+    (line,) = r.stderr.splitlines()
+    assert "aliases expand to more than 16 MiB of text" in line and len(line) < 400
 
 
 def test_short_is_bounded_for_every_shape():

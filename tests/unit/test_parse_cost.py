@@ -1,5 +1,5 @@
-"""parse_endpoint_slice's per-endpoint cost (issue 14, bench hot spot 4: ~40% of one
-change's CPU): the common shapes take the fast path, no error text is built unless there is
+"""parse_endpoint_slice's per-endpoint cost (bench hot spot 4: ~40% of one change's
+CPU): the common shapes take the fast path, no error text is built unless there is
 an error, and every error still names its place as before. Counted in calls, not timed."""
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from devkit.builders import endpoint, endpoint_slice, service
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import DaemonOptions, DrainOptions, HTTPOptions, SourceOptions
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.healthcheck.proxy import ZERO_TIME, ProxyState, answer, go_time
+from ipvsctl.healthcheck.proxy_server import ProxyHealthServer
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import NodeContext
@@ -101,11 +103,11 @@ def daemon(tmp_path: Path, healthz: str = "127.0.0.1:0", stale_after: float = 60
     folder = tmp_path / "m"
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(folder),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        stale_after=stale_after,
-        healthz_bind_address=healthz,
+        source=SourceOptions(manifests=str(folder)),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(
+            listen="127.0.0.1:0", stale_after=stale_after, healthz_bind_address=healthz
+        ),
     )
     d = Daemon(
         opts,
@@ -113,14 +115,14 @@ def daemon(tmp_path: Path, healthz: str = "127.0.0.1:0", stale_after: float = 60
         ManifestSource(folder, interval=0.05),
         loop_config=LoopConfig(idle_wakeup=0.05),
     )
-    assert d.proxy_health is not None
-    d.proxy_health.retry_interval = 0.05
+    assert d.part(ProxyHealthServer) is not None
+    d.part(ProxyHealthServer).retry_interval = 0.05
     return d
 
 
 def probe(d: Daemon, path: str) -> tuple[int, dict[str, Any]]:
-    assert d.proxy_health is not None and d.proxy_health.port
-    code, text = get(f"http://127.0.0.1:{d.proxy_health.port}{path}")
+    assert d.part(ProxyHealthServer) is not None and d.part(ProxyHealthServer).port
+    code, text = get(f"http://127.0.0.1:{d.part(ProxyHealthServer).port}{path}")
     return code, json.loads(text)
 
 
@@ -137,7 +139,7 @@ def test_daemon_follows_its_node_taint_and_deletion(tmp_path: Path, folder: Path
     d = daemon(tmp_path)
     try:
         d.start()
-        wait_for(lambda: d.engine.started and d.proxy_health.port)
+        wait_for(lambda: d.engine.started and d.part(ProxyHealthServer).port)
         code, body = probe(d, "/healthz")
         assert (code, body["nodeEligible"], body["healthy"]) == (503, False, True)
         assert probe(d, "/livez")[0] == 200  # liveness ignores the node
@@ -163,7 +165,7 @@ def test_no_node_object_counts_eligible(tmp_path: Path, folder: Path) -> None:
     d = daemon(tmp_path)
     try:
         d.start()
-        wait_for(lambda: d.engine.started and d.proxy_health.port)
+        wait_for(lambda: d.engine.started and d.part(ProxyHealthServer).port)
         code, body = probe(d, "/healthz")
         assert (code, body["nodeEligible"]) == (200, True)
         assert d.metrics.value("ipvsctl_node_object_known") == 0
@@ -175,7 +177,7 @@ def test_stuck_loop_is_stale(tmp_path: Path, folder: Path) -> None:
     d = daemon(tmp_path, stale_after=0.3)
     try:
         d.start()
-        wait_for(lambda: d.engine.started and d.proxy_health.port)
+        wait_for(lambda: d.engine.started and d.part(ProxyHealthServer).port)
         assert probe(d, "/healthz")[0] == 200
         with d.loop.lock:  # the loop cannot turn: updates are stale
             wait_for(lambda: probe(d, "/livez")[0] == 503)
@@ -206,7 +208,7 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
         ]
         assert not any(r.exc_info for r in caplog.records)
         blocker.close()  # kube-proxy goes away: the port is taken over
-        wait_for(lambda: d.proxy_health.port == port)
+        wait_for(lambda: d.part(ProxyHealthServer).port == port)
         assert probe(d, "/healthz")[0] == 200
     finally:
         blocker.close()
@@ -226,17 +228,19 @@ def test_port_taken_is_one_error_line_a_metric_and_a_retry(
     ],
 )
 def test_bind_address_as_kube_proxys_flag(value: str, want: str) -> None:
-    from ipvsctl.cli.app import _healthz_address
+    from ipvsctl.daemon.options import healthz_address
 
-    assert _healthz_address(value) == want
+    assert healthz_address(value) == want
 
 
 @pytest.mark.parametrize("value", ["bogus", "1.2.3.4:99999", ":10256", "1.2.3.4:x"])
 def test_bad_bind_address_is_exit_2(value: str) -> None:
-    import typer
+    from typer.testing import CliRunner
 
-    from ipvsctl.cli.app import _healthz_address
+    from ipvsctl.cli.app import app
+    from ipvsctl.daemon.options import OptionsError, healthz_address
 
-    with pytest.raises(typer.Exit) as exc:
-        _healthz_address(value)
-    assert exc.value.exit_code == 2
+    with pytest.raises(OptionsError, match="--healthz-bind-address"):
+        healthz_address(value)
+    r = CliRunner().invoke(app, ["run", "--healthz-bind-address", value])
+    assert r.exit_code == 2 and "--healthz-bind-address" in r.output

@@ -1,4 +1,4 @@
-"""The kernel readers' costs (issue 14): an audit round's start sorts nothing under the
+"""The kernel readers' costs: an audit round's start sorts nothing under the
 loop's lock, drain checks never wait behind the audit's reads, and the audit is paced by
 its own cost. Counted, not timed."""
 

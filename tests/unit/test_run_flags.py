@@ -7,10 +7,13 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
+import ipvsctl.daemon.adapters
+import ipvsctl.daemon.options
 import ipvsctl.daemon.wiring
 import ipvsctl.kernel.netlink.addresses
 import ipvsctl.obs.logging
 from ipvsctl.cli.app import app
+from ipvsctl.daemon.options import SourceOptions
 from ipvsctl.source.duration import MAX_SECONDS, parse_duration
 
 
@@ -141,22 +144,27 @@ def test_durations_rejected(text):
 @pytest.mark.parametrize(
     ("args", "field", "value"),
     [
-        (["--drain-timeout", "5m"], "drain_timeout", 300.0),
-        (["--drain-timeout", "2.5"], "drain_timeout", 2.5),
-        (["--drain-check-interval", "500ms"], "drain_check_interval", 0.5),
-        (["--ipvs-tcp-timeout", "15m"], "tcp_timeout", 900),
-        (["--ipvs-tcpfin-timeout", "1m30s"], "tcpfin_timeout", 90),
-        (["--ipvs-udp-timeout", "300"], "udp_timeout", 300),
-        (["--ipvs-udp-timeout", "500ms"], "udp_timeout", 1),  # whole seconds, never "kernel's"
-        ([], "drain_timeout", 30.0),
-        ([], "drain_check_interval", 1.0),
-        ([], "tcp_timeout", 0),
+        (["--drain-timeout", "5m"], "drain.timeout", 300.0),
+        (["--drain-timeout", "2.5"], "drain.timeout", 2.5),
+        (["--drain-check-interval", "500ms"], "drain.check_interval", 0.5),
+        (["--ipvs-tcp-timeout", "15m"], "kernel.tcp_timeout", 900),
+        (["--ipvs-tcpfin-timeout", "1m30s"], "kernel.tcpfin_timeout", 90),
+        (["--ipvs-udp-timeout", "300"], "kernel.udp_timeout", 300),
+        (
+            ["--ipvs-udp-timeout", "500ms"],
+            "kernel.udp_timeout",
+            1,
+        ),  # whole seconds, never "kernel's"
+        ([], "drain.timeout", 30.0),
+        ([], "drain.check_interval", 1.0),
+        ([], "kernel.tcp_timeout", 0),
     ],
 )
 def test_run_seconds_flags_take_durations(monkeypatch, tmp_path, args, field, value):
     r, opts, _ = invoke(monkeypatch, tmp_path, *args)
     assert r.exit_code == 0, r.output
-    assert getattr(opts, field) == value
+    group, name = field.split(".")
+    assert getattr(getattr(opts, group), name) == value
 
 
 @pytest.mark.parametrize(
@@ -213,10 +221,11 @@ def test_empty_list_guard_only_where_default_kubernetes_is_listed(proxy_name, gu
     from ipvsctl.model import NodeContext
     from ipvsctl.obs.metrics import Metrics
 
-    options = ipvsctl.daemon.wiring.DaemonOptions(
-        node=NodeContext("node-a", service_proxy_name=proxy_name), apiserver="http://127.0.0.1:9"
+    options = ipvsctl.daemon.options.DaemonOptions(
+        node=NodeContext("node-a", service_proxy_name=proxy_name),
+        source=SourceOptions(apiserver="http://127.0.0.1:9"),
     )
-    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
+    source = ipvsctl.daemon.adapters.open_source(options, Metrics())
     assert source._sentinel == (SENTINEL_SERVICE if guarded else None)
 
 
@@ -227,8 +236,10 @@ def test_the_api_source_prepares_its_lists_as_the_engines_store_parses() -> None
     from ipvsctl.reconcile.intake import Intake
 
     node = NodeContext("node-a", default_scheduler="wrr", service_proxy_name="mine")
-    options = ipvsctl.daemon.wiring.DaemonOptions(node=node, apiserver="http://127.0.0.1:9")
-    source = ipvsctl.daemon.wiring.open_source(options, Metrics())
+    options = ipvsctl.daemon.options.DaemonOptions(
+        node=node, source=SourceOptions(apiserver="http://127.0.0.1:9")
+    )
+    source = ipvsctl.daemon.adapters.open_source(options, Metrics())
     assert source._prepare == Intake(node, Metrics()).store.preparer
     assert source._prepare.default_scheduler == "wrr"
 
@@ -236,8 +247,11 @@ def test_the_api_source_prepares_its_lists_as_the_engines_store_parses() -> None
 def test_draining_taints_and_lb_grace(monkeypatch, tmp_path):
     r, opts, _ = invoke(monkeypatch, tmp_path)
     assert r.exit_code == 0, r.output
-    assert opts.draining_taints == ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted")
-    assert opts.lb_grace == 30.0
+    assert opts.node_drain.draining_taints == (
+        "ToBeDeletedByClusterAutoscaler",
+        "karpenter.sh/disrupted",
+    )
+    assert opts.node_drain.lb_grace == 30.0
     r, opts, _ = invoke(
         monkeypatch,
         tmp_path,
@@ -247,10 +261,10 @@ def test_draining_taints_and_lb_grace(monkeypatch, tmp_path):
         "1m30s",
     )
     assert r.exit_code == 0, r.output
-    assert opts.draining_taints == ("example.com/retire", "karpenter.sh/disrupted")
-    assert opts.lb_grace == 90.0
+    assert opts.node_drain.draining_taints == ("example.com/retire", "karpenter.sh/disrupted")
+    assert opts.node_drain.lb_grace == 90.0
     r, opts, _ = invoke(monkeypatch, tmp_path, "--draining-taints", "")
-    assert r.exit_code == 0 and opts.draining_taints == ()
+    assert r.exit_code == 0 and opts.node_drain.draining_taints == ()
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
-"""Issue 15: the Service semantics kube-proxy and kube-router users rely on (CONTRACT.md
+"""The Service semantics kube-proxy and kube-router users rely on (CONTRACT.md
 "What becomes a virtual server", "Durations"), table-style as kube-proxy's tests, through
 the real conversion and planner (`plan --json`) and the engine on the in-memory kernel."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness, rs, vs
 from ipvsctl.cli.render import plan_json
+from ipvsctl.daemon.options import SourceOptions
 from ipvsctl.model import DeadlineSource, NodeContext
 from ipvsctl.reconcile.cluster import plan_objects
 from ipvsctl.source.events import ObjectKind
@@ -200,14 +202,17 @@ def test_daemon_lists_and_watches_services_with_the_selector(proxy_name):
     import threading
 
     from devkit.fakeapi import FakeAPIServer
-    from ipvsctl.daemon.wiring import DaemonOptions, open_source
+    from ipvsctl.daemon.adapters import open_source
+    from ipvsctl.daemon.options import DaemonOptions
     from ipvsctl.obs.metrics import Metrics
     from ipvsctl.source.convert import service_label_selector
 
     api = FakeAPIServer().start()
     try:
         node = NodeContext("node-a", service_proxy_name=proxy_name)
-        source = open_source(DaemonOptions(node=node, apiserver=api.url), Metrics())
+        source = open_source(
+            DaemonOptions(node=node, source=SourceOptions(apiserver=api.url)), Metrics()
+        )
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
         t = threading.Thread(target=source.run, args=(events.put, stop), daemon=True)
@@ -305,7 +310,8 @@ def test_cleanup_ownership_follows_the_node_port_range(ports, owned):
 def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     """A NodePort virtual server outside the default range is the daemon's (adopted and
     removed when nothing wants it) once --service-node-port-range says so."""
-    from ipvsctl.daemon.wiring import DaemonOptions, open_kernel
+    from ipvsctl.daemon.adapters import open_kernel
+    from ipvsctl.daemon.options import DaemonOptions
     from ipvsctl.kernel import netlink
 
     class Kernel:
@@ -322,9 +328,10 @@ def test_daemon_ownership_follows_the_node_port_range(monkeypatch):
     k20080, k30080, kvip = _keys(("192.0.2.10", 20080), ("192.0.2.10", 30080), ("10.96.0.10", 80))
     _, default, take_over = open_kernel(DaemonOptions(node=node))
     assert (default(k20080), default(k30080), default(kvip)) == (False, True, True)
-    _, custom, _ = open_kernel(DaemonOptions(node=node, node_port_range=range(20000, 22768)))
+    custom_node = dataclasses.replace(node, node_port_range=range(20000, 22768))
+    _, custom, _ = open_kernel(DaemonOptions(node=custom_node))
     assert (custom(k20080), custom(k30080), custom(kvip)) == (True, False, True)
-    # Issue 25.4: ours, or a Kubernetes proxy's (kube-dummy-if), may be taken over; not
+    # Ours, or a Kubernetes proxy's (kube-dummy-if), may be taken over; not
     # anyone else's (keepalived's address, a node address outside the NodePort range)
     (krouter, kkeepalived) = _keys(("10.96.0.77", 80), ("198.51.100.50", 80))
     assert [take_over(k) for k in (kvip, k30080, krouter, kkeepalived, k20080)] == [

@@ -11,14 +11,22 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.fakenetlink import IPVSModel, model_sockets
 from devkit.harness import Harness, vs
-from ipvsctl.daemon.wiring import Daemon, DaemonOptions
+from ipvsctl.daemon.options import (
+    DaemonOptions,
+    DrainOptions,
+    HTTPOptions,
+    MetricsOptions,
+    SourceOptions,
+)
+from ipvsctl.daemon.wiring import Daemon
 from ipvsctl.kernel.fake import FakeKernel
 from ipvsctl.kernel.netlink import NetlinkKernel
 from ipvsctl.kernel.port import KernelTransient
 from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DesiredService, NodeContext, ServiceRef, ServiceStats
-from ipvsctl.obs.metrics import Metrics
+from ipvsctl.obs.metrics import Metrics, ServiceTrafficCollector
 from ipvsctl.plan.traffic import MonotonicSums, admit
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.reconcile.service_traffic import ServiceMetricsMode, ServiceTraffic
 
@@ -39,7 +47,7 @@ def slice_of(name: str = "web") -> dict:
 def traffic_harness(mode: ServiceMetricsMode, max_series: int = 10000):
     h = Harness()
     traffic = ServiceTraffic(h.fake, mode, max_series)
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     return h, traffic
 
 
@@ -152,7 +160,7 @@ def test_the_daemon_exports_the_dropped_count_and_no_series_past_the_cap():
     rows, dropped = traffic.read()
     assert [tuple(r[0]) for r in rows] == [("default", "a", "http", "TCP")] and dropped == 1
     m = Metrics()
-    m.service_traffic.read = traffic.read
+    m.registry.register(ServiceTrafficCollector(traffic.read))  # as the daemon's feature does
     assert m.value("ipvsctl_service_metrics_dropped") == 1
     assert (
         m.value(
@@ -225,7 +233,7 @@ def test_a_failed_read_is_a_gap_a_count_and_one_log_line(caplog):
     traffic = ServiceTraffic(
         h.fake, ServiceMetricsMode.ALL, on_error=lambda e: errors.append(e.operation)
     )
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     h.start([web()], [slice_of()])
     assert traffic.read() == ([], 0) and traffic.read() == ([], 0)
     assert errors == ["read_service_stats"] * 2
@@ -237,7 +245,7 @@ def test_the_counters_come_through_netlink_in_one_service_dump():
     kernel = NetlinkKernel(sockets=model_sockets(model), create_interface=False)
     h = Harness(kernel=kernel)
     traffic = ServiceTraffic(kernel, ServiceMetricsMode.ALL)
-    h.engine.service_listeners.append(traffic.on_service)
+    h.feed.subscribe(Subscriptions(service=traffic.on_service))
     h.start([web(), web("db", "10.96.0.11")], [slice_of(), slice_of("db")])
     model.table.add_traffic(vs(), TRAFFIC)
     dumps = model.service_dumps
@@ -251,10 +259,10 @@ def _daemon(tmp_path: Path, kernel: FakeKernel, mode: ServiceMetricsMode) -> Dae
     write(tmp_path / "m", "web.yaml", web(annotations=ON), slice_of())
     opts = DaemonOptions(
         node=NodeContext("node-a", ("192.0.2.10",)),
-        manifests=str(tmp_path / "m"),
-        state_dir=str(tmp_path / "state"),
-        listen="127.0.0.1:0",
-        service_metrics=mode,
+        source=SourceOptions(manifests=str(tmp_path / "m")),
+        drain=DrainOptions(state_dir=str(tmp_path / "state")),
+        http=HTTPOptions(listen="127.0.0.1:0"),
+        metrics=MetricsOptions(service_metrics=mode),
     )
     return Daemon(
         opts,
@@ -270,7 +278,7 @@ def test_a_scrape_shows_the_series_without_taking_the_loops_lock(tmp_path):
     d.start()
     try:
         wait_for(lambda: vs() in kernel.services and d.view.started)
-        wait_for(lambda: d.service_traffic is not None and d.service_traffic.read()[0])
+        wait_for(lambda: (t := d.part(ServiceTraffic)) is not None and t.read()[0])
         kernel.add_traffic(vs(), TRAFFIC)
         base = f"http://127.0.0.1:{d.http.port}"
         with d.loop.lock:  # the loop busy: a scrape still answers
@@ -295,7 +303,7 @@ def test_none_reads_nothing_and_exports_no_series(tmp_path):
     try:
         wait_for(lambda: vs() in kernel.services and d.view.started)
         text = get(f"http://127.0.0.1:{d.http.port}/metrics")[1]
-        assert d.service_traffic is None and kernel.stats_reads == 0
+        assert d.part(ServiceTraffic) is None and kernel.stats_reads == 0
         assert "ipvsctl_service_bytes_total{" not in text
         assert "ipvsctl_service_metrics_dropped 0.0" in text
     finally:

@@ -1,4 +1,4 @@
-"""One copy of what many endpoints repeat (issue 32, memory): the sharing must never make
+"""One copy of what many endpoints repeat (memory): the sharing must never make
 two different values equal, nor two equal values different."""
 
 from __future__ import annotations

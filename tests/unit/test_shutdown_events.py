@@ -6,7 +6,6 @@ connections at the end), and a 403 said once in its log."""
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.fakeapi import FakeAPIServer
 from ipvsctl.cli.shutdown_manager import ManagerOptions, ShutdownManager
 from ipvsctl.daemon.shutdown_manager import open_events
 from ipvsctl.kube.config import load_configuration, new_api_client
@@ -22,12 +22,6 @@ from ipvsctl.model import PodRef
 from ipvsctl.shutdown.barrier import BarrierConfig
 
 from .test_shutdown_manager_e2e import POD, Caller, FakeDaemon, write_proc
-
-try:
-    from devkit.fakeapi import FakeAPIServer
-except ModuleNotFoundError:  # plain `pytest` does not put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from devkit.fakeapi import FakeAPIServer
 
 ME = PodRef("shop", "web-7c9d-x2k4p", "6f1c2a9e-0000-4000-8000-000000000001")
 

@@ -6,6 +6,7 @@ counts read), never by sleeping; the barrier polls with a short real interval.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -266,7 +267,7 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         ManagerOptions(
             pod_ips=(POD,),
             listen="127.0.0.1:0",
-            daemon_service="ipvsctl-metrics.test",
+            daemon_services=("ipvsctl-metrics.test",),
             daemon_port=a.http.port,
             proc_net=str(tmp_path),
             barrier=BarrierConfig(check_interval=0.02, timeout=10),
@@ -278,6 +279,47 @@ def test_daemons_are_found_through_dns(tmp_path, daemons):
         code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
         assert code == 200 and doc["outcome"] == "drained"
         assert asked[0] == ("ipvsctl-metrics.test", a.http.port)
+        assert doc["daemons"]["total"] == 1
+    finally:
+        m.stop()
+
+
+def test_by_default_the_daemons_are_found_in_kube_system_too(tmp_path, daemons, cli, monkeypatch):
+    """The kube-proxy takeover runs the daemons in kube-system: the command's defaults look
+    there as well as in ipvsctl-system, and a name that does not exist is no failure (the
+    system resolver's NXDOMAIN, stubbed under getaddrinfo)."""
+    a, _ = daemons
+    a.set(quiesced=True)
+    write_proc(tmp_path, connections=0)
+    seen: list[ManagerOptions] = []
+    monkeypatch.setattr("ipvsctl.cli.shutdown_manager.run", lambda o: seen.append(o) or 0)
+    monkeypatch.setattr("ipvsctl.obs.logging.setup", lambda fmt, level=None: None)
+    r = CliRunner().invoke(cli, ["shutdown-manager", "--pod-ip", POD])
+    assert r.exit_code == 0, r.output
+    (options,) = seen
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "ipvsctl-metrics.kube-system.svc.cluster.local":
+            return real_getaddrinfo("127.0.0.1", port, *args, **kwargs)
+        if str(host).startswith("ipvsctl-metrics."):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    m = ShutdownManager(
+        dataclasses.replace(
+            options,
+            listen="127.0.0.1:0",
+            daemon_port=a.http.port,
+            proc_net=str(tmp_path),
+            barrier=BarrierConfig(check_interval=0.02, timeout=5),
+        )
+    )
+    m.start()
+    try:
+        code, doc = get(f"http://127.0.0.1:{m.port}/shutdown")
+        assert code == 200 and doc["outcome"] == "drained", doc
         assert doc["daemons"]["total"] == 1
     finally:
         m.stop()
@@ -412,7 +454,7 @@ def _threads() -> int:
 
 
 def test_no_strays_or_flood_end_the_prestop_before_the_barrier(tmp_path, daemons):
-    """Issue 23.2: 64 stray GET /shutdown held open made the real preStop get 503 in 1 ms,
+    """Regression: 64 stray GET /shutdown held open made the real preStop get 503 in 1 ms,
     and an idle flood evicted preStop connections unanswered (the kubelet takes either as
     "done"). Now: 64 strays from four addresses are parked (no thread each), a flood of
     idle connections comes from a fifth, and the preStop from the kubelet's address (not
@@ -453,4 +495,79 @@ def test_no_strays_or_flood_end_the_prestop_before_the_barrier(tmp_path, daemons
     finally:
         for s in held:
             s.close()
+        m.stop()
+
+
+def _recv_all(s: socket.socket, timeout: float = 20) -> bytes:
+    s.settimeout(timeout)
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_crowd_of_strangers_never_closes_a_parked_prestop(tmp_path, daemons):
+    """The documented setup on a bridge CNI: the app's and the sidecar's preStops both come
+    from the kubelet's address on the bridge (neither loopback nor --node-ip: not trusted)
+    and wait parked. Strangers take every other slot of the 1,024, one stray call each
+    from as many addresses; then more strangers come. The kubelet's address, holding two,
+    was the heaviest peer, so a newcomer closed a parked preStop with no answer (the
+    kubelet takes that as "done"). A parked /shutdown is never closed now: the newcomers
+    are refused instead, and both preStops get the barrier's answer."""
+    a, b = daemons
+    write_proc(tmp_path, connections=0)
+    m = manager(tmp_path, [a.url, b.url])
+    m.http.server.trusted = lambda peer: peer == "127.0.0.1"
+    m.start()
+    shutdown = b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n"
+    cap = m.http.server.limits.max_connections
+    held: list[socket.socket] = []
+    try:
+        app = _open(m.port, "127.0.0.2", shutdown)
+        sidecar = _open(m.port, "127.0.0.2", shutdown)
+        held += [app, sidecar]
+        assert m.barrier.wait_for_waiters(2, 10)
+        strangers = [f"127.1.{i // 250}.{i % 250 + 1}" for i in range(cap - 2 + 20)]
+        for start in range(0, cap - 2, 100):  # batches the accept backlog can hold
+            batch = strangers[start : min(start + 100, cap - 2)]
+            held += [_open(m.port, peer, shutdown) for peer in batch]
+            assert m.barrier.wait_for_waiters(2 + start + len(batch), 30)
+        assert m.http.server.open_connections() == cap
+        late = [_open(m.port, peer, shutdown) for peer in strangers[cap - 2 :]]
+        held += late
+        deadline = time.monotonic() + 20
+        while sum(m.http.server.refused.values()) < len(late):  # each made room, or not
+            assert time.monotonic() < deadline, m.http.server.refused
+            time.sleep(0.01)
+        for prestop in (app, sidecar):
+            prestop.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                prestop.recv(1)  # still waiting: no answer, no close
+        for s in late:  # refused at once: every slot holds a parked call
+            assert _recv_all(s).startswith(b"HTTP/1.1 503 ")
+        a.set(quiesced=True)
+        b.set(quiesced=True)
+        for prestop in (app, sidecar):
+            head, _, body = _recv_all(prestop).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            assert json.loads(body)["outcome"] == "drained"
+    finally:
+        for s in held:
+            s.close()
+        m.stop()
+
+
+def test_the_pods_default_gateway_is_trusted_as_the_nodes_address(tmp_path, daemons):
+    """On a bridge CNI the kubelet's probes and preStops come from the bridge's address,
+    the pod's default gateway: trusted like --node-ip (never refused, no slot taken)."""
+    write_proc(tmp_path, connections=0)
+    (tmp_path / "route").write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "eth0\t00000000\t0101F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    )
+    m = manager(tmp_path, [d.url for d in daemons])
+    try:
+        assert m.http.server.trusted("10.244.1.1")
+        assert not m.http.server.trusted("10.244.1.7")  # another pod
+    finally:
         m.stop()

@@ -19,6 +19,7 @@ from ipvsctl.shutdown.probes import (
     TCP_LISTEN,
     ConnectionCounter,
     DnsDaemons,
+    NameNotFound,
     ProbeError,
     ShutdownProbes,
     StaticDaemons,
@@ -28,6 +29,7 @@ from ipvsctl.shutdown.probes import (
     decode_address,
     fetch_quiesced,
     listening_ports,
+    merge_lookups,
     normalize_daemon_url,
     parse_proc_net_tcp,
     parse_quiesced,
@@ -165,6 +167,66 @@ def test_dns_discovery_failures_become_probe_failures():
     assert probes.discover() == Failure("cannot resolve x: Name or service not known")
 
 
+@pytest.mark.parametrize(
+    ("lookups", "want"),
+    [
+        # ipvsctl in its own namespace: kube-system's name does not exist
+        ([("own", ["192.0.2.1"]), ("kube-system", NameNotFound("nx"))], ["192.0.2.1"]),
+        # the kube-proxy takeover: the other way round
+        ([("own", NameNotFound("nx")), ("kube-system", ["192.0.2.2"])], ["192.0.2.2"]),
+        # both (a move between them): every daemon of both
+        ([("own", ["192.0.2.1"]), ("kube-system", ["192.0.2.2"])], ["192.0.2.1", "192.0.2.2"]),
+        # a name that failed otherwise may hide daemons: the round fails, whatever else answered
+        ([("own", ["192.0.2.1"]), ("kube-system", ProbeError("timed out"))], "timed out"),
+        ([("own", ProbeError("SERVFAIL")), ("kube-system", NameNotFound("nx"))], "SERVFAIL"),
+        # no name exists
+        (
+            [("own", NameNotFound("nx")), ("kube-system", NameNotFound("nx"))],
+            "no daemon found: own or kube-system has no A/AAAA records",
+        ),
+    ],
+)
+def test_daemons_are_those_of_every_name_that_exists(lookups, want):
+    if isinstance(want, list):
+        assert merge_lookups(lookups) == want
+    else:
+        with pytest.raises(ProbeError, match=want):
+            merge_lookups(lookups)
+
+
+def test_the_default_names_find_the_daemons_in_kube_system():
+    """The kube-proxy takeover runs the daemons in kube-system: the default lookup finds them
+    there (and tells a name that does not exist from a lookup that failed)."""
+    from ipvsctl.shutdown import DEFAULT_DAEMON_SERVICES
+
+    records = {"ipvsctl-metrics.kube-system.svc.cluster.local": ["192.0.2.7", "192.0.2.8"]}
+
+    def dns(name: str, port: int) -> list[str]:
+        if name not in records:
+            raise NameNotFound(f"cannot resolve {name}: Name or service not known")
+        return records[name]
+
+    d = DnsDaemons(DEFAULT_DAEMON_SERVICES, 9796, dns)
+    assert d() == ["http://192.0.2.7:9796", "http://192.0.2.8:9796"]
+    assert "ipvsctl-metrics.ipvsctl-system.svc.cluster.local" in str(d)
+
+
+def test_the_resolver_tells_a_missing_name_from_a_failed_lookup(monkeypatch):
+    def raising(errno: int):
+        def getaddrinfo(*args, **kwargs):
+            raise socket.gaierror(errno, "stub")
+
+        return getaddrinfo
+
+    monkeypatch.setattr(socket, "getaddrinfo", raising(socket.EAI_NONAME))
+    with pytest.raises(NameNotFound):
+        resolve_addresses("ipvsctl-metrics.kube-system.svc.cluster.local", 9796)
+    monkeypatch.setattr(socket, "getaddrinfo", raising(socket.EAI_AGAIN))
+    with pytest.raises(ProbeError) as failed:
+        resolve_addresses("ipvsctl-metrics.kube-system.svc.cluster.local", 9796)
+    assert not isinstance(failed.value, NameNotFound)
+
+
 def test_the_system_resolver_answers_for_literal_addresses():
     assert resolve_addresses("127.0.0.1", 9796) == ["127.0.0.1"]
     assert daemon_urls(["fe80::1%eth0"], 1) == ["http://[fe80::1]:1"]
@@ -276,3 +338,27 @@ def test_query_combines_a_dual_stack_pods_ips_per_daemon(daemon):
     gone = query_daemons([other.url], [POD], 1)
     assert isinstance(gone[other.url], Failure)
     assert query_daemons([], [POD], 1) == {}
+
+
+ROUTE = (
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    "eth0\t00000000\t0101F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # default via 10.244.1.1
+    "eth0\t0001F40A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"  # on-link: no gateway
+    "eth0\t00000000\tzz\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # malformed: skipped
+)
+IPV6_ROUTE = (
+    "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n"
+    "00000000000000000000000000000000 00 00000000000000000000000000000000 00 "
+    "fd000000000000000000000000000001 00000400 00000002 00000000 00000003 eth0\n"
+)
+
+
+def test_default_gateways_are_the_node_as_the_pod_sees_it(tmp_path):
+    from ipvsctl.shutdown.probes import default_gateways, parse_default_gateways
+
+    assert parse_default_gateways(ROUTE, IPV6_ROUTE) == {"10.244.1.1", "fd00::1"}
+    assert parse_default_gateways("", "") == frozenset()
+    (tmp_path / "route").write_text(ROUTE)  # no ipv6_route: an IPv4-only pod
+    assert default_gateways(tmp_path) == {"10.244.1.1"}
+    assert default_gateways(tmp_path / "missing") == frozenset()

@@ -1,4 +1,4 @@
-"""The drain queue's writer thread (issue 16.6): the loop never waits on disk."""
+"""The drain queue's writer thread: the loop never waits on disk."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from devkit.builders import endpoint, endpoint_slice, service
 from ipvsctl.source.convert import SERVICE_PROXY_NAME_LABEL, TRIGGER_TIME_ANNOTATION
-from ipvsctl.source.events import ObjectKind, Replace
-from ipvsctl.source.store import ObjectStore, Prepared, Preparer, StoreChange
+from ipvsctl.source.events import ObjectKind, PreparedReplace, Replace
+from ipvsctl.source.prepare import Prepared, Preparer
+from ipvsctl.source.store import ObjectStore, StoreChange
 from tests.unit.test_hostile_manifests import HOSTILE, _json
 
 SVC, EPS, NODE = ObjectKind.SERVICE, ObjectKind.ENDPOINT_SLICE, ObjectKind.NODE
@@ -88,7 +89,7 @@ def _both(config: dict[str, Any], replaces: list[tuple[ObjectKind, list[Any]]]) 
         made = [preparer(kind, copy.deepcopy(o)) for o in objects]
         assert all(isinstance(p, Prepared) for p in made)
         expected = raw.apply(Replace(kind, copy.deepcopy(objects), 0.0))
-        got = prepared.apply(Replace(kind, made, 0.0))
+        got = prepared.apply(PreparedReplace(kind, made, 0.0))
         assert got == expected
         assert _state(prepared) == _state(raw)
 
@@ -124,8 +125,8 @@ def test_a_prepared_relist_reports_what_a_raw_one_does(config: dict[str, Any]) -
 def test_an_unchanged_prepared_relist_reports_nothing_to_do() -> None:
     good = SERVICES[:2]
     store = ObjectStore()
-    store.apply(Replace(SVC, [store.preparer(SVC, o) for o in good], 0.0))
-    again = store.apply(Replace(SVC, [store.preparer(SVC, o) for o in good], 0.0))
+    store.apply(PreparedReplace(SVC, [store.preparer(SVC, o) for o in good], 0.0))
+    again = store.apply(PreparedReplace(SVC, [store.preparer(SVC, o) for o in good], 0.0))
     assert again == StoreChange(synced=SVC)
 
 
@@ -133,12 +134,13 @@ def test_a_replace_prepared_by_another_configuration_is_refused() -> None:
     store = ObjectStore(default_scheduler="rr")
     other = Preparer(default_scheduler="wrr")
     with pytest.raises(ValueError, match="prepared"):  # nothing applied, not even the first
-        store.apply(Replace(SVC, [SERVICES[1], other(SVC, SERVICES[0])], 0.0))
+        mine = store.preparer(SVC, SERVICES[1])
+        store.apply(PreparedReplace(SVC, [mine, other(SVC, SERVICES[0])], 0.0))
     with pytest.raises(ValueError, match="prepared"):  # an equal preparer, another kind
-        store.apply(Replace(EPS, [Preparer()(SVC, SERVICES[0])], 0.0))
+        store.apply(PreparedReplace(EPS, [Preparer()(SVC, SERVICES[0])], 0.0))
     assert store.services == {} and store.synced == set()
     # An equal configuration (the daemon's source builds its own) is the store's own.
-    store.apply(Replace(SVC, [Preparer(default_scheduler="rr")(SVC, SERVICES[0])], 0.0))
+    store.apply(PreparedReplace(SVC, [Preparer(default_scheduler="rr")(SVC, SERVICES[0])], 0.0))
     assert len(store.services) == 1
 
 

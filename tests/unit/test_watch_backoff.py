@@ -1,4 +1,4 @@
-"""Watch backoff as client-go means it (issue 25.1), against the fake API server (the real
+"""Watch backoff as client-go means it, against the fake API server (the real
 wire protocol, the real `kubernetes` client) in virtual time: the reflector waits through an
 injected `wait` that moves a fake clock, so ten minutes of retries take a second, no sleeps.
 

@@ -15,7 +15,8 @@ address code and pkg/proxy/conntrack):
 - conntrack: the conntrack table (filtered dumps, deletes by original tuple), for the
   stale-entry sweep and for a removed UDP/SCTP real server's flush
 - addresses: this node's addresses (the default --node-ip), and those on the Kubernetes
-  proxies' dummy interfaces (whose virtual servers may be taken over)
+  proxies' dummy interfaces (whose virtual servers may be taken over); address_watch: every
+  address of the node, followed from rtnetlink's notifications (Node safety)
 - system_host: what `ipvsctl cleanup` removes (IPVS table, dummy interface)
 """
 

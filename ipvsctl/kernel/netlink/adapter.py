@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ipvsctl.kernel import table
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts
@@ -29,8 +29,8 @@ from ipvsctl.kernel.port import (
 )
 from ipvsctl.kernel.procfs import ipvs as procfs
 from ipvsctl.kernel.procfs import sysctl
-from ipvsctl.kernel.procfs.codec import ConnScan
 from ipvsctl.model import (
+    ConnScan,
     RealServerKey,
     RealServerStatus,
     ServiceKey,
@@ -52,7 +52,9 @@ class NetlinkKernel:
     (or without the named netns), KernelPermissionDenied without CAP_NET_ADMIN. With
     create_interface (the daemon), the dummy interface is created if missing. `sockets`
     opens pyroute2's sockets (devkit's netlink model passes its own); `conntrack` is the
-    table flush_conntrack lists and deletes in (default: over netlink, in `netns`).
+    table flush_conntrack lists and deletes in (default: over netlink, in `netns`);
+    `on_answers_lost(n)` is told when a batch of adds lost n answers (each add reported
+    failed: ipvs_calls.py).
 
     Any thread may call it: each calling thread gets its own netlink sockets on first use,
     kept until close(). Call it from a few long-lived threads, not from one thread per
@@ -67,13 +69,14 @@ class NetlinkKernel:
         create_interface: bool = True,
         sockets: Sockets | None = None,
         conntrack: ConntrackTable | None = None,
+        on_answers_lost: Callable[[int], object] | None = None,
     ) -> None:
         self.interface = interface
         self.netns = netns
         if netns is not None and not os.path.exists(netns_path(netns)):
             raise KernelUnavailable(f"network namespace {netns} not found", "open")
         self._sockets = sockets if sockets is not None else Sockets(netns)
-        self._calls = IPVSCalls(self._sockets)
+        self._calls = IPVSCalls(self._sockets, on_answers_lost)
         self._link = DummyInterface(self._sockets, interface)
         self._index = AddressIndex()
         self._conntrack = conntrack if conntrack is not None else NetlinkConntrack(netns)

@@ -70,18 +70,55 @@ class DummyInterface:
 
     def addresses(self) -> list[str]:
         """The addresses on the interface (compressed form, sorted)."""
-        ipr = self.sockets.iproute()
+        return self._with_index("bound_addresses", self._read_addresses)
 
-        def read(index: int) -> list[str]:
-            return sorted(
-                {
-                    ipaddress.ip_address(a.get("IFA_ADDRESS")).compressed
-                    for a in ipr.get_addr(index=index)
-                    if a.get("IFA_ADDRESS")
-                }
-            )
+    def _read_addresses(self, index: int) -> list[str]:
+        return sorted(
+            {
+                ipaddress.ip_address(a.get("IFA_ADDRESS")).compressed
+                for a in self.sockets.iproute().get_addr(index=index)
+                if a.get("IFA_ADDRESS")
+            }
+        )
 
-        return self._with_index("bound_addresses", read)
+    # --- as it is, never created (`ipvsctl cleanup`) -----------------------------------------
+    def lookup(self) -> int | None:
+        """The interface's index; None when there is none."""
+        with errors("lookup_interface", self.name):
+            found = self.sockets.iproute().link_lookup(ifname=self.name)
+        return int(found[0]) if found else None
+
+    def describe(self) -> tuple[str, list[str]] | None:
+        """(kind, addresses) of the interface; None when there is none."""
+        index = self.lookup()
+        if index is None:
+            return None
+        with errors("describe_interface", self.name):
+            links = self.sockets.iproute().get_links(index)
+            info = links[0].get_attr("IFLA_LINKINFO") if links else None
+            kind = (info.get_attr("IFLA_INFO_KIND") if info is not None else None) or ""
+            return str(kind), self._read_addresses(index)
+
+    def delete(self) -> None:
+        """Delete the interface (its addresses go with it); nothing when there is none."""
+        index = self.lookup()
+        if index is None:
+            return
+        with errors("delete_interface", self.name):
+            try:
+                self.sockets.iproute().link("del", index=index)
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:  # gone meanwhile
+                    raise
+        self._ifindex = None
+
+    def delete_address(self, address: str) -> None:
+        """Remove address from the interface if both are there; never creates it."""
+        index = self.lookup()
+        if index is None:
+            return
+        self._ifindex = index
+        self.unbind(address)
 
     def bind(self, address: str) -> None:
         """Put address/32 (/128) on the interface; nothing if it is there already."""

@@ -17,7 +17,8 @@ through pyroute2's own request path
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
@@ -29,6 +30,9 @@ from ipvsctl.kernel.netlink.raw import RawRequests
 from ipvsctl.kernel.netlink.sockets import Sockets, get_config
 from ipvsctl.kernel.port import KernelError, KernelNotFound
 from ipvsctl.model import RealServerKey, RealServerStatus, ServiceKey, ServiceStats, VirtualServer
+from ipvsctl.obs.logging import FailureStreaks
+
+log = logging.getLogger("ipvsctl.kernel")
 
 # Requests in one send: each failure's answer echoes its request (~150 bytes), so even a
 # batch that fails whole stays far below a socket's receive buffer (~200 KB).
@@ -36,11 +40,16 @@ BATCH_SIZE = 128
 
 
 class IPVSCalls:
-    """IPVS over generic netlink. Errors come out as KernelErrors (errors.py)."""
+    """IPVS over generic netlink. Errors come out as KernelErrors (errors.py).
+    `on_answers_lost(n)`: a batch lost the answers of n requests (each reported failed)."""
 
-    def __init__(self, sockets: Sockets) -> None:
+    def __init__(
+        self, sockets: Sockets, on_answers_lost: Callable[[int], object] | None = None
+    ) -> None:
         self.sockets = sockets
         self._raw = RawRequests()
+        self.on_answers_lost = on_answers_lost
+        self._lost = FailureStreaks(log)
 
     def _ipvs(self) -> Any:
         return self.sockets.ipvs()
@@ -148,12 +157,26 @@ class IPVSCalls:
                 continue
             try:
                 with errors("add_real_server", key):
-                    codes = self._raw.batch(ipvs, ipvs.prid, requests)
+                    codes, lost = self._raw.batch(ipvs, ipvs.prid, requests)
             except KernelError as exc:
                 if start == 0:
                     raise
                 out[start:] = [exc] * (len(real_servers) - start)
                 return out
+            if lost:
+                # Unknown whether those were made: each is a failure (the Service stays
+                # dirty; the retry's add of one that was made finds it and keeps it).
+                if self.on_answers_lost is not None:
+                    self.on_answers_lost(lost)
+                self._lost.failed(
+                    logging.WARNING,
+                    "netlink answers lost, those adds reported failed",
+                    vs=key,
+                    unanswered=lost,
+                    sent=len(requests),
+                )
+            else:
+                self._lost.recovered(None)
             for i, code in zip(sent, codes, strict=True):
                 if code:
                     subject = str(DestSubject(key, real_servers[i]))

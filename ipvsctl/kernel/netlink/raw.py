@@ -21,6 +21,9 @@ from pyroute2 import NetlinkError
 from ipvsctl.kernel.netlink import wire
 
 ANSWER_TIMEOUT = 30.0  # seconds; the kernel answers at once, this only bounds a lost answer
+# A batch's answers are all queued (or dropped) inside its send(): one that has not come
+# within this is lost, not late. The wait is under the loop's lock: short.
+BATCH_ANSWER_WAIT = 1.0
 _DUMP_BUFFER, _ACK_BUFFER = 1 << 18, 1 << 14
 # pyroute2 numbers its requests from 0xFF to 0xFFFF: ours never meet them
 _SEQ_FIRST, _SEQ_LAST = 0x01000000, 0x7FFFFFFF
@@ -70,13 +73,20 @@ class RawSocket:
 
     def batch(
         self, msg_type: int, requests: Sequence[wire.Request], seqs: Sequence[int]
-    ) -> list[int]:
-        """Many requests in one send(), the kernel's errno per request (0: done). The kernel
-        runs a datagram's messages one after another inside send() and answers a failed
-        one whatever its flags, a done one only when it asks for an ACK: only the last
-        asks, so its answer is the end and the answers before it are the failures. Two
-        system calls for the batch where one request each takes two; NetlinkError when
-        the answers cannot be read whole (a full receive buffer drops them: ENOBUFS)."""
+    ) -> tuple[list[int], int]:
+        """Many requests in one send(): the kernel's errno per request (0: done), and how
+        many had their answer lost. The kernel runs a datagram's messages one after another
+        inside send() and answers a failed one whatever its flags, a done one only when it
+        asks for an ACK: only the last asks, so its answer is the end and the answers
+        before it are the failures. Two system calls for the batch where one request each
+        takes two.
+
+        Every answer is queued, or dropped, by the time send() returns: a full receive
+        buffer drops the rest and says ENOBUFS once; an answer not there within
+        BATCH_ANSWER_WAIT is lost too. Then each request whose answer is unknown (it may be
+        done or not) gets ENOBUFS (ETIMEDOUT when the kernel said nothing), and the answers
+        still queued are read to the end, so that the next request's answer finds room
+        (left there, they made the next batch's end be dropped: a 30 s wait)."""
         last = len(requests) - 1
         head = wire.HEADER
         parts = []
@@ -87,15 +97,34 @@ class RawSocket:
         self.sock.send(b"".join(parts))
         index = {seq: i for i, seq in enumerate(seqs)}
         codes = [0] * len(requests)
+        answered = [False] * len(requests)
         end = seqs[last]
+        overrun = False
         while True:
-            for kind, _flags, answer_seq, msg in wire.split(self._receive(_ACK_BUFFER)):
+            try:
+                data: bytes = self.sock.recv(_ACK_BUFFER)
+            except BlockingIOError:
+                if overrun or not self._poll.poll(BATCH_ANSWER_WAIT * 1000):
+                    break  # nothing more will come
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                overrun = True  # answers were dropped; those queued before are still here
+                continue
+            for kind, _flags, answer_seq, msg in wire.split(data):
                 at = index.get(answer_seq)
                 if at is None or kind != wire.NLMSG_ERROR:
                     continue  # another request's answer, dropped as pyroute2 does
                 codes[at] = wire.error_code(msg)
-                if answer_seq == end:
-                    return codes
+                answered[at] = True
+                if answer_seq == end and not overrun:
+                    return codes, 0
+        lost = errno.ENOBUFS if overrun else errno.ETIMEDOUT
+        unknown = [i for i, known in enumerate(answered) if not known]
+        for i in unknown:
+            codes[i] = lost
+        return codes, len(unknown)
 
     def dumps(
         self, msg_type: int, payloads: Sequence[bytes], seqs: Sequence[int]
@@ -157,7 +186,9 @@ class RawRequests:
         seq = _SEQ_FIRST + next(self._seq) % (_SEQ_LAST - _SEQ_FIRST)
         return self._raw(owner).request(msg_type, request, seq)
 
-    def batch(self, owner: Any, msg_type: int, requests: Sequence[wire.Request]) -> list[int]:
+    def batch(
+        self, owner: Any, msg_type: int, requests: Sequence[wire.Request]
+    ) -> tuple[list[int], int]:
         """RawSocket.batch on the calling thread's socket."""
         span = _SEQ_LAST - _SEQ_FIRST
         seqs = [_SEQ_FIRST + next(self._seq) % span for _ in requests]

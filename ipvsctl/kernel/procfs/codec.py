@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from ipvsctl.model import (
     ConnCounts,
+    ConnKey,
+    ConnScan,
     Protocol,
     RealServerKey,
     RealServerStatus,
@@ -41,7 +43,6 @@ CLOSED_STATES = frozenset({"TIME_WAIT", "CLOSE"})
 ESTABLISHED = "ESTABLISHED"
 PROTOCOLS = {p.value: p for p in Protocol}
 
-ConnKey = tuple[ServiceKey, RealServerKey]
 _HEX8 = re.compile(r"[0-9A-Fa-f]{8}")
 _HEX4 = re.compile(r"[0-9A-Fa-f]{4}")
 
@@ -119,24 +120,6 @@ def classify(counts: ConnCounts, state: str) -> ConnCounts:
     if state in CLOSED_STATES:
         return ConnCounts(counts.established, counts.closing, counts.closed + 1)
     return ConnCounts(counts.established, counts.closing + 1, counts.closed)
-
-
-@dataclass(slots=True)
-class ConnScan:
-    """What one pass over ip_vs_conn found for the wanted (virtual, real server) pairs, and
-    the work it took (the lab asserts on these, not on time)."""
-
-    counts: dict[ConnKey, ConnCounts] = field(default_factory=dict)
-    lines: int = 0  # lines read
-    matched: int = 0  # lines whose DestIP:DPrt is a wanted real server's (parsed)
-    slow: int = 0  # lines not in the canonical layout (parsed to be sure)
-    bad: int = 0  # lines naming a wanted real server that did not parse
-    unattributed: int = 0  # TCP lines that parse neither way: could be anyone's
-
-    @property
-    def trustworthy(self) -> bool:
-        """No line that might belong to a wanted real server went unread."""
-        return self.unattributed == 0
 
 
 # Canonical layouts: IPv4 "TCP 0A000064 9C40 0A60000A 0050 0AF40105 1F90 ..." has DestIP

@@ -14,15 +14,13 @@ from typing import IO, TypeVar
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelError, KernelTransient, KernelUnavailable
 from ipvsctl.kernel.procfs.codec import (
-    ConnKey,
     ConnListing,
-    ConnScan,
     TableScan,
     list_connections,
     scan_connections,
     scan_table,
 )
-from ipvsctl.model import RealServerKey, ServiceKey
+from ipvsctl.model import ConnKey, ConnScan, RealServerKey, ServiceKey
 
 # thread-self: the namespace of the thread that opens it (run_in_netns's), not the process's
 CONN_FILE = "/proc/thread-self/net/ip_vs_conn"

@@ -1,4 +1,4 @@
-"""`run --config`: kube-proxy's KubeProxyConfiguration file read at the CLI's edge (bounded,
+"""`run --config` (and `check-config`): kube-proxy's KubeProxyConfiguration file read (bounded,
 the safe YAML loader) and handed to its one mapping table (source/kubeproxy_config.py)."""
 
 from __future__ import annotations
@@ -66,16 +66,3 @@ def read_config_file(path: Path) -> Settings:
     if kubeconfig and not Path(kubeconfig).is_absolute():  # as kubelet: beside the file
         settings.flags["kubeconfig"] = str(path.parent / kubeconfig)
     return settings
-
-
-def log_config_notes(path: str, file: Settings) -> None:
-    """One line per field the file sets that ipvsctl takes no action on."""
-    import logging
-
-    from ipvsctl.obs.logging import fields
-
-    log = logging.getLogger("ipvsctl.config")
-    for name, instead in file.notes:
-        log.info(
-            "kube-proxy setting not used", extra=fields(config=path, field=name, ipvsctl=instead)
-        )
