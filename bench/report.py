@@ -288,9 +288,17 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
                 + (f" ({', '.join(f'{k} {v}' for k, v in cuts.items())})" if cuts else "")
             )
             if s["udp_queries"]:
+                fate = row.get(mode + "_udp")
                 parts.append(
-                    f"{s['udp_queries']} UDP queries, {s['udp_failed']} unanswered, longest "
-                    f"stall {s['udp_longest_stall']:g} s"
+                    f"{s['udp_queries']} UDP queries, {s['udp_failed']} unanswered"
+                    + (
+                        f" ({fate['lost']} never reached a pod, {fate['late']} answered after "
+                        f"the client's timeout, {fate['unanswered']} reached a pod and got no "
+                        "answer back)"
+                        if fate and s["udp_failed"]
+                        else ""
+                    )
+                    + f", longest stall {s['udp_longest_stall']:g} s"
                 )
             parts.append(f"{row.get(mode + '_seconds', 0):.0f} s")
             notes.append(f"{label}: " + "; ".join(parts))

@@ -35,7 +35,7 @@ def say(*parts: Any) -> None:
 
 
 def render(results: list[dict[str, Any]]) -> str:
-    from clusterlab.report import cell, render_failures
+    from clusterlab.report import cell, render_failures, udp_verdicts
 
     out = []
     for r in results:
@@ -66,6 +66,12 @@ def render(results: list[dict[str, Any]]) -> str:
         if s["failures"]:
             out.append("  failures:")
             out += render_failures(s["failures"])
+        if r.get("udp_failed"):
+            fate = udp_verdicts(r["udp_failed"], r["expected_windows"])
+            out.append(
+                f"  unanswered UDP queries: {fate['lost']} never reached a pod, {fate['late']} "
+                f"answered late, {fate['unanswered']} reached a pod, no answer back"
+            )
         for key, value in r["notes"].items():
             if key == "barrier":
                 out.append("  barrier (the victim's sidecar /status while its preStop waited):")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterlab.cluster import MODES
+from clusterlab.report import udp_verdicts
 from clusterlab.scenarios import SCENARIOS
 
 KEEP_FAILURES = 20  # per scenario and mode: the first ones, with their times
@@ -34,6 +35,8 @@ def compact(doc: dict[str, Any], host_load: dict[str, str], commit: str) -> dict
         row[f"{r['mode']}_seconds"] = r["duration"]
         if r["scenario"] == "slow-node":
             row[f"{r['mode']}_barrier"] = barrier_story(r)
+        if s["udp_queries"]:
+            row[f"{r['mode']}_udp"] = udp_verdicts(r["udp_failed"], r["expected_windows"])
         if r["scenario"] == "scale-zero" or r["expected_windows"]:
             row[f"{r['mode']}_expected_windows"] = r["expected_windows"]
     return {

@@ -162,6 +162,27 @@ def longest_stall(queries: Sequence[UdpRecord], expected: Sequence[Window] = ())
     return round(longest, 3)
 
 
+def udp_verdicts(
+    diagnosis: Iterable[dict[str, Any]], expected: Sequence[Window] = ()
+) -> dict[str, int]:
+    """What became of each unanswered query outside expected windows (scenarios'
+    `udp_diagnosis`, times relative to the scenario's start): `lost` never reached a pod;
+    `late` reached one whose answer came after the client's timeout; `unanswered` reached a
+    pod and no answer came back in the run (dropped on the way back, or due on a one-shot
+    socket already closed)."""
+    out = {"lost": 0, "late": 0, "unanswered": 0}
+    for q in diagnosis:
+        if within(q["sent"], expected):
+            continue
+        if q["received_by"] is None:
+            out["lost"] += 1
+        elif q["late_answer_at"] is not None:
+            out["late"] += 1
+        else:
+            out["unanswered"] += 1
+    return out
+
+
 # --- rendering ------------------------------------------------------------------------------
 def cell(summary: dict[str, Any]) -> str:
     """One mode's part of a row: failed / resets / cut / p99 (and UDP when it had any)."""

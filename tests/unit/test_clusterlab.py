@@ -15,7 +15,7 @@ import pytest
 from clusterlab import kube
 from clusterlab.lb import HealthPolicy, next_health
 from clusterlab.load import StreamRecord, UdpRecord
-from clusterlab.report import longest_stall, markdown_table, percentile, summarise
+from clusterlab.report import longest_stall, markdown_table, percentile, summarise, udp_verdicts
 from clusterlab.scenarios import cpu_used
 from demo.clients import Record
 
@@ -194,3 +194,17 @@ def test_cpu_of_a_restarted_daemon_is_its_new_process_not_a_difference() -> None
         "node-2": "3.0 (new process)",
         "node-3": "1.0 (new process)",
     }
+
+
+def test_an_unanswered_query_is_lost_late_or_unanswered_as_the_pods_saw_it() -> None:
+    def q(sent: float, pod: str | None, late: float | None) -> dict[str, object]:
+        return {"sent": sent, "received_by": pod, "late_answer_at": late}
+
+    diagnosis = [
+        q(1.0, None, None),
+        q(2.0, "dns-1", 4.5),
+        q(3.0, "dns-2", None),
+        q(9.0, None, None),
+    ]
+    assert udp_verdicts(diagnosis) == {"lost": 2, "late": 1, "unanswered": 1}
+    assert udp_verdicts(diagnosis, [(8.0, 10.0)]) == {"lost": 1, "late": 1, "unanswered": 1}
