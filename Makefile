@@ -77,6 +77,7 @@ CLUSTER_OUT := out/cluster-lab
 CLUSTER_LAB_ARGS ?=
 cluster-lab: venv lab-deps
 	@mkdir -p $(CLUSTER_OUT) && rm -f $(CLUSTER_OUT)/results.json $(CLUSTER_OUT)/cluster-lab.json
+	git describe --always --dirty > $(CLUSTER_OUT)/commit
 	@cat /proc/loadavg > $(CLUSTER_OUT)/host-load-before
 	IPVSCTL_LAB_TIMEOUT=9000 $(BIN)/python -m tests.lab.boot --out $(CLUSTER_OUT) --run 'python -m clusterlab --out $(CLUSTER_OUT) $(CLUSTER_LAB_ARGS)'
 	$(BIN)/python -m clusterlab.publish --in $(CLUSTER_OUT)

@@ -96,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     with open("/proc/loadavg") as f:
         after = f.read().split()[:3]
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    # the commit the run ran (make wrote it before the boot): the tree may move meanwhile
+    commit = (
+        (src / "commit").read_text().strip()
+        if (src / "commit").exists()
+        else subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
     out = compact(doc, {"before": " ".join(before), "after": " ".join(after)}, commit)
     (src / "cluster-lab.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"cluster-lab: wrote {src / 'cluster-lab.json'}")
