@@ -300,6 +300,14 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
                     )
                     + f", longest stall {s['udp_longest_stall']:g} s"
                 )
+            stops = row.get(mode + "_prestops")
+            if stops and (stops["drained"] or stops["timeout"]):
+                parts.append(
+                    f"preStops: {stops['drained']} drained, {stops['timeout']} at the "
+                    f"shutdown-manager's timeout, longest {stops['longest_s']:g} s"
+                )
+            if stops and stops["killed"]:
+                parts.append(f"{stops['killed']} connections open at SIGKILL")
             parts.append(f"{row.get(mode + '_seconds', 0):.0f} s")
             notes.append(f"{label}: " + "; ".join(parts))
         lines.append(f"- **{row['scenario']}** ({row['what']}): " + ". ".join(notes) + ".")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterlab.cluster import MODES
-from clusterlab.report import udp_verdicts
+from clusterlab.report import prestops, udp_verdicts
 from clusterlab.scenarios import SCENARIOS
 
 KEEP_FAILURES = 20  # per scenario and mode: the first ones, with their times
@@ -35,6 +35,7 @@ def compact(doc: dict[str, Any], host_load: dict[str, str], commit: str) -> dict
         row[f"{r['mode']}_seconds"] = r["duration"]
         if r["scenario"] == "slow-node":
             row[f"{r['mode']}_barrier"] = barrier_story(r)
+        row[f"{r['mode']}_prestops"] = prestops(r["pods"])
         if s["udp_queries"]:
             row[f"{r['mode']}_udp"] = udp_verdicts(r["udp_failed"], r["expected_windows"])
         if r["scenario"] == "scale-zero" or r["expected_windows"]:

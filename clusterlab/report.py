@@ -183,6 +183,24 @@ def udp_verdicts(
     return out
 
 
+def prestops(pods: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The preStops of a scenario's deleted pods (scenarios' `pods`): how many ended drained
+    and how many at the shutdown-manager's timeout, the longest wait, and the connections
+    SIGKILL found open at the grace period."""
+    out: dict[str, Any] = {"drained": 0, "timeout": 0, "longest_s": None, "killed": 0}
+    for p in pods:
+        out["killed"] += p.get("killed_connections") or 0
+        answer = p.get("prestop_answer")
+        if not answer:
+            continue
+        outcome = answer.get("outcome")
+        out[outcome if outcome in ("drained", "timeout") else "timeout"] += 1
+        if p.get("prestop_start") is not None and p.get("prestop_end") is not None:
+            waited = round(p["prestop_end"] - p["prestop_start"], 1)
+            out["longest_s"] = max(out["longest_s"] or 0.0, waited)
+    return out
+
+
 # --- rendering ------------------------------------------------------------------------------
 def cell(summary: dict[str, Any]) -> str:
     """One mode's part of a row: failed / resets / cut / p99 (and UDP when it had any)."""

@@ -15,7 +15,14 @@ import pytest
 from clusterlab import kube
 from clusterlab.lb import HealthPolicy, next_health
 from clusterlab.load import StreamRecord, UdpRecord
-from clusterlab.report import longest_stall, markdown_table, percentile, summarise, udp_verdicts
+from clusterlab.report import (
+    longest_stall,
+    markdown_table,
+    percentile,
+    prestops,
+    summarise,
+    udp_verdicts,
+)
 from clusterlab.scenarios import cpu_used
 from demo.clients import Record
 
@@ -208,3 +215,18 @@ def test_an_unanswered_query_is_lost_late_or_unanswered_as_the_pods_saw_it() -> 
     ]
     assert udp_verdicts(diagnosis) == {"lost": 2, "late": 1, "unanswered": 1}
     assert udp_verdicts(diagnosis, [(8.0, 10.0)]) == {"lost": 1, "late": 1, "unanswered": 1}
+
+
+def test_prestops_count_drained_and_timed_out_and_the_longest_wait() -> None:
+    pods = [
+        {"prestop_start": 1.0, "prestop_end": 3.5, "prestop_answer": {"outcome": "drained"}},
+        {"prestop_start": 2.0, "prestop_end": 27.0, "prestop_answer": {"outcome": "timeout"}},
+        {
+            "prestop_start": None,
+            "prestop_end": None,
+            "prestop_answer": None,
+            "killed_connections": 2,
+        },
+    ]
+    assert prestops(pods) == {"drained": 1, "timeout": 1, "longest_s": 25.0, "killed": 2}
+    assert prestops([]) == {"drained": 0, "timeout": 0, "longest_s": None, "killed": 0}
