@@ -7,7 +7,8 @@ out/cluster-lab`, `make cluster-lab`'s cluster-lab.json) into bench/results/ (th
 the document shows, kept in git), draws bench/results/*.png, and writes docs/benchmarks.md:
 bench/summary.md (the results against the targets, hand-written), the generated tables,
 then bench/extra.md (the parts measured apart) and bench/method.md (how the numbers were
-taken), all verbatim. bench/notes.md (profiles along the way, hot spots found and fixed,
+taken), all verbatim; bench/cluster-lab.md (what the published cluster-lab run's failures
+were, hand-written with each run published) follows that run's table. bench/notes.md (profiles along the way, hot spots found and fixed,
 the benchmark's own faults, older runs) is for developers and stays out of the document.
 """
 
@@ -309,9 +310,20 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
             if stops and stops["killed"]:
                 parts.append(f"{stops['killed']} connections open at SIGKILL")
             parts.append(f"{row.get(mode + '_seconds', 0):.0f} s")
+            if mode == "ipvsctl" and s["failures"]:  # each one, where the claim is 0
+                parts.append(
+                    "what failed: "
+                    + ", ".join(
+                        f"{f['t']:.1f} s {f['client']} {f['what']} {f['kind']}"
+                        for f in s["failures"]
+                    )
+                )
             notes.append(f"{label}: " + "; ".join(parts))
         lines.append(f"- **{row['scenario']}** ({row['what']}): " + ". ".join(notes) + ".")
     lines.append("")
+    notes_md = REPO / "bench" / "cluster-lab.md"  # hand-written: this run read
+    if notes_md.exists():
+        lines += [notes_md.read_text().strip(), ""]
     story = d["rows"] and next(
         (r.get("ipvsctl_barrier") for r in d["rows"] if r.get("ipvsctl_barrier")), None
     )
