@@ -8,7 +8,8 @@
   `length` s, then the server closes), each reopened as soon as it ends. A stream is cut when
   it ends any other way than the server's close (a FIN: the app only closes a stream at its
   end, a kill resets it): reset, or no line for `stall` s (a proxy that drops a connection's
-  packets leaves its client waiting).
+  packets leaves its client waiting). A stream that does not connect and get its answer's
+  head within a short request's timeout (10 s) is a failed new connection.
 - UDP: DNS-like queries at a steady rate, each from a new socket (a new source port: a stub
   resolver) or from one fixed port (a forwarding cache), each with an id its answer echoes;
   a query fails when no answer comes within `timeout` (an answer that comes later, on the
@@ -64,6 +65,7 @@ class Streams:
     length: float = 8.0
     every: float = 0.5
     stall: float = 5.0
+    answer_timeout: float = 10.0  # to connect and get the head: a short request's timeout
     records: list[StreamRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -98,7 +100,7 @@ class Streams:
         expected = int(self.length / self.every)
         lines, pod, outcome = 0, None, "complete"
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(self.stall)
+        s.settimeout(self.answer_timeout)
         try:
             s.connect((self.address, self.port))
             ms, every = int(self.length * 1000), int(self.every * 1000)
@@ -106,6 +108,7 @@ class Streams:
                 f"GET /stream?for={ms}&every={every}&eof=0 HTTP/1.1\r\nHost: web\r\n\r\n".encode()
             )
             pod, buf = read_stream_head(s)
+            s.settimeout(self.stall)  # from here on, a gap between lines is a cut
             while True:
                 lines += buf.count(b"\n")
                 buf = buf.rpartition(b"\n")[2]

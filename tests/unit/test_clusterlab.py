@@ -6,15 +6,18 @@ and `make cluster-lab`."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from clusterlab import kube
 from clusterlab.lb import HealthPolicy, next_health
-from clusterlab.load import StreamRecord, UdpRecord
+from clusterlab.load import StreamRecord, Streams, UdpRecord
 from clusterlab.report import (
     longest_stall,
     markdown_table,
@@ -230,3 +233,41 @@ def test_prestops_count_drained_and_timed_out_and_the_longest_wait() -> None:
     ]
     assert prestops(pods) == {"drained": 1, "timeout": 1, "longest_s": 25.0, "killed": 2}
     assert prestops([]) == {"drained": 0, "timeout": 0, "longest_s": None, "killed": 0}
+
+
+def serve_stream(head_after: float, gap: float) -> tuple[socket.socket, threading.Thread]:
+    """One `/stream` answer on loopback: its head after `head_after` s, then two lines with
+    `gap` s after each, then the server's close."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            time.sleep(head_after)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Pod: web-1\r\n\r\n")
+            for _ in range(2):
+                conn.sendall(b"line\n")
+                time.sleep(gap)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_a_stream_is_given_a_requests_timeout_for_its_answer_and_the_stall_between_lines() -> None:
+    srv, t = serve_stream(head_after=0.4, gap=0.01)  # a slow answer, longer than the stall
+    port = srv.getsockname()[1]
+    streams = Streams("c", "", "127.0.0.1", port, time.monotonic, length=0.1, every=0.05)
+    streams.stall, streams.answer_timeout = 0.2, 3.0
+    rec = streams.one()
+    t.join(5)
+    srv.close()
+    assert (rec.outcome, rec.pod, rec.lines) == ("complete", "web-1", 2)
+
+    srv, t = serve_stream(head_after=0.0, gap=0.6)  # answered, then silent past the stall
+    streams.port = srv.getsockname()[1]
+    rec = streams.one()
+    t.join(5)
+    srv.close()
+    assert (rec.outcome, rec.pod, rec.cut) == ("stalled", "web-1", True)
