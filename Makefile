@@ -66,13 +66,14 @@ endif
 # every scenario (rolling update, a held-back node, ipvsctl's own upgrade, node drain,
 # Service deleted, topology change, scale to zero, a UDP rollout) under load, with ipvsctl
 # as shipped and with draining off, every failed request, reset and cut stream counted.
-# About an hour under emulation. Results in out/cluster-lab/ (report.txt, results.json,
+# 30 to 60 minutes under emulation, with the host's load. Results in out/cluster-lab/ (report.txt, results.json,
 # table.md; docs/demo.md says how to read them); a complete run also rewrites
 # docs/benchmarks.md's "Rollout under load" (bench/results/cluster-lab.json).
 # CLUSTER_LAB_ARGS='--scenarios rollout,slow-node --modes ipvsctl' runs a part (published
 # nowhere).
 # make test runs a subset (tests/lab/test_cluster_lab.py: rollout and slow-node with ipvsctl,
-# slow-node with draining off), inside test-lab's boot.
+# slow-node with draining off by the Services' annotation, the daemons not restarted),
+# inside test-lab's boot (docs/demo.md, "In make test").
 CLUSTER_OUT := out/cluster-lab
 CLUSTER_LAB_ARGS ?=
 cluster-lab: venv lab-deps

@@ -120,9 +120,19 @@ class Lab:
         self.balancer.start()
         wait_until(self.balancer.all_healthy, 300, "the load balancer to see every node healthy")
 
-    def set_mode(self, mode: str) -> None:
-        """Every daemon restarted with the mode's flags (on its state dir), if it changes."""
+    def set_mode(self, mode: str, restart: bool = True) -> None:
+        """Every daemon restarted with the mode's flags (on its state dir), if it changes.
+
+        `restart=False` (make test's contrast, where three daemon starts cost minutes under
+        emulation) switches only the Services' annotation and the pods' preStop: the
+        daemons keep their flags, and draining is off all the same for these Services, whose
+        `ipvsctl.io/drain-timeout` comes first in the deadline order (CONTRACT.md, Draining)."""
         if self.mode == mode:
+            return
+        if not restart:
+            self._switch_cluster(mode)
+            self.mode = mode
+            self.cp.note("mode", f"{mode} (daemons not restarted)")
             return
         for d in self.daemons:
             if d.running():
@@ -132,12 +142,16 @@ class Lab:
         wait_until(self.balancer.all_healthy, 300, "every node healthy again")
 
     def _start_daemons(self, mode: str) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
-        self.cp.set_service_annotations({} if mode == "ipvsctl" else NODRAIN_ANNOTATIONS)
+        self._switch_cluster(mode)
         for d in self.daemons:
             d.extra_args = () if mode == "ipvsctl" else NODRAIN_ARGS
             d.start()
+
+    def _switch_cluster(self, mode: str) -> None:
+        """The mode's part outside the daemons: the Services' annotation, the preStop."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+        self.cp.set_service_annotations({} if mode == "ipvsctl" else NODRAIN_ANNOTATIONS)
         self.cp.barrier = mode == "ipvsctl"
 
     def _ready(self, mode: str) -> None:
