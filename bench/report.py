@@ -8,8 +8,9 @@ the document shows, kept in git), draws bench/results/*.png, and writes docs/ben
 bench/summary.md (the results against the targets, hand-written), the generated tables,
 then bench/extra.md (the parts measured apart) and bench/method.md (how the numbers were
 taken), all verbatim; bench/cluster-lab.md (what the published cluster-lab run's failures
-were, hand-written with each run published) follows that run's table. bench/notes.md (profiles along the way, hot spots found and fixed,
-the benchmark's own faults, older runs) is for developers and stays out of the document.
+were, hand-written with each run published) follows that run's table. bench/notes.md
+(profiles along the way, hot spots found and fixed, the benchmark's own faults, older
+runs) is for developers and stays out of the document.
 """
 
 from __future__ import annotations
@@ -284,9 +285,11 @@ def cluster_lab_section(d: dict[str, Any]) -> list[str]:
                     f"{s['expected_failed'] + s['udp_expected_failed']} more while the "
                     f"Service had nothing to answer (windows {windows} s)"
                 )
+            shown = ", ".join(f"{k} {v}" for k, v in cuts.items())
+            if cuts and sum(cuts.values()) < s["cut_streams"]:  # only the first failures kept
+                shown = f"of those among the first {len(s['failures'])} failures kept: {shown}"
             parts.append(
-                f"{s['streams']} streams, {s['cut_streams']} cut"
-                + (f" ({', '.join(f'{k} {v}' for k, v in cuts.items())})" if cuts else "")
+                f"{s['streams']} streams, {s['cut_streams']} cut" + (f" ({shown})" if cuts else "")
             )
             if s["udp_queries"]:
                 fate = row.get(mode + "_udp")
