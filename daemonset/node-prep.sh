@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a Linux node for ipvsctl: loads the IPVS kernel modules and sets the sysctls an
-# IPVS service proxy relies on (the ones kube-proxy's IPVS mode sets). Idempotent.
+# IPVS service proxy relies on (the ones kube-proxy's IPVS mode sets, but
+# expire_nodest_conn: see main). Idempotent.
 #
 # The one copy of these steps: the DaemonSet's init container runs it from the image
 # (/usr/local/bin/ipvsctl-node-prep), and the Vagrant lab runs it on each node.
@@ -96,7 +97,10 @@ main() {
 	load_modules
 	set_sysctl net.ipv4.ip_forward 1
 	set_sysctl net.ipv4.vs.conntrack 1
-	set_sysctl net.ipv4.vs.expire_nodest_conn 1
+	# 0, where kube-proxy sets 1: the daemon sets 1 around its own deletions only, so a
+	# table another program flushes (kube-proxy's start-up cleanup) keeps its connections
+	# until the daemon puts it back (docs/netfilter.md, "The hold rules").
+	set_sysctl net.ipv4.vs.expire_nodest_conn 0
 	# Without it, ClientIP persistence keeps sending clients to a weight-0 real server
 	# (kubernetes#71809).
 	set_sysctl net.ipv4.vs.expire_quiescent_template 1

@@ -14,7 +14,7 @@ import typer
 import typer.core
 
 from ipvsctl.cli.cleanup import register as register_cleanup
-from ipvsctl.cli.errors import fail
+from ipvsctl.cli.errors import fail, plain
 from ipvsctl.cli.flags import (
     AsJson,
     MaxTableEntries,
@@ -28,7 +28,7 @@ from ipvsctl.cli.flags import (
 )
 from ipvsctl.cli.node_drain import register as register_node_drain
 from ipvsctl.cli.output import Output, choose, dump
-from ipvsctl.cli.params import daemon_url, split_short_equals
+from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url, split_short_equals
 from ipvsctl.cli.run import register as register_run
 from ipvsctl.cli.shutdown_manager import register as register_shutdown_manager
 from ipvsctl.cli.version import register as register_version
@@ -37,13 +37,27 @@ from ipvsctl.daemon.options import DEFAULTS as D
 
 class _Commands(typer.core.TyperGroup):
     """kubectl's `-o=json` as well as `-o json` (params.split_short_equals); the shell
-    completion of `ipvsctl completion SHELL`'s scripts."""
+    completion of `ipvsctl completion SHELL`'s scripts; a bad flag value said in one line,
+    in ipvsctl's words, as its own checks say it."""
 
     def main(self, args: Any = None, *rest: Any, **kw: Any) -> Any:
         from typer._completion_classes import completion_init
 
         completion_init()  # what add_completion would register: typer's bash, zsh, fish
         return super().main(split_short_equals(sys.argv[1:] if args is None else args), *rest, **kw)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)  # parses the command's flags
+        except typer.BadParameter as exc:
+            if type(exc) is not typer.BadParameter or exc.param is None:
+                raise  # a missing flag: click's own words are right
+            p = exc.param
+            if getattr(p, "param_type_name", "") == "argument":  # its metavar: SHELL
+                name = str(getattr(p, "metavar", None) or p.name or "").upper()
+            else:
+                name = "/".join(p.opts)
+            raise fail(f"{name}: {plain(exc.message)}", 2) from None
 
 
 app = typer.Typer(
@@ -131,8 +145,9 @@ def plan(
     from ipvsctl.cli.render import plan_json, plan_text
     from ipvsctl.daemon.options import OptionsError, RunFlags, node_context, read_host_addresses
     from ipvsctl.manifests import ManifestError, load_paths
+    from ipvsctl.manifests.files import OtherId
     from ipvsctl.model import VirtualServerKind
-    from ipvsctl.reconcile.cluster import node_object_addresses, plan_objects
+    from ipvsctl.reconcile.cluster import node_object_addresses, plan_report
 
     fmt = _output(output, as_json)
     raw = RunFlags(
@@ -148,8 +163,9 @@ def plan(
         node = node_context(raw, read_host=None)  # a cluster dump may name its Node's
     except OptionsError as exc:
         raise fail(str(exc), 2) from None
+    others: list[OtherId] = []
     try:
-        objects = load_paths(files)
+        objects = load_paths(files, others)
     except ManifestError as exc:
         raise fail(str(exc), 2) from None
     # A cluster dump's NodePorts are on its Node's addresses, not on this machine's.
@@ -159,8 +175,9 @@ def plan(
         node = dataclasses.replace(node, node_ips=ips)
         if not from_node:  # planned as this machine: Node safety counts all its addresses
             node = dataclasses.replace(node, host_ips=_all_addresses("kube-ipvs0"))
-    result, problems = plan_objects(objects, node)
-    for p in problems:
+    report = plan_report(objects, node, others)
+    result = report.virtual_servers
+    for p in report.problems:
         what = "skipped" if p.fatal else "warning"
         typer.echo(f"ipvsctl: {p.kind.value} {p.name} {what}: {p.reason}", err=True)
     if not node_ip and any(dvs.kind is VirtualServerKind.NODE_PORT for _, dvs in result):
@@ -172,10 +189,12 @@ def plan(
         )
         shown = ", ".join(node.node_ips) or "none"
         typer.echo(f"ipvsctl: NodePorts on {shown}: {source}", err=True)
+    name = node.node_name
     if fmt in (Output.json, Output.yaml):
-        typer.echo(dump(plan_json(result), fmt), nl=False)
+        typer.echo(dump(plan_json(result, report.skipped, name), fmt), nl=False)
     else:
-        typer.echo(plan_text(result, wide=fmt is Output.wide), nl=False)
+        wide = fmt is Output.wide
+        typer.echo(plan_text(result, wide, report.skipped, name), nl=False)
 
 
 register_run(app)  # here: `ipvsctl --help` lists the commands in this order
@@ -188,6 +207,7 @@ def status(
         typer.Option(
             "--endpoint",
             metavar="URL",
+            envvar=ENDPOINT_ENV,
             help="The daemon to ask; one on another machine is shown without "
             "this machine's kernel table.",
         ),

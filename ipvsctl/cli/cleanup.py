@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Annotated, Protocol
 
 import typer
 
+from ipvsctl.cli.params import ENDPOINT_ENV
 from ipvsctl.model import ServiceKey
 from ipvsctl.model.cidrs import in_any, in_cidrs
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE, parse_port_range
@@ -320,7 +321,10 @@ def register(app: typer.Typer) -> None:
         endpoint: Annotated[
             str,
             typer.Option(
-                "--endpoint", metavar="URL", help="A daemon answering here stops the cleanup."
+                "--endpoint",
+                metavar="URL",
+                envvar=ENDPOINT_ENV,
+                help="A daemon answering here stops the cleanup.",
             ),
         ] = ("http://127.0.0.1:9796"),
         force: Annotated[

@@ -240,7 +240,7 @@ LbGrace = Annotated[
     str,
     typer.Option(
         "--lb-grace",
-        metavar="SECONDS",
+        metavar="DURATION",
         help="How long a draining node's health must have said 503 before it counts as "
         "quiesced: the load balancer's probe interval times its unhealthy threshold.",
     ),

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ipvsctl.cli.params import daemon_url
+from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url
 from ipvsctl.httpd import direct_opener
 from ipvsctl.source.duration import parse_duration
 
@@ -133,12 +133,17 @@ def register(app: typer.Typer) -> None:
         ] = False,
         timeout: Annotated[
             str,
-            typer.Option("--timeout", metavar="D", help="Longest wait (seconds or 10m, 1h...)."),
+            typer.Option(
+                "--timeout", metavar="DURATION", help="Longest wait (seconds or 10m, 1h...)."
+            ),
         ] = "10m",
         endpoint: Annotated[
             str,
             typer.Option(
-                "--endpoint", metavar="URL", help="The node's daemon (a URL, or HOST:PORT)."
+                "--endpoint",
+                metavar="URL",
+                envvar=ENDPOINT_ENV,
+                help="The node's daemon (a URL, or HOST:PORT).",
             ),
         ] = DEFAULT_ENDPOINT,
         if_draining: Annotated[

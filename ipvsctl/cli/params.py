@@ -8,7 +8,11 @@ from collections.abc import Sequence
 
 from ipvsctl.model.hostport import host_port
 
-__all__ = ["daemon_url", "host_port", "split_short_equals"]
+__all__ = ["ENDPOINT_ENV", "daemon_url", "host_port", "split_short_equals"]
+
+# Where the node's daemon answers, for the commands that ask it (`--endpoint`): set in the
+# daemon's container when it listens on the node's address only (daemonset/listen-node-ip).
+ENDPOINT_ENV = "IPVSCTL_ENDPOINT"
 
 
 def daemon_url(value: str) -> str:
@@ -16,8 +20,8 @@ def daemon_url(value: str) -> str:
     as http://), without a trailing slash. ValueError says what is wrong."""
     value = value.strip()
     if "://" not in value:
-        host_port(value)
-        return f"http://{value}"
+        host, port = host_port(value)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{value}"
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be http://HOST:PORT, https://HOST:PORT or HOST:PORT")

@@ -36,7 +36,7 @@ def read_config_file(path: Path) -> Settings:
     (one line naming the file and the field) otherwise."""
     import yaml
 
-    from ipvsctl.manifests.safeyaml import load_all_yaml
+    from ipvsctl.manifests.safeyaml import load_all_yaml, parse_error
     from ipvsctl.source.kubeproxy_config import KubeProxyConfigError, translate
 
     try:
@@ -51,9 +51,7 @@ def read_config_file(path: Path) -> Settings:
     except UnicodeDecodeError:
         raise ConfigFileError(f"--config {path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise ConfigFileError(
-            f"--config {path}: invalid YAML: {' '.join(str(exc).split())}"
-        ) from None
+        raise ConfigFileError(f"--config {parse_error(str(path), 'YAML', exc)}") from None
     if len(docs) != 1:
         raise ConfigFileError(
             f"--config {path}: want one KubeProxyConfiguration, found {len(docs)}"

@@ -34,6 +34,7 @@ from ipvsctl.daemon.features import (
     node_drain,
     proxy_health,
     service_metrics,
+    table_guard,
 )
 from ipvsctl.daemon.options import DaemonOptions
 from ipvsctl.daemon.signals import serve_until_signal
@@ -76,6 +77,7 @@ FEATURES: tuple[Builder, ...] = (
     conntrack_sweep.feature,
     proxy_health.feature,
     events.feature,
+    table_guard.feature,
 )
 
 T = TypeVar("T")
@@ -142,6 +144,8 @@ class Daemon:
             watch_listeners.append(self._watched)
         if self.state.load_error:
             self.metrics.state_load_errors.inc()
+        if self.state.entries_set_aside:
+            self.metrics.state_entries_set_aside.inc(self.state.entries_set_aside)
         # The queue's writes (fsyncs) on their own thread: the loop never waits on disk.
         self.writer = StateWriter(
             self.state.save,

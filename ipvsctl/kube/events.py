@@ -57,12 +57,9 @@ def micro_time(t: float) -> str:
 
 def event_body(w: Write, instance: str) -> dict[str, Any]:
     pod = w.spec.regarding
-    regarding: dict[str, Any] = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "namespace": pod.namespace,
-        "name": pod.name,
-    }
+    regarding: dict[str, Any] = {"kind": w.spec.kind, "apiVersion": "v1", "name": pod.name}
+    if w.spec.kind == "Pod":  # a Node is cluster-scoped
+        regarding["namespace"] = pod.namespace
     if pod.uid:
         regarding["uid"] = pod.uid
     body: dict[str, Any] = {

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ipvsctl.manifests.safeyaml import MAX_BYTES, load_all_yaml, load_json
+from ipvsctl.manifests.safeyaml import MAX_BYTES, load_all_yaml, load_json, parse_error
 from ipvsctl.source.events import (
     ObjectKind,
     RawObject,
@@ -35,12 +35,16 @@ class ManifestError(Exception):
 
 
 ObjectId = tuple[ObjectKind, str, str]  # kind, namespace, name
+# A document ipvsctl does not read: its kind ("" when it is no object), namespace and name
+# ("document N of FILE" when it has none), for `plan`'s list of what it skipped.
+OtherId = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class FileObjects:
     objects: dict[ObjectId, RawObject]
     ignored: int  # documents of other kinds
+    others: tuple[OtherId, ...] = ()
 
 
 def _documents(path: Path) -> Iterator[Any]:
@@ -61,9 +65,8 @@ def _documents(path: Path) -> Iterator[Any]:
         else:
             yield from load_all_yaml(text)
     except (ValueError, yaml.YAMLError, RecursionError) as exc:
-        msg = " ".join(str(exc).split())
         name, fmt = ("standard input", "YAML") if path == STDIN else (path, path.suffix[1:].upper())
-        raise ManifestError(f"{name}: not valid {fmt}: {msg}") from None
+        raise ManifestError(parse_error(str(name), fmt, exc)) from None
 
 
 def _unpack(path: Path, doc: Any) -> Iterator[Any]:
@@ -82,13 +85,13 @@ def load_file(path: Path) -> FileObjects:
     """The Services, EndpointSlices and Nodes of one file. ManifestError if
     unparseable."""
     objects: dict[ObjectId, RawObject] = {}
-    ignored = 0
+    others: list[OtherId] = []
     for doc in _documents(path):
         for obj in _unpack(path, doc):
             raw_kind = obj.get("kind") if isinstance(obj, dict) else None
             kind = _KINDS.get(raw_kind) if isinstance(raw_kind, str) else None
             if kind is None:
-                ignored += 1
+                others.append(_other(path, obj, len(others) + len(objects) + 1))
                 continue
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
             ns = meta.get("namespace") or "default"
@@ -99,7 +102,24 @@ def load_file(path: Path) -> FileObjects:
                 v if isinstance(v, str) else f"{short(v)} #{len(objects)}" for v in (ns, name)
             )
             objects[(kind, ns, name)] = obj
-    return FileObjects(objects, ignored)
+    return FileObjects(objects, len(others), tuple(others))
+
+
+def _other(path: Path, obj: Any, n: int) -> OtherId:
+    where = f"document {n} of {'standard input' if path == STDIN else path}"
+    if not isinstance(obj, dict):
+        return "", "", where
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+
+    def text(v: Any) -> str:
+        return v if isinstance(v, str) else short(v)
+
+    return (
+        text(obj.get("kind") or ""),
+        text(meta.get("namespace") or ""),
+        text(meta.get("name") or where),
+    )
 
 
 def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -115,11 +135,17 @@ def manifest_files(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_paths(paths: Iterable[str | Path]) -> dict[ObjectKind, list[RawObject]]:
-    """Every object in the paths, by kind (later files win on a duplicate name)."""
+def load_paths(
+    paths: Iterable[str | Path], others: list[OtherId] | None = None
+) -> dict[ObjectKind, list[RawObject]]:
+    """Every object in the paths, by kind (later files win on a duplicate name); the
+    documents of other kinds are added to `others` when it is given."""
     merged: dict[ObjectId, RawObject] = {}
     for f in manifest_files(paths):
-        merged.update(load_file(f).objects)
+        loaded = load_file(f)
+        merged.update(loaded.objects)
+        if others is not None:
+            others.extend(loaded.others)
     by_kind: dict[ObjectKind, list[RawObject]] = {k: [] for k in ObjectKind}
     for (kind, _, _), obj in merged.items():
         by_kind[kind].append(obj)

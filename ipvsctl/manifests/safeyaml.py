@@ -140,6 +140,22 @@ def load_all_yaml(text: str) -> Iterator[Any]:
         loader.dispose()
 
 
+def parse_error(where: str, fmt: str, exc: BaseException) -> str:
+    """A parser's error as one line, `FILE:LINE:COLUMN: not valid YAML: what` (an editor's
+    and a compiler's shape), for PyYAML's and json's errors, without PyYAML's
+    `in "<unicode string>"` (it parsed a string, not the file)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{where}:{exc.lineno}:{exc.colno}: not valid {fmt}: {exc.msg}"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = ", ".join(p for p in (exc.context, exc.problem) if p) or type(exc).__name__
+        what = " ".join(what.split())
+        if mark is not None:
+            return f"{where}:{mark.line + 1}:{mark.column + 1}: not valid {fmt}: {what}"
+        return f"{where}: not valid {fmt}: {what}"
+    return f"{where}: not valid {fmt}: {' '.join(str(exc).split())}"
+
+
 def _check_depth(doc: Any) -> None:
     stack = [(doc, 1)]
     while stack:

@@ -16,6 +16,19 @@ IPVS_SCHEDULERS = frozenset(
 )
 
 
+# What ipvsadm calls the flags of the schedulers that read them.
+_FLAG_WORDS = {"sh": ("sh-fallback", "sh-port"), "mh": ("mh-fallback", "mh-port")}
+
+
+def sched_flag_words(scheduler: str, flags: int) -> list[str]:
+    """The flags by ipvsadm's names for sh and mh (`mh-port`), flag-N otherwise."""
+    words = _FLAG_WORDS.get(scheduler)
+    names = sched_flag_names(flags)
+    if words is None:
+        return names
+    return [words[int(n[-1]) - 1] if n[-1] in "12" else n for n in names]
+
+
 def sched_flag_names(flags: int) -> list[str]:
     return [
         f"flag-{n}"

@@ -47,6 +47,18 @@ protocol . port virtual servers, plus the healthCheckNodePort on load-balancer I
 clouds probe at the load-balancer IP). Several virtual servers share an address, so these
 sets are counted (`filter_counts`) and an element leaves only with its last user.
 
+The hold rules (docs/netfilter.md "The hold rules"): when another program flushes IPVS
+(kube-proxy's start-up cleanup: `ipvsadm -C`, then kube-ipvs0 deleted) the kernel unregisters
+IPVS's hooks with a family's last virtual server; until the daemon puts the table back, a
+backend's replies would leave un-NATed and packets to a virtual server would reach the
+node's stack or be routed away, and each would be answered by a reset. Three chains, each
+after IPVS's hook at its hook, drop what IPVS did not take for a virtual server's
+connection, so TCP retransmits it into the restored table: one set per family,
+`virtual-servers` (address . protocol . port of every virtual server, draining ones too).
+While the table is whole they match nothing: IPVS rewrites every reply, takes (or refuses)
+every request and SYN to a virtual server, and a virtual IP is local, never forwarded.
+Connections another proxy DNATs beside IPVS (`ct status dnat`) are never held.
+
 No accept rules and no drop policy: an `accept` in one nftables table does not overrule a
 `drop` in another, so accept rules here could not help a host firewall with a drop policy
 (docs/netfilter.md says what to allow there).
@@ -164,6 +176,7 @@ class RulesetConfig:
     cluster_cidrs: tuple[str, ...] = ()  # --cluster-cidr, normalized (parse_cidrs)
     masquerade_all: bool = False  # --masquerade-all
     table: str = TABLE
+    hold: bool = True  # the hold chains (off only in the lab's experiments)
 
     @property
     def target(self) -> str:
@@ -183,6 +196,10 @@ def firewall_name(family: int) -> str:
 
 def allow_name(family: int) -> str:
     return f"firewall-allow{family}"
+
+
+def virtual_servers_name(family: int) -> str:
+    return f"virtual-servers{family}"
 
 
 def vips_name(family: int) -> str:
@@ -280,6 +297,52 @@ FILTER_CHAINS = {
     "filter-input": "{ type filter hook input priority mangle ; policy accept ; }",
     "filter-output": "{ type filter hook output priority mangle ; policy accept ; }",
 }
+# After IPVS: it answers replies at forward priority 100 (`ip_vs_reply4`) and takes requests
+# at input 98-99 and output -99, so what reaches these is what IPVS did not handle.
+HOLD_CHAINS = {
+    "hold-forward": "{ type filter hook forward priority 110 ; policy accept ; }",
+    "hold-input": "{ type filter hook input priority 110 ; policy accept ; }",
+    "hold-output": "{ type filter hook output priority filter ; policy accept ; }",
+}
+_L4 = "meta l4proto { tcp, udp, sctp }"
+
+
+def _hold_rules() -> dict[str, list[str]]:
+    def to_vs(f: int) -> str:
+        return f"{_ip(f)} daddr . meta l4proto . th dport @{virtual_servers_name(f)}"
+
+    fams = (4, 6)
+    # anything to a virtual server that is routed on: its address is gone from the node
+    routed = [f"{_L4} {to_vs(f)} drop" for f in fams]
+    # a reply IPVS did not turn back into its virtual server's address (its hooks gone)
+    reply = [
+        f"{_L4} ct direction reply ct status & dnat == 0 ct original {_ip(f)} daddr . "
+        f"meta l4proto . ct original proto-dst @{virtual_servers_name(f)} "
+        f"{_ip(f)} saddr . meta l4proto . th sport != @{virtual_servers_name(f)} drop"
+        for f in fams
+    ]
+    # requests of established connections to a virtual server that IPVS did not take
+    request = [
+        f"{_L4} ct direction original ct status & dnat == 0 {to_vs(f)} ct state established drop"
+        for f in fams
+    ]
+    # new connections IPVS did not take (TCP: a SYN only; a mid-stream packet of a
+    # connection IPVS forgot, cut at a deadline, still reaches the stack and its reset)
+    new = [
+        rule
+        for f in fams
+        for rule in (
+            f"{to_vs(f)} ct state new tcp flags & (syn | ack) == syn drop",
+            f"meta l4proto udp {to_vs(f)} drop",
+        )
+    ]
+    return {
+        "hold-forward": routed + reply,
+        "hold-input": request + new + reply,
+        "hold-output": request + new,
+    }
+
+
 _FILTER_RULE = "ct state new meta l4proto { tcp, udp, sctp } jump source-ranges"
 # Input only (as kube-proxy): the node's own connections to a local address cross it too.
 _VIP_FILTER_RULE = "ct state new meta l4proto { tcp, udp, sctp } jump vip-filter"
@@ -311,6 +374,11 @@ def base_statements(config: RulesetConfig) -> list[str]:
             f"inet_service . {_addr_type(f)} ; flags interval ; }}"
         )
     for f in (4, 6):
+        out.append(
+            f"add set {t} {virtual_servers_name(f)} {{ type {_addr_type(f)} . inet_proto . "
+            "inet_service ; }"
+        )
+    for f in (4, 6):
         out.append(f"add set {t} {vips_name(f)} {{ type {_addr_type(f)} ; }}")
         out.append(
             f"add set {t} {vip_ports_name(f)} {{ type {_addr_type(f)} . inet_proto . "
@@ -320,14 +388,16 @@ def base_statements(config: RulesetConfig) -> list[str]:
     for name in chains:
         out.append(f"add chain {t} {name}")
     out.append(f"add chain {t} {BASE_CHAIN} {BASE_CHAIN_SPEC}")
-    for name, spec in FILTER_CHAINS.items():
+    hold = HOLD_CHAINS if config.hold else {}
+    for name, spec in [*FILTER_CHAINS.items(), *hold.items()]:
         out.append(f"add chain {t} {name} {spec}")
-    for name in [*chains, BASE_CHAIN, *FILTER_CHAINS]:
+    for name in [*chains, BASE_CHAIN, *FILTER_CHAINS, *hold]:
         out.append(f"flush chain {t} {name}")
     base = [
         (BASE_CHAIN, _postrouting()),
         *((n, [_FILTER_RULE]) for n in FILTER_CHAINS),
         ("filter-input", [_VIP_FILTER_RULE]),
+        *(_hold_rules().items() if config.hold else ()),
     ]
     for name, rules in [*chains.items(), *base]:
         out.extend(f"add rule {t} {name} {rule}" for rule in rules)
@@ -345,19 +415,27 @@ def _key(key: ServiceKey) -> str:
 
 
 def _element_statements(
-    config: RulesetConfig, verb: str, items: Iterable[tuple[ServiceKey, Element]]
+    config: RulesetConfig,
+    verb: str,
+    items: Iterable[tuple[ServiceKey, Element]],
+    keep: Collection[ServiceKey] = (),
 ) -> list[str]:
-    """`verb` (add or delete) the elements, grouped per map and set."""
-    names = (map_name, firewall_name, allow_name)
+    """`verb` (add or delete) the elements, grouped per map and set. Each virtual server
+    also has its element of the hold rules' set, one per key whatever its verdict: `keep`,
+    the keys whose map element is deleted only to be added again (a verdict change), keep
+    theirs."""
+    names = (map_name, virtual_servers_name, firewall_name, allow_name)
     groups: dict[tuple[int, int], list[str]] = {}
     for key, el in sorted(items, key=lambda kv: kv[0]):
         f = key.family
         groups.setdefault((0, f), []).append(
             _key(key) if verb == "delete" else f"{_key(key)} : goto {el.verdict.value}"
         )
-        if el.source_ranges is not None:
+        if key not in keep:
             groups.setdefault((1, f), []).append(_key(key))
-            groups.setdefault((2, f), []).extend(
+        if el.source_ranges is not None:
+            groups.setdefault((2, f), []).append(_key(key))
+            groups.setdefault((3, f), []).extend(
                 f"{_key(key)} . {c}" for c in el.source_ranges if (":" in c) == (f == 6)
             )
     out = []
@@ -372,9 +450,10 @@ def _filter_statements(config: RulesetConfig, verb: str, items: Iterable[FilterI
     groups: dict[str, list[str]] = {}
     for name, *fields_ in sorted(items):
         groups.setdefault(name, []).append(" . ".join(fields_))
+    # the hold rules' set first, beside the map elements; then the port filter's
+    order = sorted(groups.items(), key=lambda kv: (not kv[0].startswith("virtual-servers"), kv[0]))
     return [
-        f"{verb} element {config.target} {name} {{ {', '.join(texts)} }}"
-        for name, texts in sorted(groups.items())
+        f"{verb} element {config.target} {name} {{ {', '.join(texts)} }}" for name, texts in order
     ]
 
 
@@ -431,9 +510,10 @@ def element_delta(
 
 def delta_ruleset(config: RulesetConfig, delta: ElementDelta) -> str:
     """Incremental: delete and add elements, in one transaction."""
-    out = _element_statements(config, "delete", delta.delete)
+    readded = {k for k, _ in delta.delete} & {k for k, _ in delta.add}
+    out = _element_statements(config, "delete", delta.delete, readded)
     out += _filter_statements(config, "delete", delta.filter_delete)
-    out += _element_statements(config, "add", delta.add)
+    out += _element_statements(config, "add", delta.add, readded)
     out += _filter_statements(config, "add", delta.filter_add)
     return _text(out)
 
@@ -451,7 +531,7 @@ def replace_elements_ruleset(config: RulesetConfig, elements: Elements) -> str:
     out = [f"flush map {t} {map_name(f)}" for f in (4, 6)]
     out += [
         f"flush set {t} {name(f)}"
-        for name in (firewall_name, allow_name, vips_name, vip_ports_name)
+        for name in (virtual_servers_name, firewall_name, allow_name, vips_name, vip_ports_name)
         for f in (4, 6)
     ]
     return _text(out + _all_elements(config, elements))

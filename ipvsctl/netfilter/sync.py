@@ -296,6 +296,8 @@ class NetfilterSync:
     def _compare(self, text: str | None, baseline: str | None) -> bool:
         if text is not None and text == baseline:
             return True
+        if text is None and self.metrics is not None:  # deleted: put back whole
+            self.metrics.table_restores.labels("nftables").inc()
         self._repair(
             "table",
             "nftables table missing" if text is None else "nftables table changed by someone else",

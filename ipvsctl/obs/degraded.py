@@ -19,6 +19,8 @@ CONDITIONS = {
     "audit": "the kernel drift audit is raising: hand-made changes are not put right",
     "source": "the API server's lists or watches keep failing: the table is kept as it is, "
     "and Service and endpoint changes do not reach it",
+    "table_restores": "another program keeps removing the IPVS table (kube-proxy starting on "
+    "this node?): each time the daemon puts it back, and connections wait meanwhile",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -127,10 +128,37 @@ def json_configured() -> bool:
     return any(isinstance(h.formatter, JSONFormatter) for h in logging.getLogger().handlers)
 
 
+# The libraries whose own logs are theirs, not ipvsctl's decisions: pyroute2 logs every
+# netlink message as a dict at debug (and asyncio its selector, under pyroute2), urllib3
+# every connection. Below warning they are left out, whatever --log-level says, unless
+# IPVSCTL_LOG_LIBRARIES names them ("pyroute2", "pyroute2,urllib3" or "all"):
+# `--log-level debug` reads as ipvsctl's own account.
+LIBRARIES = ("pyroute2", "asyncio", "urllib3", "kubernetes")
+LIBRARIES_ENV = "IPVSCTL_LOG_LIBRARIES"
+
+
+class LibraryFilter(logging.Filter):
+    """Lets a library's record through at warning and above, or when it is opted in. A
+    filter on the handler, not a level on the library's logger: pyroute2 resets its
+    logger's level when it is imported, which may come after setup()."""
+
+    def __init__(self, opted_in: str = "") -> None:
+        super().__init__()
+        wanted = {n.strip() for n in opted_in.split(",") if n.strip()}
+        self.quiet = () if "all" in wanted else tuple(n for n in LIBRARIES if n not in wanted)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not self.quiet:
+            return True
+        name = record.name
+        return not any(name == n or name.startswith(n + ".") for n in self.quiet)
+
+
 def setup(fmt: str = "text", level: int | str = logging.INFO) -> None:
     if isinstance(level, str):
         level = parse_level(level)
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(LibraryFilter(os.environ.get(LIBRARIES_ENV, "")))
     handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -213,6 +213,12 @@ class Metrics:
             "Drain state files found unreadable or corrupt at start-up (queue rebuilt).",
             registry=r,
         )
+        self.state_entries_set_aside = Counter(
+            "ipvsctl_state_entries_set_aside",
+            "Entries of the drain state file that could not be read at start-up, set aside"
+            " alone (the others loaded).",
+            registry=r,
+        )
         self.last_sync_timestamp = Gauge(
             "ipvsctl_last_sync_timestamp_seconds",
             "Wall-clock time of the last successful sync.",
@@ -254,6 +260,13 @@ class Metrics:
         self.netfilter_elements = Gauge(
             "ipvsctl_netfilter_elements",
             "Virtual servers in ipvsctl's nftables maps (as last written).",
+            registry=r,
+        )
+        self.table_restores = Counter(
+            "ipvsctl_table_restores",
+            "What another program removed (kube-proxy's IPVS cleanup, ipvsadm -C) and the"
+            " daemon put back, by what: ipvs, interface, nftables.",
+            ["what"],
             registry=r,
         )
         self.netfilter_repairs = Counter(

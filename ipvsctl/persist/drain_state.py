@@ -6,9 +6,12 @@ one, fsync the folder; a crash leaves either the old or the new file, never half
 
 Read: opened with O_NOFOLLOW|O_NONBLOCK (a symlink or a FIFO in its place neither redirects
 nor hangs start-up), must be a regular file under MAX_BYTES, UTF-8 JSON without NaN/Infinity,
-and every field of every entry is checked. A file that fails any check is set aside (renamed
-`*.corrupt-<time>`) and the queue is rebuilt from the kernel by adoption: a bad file must
-never crash-loop the daemon.
+and every field of every entry is checked. A file that fails a check of the whole (not JSON,
+another version, no list of entries) is set aside (renamed `*.corrupt-<time>`) and the queue
+is rebuilt from the kernel by adoption: a bad file must never crash-loop the daemon. An
+entry that fails a check is set aside alone (copied into `*.corrupt-<time>`, one line, a
+count in `entries_set_aside`) and the others load: one bad entry must not turn every other
+drain into an adoption with a default deadline.
 
 A drain its pod's lifetime bounds has no deadline: `"deadline": null` with
 `"deadline_source": "pod"`. The version before that read Pod objects wrote `"pod"` with the
@@ -157,7 +160,17 @@ def entry_from_json(d: Any) -> DrainEntry:
 
 
 def parse_state(raw: bytes) -> list[DrainEntry]:
-    """The entries of a state file's bytes; BadState for anything ipvsctl did not write."""
+    """The entries of a state file's bytes; BadState for anything ipvsctl did not write,
+    an entry of it included."""
+    entries, bad = parse_entries(raw)
+    if bad:
+        raise BadState(bad[0][1])
+    return entries
+
+
+def parse_entries(raw: bytes) -> tuple[list[DrainEntry], list[tuple[Any, str]]]:
+    """The good entries of a state file's bytes, and each bad one (as read) with why;
+    BadState when the file as a whole is not one ipvsctl wrote."""
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
@@ -174,7 +187,16 @@ def parse_state(raw: bytes) -> list[DrainEntry]:
     entries = doc.get("entries")
     if not isinstance(entries, list):
         raise BadState("entries is not a list")
-    return [entry_from_json(e) for e in entries]
+    good: list[DrainEntry] = []
+    bad: list[tuple[Any, str]] = []
+    for e in entries:
+        try:
+            good.append(entry_from_json(e))
+        except BadState as exc:
+            bad.append((e, str(exc)))
+        except (ValueError, TypeError, OverflowError) as exc:
+            bad.append((e, f"{type(exc).__name__}: {short(str(exc))}"))
+    return good, bad
 
 
 class DrainStateFile:
@@ -182,6 +204,7 @@ class DrainStateFile:
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
         self.load_error: str | None = None  # why the last load found no usable file
+        self.entries_set_aside = 0  # entries the last load could not read (the rest loaded)
         # The longest JSON text one encoder call made while saving: an entry's, never the
         # queue's (the cost tests read it).
         self.longest_encoded = 0
@@ -228,16 +251,20 @@ class DrainStateFile:
         """The saved queue; [] (the file set aside, one line, `load_error` set) for a file
         that cannot be used, whatever is in it: a raise here would be a crash loop."""
         self.load_error = None
+        self.entries_set_aside = 0
         try:
             raw = self._read()
             if raw is None:
                 return []
             try:
-                return parse_state(raw)
+                entries, bad = parse_entries(raw)
             except BadState:
                 raise
             except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
                 raise BadState(f"{type(exc).__name__}: {short(str(exc))}") from None
+            if bad:
+                self._set_entries_aside(bad)
+            return entries
         except BadState as exc:
             aside = self.path.with_name(f"{FILE_NAME}.corrupt-{int(time.time())}")
             try:
@@ -257,6 +284,27 @@ class DrainStateFile:
                 extra=fields(path=self.path, error=exc),
             )
             return []
+
+    def _set_entries_aside(self, bad: list[tuple[Any, str]]) -> None:
+        """Entries that cannot be read go to a file of their own beside the state (kept
+        for a look; the next save writes the state without them): one line for all."""
+        self.entries_set_aside = len(bad)
+        aside = self.path.with_name(f"{FILE_NAME}.corrupt-{int(time.time())}")
+        where: Path | None = aside
+        try:
+            doc = {"version": FORMAT_VERSION, "entries": [e for e, _ in bad]}
+            fd = os.open(
+                aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
+            where = None  # the count and the line still say it; the copy is a courtesy
+            log.debug("drain state entries not copied aside", extra=fields(error=exc))
+        log.error(
+            "drain state entries unreadable, set aside; the others loaded",
+            extra=fields(path=where, entries=len(bad), first_error=short(bad[0][1])),
+        )
 
     def save(self, entries: Iterable[DrainEntry], lock_timeout: float = -1) -> None:
         """Atomic replace; raises OSError (the caller counts it and retries later), EBUSY

@@ -31,6 +31,8 @@ CONTROLLER = "ipvsctl.io/ipvsctl"  # reportingController: a qualified name, as t
 CONNECTIONS_CUT = "ConnectionsCut"
 QUIESCED = "Quiesced"
 QUIESCE_TIMEOUT = "QuiesceTimeout"
+TABLE_RESTORED = "IPVSTableRestored"
+NODE_EVENTS_NAMESPACE = "default"  # where Events about a Node are written (as the kubelet's)
 
 
 class EventType(StrEnum):
@@ -46,7 +48,8 @@ class EventSpec:
     type: EventType
     action: str
     note: str
-    regarding: PodRef
+    regarding: PodRef  # a Node: its name, in namespace "default" (where Node Events go)
+    kind: str = "Pod"  # the regarding object's: Pod or Node
 
     @property
     def key(self) -> tuple[str, str, str, PodRef]:
@@ -244,3 +247,25 @@ def quiesce_outcome(
     if established is not None:
         note += f"; {_plural(established, 'established connection')} at the end"
     return EventSpec(reason, type_, "Quiesce", note[:NOTE_MAX], pod)
+
+
+def table_restored(node: str, what: str, virtual_servers: int, kube_proxy: bool) -> EventSpec:
+    """The Warning on this node's Node when another program removed the table and the
+    daemon put it back (CONTRACT.md "Beside another proxy")."""
+    who = (
+        "kube-proxy's IPVS cleanup (its nftables table is here)"
+        if kube_proxy
+        else "another program"
+    )
+    note = (
+        f"ipvsctl put back {what} ({virtual_servers} virtual servers) after {who} removed it;"
+        " established connections were held meanwhile"
+    )
+    return EventSpec(
+        TABLE_RESTORED,
+        EventType.WARNING,
+        "Restore",
+        note[:NOTE_MAX],
+        PodRef(NODE_EVENTS_NAMESPACE, node),
+        kind="Node",
+    )

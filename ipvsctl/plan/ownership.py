@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable
 
-from ipvsctl.model import ServiceKey
+from ipvsctl.model import ServiceKey, ServiceRef
 from ipvsctl.model.cidrs import in_any
 from ipvsctl.model.portrange import DEFAULT_NODE_PORT_RANGE
 
@@ -44,3 +44,20 @@ def owned_virtual_servers(
     """The owned ones of `virtual_servers`, sorted."""
     bound_set, ips = set(bound), set(node_ips)
     return sorted(k for k in virtual_servers if is_owned(k, bound_set, ips, node_ports, excluded))
+
+
+# A namespace no Kubernetes object has (namespaces are DNS labels): an orphan's stand-in
+# Service can never be mistaken for a real one, and still reads as namespace/name.
+ORPHAN_NAMESPACE = "(unknown)"
+
+
+def orphan_service(key: ServiceKey) -> ServiceRef:
+    """The stand-in Service of an orphan: an owned virtual server that no Service wants and
+    whose Service is not known (deleted while the daemon was down, or the state file
+    lost). It drains as a deleted Service's under this name, one per virtual server; a
+    Service that claims the key takes it over in place, as any draining one."""
+    return ServiceRef(ORPHAN_NAMESPACE, str(key))
+
+
+def is_orphan_service(ref: ServiceRef) -> bool:
+    return ref.namespace == ORPHAN_NAMESPACE

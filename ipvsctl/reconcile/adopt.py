@@ -4,8 +4,12 @@ As Cilium's ResetAndRestore, a restart takes over the table in place rather than
 it, so no connection is disturbed: every virtual server a Service wants is adopted with its
 real servers as they are; real servers at weight 0 that no Service wants are adopted into
 the drain queue (with their persisted deadline when the state file has one), never deleted
-abruptly; owned virtual servers nobody wants are returned as orphans for the caller to
-delete. The first diff then works from this state like any other.
+abruptly. An owned virtual server nobody wants (its Service deleted, a port or address
+removed while the daemon was down, or its state file lost) drains as a deleted Service's
+when it has real servers (CONTRACT.md "Draining": a restart never cuts a connection a
+running daemon would have let finish), under a stand-in Service (`orphan_service`); only
+empty ones, or all with `--service-drain-timeout 0`, are returned as orphans for the caller
+to delete. The first diff then works from this state like any other.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ipvsctl.model import (
 )
 from ipvsctl.obs.logging import fields
 from ipvsctl.plan.desired import binds_address
+from ipvsctl.plan.ownership import orphan_service
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.termination import Terminations
 
@@ -74,9 +79,11 @@ def adopt(
     now: float,
     drain_timeout: float,
     node_ips: Collection[str],
+    service_drain_timeout: float = 0.0,
 ) -> list[Orphan]:
     """Fill `state` and `drains` from the kernel. `built` is every Service's desired state
-    (conflicts resolved); its owners are already recorded in `state.owner`."""
+    (conflicts resolved); its owners are already recorded in `state.owner`. Returns the
+    orphans to delete at once."""
     wanted_rs: dict[ServiceKey, frozenset[RealServerKey]] = {}
     for ref, desired in built.items():
         if desired is None:
@@ -105,6 +112,22 @@ def adopt(
         vs, dests = observed[key]
         state.add(service, vs, key.address not in node_ips, {d.key: d.weight for d in dests})
         log.info("draining virtual server adopted", extra=fields(service=service, vs=key))
+    # Orphans with real servers drain too, each under its stand-in Service: the first diff
+    # (its Service is deleted) turns its live real servers to weight 0 with the bound of
+    # a deleted Service's, from now.
+    if service_drain_timeout > 0:
+        for key in sorted(observed.keys() - wanted_rs.keys() - draining.keys()):
+            vs, dests = observed[key]
+            if not dests:
+                continue
+            service = orphan_service(key)
+            draining[key] = service
+            state.add(service, vs, key.address not in node_ips, {d.key: d.weight for d in dests})
+            drains.drain_virtual_server(key, service)
+            log.warning(
+                "virtual server nobody wants drains",
+                extra=fields(vs=key, real_servers=len(dests), bound=service_drain_timeout),
+            )
     wanted_rs.update((key, frozenset()) for key in draining)
     for key, (_vs, dests) in observed.items():
         for d in dests:

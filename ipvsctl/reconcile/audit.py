@@ -7,7 +7,9 @@ the lock: what to read), `read` (kernel reads only), `apply` (under the lock). A
 taken while anything
 was applied is dropped whole (it could show a change in flight as drift); the same step is
 read again next time. Repairs are made by marking the Service dirty (its next sync diffs
-against the corrected applied state), and by deleting owned virtual servers nobody wants.
+against the corrected applied state). An owned virtual server nobody wants drains as a
+deleted Service's when it has real servers (under its stand-in Service, as at start-up:
+`adopt.py`), and is deleted when it has none or with `--service-drain-timeout 0`.
 
 A round's start compares every virtual server with the applied state; that comparison is
 made in the read too, off the lock, on the live state (optimistically, as a seqlock reader:
@@ -21,7 +23,7 @@ wait for the walk.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -30,6 +32,7 @@ from ipvsctl.model import RealServerKey, ServiceKey, ServiceRef, VirtualServer
 from ipvsctl.model.keys import service_order
 from ipvsctl.obs.logging import fields
 from ipvsctl.obs.metrics import Metrics
+from ipvsctl.plan.ownership import orphan_service
 from ipvsctl.reconcile.applied import AppliedState
 from ipvsctl.reconcile.apply import Applier
 from ipvsctl.reconcile.termination import Terminations
@@ -54,7 +57,7 @@ class VirtualServerDrift:
 
     missing: list[tuple[ServiceRef, ServiceKey]]  # applied, not in the kernel
     changed: list[tuple[ServiceRef, ServiceKey, VirtualServer]]  # as the kernel holds it
-    unknown: list[ServiceKey]  # in the kernel, ours, applied for no Service
+    unknown: list[VirtualServer]  # in the kernel, ours, applied for no Service
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class Auditor:
         ready: Callable[[], bool],
         on_repair: Callable[[set[ServiceRef]], None],
         give_way: Callable[[], None] = lambda: None,
+        service_drain_timeout: Callable[[], float] = lambda: 0.0,
+        node_ips: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.kernel = kernel
         self.state = state
@@ -99,6 +104,8 @@ class Auditor:
         self.ready = ready  # the first sync is done: there is an applied state to audit
         self.on_repair = on_repair  # differences found: these Services to sync again
         self.give_way = give_way  # called in the read's loops: events first
+        self.service_drain_timeout = service_drain_timeout  # an orphan's bound; 0: deleted
+        self.node_ips = node_ips  # an orphan's address on one of these stays bound
         self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
         # Applied virtual servers compared with a kernel dump, ever: the walk's work, which
         # belongs off the loop's lock (the cost tests read it around each part of a step).
@@ -198,10 +205,11 @@ class Auditor:
                 if not n % LISTED_PER_GIVE_WAY:
                     give_way()
                 if key not in owner and owned(key):
-                    unknown.append(key)
+                    unknown.append(in_kernel[key])
         except RuntimeError:  # "dictionary changed size during iteration"
             return None
-        return VirtualServerDrift(missing, changed, sorted(unknown, key=service_order))
+        unknown.sort(key=lambda vs: service_order(vs.key))
+        return VirtualServerDrift(missing, changed, unknown)
 
     def _round_keys(self) -> list[ServiceKey] | None:
         """Off the lock: every applied key, last first (a round's cursor); None when the loop
@@ -226,9 +234,9 @@ class Auditor:
             if applied is not None:
                 self._drift(out, "virtual_server_changed", ref, key)
                 applied.vs = vs
-        for key in drift.unknown:
-            self._drift(out, "virtual_server_unknown", None, key)
-            self.applier.delete_orphan(key, self._count_real_servers(key))
+        for vs in drift.unknown:
+            self._drift(out, "virtual_server_unknown", None, vs.key)
+            self._orphan(vs, out)
 
     def _real_servers(
         self, key: ServiceKey, observed: dict[RealServerKey, int], out: Findings
@@ -263,10 +271,28 @@ class Auditor:
         if ref is not None:
             out.dirty.add(ref)
 
-    def _count_real_servers(self, key: ServiceKey) -> int:
-        """For the deletion count of an orphan (rare: its start-up deletion failed, or a
-        tool made it): one read under the lock, as the start-up path counts them."""
+    def _orphan(self, vs: VirtualServer, out: Findings) -> None:
+        """An owned virtual server no Service holds (its start-up deletion failed, a tool
+        made it, or its Service went while nothing applied it): one read of its real
+        servers under the lock, as at start-up; with real servers it drains as a deleted
+        Service's (its stand-in's sync turns them to weight 0), else it goes."""
+        key = vs.key
         try:
-            return len(self.kernel.list_real_servers(key))
+            dests = self.kernel.list_real_servers(key)
+        except KernelNotFound:
+            return  # gone meanwhile
         except KernelError:
-            return 0  # the deletion that follows reports the kernel's trouble
+            dests = []  # the deletion that follows reports the kernel's trouble
+        bound = self.service_drain_timeout()
+        if dests and bound > 0:
+            service = orphan_service(key)
+            bind = key.address not in self.node_ips()
+            self.state.add(service, vs, bind, {d.key: d.weight for d in dests})
+            self.drains.drain_virtual_server(key, service)
+            out.dirty.add(service)
+            log.warning(
+                "virtual server nobody wants drains",
+                extra=fields(vs=key, real_servers=len(dests), bound=bound),
+            )
+            return
+        self.applier.delete_orphan(key, len(dests))

@@ -4,7 +4,8 @@ source's ObjectStore and plan's rules together: a floor above both."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from ipvsctl.model import (
     DesiredService,
@@ -19,16 +20,88 @@ from ipvsctl.plan.capacity import rank as capacity_rank
 from ipvsctl.plan.conflicts import rank, resolve
 from ipvsctl.plan.desired import build_desired_service
 from ipvsctl.plan.guard import too_many
+from ipvsctl.plan.skipped import (
+    NOT_AN_OBJECT,
+    OTHER_KIND,
+    OTHER_NODE,
+    Skipped,
+    skipped_objects,
+)
+from ipvsctl.source.convert import is_headless, object_name, unproxied_reason
 from ipvsctl.source.events import ObjectKind, RawObject, Replace
 from ipvsctl.source.store import ObjectStore, Problem
+
+Planned = list[tuple[DesiredService, DesiredVirtualServer]]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    """`ipvsctl plan`'s whole answer: what it would program, the problems found (one line
+    each on stderr), and every object read that makes no virtual server, with why."""
+
+    virtual_servers: Planned
+    problems: list[Problem]
+    skipped: list[Skipped]
+    node: NodeContext  # as planned: with its Node's zone when the input has it
 
 
 def plan_objects(
     objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
-) -> tuple[list[tuple[DesiredService, DesiredVirtualServer]], list[Problem]]:
+) -> tuple[Planned, list[Problem]]:
     """Every virtual server the objects ask for, sorted by key, with the problems found.
     A virtual server two Services want goes to the winner by plan/conflicts.py's rule. A
     `kind: Node` named as the node gives its zone (topology hints)."""
+    chosen, problems, _, _ = _plan(objects, node)
+    return chosen, problems
+
+
+def plan_report(
+    objects: Mapping[ObjectKind, list[RawObject]],
+    node: NodeContext,
+    others: Iterable[tuple[str, str, str]] = (),
+) -> PlanReport:
+    """`plan_objects`, and what it skipped (plan/skipped.py): `others` are the documents of
+    kinds ipvsctl does not read, as (kind, namespace, name), kind "" when no object."""
+    chosen, problems, store, node = _plan(objects, node)
+    reasons: dict[ServiceRef, list[str]] = {}
+    set_aside: list[Skipped] = []
+    for p in problems:
+        ns, _, name = p.name.partition("/")
+        if p.kind is ObjectKind.SERVICE:
+            reasons.setdefault(ServiceRef(ns, name), []).append(p.reason)
+            if ServiceRef(ns, name) in store.services:
+                continue  # read, and skipped (or not) by the rule below
+        if p.fatal:
+            set_aside.append(
+                Skipped(p.kind.value, "" if p.kind is ObjectKind.NODE else ns, name, p.reason)
+            )
+    headless: set[ServiceRef] = set()
+    for obj in objects.get(ObjectKind.SERVICE, []):
+        ns, _, name = object_name(obj).partition("/")
+        why = unproxied_reason(obj, node.service_proxy_name)
+        if why is not None:
+            set_aside.append(Skipped(ObjectKind.SERVICE.value, ns, name, why))
+        elif is_headless(obj):
+            headless.add(ServiceRef(ns, name))
+    for obj in objects.get(ObjectKind.NODE, []):
+        name = object_name(obj).partition("/")[2]
+        if name != node.node_name:
+            set_aside.append(
+                Skipped(ObjectKind.NODE.value, "", name, OTHER_NODE.format(node=node.node_name))
+            )
+    for kind, ns, name in others:
+        why = OTHER_KIND.format(kind=kind) if kind else NOT_AN_OBJECT
+        set_aside.append(Skipped(kind, ns, name, why))
+    served = {desired.ref for desired, _ in chosen}
+    skipped = skipped_objects(
+        store.services, served, reasons, store.slices.values(), set_aside, headless
+    )
+    return PlanReport(chosen, problems, skipped, node)
+
+
+def _plan(
+    objects: Mapping[ObjectKind, list[RawObject]], node: NodeContext
+) -> tuple[Planned, list[Problem], ObjectStore, NodeContext]:
     store = ObjectStore(
         node.default_scheduler, node_name=node.node_name, service_proxy_name=node.service_proxy_name
     )
@@ -71,7 +144,7 @@ def plan_objects(
                 )
                 continue
             chosen[key] = (desired, dvs)
-    return [chosen[k] for k in sorted(chosen, key=display_order)], problems
+    return [chosen[k] for k in sorted(chosen, key=display_order)], problems, store, node
 
 
 # The addresses a Node reports that a node proxy's NodePorts can listen on.

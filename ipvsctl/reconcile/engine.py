@@ -171,6 +171,8 @@ class Engine:
             ready=lambda: self.started,
             on_repair=self._repaired,
             give_way=lambda: self.give_way(),
+            service_drain_timeout=lambda: self.config.service_drain_timeout,
+            node_ips=lambda: self.config.node.node_ips,
         )
         self.drain_check = DrainCheck(
             self.drains,
@@ -424,9 +426,10 @@ class Engine:
 
     # --- start-up -----------------------------------------------------------------------
     def _initial_sync(self) -> SyncResult:
-        """The first sync: adopt what the kernel holds (`adopt.py`), delete the owned
-        virtual servers nobody wants, then diff every Service against the adopted state.
-        Wanted real servers found at weight 0 go back to 1 (kubernetes#92019)."""
+        """The first sync: adopt what the kernel holds (`adopt.py`: owned virtual servers
+        nobody wants drain; only empty ones are deleted here), then diff every Service
+        against the adopted state. Wanted real servers found at weight 0 go back to 1
+        (kubernetes#92019)."""
         t0 = self.clock.monotonic()
         # every Service's size first, then every claim, so that neither who fits in the
         # table nor who wins a key depends on the order of building
@@ -452,6 +455,7 @@ class Engine:
             now=self.clock.wall(),
             drain_timeout=self.config.drain_timeout,
             node_ips=self.config.node.node_ips,
+            service_drain_timeout=self.config.service_drain_timeout,
         )
         self._restored = []
         # Deleted Services whose virtual servers still drain: synced too (each diff then

@@ -21,7 +21,7 @@ from ipvsctl.model import (
     ServiceKey,
     ServiceRef,
 )
-from ipvsctl.reconcile.applied import Quiesced
+from ipvsctl.reconcile.applied import AppliedState, Quiesced
 from ipvsctl.reconcile.engine import Engine
 from ipvsctl.source.node import NodeInfo
 
@@ -71,6 +71,12 @@ class EngineView:
 
     def applied(self, ref: ServiceRef) -> Mapping[ServiceKey, AppliedVirtualServer]:
         return self._engine.state.by_service.get(ref, {})
+
+    @property
+    def applied_state(self) -> AppliedState:
+        """The whole applied state, to read under the lock (the table guard puts the kernel
+        back to it; nothing here writes it)."""
+        return self._engine.state
 
     def desired(self, ref: ServiceRef) -> DesiredService | None:
         return self._engine.state.desired.get(ref)

@@ -127,6 +127,33 @@ def is_proxied(obj: Mapping[str, Any], proxy_name: str | None) -> bool:
     return bool(proxy_name) and labels[SERVICE_PROXY_NAME_LABEL] == proxy_name
 
 
+def unproxied_reason(obj: Mapping[str, Any], proxy_name: str | None) -> str | None:
+    """Why `is_proxied` says no, in a user's words (`plan`'s skipped list); None when it
+    says yes."""
+    if is_proxied(obj, proxy_name):
+        return None
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    labels = labels if isinstance(labels, Mapping) else {}
+    if HEADLESS_LABEL in labels:
+        return f"labelled {HEADLESS_LABEL}: no proxy serves it (as kube-proxy)"
+    if SERVICE_PROXY_NAME_LABEL in labels:
+        value = labels[SERVICE_PROXY_NAME_LABEL]
+        other = value if isinstance(value, str) else short(value)
+        mine = f"--service-proxy-name is {proxy_name}" if proxy_name else "no --service-proxy-name"
+        return f"labelled {SERVICE_PROXY_NAME_LABEL}={other}: another proxy's ({mine})"
+    return f"not labelled {SERVICE_PROXY_NAME_LABEL}={proxy_name} (--service-proxy-name)"
+
+
+def is_headless(obj: Mapping[str, Any]) -> bool:
+    """`spec.clusterIP` (or one of `spec.clusterIPs`) is `None`: no cluster IP by design."""
+    spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return False
+    ips = spec.get("clusterIPs")
+    return spec.get("clusterIP") == "None" or (isinstance(ips, list) and "None" in ips)
+
+
 # One frozenset per combination, shared by every ServiceInfo (216 bytes each otherwise).
 _FAMILIES = {f: f for f in (frozenset({4}), frozenset({6}), frozenset({4, 6}))}
 

@@ -152,6 +152,13 @@ def test_writable_paths_are_only_the_state_dir_tmp_and_host_sysctls(pod):
         ("ipvsctl", "/var/lib/ipvsctl"),
         ("ipvsctl", "/tmp"),
         ("node-prep", "/host/proc/sys/net"),
+        # the one sysctl the daemon writes while running (1 around its own deletions)
+        ("ipvsctl", "/host/proc/sys/net/ipv4/vs/expire_nodest_conn"),
+    }
+    (sysctl,) = [v for v in vols.values() if v["name"] == "host-expire-nodest-conn"]
+    assert sysctl["hostPath"] == {
+        "path": "/proc/sys/net/ipv4/vs/expire_nodest_conn",
+        "type": "File",
     }
 
 

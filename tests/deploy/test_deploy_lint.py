@@ -80,8 +80,9 @@ def test_dockerfile_lint():
 def fake_proc_sys(tmp_path):
     vs = tmp_path / "net" / "ipv4" / "vs"
     vs.mkdir(parents=True)
-    for name in ("conntrack", "expire_nodest_conn", "expire_quiescent_template", "conn_reuse_mode"):
+    for name in ("conntrack", "expire_quiescent_template", "conn_reuse_mode"):
         (vs / name).write_text("0\n")
+    (vs / "expire_nodest_conn").write_text("1\n")  # kube-proxy's value
     (tmp_path / "net" / "ipv4" / "ip_forward").write_text("0\n")
     return tmp_path
 
@@ -101,8 +102,10 @@ def test_node_prep_sets_the_ipvs_sysctls_and_is_idempotent(fake_proc_sys):
     r = node_prep(fake_proc_sys)
     assert r.returncode == 0, r.stderr
     vs = fake_proc_sys / "net" / "ipv4" / "vs"
-    for name in ("conntrack", "expire_nodest_conn", "expire_quiescent_template"):
+    for name in ("conntrack", "expire_quiescent_template"):
         assert (vs / name).read_text().strip() == "1", name
+    # 0 between the daemon's own deletions: a foreign flush keeps its connections
+    assert (vs / "expire_nodest_conn").read_text().strip() == "0"
     assert (fake_proc_sys / "net" / "ipv4" / "ip_forward").read_text().strip() == "1"
     again = node_prep(fake_proc_sys)
     assert again.returncode == 0 and "set " not in again.stderr, again.stderr

@@ -398,7 +398,8 @@ class Run:
 
     def outputs(self) -> dict[str, str]:
         plan, problems = plan_objects(self._by_kind(), self.node)
-        desired = plan_text(plan, wide=True) + "".join(
+        # The engine cases' tables keep their columns (the plan cases hold the details)
+        desired = plan_text(plan, wide=True, details=False) + "".join(
             f"{p.kind.value} {p.name} {'skipped' if p.fatal else 'warning'}: {p.reason}\n"
             for p in problems
         )

@@ -86,7 +86,12 @@ def takeover(node: Node, pods: list[Pod], tmp_path: Path) -> Iterator[tuple[Any,
     command = ["ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "run"]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*command, "--config", str(config), "--state-dir", str(tmp_path / "state")],
+            [
+                *command,
+                *("--config", str(config), "--state-dir", str(tmp_path / "state")),
+                # a drain's bound longer than the emulated guest's slowest steps
+                *("--service-drain-timeout", "600"),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -120,14 +125,20 @@ def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
     pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
     kube_proxy_table(node, pods)
     held = client.connect(VIP, 80)  # through kube-proxy's table, before ipvsctl runs
+    # and one through kube-proxy's leftover of a Service deleted before ipvsctl came
+    stale = client.connect(STALE, 80)
     try:
         with takeover(node, pods, tmp_path) as (proc, api):
             # The Service's virtual server adopted as it was; the held connection lives on.
             assert weights(node)[f"{VIP}:80/TCP"] == {f"{p.ip}:8080": 1 for p in pods}
             assert held.echo("still served after the takeover")
             assert {client.request(VIP, 80, reset=True) for _ in range(4)} == {p.name for p in pods}
-            # kube-proxy's leftover of a deleted Service goes (drained: no connection holds
-            # it)...
+            # kube-proxy's leftover of a deleted Service drains as a deleted Service's: its
+            # connection lives on, new ones are refused...
+            assert weights(node)[f"{STALE}:80/TCP"] == {f"{pods[0].ip}:8080": 0}
+            assert stale.echo("still served while it drains")
+            # ...and it goes once that connection has closed
+            stale.abort()
             wait_for(
                 lambda: f"{STALE}:80/TCP" not in weights(node), timeout=300, what="stale VS gone"
             )
@@ -141,6 +152,7 @@ def test_ipvsctl_run_config_takes_over_a_kube_proxy_node(
             assert f"{VIP}:80/TCP" in weights(node)  # nothing flushed on exit
     finally:
         held.close()
+        stale.close()
 
 
 def refused(client: Pod, address: str, port: int) -> bool:

@@ -323,19 +323,22 @@ def test_plan_json_has_everything_wide_shows(tmp_path):
     args = ("plan", "-f", str(_dump(tmp_path)), "--node-name", "node-a")
     wide = invoke(*args, "-o", "wide").stdout.splitlines()
     doc = json.loads(invoke(*args, "-o", "json").stdout)
-    vs_rows = [line.split() for line in wide[2:] if not line.startswith("  ")]
-    rs_rows = [line.split() for line in wide[2:] if line.startswith("  -> ")]
+    table = wide[2 : wide.index("")] if "" in wide else wide[2:]  # the skipped list after
+    vs_rows = [line.split() for line in table if not line.startswith("  ")]
+    rs_rows = [line.split() for line in table if line.startswith("  -> ")]
     assert len(vs_rows) == len(doc["virtual_servers"]) == 2
     rs_docs = [rs for v in doc["virtual_servers"] for rs in v["real_servers"]]
     assert len(rs_rows) == len(rs_docs) > 0
     for row, v in zip(vs_rows, doc["virtual_servers"], strict=True):
-        prot, hostport, sched, persist, svc, kind, local, ranges = row
+        prot, hostport, sched, persist, svc, kind, local, ranges, hc, drain = row
         assert (prot, sched) == (v["protocol"], v["scheduler"])
         assert hostport == f"{v['address']}:{v['port']}"
         assert svc == f"{v['service']}:{v['port_name']}" and kind == f"({v['kind']})"
         assert local == ("yes" if v["traffic_policy_local"] else "-")
         assert ranges == (",".join(v["source_ranges"]) if v["source_ranges"] else "-")
         assert persist == (str(v["persistent_timeout"]) if v["persistent_timeout"] else "-")
+        assert hc == str(v["health_check_node_port"] or "-")
+        assert drain == (f"{v['drain_timeout']:g}s" if v["drain_timeout"] is not None else "-")
     for row, rs in zip(rs_rows, rs_docs, strict=True):
         _, hostport, weight, pod, node = row
         assert hostport == f"{rs['address']}:{rs['port']}" and int(weight) == rs["weight"]

@@ -248,4 +248,4 @@ def test_shell_completion_completes_commands_and_output_formats():
 def test_plan_stdin_that_does_not_parse_is_exit_2_naming_standard_input():
     r = invoke("plan", "-f", "-", input="a: [")
     assert r.exit_code == 2
-    assert "standard input: not valid YAML" in r.output
+    assert "ipvsctl: standard input:2:1: not valid YAML" in r.output

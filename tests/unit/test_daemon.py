@@ -164,6 +164,41 @@ def test_corrupt_state_file_is_set_aside_and_the_queue_rebuilt(tmp_path, folder)
         d2.shutdown()
 
 
+def test_an_unreadable_state_entry_is_set_aside_alone_and_counted(tmp_path, folder):
+    kernel = FakeKernel()
+    entry = drained_then_stopped(tmp_path, folder, kernel, drain_timeout=600)
+    path = tmp_path / "state" / FILE_NAME
+    doc = json.loads(path.read_text())
+    doc["entries"].append({**doc["entries"][0], "address": "not an address"})
+    path.write_text(json.dumps(doc))
+    d2 = make(tmp_path, kernel)
+    try:
+        d2.start()
+        wait_for(lambda: d2.engine.started)
+        assert list(d2.engine.drains.queue) == [entry]  # the good one kept its deadline
+        assert d2.metrics.value("ipvsctl_state_entries_set_aside_total") == 1
+        assert d2.metrics.value("ipvsctl_state_load_errors_total") == 0
+    finally:
+        d2.shutdown()
+
+
+def test_a_table_flushed_under_the_daemon_comes_back_and_is_counted(tmp_path, folder):
+    kernel = FakeKernel()
+    d = make(tmp_path, kernel)
+    try:
+        d.start()
+        wait_for(lambda: d.engine.started)
+        before = kernel.list_virtual_servers()
+        weights = {r.key: r.weight for r in kernel.list_real_servers(vs())}
+        for v in before:  # ipvsadm -C
+            kernel.delete_virtual_server(v.key, False)
+        wait_for(lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1)
+        assert kernel.list_virtual_servers() == before
+        assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+    finally:
+        d.shutdown()
+
+
 def test_readyz_waits_for_the_first_full_list(tmp_path):
     (tmp_path / "m").mkdir()
 

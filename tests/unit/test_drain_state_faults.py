@@ -1,4 +1,5 @@
-"""Hostile state files: each is set aside and start-up goes on by adoption."""
+"""Hostile state files: a file that is not one ipvsctl wrote is set aside whole and start-up
+goes on by adoption; an entry that cannot be read is set aside alone and the others load."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ GOOD = DrainEntry(
 )
 
 
+OTHER = DrainEntry(
+    vs(), rs("10.244.1.9"), None, DrainReason.REMOVED, 1000.0, 1030.0, DeadlineSource.DEFAULT
+)
+
+
 def _doc(**over: object) -> dict:
+    """A file of one entry (GOOD with `over`) and a good one after it."""
     entry = GOOD.to_json() | over
-    return {"version": 1, "entries": [entry]}
+    return {"version": 1, "entries": [entry, OTHER.to_json()]}
 
 
 def _load(tmp_path: Path, raw: bytes) -> tuple[list[DrainEntry], DrainStateFile]:
@@ -29,9 +36,23 @@ def _load(tmp_path: Path, raw: bytes) -> tuple[list[DrainEntry], DrainStateFile]
     return state.load(), state
 
 
+def _asides(tmp_path: Path) -> list[Path]:
+    return [p for p in tmp_path.iterdir() if p.name.startswith(f"{FILE_NAME}.corrupt-")]
+
+
 def _set_aside(tmp_path: Path) -> bool:
-    return not os.path.lexists(tmp_path / FILE_NAME) and any(
-        p.name.startswith(f"{FILE_NAME}.corrupt-") for p in tmp_path.iterdir()
+    return not os.path.lexists(tmp_path / FILE_NAME) and bool(_asides(tmp_path))
+
+
+def _entry_set_aside(tmp_path: Path, entries: list[DrainEntry], state: DrainStateFile) -> bool:
+    """The bad entry alone went aside (a copy beside the file); the good one loaded."""
+    (aside,) = _asides(tmp_path)
+    return (
+        entries == [OTHER]
+        and state.entries_set_aside == 1
+        and state.load_error is None
+        and (tmp_path / FILE_NAME).exists()
+        and len(json.loads(aside.read_text())["entries"]) == 1
     )
 
 
@@ -74,43 +95,21 @@ def test_a_file_of_the_version_that_read_pods_loads(tmp_path: Path) -> None:
     "raw",
     [
         b'{"version":1,"entries":[\xff\xfe]}',  # not UTF-8
-        json.dumps(_doc(vport=None)).replace("null", "1e999").encode(),  # inf in a port
-        json.dumps(_doc(port=None)).replace("null", "1e999").encode(),
         json.dumps(_doc(deadline=None)).replace("null", "NaN").encode(),
         json.dumps(_doc(deadline=None)).replace("null", "Infinity").encode(),
-        json.dumps(_doc(since=None)).replace("null", "1e999").encode(),  # inf via overflow
         b'{"version":1,"entries":' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
-        json.dumps(_doc(vport=70000)).encode(),
-        json.dumps(_doc(vport=True)).encode(),
-        json.dumps(_doc(vip="fe80::1%eth0")).encode(),
-        json.dumps(_doc(address=["10.0.0.1"])).encode(),
-        json.dumps(_doc(service={"a": 1})).encode(),
-        json.dumps(_doc(pod="nopodslash")).encode(),
-        json.dumps(_doc(reason="gone")).encode(),
         json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
         json.dumps([1, 2]).encode(),
-        json.dumps(_doc(deadline=None)).encode(),  # only a drain its pod bounds has none
-        json.dumps(_doc(deadline_source="pod", pod_uid=["u"])).encode(),
+        json.dumps({"version": 2, "entries": []}).encode(),
     ],
     ids=[
         "non-utf8",
-        "inf-vport",
-        "inf-port",
         "nan-deadline",
         "infinity-deadline",
-        "overflow-since",
         "deep",
-        "big-port",
-        "bool-port",
-        "zone-id",
-        "list-ip",
-        "dict-service",
-        "bad-pod",
-        "bad-reason",
         "entries-dict",
         "top-list",
-        "null-deadline",
-        "list-uid",
+        "other-version",
     ],
 )
 def test_a_bad_file_is_set_aside_and_start_up_goes_on(tmp_path: Path, raw: bytes) -> None:
@@ -118,6 +117,61 @@ def test_a_bad_file_is_set_aside_and_start_up_goes_on(tmp_path: Path, raw: bytes
     assert entries == []
     assert state.load_error and state.load_error.startswith("corrupt")
     assert _set_aside(tmp_path)
+
+
+INF = "<1e999>"  # written as the bare number 1e999, which json reads as inf
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"vport": INF},  # inf in a port (json reads 1e999 as inf)
+        {"port": INF},
+        {"since": INF},
+        {"vport": 70000},
+        {"vport": True},
+        {"vip": "fe80::1%eth0"},
+        {"address": ["10.0.0.1"]},
+        {"service": {"a": 1}},
+        {"pod": "nopodslash"},
+        {"reason": "gone"},
+        {"deadline": None},  # only a drain its pod bounds has none
+        {"deadline_source": "pod", "pod_uid": ["u"]},
+        {"vs_draining": "yes"},
+    ],
+    ids=[
+        "inf-vport",
+        "inf-port",
+        "overflow-since",
+        "big-port",
+        "bool-port",
+        "zone-id",
+        "list-ip",
+        "dict-service",
+        "bad-pod",
+        "bad-reason",
+        "null-deadline",
+        "list-uid",
+        "string-vs-draining",
+    ],
+)
+def test_a_bad_entry_is_set_aside_alone_and_the_others_load(
+    tmp_path: Path, over: dict[str, object]
+) -> None:
+    raw = json.dumps(_doc(**over)).replace(f'"{INF}"', "1e999")
+    entries, state = _load(tmp_path, raw.encode())
+    assert _entry_set_aside(tmp_path, entries, state)
+
+
+def test_an_entry_that_is_not_an_object_is_set_aside_alone(tmp_path: Path) -> None:
+    raw = json.dumps({"version": 1, "entries": [[1, 2], "x", OTHER.to_json()]}).encode()
+    entries, state = _load(tmp_path, raw)
+    assert entries == [OTHER] and state.entries_set_aside == 2 and state.load_error is None
+
+
+def test_a_file_without_bad_entries_sets_nothing_aside(tmp_path: Path) -> None:
+    entries, state = _load(tmp_path, json.dumps(_doc()).encode())
+    assert entries == [GOOD, OTHER] and state.entries_set_aside == 0 and not _asides(tmp_path)
 
 
 def test_a_fifo_in_place_of_the_file_does_not_hang_start_up(tmp_path: Path) -> None:
@@ -165,7 +219,8 @@ BIG_INT = "9" * 5000  # past sys.get_int_max_str_digits(): int() raises ValueErr
 
 @pytest.mark.parametrize("field", ["vport", "port", "since", "deadline"])
 def test_a_5000_digit_integer_is_set_aside_not_raised(tmp_path: Path, field: str) -> None:
-    raw = json.dumps(_doc(**{field: 0})).replace(f'"{field}": 0', f'"{field}": {BIG_INT}')
+    """json itself refuses such a number: the file is set aside whole."""
+    raw = json.dumps(_doc(**{field: 0})).replace(f'"{field}": 0', f'"{field}": {BIG_INT}', 1)
     assert BIG_INT in raw
     entries, state = _load(tmp_path, raw.encode())
     assert entries == [] and state.load_error and state.load_error.startswith("corrupt")
@@ -185,15 +240,15 @@ def test_a_5000_digit_integer_is_set_aside_not_raised(tmp_path: Path, field: str
     ],
 )
 def test_deadlines_out_of_range_are_set_aside(tmp_path: Path, since: float, deadline: float):
-    entries, _ = _load(tmp_path, json.dumps(_doc(since=since, deadline=deadline)).encode())
-    assert entries == [] and _set_aside(tmp_path)
+    entries, state = _load(tmp_path, json.dumps(_doc(since=since, deadline=deadline)).encode())
+    assert _entry_set_aside(tmp_path, entries, state)
 
 
 def test_a_drain_its_pod_bounds_keeps_a_null_deadline(tmp_path: Path) -> None:
     """That version's `deadline: null` with `deadline_source: "pod"` stays valid."""
     raw = json.dumps(_doc(deadline=None, deadline_source="pod", pod="default/web-0", pod_uid="u"))
     entries, state = _load(tmp_path, raw.encode())
-    assert state.load_error is None and len(entries) == 1 and not entries[0].has_deadline
+    assert state.load_error is None and len(entries) == 2 and not entries[0].has_deadline
 
 
 def test_a_file_over_the_cap_is_set_aside_and_never_written(tmp_path: Path) -> None:

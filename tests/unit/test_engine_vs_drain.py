@@ -9,7 +9,7 @@ from pathlib import Path
 from devkit.builders import endpoint, endpoint_slice, service, terminating
 from devkit.harness import Harness, rs, vs
 from ipvsctl.daemon.status_json import engine_status, quiesced_json
-from ipvsctl.model import NO_DEADLINE, DeadlineSource, DrainReason, ServiceRef
+from ipvsctl.model import NO_DEADLINE, DeadlineSource, DrainReason, ServiceRef, VirtualServer
 from ipvsctl.persist.drain_state import DrainStateFile, parse_state
 from ipvsctl.reconcile.feed import Subscriptions
 
@@ -275,3 +275,107 @@ def test_a_reading_that_missed_a_real_server_never_deletes_the_virtual_server():
     h.fake.set_connections(vs(), rs(A), active=0, inactive=0)
     h.check(1)
     assert h.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080", "del-vs 10.96.0.10:80/TCP"]
+
+
+# --- an owned virtual server nobody wants, found at start-up or by the audit ------------
+def _left_by_a_daemon_that_went_down(*, conns: int) -> Harness:
+    """web's table as a running daemon left it, connections on its TCP real server; then
+    the daemon is gone and web is deleted meanwhile (or its state file lost)."""
+    h = started(A)
+    h.fake.set_connections(vs(), rs(A), active=conns, inactive=0)
+    return h
+
+
+def test_a_restart_drains_a_virtual_server_whose_service_went_while_it_was_down():
+    h = _left_by_a_daemon_that_went_down(conns=3)
+    h2 = Harness(kernel=h.kernel, service_drain_timeout=30.0)
+    h2.start([], [])
+    assert h2.ops() == [
+        # UDP as a deleted Service's: at once, conntrack entries with it
+        "del-rs 10.96.0.10:53/UDP -> 10.244.1.5:5353",
+        "flush-conntrack 10.96.0.10:53/UDP -> 10.244.1.5:5353",
+        "del-vs 10.96.0.10:53/UDP",
+        "set-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080 weight 0",
+    ]
+    entry = h2.engine.drains.queue.get(vs(), rs(A))
+    assert entry.vs_draining and entry.deadline == h2.clock.wall() + 30.0
+    assert vs() in h2.engine.drains.draining_virtual_servers
+    assert h2.audit() == 0 and h2.ops() == []  # neither foreign nor unknown to the audit
+    h2.check(1)
+    assert h2.ops() == []  # its connection still open: it stays
+    h2.fake.set_connections(vs(), rs(A), active=0, inactive=0)
+    h2.check(1)
+    assert h2.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080", "del-vs 10.96.0.10:80/TCP"]
+
+
+def test_a_restarted_daemons_orphan_is_cut_at_the_service_drain_timeout():
+    h = _left_by_a_daemon_that_went_down(conns=3)
+    h2 = Harness(kernel=h.kernel, service_drain_timeout=30.0)
+    h2.start([], [])
+    h2.ops()
+    h2.check(29)
+    assert h2.ops() == []
+    h2.check(2)
+    assert h2.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080", "del-vs 10.96.0.10:80/TCP"]
+    assert h2.deletions("deadline") == 1
+
+
+def test_a_restart_deletes_an_empty_orphan_and_any_with_service_drain_timeout_0():
+    h = started()  # web with no endpoints: its virtual servers are empty
+    h2 = Harness(kernel=h.kernel, service_drain_timeout=30.0)
+    h2.start([], [])
+    assert sorted(h2.ops()) == ["del-vs 10.96.0.10:53/UDP", "del-vs 10.96.0.10:80/TCP"]
+    h = _left_by_a_daemon_that_went_down(conns=3)
+    h3 = Harness(kernel=h.kernel, service_drain_timeout=0.0)
+    h3.start([], [])
+    assert "del-vs 10.96.0.10:80/TCP" in h3.ops()
+
+
+def test_a_service_that_claims_an_orphans_address_takes_it_over_in_place():
+    h = _left_by_a_daemon_that_went_down(conns=3)
+    h2 = Harness(kernel=h.kernel, service_drain_timeout=30.0)
+    h2.start([], [])
+    h2.ops()
+    h2.upsert(web(name="web2"), sync=False)
+    h2.upsert(slice_of(B, svc="web2", name="web2-abc"))
+    ops = h2.ops()
+    assert "add-rs 10.96.0.10:80/TCP -> 10.244.1.6:8080 weight 1" in ops
+    assert not any(op.startswith("del-") and "10.96.0.10:80/TCP" in op for op in ops)
+    assert h2.fake.weight(vs(), rs(A)) == 0  # the old one goes on draining
+
+
+def test_the_audit_drains_an_owned_virtual_server_it_does_not_know():
+    h = started(A, timeout=30.0)
+    # made behind the daemon's back (a tool, or a start-up deletion that failed)
+    h.fake.add_virtual_server(VirtualServer(vs("10.96.0.77")), True)
+    h.fake.add_real_server(vs("10.96.0.77"), rs(C), 1)
+    h.fake.set_connections(vs("10.96.0.77"), rs(C), active=2, inactive=0)
+    h.ops()
+    assert h.audit() == 1
+    h.engine.sync()  # the loop's next sync: the stand-in Service it marked
+    assert h.ops() == ["set-rs 10.96.0.77:80/TCP -> 10.244.2.7:8080 weight 0"]
+    assert vs("10.96.0.77") in h.engine.drains.draining_virtual_servers
+    h.fake.set_connections(vs("10.96.0.77"), rs(C), active=0, inactive=0)
+    h.check(1)
+    assert h.ops() == [
+        "del-rs 10.96.0.77:80/TCP -> 10.244.2.7:8080",
+        "del-vs 10.96.0.77:80/TCP",
+    ]
+
+
+def test_an_orphans_drain_survives_a_second_restart(tmp_path: Path):
+    h = _left_by_a_daemon_that_went_down(conns=3)
+    h2 = Harness(kernel=h.kernel, service_drain_timeout=30.0)
+    h2.start([], [])
+    h2.ops()
+    f = DrainStateFile(tmp_path)
+    f.save(h2.engine.drains.queue.entries())
+    restored = f.load()
+    assert len(restored) == 1 and restored[0].vs_draining
+    h3 = Harness(kernel=h.kernel, restored=restored, service_drain_timeout=30.0)
+    h3.clock.advance(h2.clock.wall() - h3.clock.wall() + 10)
+    h3.start([], [])
+    assert h3.ops() == []
+    assert h3.engine.drains.queue.get(vs(), rs(A)).deadline == h2.clock.wall() + 30.0
+    h3.check(21)
+    assert h3.ops() == ["del-rs 10.96.0.10:80/TCP -> 10.244.1.5:8080", "del-vs 10.96.0.10:80/TCP"]

@@ -17,7 +17,7 @@ from ipvsctl.kube.events import EventWriter
 from ipvsctl.kube.permissions import REQUIRED_PERMISSIONS
 from ipvsctl.model import ConnectionsCut, PodRef, Protocol, RealServerKey, ServiceKey, ServiceRef
 from ipvsctl.obs.metrics import Metrics
-from ipvsctl.plan.events import TokenBucket
+from ipvsctl.plan.events import TokenBucket, table_restored
 
 WAIT = 10.0
 VS = ServiceKey(Protocol.TCP, "10.96.0.10", 80)
@@ -209,3 +209,16 @@ def test_server_errors_are_retried_then_given_up(api: FakeAPIServer, running: Ru
     running.writer.record(cut(PodRef("shop", "other", "u2")))
     assert running.writer.flush(WAIT)
     assert running.result("error") == 1 and len(api.objects("Event")) == 1
+
+
+def test_a_restored_table_writes_a_warning_on_the_node(
+    api: FakeAPIServer, running: Running
+) -> None:
+    assert running.writer.record(table_restored("node-1", "ipvs", 12, kube_proxy=True))
+    assert running.writer.flush(WAIT)
+    (ev,) = api.objects("Event")
+    assert ev["metadata"]["namespace"] == "default"  # a Node's Events, as the kubelet's
+    assert ev["regarding"] == {"kind": "Node", "apiVersion": "v1", "name": "node-1"}
+    assert (ev["reason"], ev["type"]) == ("IPVSTableRestored", "Warning")
+    assert "kube-proxy" in ev["note"] and "12 virtual servers" in ev["note"]
+    assert running.result("created", "IPVSTableRestored") == 1

@@ -342,7 +342,11 @@ def test_port_filter_refuses_host_listeners_behind_virtual_ips(netns):
     """Real packets in a netns (no IPVS needed: the filter decides before IPVS would): the
     node's own connection to a bound address at a port that is no virtual server is refused;
     at a virtual server's port, at a node address, and once the address is unbound, it is
-    not. (tests/lab/test_netfilter_lab.py does the same through IPVS, from pods and outside.)"""
+    not. (tests/lab/test_netfilter_lab.py does the same through IPVS, from pods and outside.)
+    At the virtual server's port the connection is held, never answered by the host: with
+    no IPVS hook to take it (here none at all; on a node, a flushed table) the hold rules
+    drop the SYN, so a host listener is never reached through a Service address and the
+    client retries into the restored table."""
 
     def sh(*cmd: str) -> None:
         subprocess.run(["ip", "netns", "exec", netns, *cmd], check=True, capture_output=True)
@@ -385,7 +389,7 @@ def test_port_filter_refuses_host_listeners_behind_virtual_ips(netns):
         nft.apply(base_ruleset(cfg), "base")
         nft.apply(replace_elements_ruleset(cfg, vip), "replace")
         assert _connect(netns, "10.96.0.10", 2222) == "refused"  # sshd behind the VIP
-        assert _connect(netns, "10.96.0.10", 80) == "open"  # the virtual server's port
+        assert _connect(netns, "10.96.0.10", 80) == "timeout"  # the virtual server's: held
         assert _connect(netns, "192.0.2.10", 2222) == "open"  # node addresses: untouched
         # the Service goes: its address leaves the filter (and would leave the interface)
         nft.apply(delta_ruleset(cfg, element_delta(vip, {})), "elements")

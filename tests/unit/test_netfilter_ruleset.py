@@ -48,6 +48,8 @@ add set inet ipvsctl firewall4 { type ipv4_addr . inet_proto . inet_service ; }
 add set inet ipvsctl firewall-allow4 { type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ; }
 add set inet ipvsctl firewall6 { type ipv6_addr . inet_proto . inet_service ; }
 add set inet ipvsctl firewall-allow6 { type ipv6_addr . inet_proto . inet_service . ipv6_addr ; flags interval ; }
+add set inet ipvsctl virtual-servers4 { type ipv4_addr . inet_proto . inet_service ; }
+add set inet ipvsctl virtual-servers6 { type ipv6_addr . inet_proto . inet_service ; }
 add set inet ipvsctl vips4 { type ipv4_addr ; }
 add set inet ipvsctl vip-ports4 { type ipv4_addr . inet_proto . inet_service ; }
 add set inet ipvsctl vips6 { type ipv6_addr ; }
@@ -61,6 +63,9 @@ add chain inet ipvsctl external-local
 add chain inet ipvsctl nat-postrouting { type nat hook postrouting priority srcnat ; policy accept ; }
 add chain inet ipvsctl filter-input { type filter hook input priority mangle ; policy accept ; }
 add chain inet ipvsctl filter-output { type filter hook output priority mangle ; policy accept ; }
+add chain inet ipvsctl hold-forward { type filter hook forward priority 110 ; policy accept ; }
+add chain inet ipvsctl hold-input { type filter hook input priority 110 ; policy accept ; }
+add chain inet ipvsctl hold-output { type filter hook output priority filter ; policy accept ; }
 flush chain inet ipvsctl hairpin
 flush chain inet ipvsctl source-ranges
 flush chain inet ipvsctl vip-filter
@@ -70,6 +75,9 @@ flush chain inet ipvsctl external-local
 flush chain inet ipvsctl nat-postrouting
 flush chain inet ipvsctl filter-input
 flush chain inet ipvsctl filter-output
+flush chain inet ipvsctl hold-forward
+flush chain inet ipvsctl hold-input
+flush chain inet ipvsctl hold-output
 add rule inet ipvsctl hairpin meta nfproto ipv4 update @hairpin4 { ip saddr . ip saddr } ip saddr . ip daddr @hairpin4 masquerade fully-random
 add rule inet ipvsctl hairpin meta nfproto ipv6 update @hairpin6 { ip6 saddr . ip6 saddr } ip6 saddr . ip6 daddr @hairpin6 masquerade fully-random
 add rule inet ipvsctl source-ranges meta nfproto ipv4 ip daddr . meta l4proto . th dport @firewall4 ip daddr . meta l4proto . th dport . ip saddr != @firewall-allow4 drop
@@ -88,6 +96,24 @@ add rule inet ipvsctl nat-postrouting meta l4proto { tcp, udp, sctp } ct origina
 add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
 add rule inet ipvsctl filter-output ct state new meta l4proto { tcp, udp, sctp } jump source-ranges
 add rule inet ipvsctl filter-input ct state new meta l4proto { tcp, udp, sctp } jump vip-filter
+add rule inet ipvsctl hold-forward meta l4proto { tcp, udp, sctp } ip daddr . meta l4proto . th dport @virtual-servers4 drop
+add rule inet ipvsctl hold-forward meta l4proto { tcp, udp, sctp } ip6 daddr . meta l4proto . th dport @virtual-servers6 drop
+add rule inet ipvsctl hold-forward meta l4proto { tcp, udp, sctp } ct direction reply ct status & dnat == 0 ct original ip daddr . meta l4proto . ct original proto-dst @virtual-servers4 ip saddr . meta l4proto . th sport != @virtual-servers4 drop
+add rule inet ipvsctl hold-forward meta l4proto { tcp, udp, sctp } ct direction reply ct status & dnat == 0 ct original ip6 daddr . meta l4proto . ct original proto-dst @virtual-servers6 ip6 saddr . meta l4proto . th sport != @virtual-servers6 drop
+add rule inet ipvsctl hold-input meta l4proto { tcp, udp, sctp } ct direction original ct status & dnat == 0 ip daddr . meta l4proto . th dport @virtual-servers4 ct state established drop
+add rule inet ipvsctl hold-input meta l4proto { tcp, udp, sctp } ct direction original ct status & dnat == 0 ip6 daddr . meta l4proto . th dport @virtual-servers6 ct state established drop
+add rule inet ipvsctl hold-input ip daddr . meta l4proto . th dport @virtual-servers4 ct state new tcp flags & (syn | ack) == syn drop
+add rule inet ipvsctl hold-input meta l4proto udp ip daddr . meta l4proto . th dport @virtual-servers4 drop
+add rule inet ipvsctl hold-input ip6 daddr . meta l4proto . th dport @virtual-servers6 ct state new tcp flags & (syn | ack) == syn drop
+add rule inet ipvsctl hold-input meta l4proto udp ip6 daddr . meta l4proto . th dport @virtual-servers6 drop
+add rule inet ipvsctl hold-input meta l4proto { tcp, udp, sctp } ct direction reply ct status & dnat == 0 ct original ip daddr . meta l4proto . ct original proto-dst @virtual-servers4 ip saddr . meta l4proto . th sport != @virtual-servers4 drop
+add rule inet ipvsctl hold-input meta l4proto { tcp, udp, sctp } ct direction reply ct status & dnat == 0 ct original ip6 daddr . meta l4proto . ct original proto-dst @virtual-servers6 ip6 saddr . meta l4proto . th sport != @virtual-servers6 drop
+add rule inet ipvsctl hold-output meta l4proto { tcp, udp, sctp } ct direction original ct status & dnat == 0 ip daddr . meta l4proto . th dport @virtual-servers4 ct state established drop
+add rule inet ipvsctl hold-output meta l4proto { tcp, udp, sctp } ct direction original ct status & dnat == 0 ip6 daddr . meta l4proto . th dport @virtual-servers6 ct state established drop
+add rule inet ipvsctl hold-output ip daddr . meta l4proto . th dport @virtual-servers4 ct state new tcp flags & (syn | ack) == syn drop
+add rule inet ipvsctl hold-output meta l4proto udp ip daddr . meta l4proto . th dport @virtual-servers4 drop
+add rule inet ipvsctl hold-output ip6 daddr . meta l4proto . th dport @virtual-servers6 ct state new tcp flags & (syn | ack) == syn drop
+add rule inet ipvsctl hold-output meta l4proto udp ip6 daddr . meta l4proto . th dport @virtual-servers6 drop
 """  # noqa: E501
 
 
@@ -202,6 +228,8 @@ def test_element_delta_per_service_change_and_its_text():
         "delete element inet ipvsctl services4 { 10.96.0.11 . udp . 53 }\n"
         "add element inet ipvsctl services4 { 10.96.0.11 . udp . 53 : goto external-local }\n"
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto external }\n"
+        # a verdict change keeps the key in the virtual-servers set (the hold rules')
+        "add element inet ipvsctl virtual-servers6 { fd96::10 . tcp . 80 }\n"
     )
     # only the keys asked about: O(the Service), whatever else differs
     assert element_delta(applied, {}, keys=[a]) == ElementDelta(delete=((a, CIP),))
@@ -211,6 +239,8 @@ def test_element_delta_per_service_change_and_its_text():
 FLUSH_SETS = "".join(
     f"flush set inet ipvsctl {name}\n"
     for name in (
+        "virtual-servers4",
+        "virtual-servers6",
         "firewall4",
         "firewall6",
         "firewall-allow4",
@@ -236,12 +266,13 @@ def test_full_replacements_are_one_transaction_each():
         + "add element inet ipvsctl services4 { 192.0.2.10 . sctp . 30080 : goto external, "
         "10.96.0.10 . tcp . 80 : goto cluster-ip }\n"
         "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
+        "add element inet ipvsctl virtual-servers4 { 192.0.2.10 . sctp . 30080, "
+        "10.96.0.10 . tcp . 80 }\n"
+        "add element inet ipvsctl virtual-servers6 { fd96::10 . tcp . 80 }\n"
     )
     table = replace_table_ruleset(CONFIG, elements)
     assert table.startswith("add table inet ipvsctl\ndelete table inet ipvsctl\n" + GOLDEN_BASE)
-    assert table.endswith(
-        "add element inet ipvsctl services6 { fd96::10 . tcp . 80 : goto cluster-ip }\n"
-    )
+    assert table.endswith("add element inet ipvsctl virtual-servers6 { fd96::10 . tcp . 80 }\n")
     assert replace_elements_ruleset(CONFIG, {}) == (
         "flush map inet ipvsctl services4\nflush map inet ipvsctl services6\n" + FLUSH_SETS
     )
@@ -304,6 +335,7 @@ def test_a_shared_address_leaves_the_vips_set_with_its_last_virtual_server():
     assert delta.filter_add == ()
     assert delta_ruleset(CONFIG, delta) == (
         "delete element inet ipvsctl services4 { 10.96.0.10 . udp . 53 }\n"
+        "delete element inet ipvsctl virtual-servers4 { 10.96.0.10 . udp . 53 }\n"
         "delete element inet ipvsctl vip-ports4 { 10.96.0.10 . udp . 53 }\n"
     )
     # the last one goes: the address leaves too

@@ -22,12 +22,14 @@ CONFIG = SyncConfig(
 )
 _ELEMENTS = re.compile(
     r"^(add|delete) element inet ipvsctl "
-    r"(services[46]|firewall[46]|firewall-allow[46]|vips[46]|vip-ports[46]) "
+    r"(services[46]|virtual-servers[46]|firewall[46]|firewall-allow[46]|vips[46]|vip-ports[46]) "
     r"\{ (.*) \}$"
 )
 _NAMES = (
     "services4",
     "services6",
+    "virtual-servers4",
+    "virtual-servers6",
     "firewall4",
     "firewall6",
     "firewall-allow4",
@@ -185,6 +187,7 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
         "delete element inet ipvsctl services4 { 192.0.2.10 . tcp . 30080 }\n"
         "add element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 : goto cluster-ip, "
         "192.0.2.10 . tcp . 30080 : goto external-local }\n"
+        "add element inet ipvsctl virtual-servers4 { 10.96.0.20 . tcp . 80 }\n"
         "add element inet ipvsctl vip-ports4 { 10.96.0.20 . tcp . 80 }\n"
         "add element inet ipvsctl vips4 { 10.96.0.20 }\n"
     )
@@ -194,6 +197,7 @@ def test_service_changes_become_element_deltas_one_transaction_per_batch(setup):
     assert sync.flush()
     assert nft.scripts[-1][1] == (
         "delete element inet ipvsctl services4 { 10.96.0.20 . tcp . 80 }\n"
+        "delete element inet ipvsctl virtual-servers4 { 10.96.0.20 . tcp . 80 }\n"
         "delete element inet ipvsctl vip-ports4 { 10.96.0.20 . tcp . 80 }\n"
         "delete element inet ipvsctl vips4 { 10.96.0.20 }\n"
     )

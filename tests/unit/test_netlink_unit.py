@@ -7,6 +7,7 @@ import errno
 import os
 import socket
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -314,7 +315,7 @@ def test_conn_reuse_mode_only_before_5_9() -> None:
         assert "net.ipv4.vs.conn_reuse_mode" not in sysctl.wanted_sysctls(release)
     assert sysctl.wanted_sysctls("6.1.0") == {
         "net.ipv4.vs.conntrack": "1",
-        "net.ipv4.vs.expire_nodest_conn": "1",
+        "net.ipv4.vs.expire_nodest_conn": "0",
         "net.ipv4.vs.expire_quiescent_template": "1",
         "net.ipv4.ip_forward": "1",
     }
@@ -349,3 +350,59 @@ def test_run_in_netns() -> None:
         netns.run_in_netns("ipvsctl-no-such-netns", lambda: 42)
     assert netns.netns_path("n1") == "/run/netns/n1"
     assert netns.netns_path("/proc/1/ns/net") == "/proc/1/ns/net"
+
+
+# --- expire_nodest_conn around the daemon's own deletions ---------------------------------
+def test_a_deletion_runs_with_expire_nodest_conn_at_1_and_puts_back_0(tmp_path: Path) -> None:
+    """Between deletions the sysctl is 0 (a table another program flushes keeps its
+    connections); a deletion of ipvsctl's own runs with 1 (its connections end, each client
+    is told at its next packet), and it is 0 again after, also when the deletion fails."""
+    root = fake_proc_sys(tmp_path, {sysctl.EXPIRE_NODEST_CONN: "0"})
+    expire = sysctl.ExpireOnDelete(proc_sys=root)
+    during = []
+    with expire.around():
+        during.append(sysctl.read_sysctl(sysctl.EXPIRE_NODEST_CONN, proc_sys=root))
+    with pytest.raises(KernelNotFound), expire.around():
+        raise KernelNotFound("gone", "delete_real_server")
+    assert during == ["1"]
+    assert sysctl.read_sysctl(sysctl.EXPIRE_NODEST_CONN, proc_sys=root) == "0"
+    assert expire.writes == 4
+    expire.close()
+
+
+def test_a_node_left_at_1_is_not_written(tmp_path: Path) -> None:
+    root = fake_proc_sys(tmp_path, {sysctl.EXPIRE_NODEST_CONN: "1"})
+    expire = sysctl.ExpireOnDelete(proc_sys=root)
+    with expire.around():
+        pass
+    assert expire.writes == 0
+    assert sysctl.read_sysctl(sysctl.EXPIRE_NODEST_CONN, proc_sys=root) == "1"
+
+
+def test_a_missing_sysctl_never_stops_a_deletion(tmp_path: Path) -> None:
+    expire = sysctl.ExpireOnDelete(proc_sys=str(tmp_path))  # no such file: no IPVS sysctls
+    done = []
+    with expire.around():
+        done.append(True)
+    assert done == [True] and expire.writes == 0
+
+
+def test_in_the_daemonset_the_hosts_mounted_sysctl_is_the_one_written(tmp_path: Path) -> None:
+    host = fake_proc_sys(tmp_path / "host", {sysctl.EXPIRE_NODEST_CONN: "0"})
+    assert sysctl.writable_proc_sys(None, host=host) == host
+    assert sysctl.writable_proc_sys("lab1", host=host) == sysctl.PROC_SYS
+    assert sysctl.writable_proc_sys(None, host=str(tmp_path / "none")) == sysctl.PROC_SYS
+
+
+def test_the_interface_lookup_is_one_get_the_kernel_answers() -> None:
+    """On the host's own rtnetlink (no IPVS needed): the hand-packed RTM_GETLINK finds an
+    interface by name and says ENODEV as absent, never raising for it."""
+    from ipvsctl.kernel.netlink.interface import DummyInterface
+    from ipvsctl.kernel.netlink.sockets import Sockets
+
+    sockets = Sockets(None)
+    try:
+        assert DummyInterface(sockets, "lo").present()
+        assert not DummyInterface(sockets, "ipvsctl-none0").present()
+    finally:
+        sockets.close()

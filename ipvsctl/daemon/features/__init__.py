@@ -12,4 +12,6 @@ wiring.py's `FEATURES` lists them; they know nothing of each other.
     proxy_health       kube-proxy's health server on --healthz-bind-address
     service_metrics    the per-Service traffic series
     events             Kubernetes Events for connections a drain's deadline cut
+    table_guard        the IPVS table and its addresses put back when another program
+                       removes them (kube-proxy's IPVS cleanup, ipvsadm -C)
 """

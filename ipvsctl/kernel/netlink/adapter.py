@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from ipvsctl.kernel import table
 from ipvsctl.kernel.netlink.codec import IPVSTimeouts
@@ -54,7 +55,9 @@ class NetlinkKernel:
     opens pyroute2's sockets (devkit's netlink model passes its own); `conntrack` is the
     table flush_conntrack lists and deletes in (default: over netlink, in `netns`);
     `on_answers_lost(n)` is told when a batch of adds lost n answers (each add reported
-    failed: ipvs_calls.py).
+    failed: ipvs_calls.py). Deletions run with expire_nodest_conn at 1 (`expire`, default
+    on the running kernel: procfs's ExpireOnDelete), so they cut what they always cut while
+    the node keeps 0 between them (a foreign flush keeps its connections).
 
     Any thread may call it: each calling thread gets its own netlink sockets on first use,
     kept until close(). Call it from a few long-lived threads, not from one thread per
@@ -70,6 +73,7 @@ class NetlinkKernel:
         sockets: Sockets | None = None,
         conntrack: ConntrackTable | None = None,
         on_answers_lost: Callable[[int], object] | None = None,
+        expire: sysctl.ExpireOnDelete | None = None,
     ) -> None:
         self.interface = interface
         self.netns = netns
@@ -80,12 +84,20 @@ class NetlinkKernel:
         self._link = DummyInterface(self._sockets, interface)
         self._index = AddressIndex()
         self._conntrack = conntrack if conntrack is not None else NetlinkConntrack(netns)
+        if expire is None and sockets is None:  # the running kernel's, not devkit's model
+            expire = sysctl.ExpireOnDelete(netns=netns, proc_sys=sysctl.writable_proc_sys(netns))
+        self._expire = expire
         self._sockets.ipvs()  # fail now, with a clear message, rather than at the first sync
         if create_interface:
             self.ensure_interface()
 
     def close(self) -> None:
         self._sockets.close()
+        if self._expire is not None:
+            self._expire.close()
+
+    def _expiring(self) -> AbstractContextManager[None]:
+        return self._expire.around() if self._expire is not None else nullcontext()
 
     def __enter__(self) -> NetlinkKernel:
         return self
@@ -140,7 +152,8 @@ class NetlinkKernel:
 
     def delete_virtual_server(self, key: ServiceKey, bind_address: bool) -> None:
         try:
-            self._calls.delete_service(key)
+            with self._expiring():
+                self._calls.delete_service(key)
         except KernelNotFound:
             self._index.record(key, False)
             # already gone: still drop an address nothing uses any more (after a restart)
@@ -164,7 +177,8 @@ class NetlinkKernel:
         self._calls.set_dest(key, rs, weight)
 
     def delete_real_server(self, key: ServiceKey, rs: RealServerKey) -> None:
-        self._calls.delete_dest(key, rs)
+        with self._expiring():
+            self._calls.delete_dest(key, rs)
 
     def flush_conntrack(self, key: ServiceKey, rs: RealServerKey) -> None:
         """Delete the conntrack entries sent to the virtual server and answered by this real
@@ -198,6 +212,10 @@ class NetlinkKernel:
         """The addresses on the dummy interface (compressed form, sorted): the daemon owns
         the virtual servers on these."""
         return self._link.addresses()
+
+    def interface_present(self) -> bool:
+        """Whether the dummy interface exists (one rtnetlink lookup; the table guard's)."""
+        return self._link.present()
 
     def bind_address(self, address: str) -> None:
         """Put address/32 (/128) on the dummy interface; nothing if it is there already."""

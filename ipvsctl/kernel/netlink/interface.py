@@ -88,6 +88,19 @@ class DummyInterface:
             found = self.sockets.iproute().link_lookup(ifname=self.name)
         return int(found[0]) if found else None
 
+    def present(self) -> bool:
+        """Whether the interface exists: one RTM_GETLINK by name, which the kernel answers
+        alone (no dump of the node's links), packed by hand: the table guard's every pass."""
+        ipr = self.sockets.iproute()
+        with errors("lookup_interface", self.name):
+            try:
+                self._raw.send(ipr, wire.RTM_GETLINK, wire.get_link(self.name))
+            except NetlinkError as exc:
+                if exc.code == errno.ENODEV:
+                    return False
+                raise
+        return True
+
     def describe(self) -> tuple[str, list[str]] | None:
         """(kind, addresses) of the interface; None when there is none."""
         index = self.lookup()

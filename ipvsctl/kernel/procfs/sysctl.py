@@ -7,26 +7,34 @@ network namespace: with `netns`, inside that namespace).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.kernel.port import KernelError, KernelPermissionDenied, KernelUnavailable
 
 T = TypeVar("T")
+log = logging.getLogger("ipvsctl.kernel")
 
 PROC_SYS = "/proc/sys"
+EXPIRE_NODEST_CONN = "net.ipv4.vs.expire_nodest_conn"
 
 # What kube-proxy's IPVS mode sets, and why (NOTES §3).
 BASE_SYSCTLS: dict[str, str] = {
     # keep netfilter conntrack for IPVS connections: needed for masquerade rules and for
     # deleting a removed UDP real server's conntrack entries
     "net.ipv4.vs.conntrack": "1",
-    # packets of a connection whose real server was deleted are dropped and the entry
-    # expires, so the client's next attempt is scheduled to a live real server
-    "net.ipv4.vs.expire_nodest_conn": "1",
+    # 0, where kube-proxy sets 1: with 1 the kernel drops every connection of a deleted
+    # real server at once, so a table another program flushes (kube-proxy's start-up
+    # cleanup) would lose them all before the daemon puts it back. The daemon's own
+    # deletions run with 1 (ExpireOnDelete): a deadline still cuts at once, each client
+    # told at its next packet, and a UDP client moves to a live real server.
+    EXPIRE_NODEST_CONN: "0",
     # persistence templates pointing at a weight-0 real server expire, otherwise ClientIP
     # affinity keeps sending clients to a draining pod (kubernetes#71809)
     "net.ipv4.vs.expire_quiescent_template": "1",
@@ -115,3 +123,92 @@ def _sysctl_errors(name: str, fn: Callable[[], T]) -> T:
                 "sysctl",
             ) from None
         raise KernelError(f"sysctl {name}: {exc}", "sysctl") from exc
+
+
+HOST_PROC_SYS = "/host/proc/sys"
+
+
+def writable_proc_sys(netns: str | None = None, host: str = HOST_PROC_SYS) -> str:
+    """Where the daemon writes expire_nodest_conn while running: a container's own
+    /proc/sys is read-only, so the DaemonSet mounts the host's file under /host/proc/sys
+    (where node-prep finds the host's sysctls); elsewhere, and in a network namespace (the
+    lab), /proc/sys."""
+    if netns is None and os.path.exists(sysctl_path(EXPIRE_NODEST_CONN, host)):
+        return host
+    return PROC_SYS
+
+
+class ExpireOnDelete:
+    """`around()` a deletion of the daemon's own: expire_nodest_conn at 1 while it runs,
+    back to 0 after (also when it fails). The kernel (>= 5.9) queues the expiry of a
+    deleted real server's connections when it is deleted with 1, so the deletion cuts
+    them as it always did; at 0 between deletions, a foreign flush keeps them (its real
+    servers wait in the kernel's trash until the daemon re-adds them).
+
+    A node left at 1 (an operator's choice, node-prep not run) is never written: it keeps
+    kube-proxy's behaviour. A sysctl that is missing or not writable is left alone (one
+    line) and the deletion goes on. The file stays open (opened in `netns`): a write is one
+    pwrite, no namespace switch. Nested and concurrent deletions share one window."""
+
+    def __init__(self, *, netns: str | None = None, proc_sys: str = PROC_SYS) -> None:
+        self.netns = netns
+        self.proc_sys = proc_sys
+        self.writes = 0
+        self._fd: int | None = None
+        self._broken = False
+        self._depth = 0
+        self._lock = threading.Lock()
+
+    def _open(self) -> int | None:
+        if self._fd is None and not self._broken:
+            path = sysctl_path(EXPIRE_NODEST_CONN, self.proc_sys)
+            try:
+                self._fd = run_in_netns(self.netns, lambda: os.open(path, os.O_RDWR | os.O_CLOEXEC))
+            except (OSError, KernelError) as exc:
+                self._give_up(exc)
+        return self._fd
+
+    def _give_up(self, exc: BaseException) -> None:
+        self._broken = True
+        log.warning(
+            "expire_nodest_conn not settable: deletions keep the node's value",
+            extra={"error": str(exc)},
+        )
+
+    def _write(self, fd: int, value: bytes) -> None:
+        try:
+            os.pwrite(fd, value, 0)
+            self.writes += 1
+        except OSError as exc:
+            self._give_up(exc)
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        with self._lock:
+            fd = self._open()
+            raised = False
+            if fd is not None and self._depth == 0:
+                try:
+                    raised = os.pread(fd, 16, 0).strip() == b"0"
+                except OSError as exc:
+                    self._give_up(exc)
+                if raised:
+                    self._write(fd, b"1")
+            elif fd is not None:
+                raised = True  # a window is open: share it
+            if raised:
+                self._depth += 1
+        try:
+            yield
+        finally:
+            if raised:
+                with self._lock:
+                    self._depth -= 1
+                    if self._depth == 0 and self._fd is not None and not self._broken:
+                        self._write(self._fd, b"0")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None

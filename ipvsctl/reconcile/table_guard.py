@@ -1,0 +1,272 @@
+"""The table guard: what ipvsctl programmed, put back when another program removes it
+(CONTRACT.md "Beside another proxy"; docs/netfilter.md "The hold rules").
+
+kube-proxy in nftables mode runs its IPVS cleanup whenever it starts (`ipvsadm -C`, then
+`kube-ipvs0` deleted); so does an operator's `ipvsadm -C`. Nothing else would put the table
+back before the next change or audit, and every flow through it waits meanwhile (held by
+the hold rules) or is lost.
+
+Noticing it costs O(1) per pass, whatever the table's size: the kernel answers a get of one
+virtual server (`sentinel`: one the daemon applied, its real servers read) and the
+interface's presence is one lookup; IPVS has no notifications. A pass that finds both is
+all the guard ever does while nothing happens. When the sentinel is gone, one dump of the
+virtual servers (no real servers) says which are missing, and each missing one is added
+back from the applied state, with every real server at the weight it had (draining ones at
+0, their drain deadlines untouched: the queue never left the engine); the kernel takes a
+re-added real server's connections back from its trash. When the interface is gone, it is
+made again with every address a virtual server binds.
+
+A background read (`paced.py`): `snapshot` (under the lock: the sentinel, the applied
+state's mutation count), `read` (off it: the get and the lookup), `apply` (under it: the
+restore, if nothing was applied meanwhile; a reading taken while the engine changed the
+table is dropped, as the audit's). The restore runs under the loop's lock: the engine
+applies nothing to a table half put back.
+
+For `ipvsctl handover` (issue 42's state "adds nothing new but still restores"): the guard
+restores what the applied state holds, whatever the engine does next; `restore()` is one
+restore now, and `on_restore` hears each (what, how many).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ipvsctl.kernel.port import (
+    IPVSKernel,
+    KernelError,
+    KernelExists,
+    KernelNotFound,
+    RealServerBatch,
+    add_each,
+)
+from ipvsctl.model import RealServerKey, ServiceKey
+from ipvsctl.obs.logging import fields
+from ipvsctl.reconcile.applied import AppliedState
+
+log = logging.getLogger("ipvsctl.guard")
+
+IPVS = "ipvs"
+INTERFACE = "interface"
+NFTABLES = "nftables"
+# Restores this close together mean another program keeps removing the table (a kube-proxy
+# DaemonSet crash-looping on the node, an installer re-applying it): degraded until quiet.
+KEEPS_HAPPENING = 3
+WINDOW = 600.0  # seconds
+
+
+@runtime_checkable
+class VirtualInterface(Protocol):
+    """The dummy interface that holds the virtual IPs, as the guard needs it
+    (NetlinkKernel's; the in-memory kernel has no interface)."""
+
+    def interface_present(self) -> bool: ...
+
+    def bind_address(self, address: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPlan:
+    sentinel: ServiceKey | None  # an applied virtual server; None: nothing applied
+    mutations: int  # the applied state's count when taken
+    interface: bool  # an address is bound: the interface must be there
+
+
+@dataclass(frozen=True, slots=True)
+class GuardReading:
+    plan: GuardPlan
+    ipvs_gone: bool
+    interface_gone: bool
+
+
+@dataclass(slots=True)
+class Restored:
+    """One restore: how many virtual servers, real servers and addresses went back."""
+
+    what: list[str] = field(default_factory=list)
+    virtual_servers: int = 0
+    real_servers: int = 0
+    addresses: int = 0
+    failed: int = 0
+
+
+class TableGuard:
+    def __init__(
+        self,
+        kernel: IPVSKernel,
+        state: AppliedState,
+        *,
+        interface: VirtualInterface | None = None,
+        ready: Callable[[], bool] = lambda: True,
+        on_restore: Callable[[Restored], None] = lambda r: None,
+        on_recurring: Callable[[bool], None] = lambda recurring: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kernel = kernel
+        self.state = state
+        self.interface = interface
+        self.ready = ready  # the first sync is done: there is an applied state to guard
+        self.on_restore = on_restore  # each restore (the metric, the Node's Event)
+        self.on_recurring = on_recurring  # True: it keeps happening; False: quiet again
+        self.clock = clock
+        self._sentinel: ServiceKey | None = None
+        self.restores = 0
+        self._recent: deque[float] = deque()
+        self.recurring = False
+
+    def _note_restore(self) -> None:
+        self._recent.append(self.clock())
+        self._check_recurring()
+
+    def _check_recurring(self) -> None:
+        now = self.clock()
+        while self._recent and self._recent[0] < now - WINDOW:
+            self._recent.popleft()
+        recurring = len(self._recent) >= KEEPS_HAPPENING
+        if recurring != self.recurring:
+            self.recurring = recurring
+            self.on_recurring(recurring)
+
+    # --- the background read --------------------------------------------------------------
+    def snapshot(self) -> GuardPlan | None:
+        """Under the lock: O(1) but when the sentinel left the applied state (then the
+        first owned key, also O(1) amortized: dict iteration)."""
+        if not self.ready():
+            return None
+        if self.recurring:
+            self._check_recurring()  # quiet for a window: no longer degraded
+        owner = self.state.owner
+        if self._sentinel not in owner:
+            self._sentinel = next(iter(owner), None)
+        bound = self.interface is not None and self.state.n_vs > 0
+        if self._sentinel is None and not bound:
+            return None
+        return GuardPlan(self._sentinel, self.state.mutations, bound)
+
+    def read(self, plan: GuardPlan) -> GuardReading:
+        ipvs_gone = False
+        if plan.sentinel is not None:
+            try:
+                self.kernel.list_real_servers(plan.sentinel)
+            except KernelNotFound:
+                ipvs_gone = True
+            except KernelError:
+                pass  # the kernel's trouble, counted by the adapter: next pass
+        interface_gone = False
+        if plan.interface and self.interface is not None:
+            with contextlib.suppress(KernelError):
+                interface_gone = not self.interface.interface_present()
+        return GuardReading(plan, ipvs_gone, interface_gone)
+
+    def apply(self, reading: GuardReading) -> Restored | None:
+        """Under the lock: put back what is gone, unless the engine applied something
+        since the snapshot (its own deletion of the sentinel, say): the next pass looks
+        again."""
+        if not (reading.ipvs_gone or reading.interface_gone):
+            return None
+        if self.state.mutations != reading.plan.mutations:
+            return None
+        return self.restore(ipvs=reading.ipvs_gone, interface=reading.interface_gone)
+
+    # --- the restore ------------------------------------------------------------------------
+    def restore(self, *, ipvs: bool = True, interface: bool = True) -> Restored:
+        """Under the loop's lock: every applied virtual server missing from the kernel back
+        with its real servers at their applied weights; with `interface`, the interface and
+        every address a virtual server binds. Idempotent: what is there stays."""
+        done = Restored()
+        readded: set[ServiceKey] = set()
+        if ipvs:
+            readded = self._restore_ipvs(done)  # each re-added one binds its address too
+        if interface and self.interface is not None:
+            self._restore_addresses(done, readded)
+            if done.addresses or readded:  # the re-added ones bound theirs
+                done.what.append(INTERFACE)
+        if done.what:
+            self.restores += 1
+            log.warning(
+                "IPVS table restored after another program removed it",
+                extra=fields(
+                    what=",".join(done.what),
+                    virtual_servers=done.virtual_servers,
+                    real_servers=done.real_servers,
+                    addresses=done.addresses,
+                    failed=done.failed,
+                ),
+            )
+            self.on_restore(done)
+            self._note_restore()
+        return done
+
+    def _restore_addresses(self, done: Restored, readded: set[ServiceKey]) -> None:
+        assert self.interface is not None
+        bound = {k.address for k in readded}
+        addresses = sorted(
+            {
+                key.address
+                for services in self.state.by_service.values()
+                for key, applied in services.items()
+                if applied.bind_address and key.address not in bound
+            }
+        )
+        for address in addresses:
+            try:
+                self.interface.bind_address(address)  # the interface too, when missing
+                done.addresses += 1
+            except KernelError as exc:
+                done.failed += 1
+                log.error("address not restored", extra=fields(address=address, error=exc))
+
+    def _restore_ipvs(self, done: Restored) -> set[ServiceKey]:
+        readded: set[ServiceKey] = set()
+        try:
+            present = {vs.key for vs in self.kernel.list_virtual_servers()}
+        except KernelError as exc:
+            log.error("IPVS table not readable, restore retried", extra=fields(error=exc))
+            done.failed += 1
+            return readded
+        for services in self.state.by_service.values():
+            for key, applied in services.items():
+                if key in present:
+                    continue
+                try:
+                    self.kernel.add_virtual_server(applied.vs, applied.bind_address)
+                except KernelExists:
+                    pass
+                except KernelError as exc:
+                    done.failed += 1
+                    log.error("virtual server not restored", extra=fields(vs=key, error=exc))
+                    continue
+                done.virtual_servers += 1
+                if applied.bind_address:
+                    readded.add(key)
+                done.real_servers += self._restore_real_servers(key, applied.weights, done)
+        if done.virtual_servers:
+            done.what.append(IPVS)
+        return readded
+
+    def _restore_real_servers(
+        self, key: ServiceKey, weights: Mapping[RealServerKey, int], done: Restored
+    ) -> int:
+        """In one netlink send per weight where the kernel takes batches (as the engine's
+        adds), else one call each."""
+        by_weight: dict[int, list[RealServerKey]] = {}
+        for rs, weight in weights.items():
+            by_weight.setdefault(weight, []).append(rs)
+        n = 0
+        for weight, servers in by_weight.items():
+            if isinstance(self.kernel, RealServerBatch):
+                results = self.kernel.add_real_servers(key, servers, weight)
+            else:
+                results = add_each(self.kernel, key, servers, weight)
+            for rs, exc in zip(servers, results, strict=True):
+                if exc is None or isinstance(exc, KernelExists):
+                    n += 1
+                    continue
+                done.failed += 1
+                log.error("real server not restored", extra=fields(vs=key, rs=rs, error=exc))
+        return n
