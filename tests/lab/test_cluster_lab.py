@@ -55,7 +55,12 @@ def scenario(lab: Lab, name: str, mode: str) -> dict[str, Any]:
         f"{s['connect_p99_ms']} ms; failures {s['failures'][:10]}"
     )
     assert result["error"] is None, result["error"]
-    assert s["requests"] > 50 and s["streams"] > 8, "the load ran"
+    # the load ran from every client (not a count: a quiet machine runs a rollout in half
+    # the time of a busy one)
+    clients = {"node-1", "node-2", "node-3", "outside"}
+    short = [r for r in result["records"]["short"] if r[3]]
+    streams = [r for r in result["records"]["streams"] if r[3] == "complete"]
+    assert {r[0] for r in short} == clients and {r[0] for r in streams} == clients, "load ran"
     return result
 
 
