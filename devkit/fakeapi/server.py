@@ -1,4 +1,4 @@
-"""FakeAPIServer: a threaded stdlib HTTP server on 127.0.0.1 that serves Services,
+"""FakeAPIServer: a threaded stdlib HTTP server (on 127.0.0.1 unless told) that serves Services,
 EndpointSlices and Pods the way kube-apiserver does on the wire, so the real `kubernetes`
 client can be driven against it.
 
@@ -68,7 +68,8 @@ class FakeAPIServer(Serving):
     older resourceVersion (older ones get 410); `token` makes every request need
     `Authorization: Bearer <token>`. `kubernetes_service` seeds `default/kubernetes` (headless,
     so it programs nothing) as every real cluster has it; `/readyz`, `/livez` and `/healthz`
-    answer 200 "ok" while the server is up.
+    answer 200 "ok" while the server is up. `host` is the address it listens on (an address
+    other network namespaces reach, for daemons running as processes in them).
     """
 
     def __init__(
@@ -84,7 +85,9 @@ class FakeAPIServer(Serving):
         kubernetes_service: bool = True,
         cache_pagination: bool = True,
         watch_list: str = "on",
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.cache_pagination = cache_pagination
         self.watch_list = watch_list
         self.bookmark_interval = bookmark_interval
@@ -136,14 +139,14 @@ class FakeAPIServer(Serving):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://{self.host}:{self._port}"
 
     def up(self) -> None:
         """Listen again (on the same port) after `down()`; the stored objects are kept."""
         with self._cond:
             if self._httpd is not None:
                 return
-            httpd = _HTTPServer(("127.0.0.1", self._port), self)
+            httpd = _HTTPServer((self.host, self._port), self)
             self._port = httpd.server_address[1]
             self._httpd = httpd
             self._down = False

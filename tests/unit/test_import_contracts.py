@@ -39,7 +39,7 @@ FEATURES = "daemon/features/: a feature knows no other"
 
 
 def _copy(tmp_path: Path) -> None:
-    for package in ("ipvsctl", "devkit", "bench", "demo", "tests"):
+    for package in ("ipvsctl", "devkit", "bench", "demo", "clusterlab", "tests"):
         shutil.copytree(
             REPO / package,
             tmp_path / package,
@@ -79,6 +79,7 @@ def _copy(tmp_path: Path) -> None:
         ("daemon/feature.py", "import ipvsctl.daemon.wiring", DAEMON),
         ("../devkit/harness.py", "import bench.run", "the dev tools import downward"),
         ("../demo/cluster.py", "import bench.run", "the dev tools import downward"),
+        ("../demo/app.py", "import clusterlab.scenarios", "the dev tools import downward"),
         ("../devkit/builders.py", "import tests.unit", "nothing outside tests/ imports tests/"),
     ],
 )
