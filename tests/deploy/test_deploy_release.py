@@ -112,3 +112,24 @@ def test_dist_builds_the_wheel_and_sdist_of_the_tag_with_checksums(clone, tmp_pa
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert (info["version"], info["commit"]) == ("7.8.9", commit)
+
+
+def test_the_release_version_is_the_same_everywhere():
+    """The checkout's version (what `make image` tags an image with), the newest release's
+    CHANGELOG section, the base's image tag and the docs' image commands agree."""
+    import re
+
+    import yaml
+
+    import ipvsctl
+
+    want = ipvsctl.__version__
+    sections = re.findall(r"^## (\S+)", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert sections[0] == "Unreleased" and sections[1] == want, sections[:2]
+    base = yaml.safe_load((REPO / "daemonset" / "kustomization.yaml").read_text())
+    assert [i["newTag"] for i in base["images"]] == [want]
+    for doc in ("README.md", "docs/install.md", "docs/migrating-from-kube-proxy.md"):
+        text = (REPO / doc).read_text()
+        tags = re.findall(r"ipvsctl(?:-oci\.tar)?:(\d[\w.+-]*)", text)
+        tags += re.findall(r"newTag:? (\d[\w.+-]*)", text)
+        assert tags and set(tags) == {want}, (doc, sorted(set(tags)))

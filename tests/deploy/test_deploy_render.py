@@ -62,7 +62,7 @@ def test_base_ships_clear_placeholders():
     cm = one(docs, "ConfigMap")
     assert cm["data"]["IPVSCTL_APISERVER"].startswith("https://apiserver.invalid")
     images = {c["image"] for c in one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]}
-    assert images == {"registry.example.com/ipvsctl:0.1.0"}
+    assert images == {"registry.example.com/ipvsctl:0.2.0"}
 
 
 def test_configmap_name_carries_content_hash():
@@ -172,5 +172,5 @@ def test_install_guide_overlay_example_sets_image_and_api_server():
     assert example["resources"] == ["../ipvsctl/daemonset"]
     docs = render(overlay({k: v for k, v in example.items() if k != "resources"}))
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    assert {c["image"] for c in spec["containers"]} == {"registry.mycorp.example/net/ipvsctl:0.1.0"}
+    assert {c["image"] for c in spec["containers"]} == {"registry.mycorp.example/net/ipvsctl:0.2.0"}
     assert one(docs, "ConfigMap")["data"]["IPVSCTL_APISERVER"] == "https://10.0.0.10:6443"
