@@ -164,9 +164,8 @@ def refused(client: Pod, address: str, port: int) -> bool:
 
 
 @pytest.mark.xfail(
-    reason="open regression, bisected to the merge of h41-transitions (hold rules, "
-    "expire_nodest_conn at 0): the connection held through the rollback no longer echoes "
-    "after `cleanup --rollback`; issue 42 reopened by the closing note",
+    reason="open regression since the hold rules and expire_nodest_conn at 0 came in: "
+    "the connection held through the rollback no longer echoes after `cleanup --rollback`",
     strict=False,
 )
 def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_filters(
