@@ -12,19 +12,26 @@ serves again: the wait asks it again.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
-from ipvsctl.cli.node_drain import DEFAULT_ENDPOINT, PROGRESS_EVERY, Answer, _duration, _endpoint
-from ipvsctl.cli.params import ENDPOINT_ENV
+from ipvsctl.cli import daemon_ask
+from ipvsctl.cli.daemon_ask import (
+    DEFAULT_ENDPOINT,
+    Answer,
+    Endpoint,
+    Timeout,
+    duration,
+    echo_progress,
+    endpoint_url,
+    show,
+    wait_until,
+)
 from ipvsctl.daemon.options import DEFAULTS
-from ipvsctl.httpd import direct_opener
 from ipvsctl.persist.action_token import TOKEN_HEADER, read_token
 
 PATH = "/v1/handover"
@@ -37,28 +44,25 @@ def call(endpoint: str, *, ask: bool, token: str | None = None, timeout: float =
     req = urllib.request.Request(url, data=b"" if ask else None, method="POST" if ask else "GET")
     if ask and token:
         req.add_header(TOKEN_HEADER, token)
-    try:
-        with direct_opener().open(req, timeout=timeout) as resp:
-            doc = json.loads(resp.read(1 << 16))
-    except urllib.error.HTTPError as exc:
-        if exc.code == 503:  # not ready: its first sync is not done
-            return Answer(None, f"{endpoint}: not ready yet (no first sync to hand over)")
-        if exc.code == 403:
-            return Answer(
-                None,
-                f"{endpoint} takes a handover only from its node (loopback, or a node address "
-                "with the action token of its --state-dir)",
+    missing = (f"{endpoint} has no {PATH} (not ipvsctl, or an older one?)", True)
+    return daemon_ask.ask(
+        endpoint,
+        req,
+        refusals={
+            # not ready: its first sync is not done (worth waiting for)
+            503: (f"{endpoint}: not ready yet (no first sync to hand over)", False),
+            403: (
+                f"{endpoint} takes a handover only from its node (loopback, or a node "
+                "address with the action token of its --state-dir)",
                 True,
-            )
-        if exc.code in (404, 405):
-            return Answer(None, f"{endpoint} has no {PATH} (not ipvsctl, or an older one?)", True)
-        return Answer(None, f"{endpoint}: HTTP {exc.code}")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Answer(None, f"daemon not reachable at {endpoint}: {reason}")
-    if not isinstance(doc, dict) or not isinstance(doc.get("phase"), str):
-        return Answer(None, f"{endpoint}: not a handover answer", True)
-    return Answer(doc)
+            ),
+            404: missing,
+            405: missing,
+        },
+        valid=lambda doc: isinstance(doc.get("phase"), str),
+        what="handover answer",
+        timeout=timeout,
+    )
 
 
 def describe(doc: dict[str, Any]) -> str:
@@ -89,31 +93,27 @@ def wait_handed_over(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """0 once the daemon answers handed over, 1 at the timeout or at an error waiting
-    cannot mend. `fetch(ask)`: the state, asking first when `ask`. Asks again whenever the
-    daemon answers serving (it restarted). A progress line when the state changes, and
-    every PROGRESS_EVERY."""
-    deadline = clock() + timeout
-    last_line, last_at = "", float("-inf")
-    ask = True
-    while True:
-        answer = fetch(ask)
-        doc = answer.doc
-        ask = doc is None or doc.get("phase") == "serving"
-        line = answer.error or describe(doc or {})
-        now = clock()
-        if doc is not None and doc.get("phase") == "handed_over":
-            echo(line)
-            return 0
-        if answer.final:
-            echo(f"ipvsctl: {line}")
-            return 1
-        if line != last_line or now - last_at >= PROGRESS_EVERY:
-            echo(f"waiting: {line}")
-            last_line, last_at = line, now
-        if now >= deadline:
-            echo(f"ipvsctl: not handed over after {timeout:g}s: {line}")
-            return 1
-        sleep(max(0.0, min(interval, deadline - now)))
+    cannot mend. `fetch(ask)`: the state, asking first when `ask`: at the start, and again
+    whenever the daemon answers serving (it restarted) or did not answer."""
+    asking = True
+
+    def next_answer() -> Answer:
+        nonlocal asking
+        answer = fetch(asking)
+        asking = answer.doc is None or answer.doc.get("phase") == "serving"
+        return answer
+
+    return wait_until(
+        next_answer,
+        lambda doc: doc.get("phase") == "handed_over",
+        describe,
+        not_yet="not handed over",
+        timeout=timeout,
+        interval=interval,
+        echo=echo,
+        clock=clock,
+        sleep=sleep,
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -128,21 +128,8 @@ def register(app: typer.Typer) -> None:
                 "--timeout.",
             ),
         ] = False,
-        timeout: Annotated[
-            str,
-            typer.Option(
-                "--timeout", metavar="DURATION", help="Longest wait (seconds or 10m, 1h...)."
-            ),
-        ] = "10m",
-        endpoint: Annotated[
-            str,
-            typer.Option(
-                "--endpoint",
-                metavar="URL",
-                envvar=ENDPOINT_ENV,
-                help="The node's daemon (a URL, or HOST:PORT).",
-            ),
-        ] = DEFAULT_ENDPOINT,
+        timeout: Timeout = "10m",
+        endpoint: Endpoint = DEFAULT_ENDPOINT,
         state_dir: Annotated[
             str,
             typer.Option(
@@ -155,21 +142,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Hand this node over to another proxy: add nothing new, remove everything once
         the last connection through ipvsctl ended."""
-        url = _endpoint(endpoint)
-        seconds = _duration("--timeout", timeout)
+        url = endpoint_url(endpoint)
+        seconds = duration("--timeout", timeout)
         token = read_token(state_dir)
         if not wait:
-            answer = call(url, ask=True, token=token)
-            if answer.doc is None:
-                typer.echo(f"ipvsctl: {answer.error}", err=True)
-                raise typer.Exit(1)
-            typer.echo(describe(answer.doc))
-            raise typer.Exit(0)
+            show(call(url, ask=True, token=token), describe)
         raise typer.Exit(
             wait_handed_over(
-                lambda ask: call(url, ask=ask, token=token),
+                lambda asking: call(url, ask=asking, token=token),
                 timeout=seconds,
                 interval=1.0,
-                echo=lambda line: typer.echo(line, err=line.startswith("ipvsctl: ")),
+                echo=echo_progress,
             )
         )

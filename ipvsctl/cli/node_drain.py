@@ -9,47 +9,43 @@ node. While waiting, a daemon that does not answer (restarting) or a node not dr
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
+import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
-from ipvsctl.cli.params import ENDPOINT_ENV, daemon_url
-from ipvsctl.httpd import direct_opener
-from ipvsctl.source.duration import parse_duration
+from ipvsctl.cli.daemon_ask import (
+    DEFAULT_ENDPOINT,
+    Answer,
+    Endpoint,
+    Timeout,
+    ask,
+    duration,
+    echo_progress,
+    endpoint_url,
+    show,
+    wait_until,
+)
 
-DEFAULT_ENDPOINT = "http://127.0.0.1:9796"
-PROGRESS_EVERY = 10.0  # seconds between progress lines when nothing changed
+__all__ = ["Answer", "describe", "fetch_node_state", "register", "wait_quiesced"]
 
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    doc: dict[str, Any] | None  # the daemon's JSON; None: no answer
-    error: str | None = None
-    final: bool = False  # an error waiting cannot mend (refused as not local, not ipvsctl)
+PATH = "/v1/node-quiesced"
 
 
 def fetch_node_state(endpoint: str, timeout: float = 3.0) -> Answer:
-    url = endpoint.rstrip("/") + "/v1/node-quiesced"
-    try:
-        with direct_opener().open(url, timeout=timeout) as resp:
-            doc = json.loads(resp.read(1 << 16))
-    except urllib.error.HTTPError as exc:
-        if exc.code == 403:
-            return Answer(None, f"{endpoint} answers only its own node's clients (403)", True)
-        if exc.code == 404:
-            return Answer(None, f"{endpoint} has no /v1/node-quiesced (not ipvsctl?)", True)
-        return Answer(None, f"{endpoint}: HTTP {exc.code}")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Answer(None, f"daemon not reachable at {endpoint}: {reason}")
-    if not isinstance(doc, dict) or not isinstance(doc.get("quiesced"), bool):
-        return Answer(None, f"{endpoint}: not a node drain answer", True)
-    return Answer(doc)
+    return ask(
+        endpoint,
+        urllib.request.Request(endpoint.rstrip("/") + PATH),
+        refusals={
+            403: (f"{endpoint} answers only its own node's clients (403)", True),
+            404: (f"{endpoint} has no {PATH} (not ipvsctl?)", True),
+        },
+        valid=lambda doc: isinstance(doc.get("quiesced"), bool),
+        what="node drain answer",
+        timeout=timeout,
+    )
 
 
 def describe(doc: dict[str, Any]) -> str:
@@ -78,45 +74,18 @@ def wait_quiesced(
 ) -> int:
     """0 once the daemon answers quiesced (with `if_draining`, also as soon as it answers
     that the node is not draining), 1 at the timeout (or at an error that waiting cannot
-    mend). A progress line whenever the state changes, and every PROGRESS_EVERY."""
-    deadline = clock() + timeout
-    last_line, last_at = "", float("-inf")
-    while True:
-        answer = fetch()
-        line = answer.error or describe(answer.doc or {})
-        now = clock()
-        if answer.doc is not None and (
-            answer.doc["quiesced"] or (if_draining and not answer.doc.get("draining"))
-        ):
-            echo(line)
-            return 0
-        if answer.final:
-            echo(f"ipvsctl: {line}")
-            return 1
-        if line != last_line or now - last_at >= PROGRESS_EVERY:
-            echo(f"waiting: {line}")
-            last_line, last_at = line, now
-        if now >= deadline:
-            echo(f"ipvsctl: not quiesced after {timeout:g}s: {line}")
-            return 1
-        sleep(max(0.0, min(interval, deadline - now)))
-
-
-def _endpoint(value: str) -> str:
-    try:
-        return daemon_url(value)
-    except ValueError as exc:
-        typer.echo(f"ipvsctl: --endpoint {value}: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
-def _duration(flag: str, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        typer.echo(f"ipvsctl: {flag}: {exc}", err=True)
-        raise typer.Exit(2) from None
-    return seconds
+    mend)."""
+    return wait_until(
+        fetch,
+        lambda doc: bool(doc["quiesced"] or (if_draining and not doc.get("draining"))),
+        describe,
+        not_yet="not quiesced",
+        timeout=timeout,
+        interval=interval,
+        echo=echo,
+        clock=clock,
+        sleep=sleep,
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -131,21 +100,8 @@ def register(app: typer.Typer) -> None:
                 "IPs): exit 0 then, 1 at --timeout.",
             ),
         ] = False,
-        timeout: Annotated[
-            str,
-            typer.Option(
-                "--timeout", metavar="DURATION", help="Longest wait (seconds or 10m, 1h...)."
-            ),
-        ] = "10m",
-        endpoint: Annotated[
-            str,
-            typer.Option(
-                "--endpoint",
-                metavar="URL",
-                envvar=ENDPOINT_ENV,
-                help="The node's daemon (a URL, or HOST:PORT).",
-            ),
-        ] = DEFAULT_ENDPOINT,
+        timeout: Timeout = "10m",
+        endpoint: Endpoint = DEFAULT_ENDPOINT,
         if_draining: Annotated[
             bool,
             typer.Option(
@@ -156,21 +112,16 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """This node's drain state for load balancers; --wait: until it is safe to go."""
-        url = _endpoint(endpoint)
-        seconds = _duration("--timeout", timeout)
+        url = endpoint_url(endpoint)
+        seconds = duration("--timeout", timeout)
         if not wait:
-            answer = fetch_node_state(url)
-            if answer.doc is None:
-                typer.echo(f"ipvsctl: {answer.error}", err=True)
-                raise typer.Exit(1)
-            typer.echo(describe(answer.doc))
-            raise typer.Exit(0)
+            show(fetch_node_state(url), describe)
         raise typer.Exit(
             wait_quiesced(
                 lambda: fetch_node_state(url),
                 timeout=seconds,
                 interval=1.0,
-                echo=lambda line: typer.echo(line, err=line.startswith("ipvsctl: ")),
+                echo=echo_progress,
                 if_draining=if_draining,
             )
         )
