@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ipvsctl.kernel.netlink import wire
 from ipvsctl.kernel.netlink.addresses import PROXY_INTERFACES
 from ipvsctl.kernel.netns import run_in_netns
 from ipvsctl.obs.logging import FailureStreaks
@@ -49,7 +50,6 @@ SCOPE_UNIVERSE = 0  # rt_scope_t RT_SCOPE_UNIVERSE: a global address
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
-_NLA = struct.Struct("=HH")
 RECV_BUFFER = 1 << 16
 SOCKET_BUFFER = 1 << 20  # the receive buffer asked for (the kernel caps it at rmem_max)
 POLL = 1.0  # seconds between looks at `stop`
@@ -71,18 +71,6 @@ class Address:
     present: bool  # False: RTM_DELADDR
 
 
-def _attrs(msg: bytes, start: int) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    i = start
-    while i + 4 <= len(msg):
-        length, kind = _NLA.unpack_from(msg, i)
-        if length < 4 or i + length > len(msg):
-            break
-        out[kind & 0x3FFF] = msg[i + 4 : i + length]
-        i += (length + 3) & ~3
-    return out
-
-
 def parse_link(kind: int, msg: bytes) -> Link | None:
     """An RTM_NEWLINK / RTM_DELLINK message (whole); None when it does not parse."""
     if len(msg) < 16 + _IFINFO.size:
@@ -90,7 +78,7 @@ def parse_link(kind: int, msg: bytes) -> Link | None:
     index = _IFINFO.unpack_from(msg, 16)[2]
     if kind == RTM_DELLINK:
         return Link(index, None)
-    raw = _attrs(msg, 16 + _IFINFO.size).get(IFLA_IFNAME)
+    raw = wire.attributes(msg, 16 + _IFINFO.size).get(IFLA_IFNAME)
     name = raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw is not None else None
     return Link(index, name)
 
@@ -102,7 +90,7 @@ def parse_address(kind: int, msg: bytes) -> Address | None:
     if len(msg) < 16 + _IFADDR.size:
         return None
     family, _prefix, _flags, scope, index = _IFADDR.unpack_from(msg, 16)
-    a = _attrs(msg, 16 + _IFADDR.size)
+    a = wire.attributes(msg, 16 + _IFADDR.size)
     raw = a.get(IFA_LOCAL) or a.get(IFA_ADDRESS)
     if family == socket.AF_INET and raw is not None and len(raw) >= 4:
         text = socket.inet_ntop(socket.AF_INET, raw[:4])
@@ -280,7 +268,7 @@ class HostAddressWatch:
         while True:
             data = sock.recv(RECV_BUFFER)
             done = False
-            for msg_kind, msg_seq, msg in _split(data):
+            for msg_kind, _flags, msg_seq, msg in wire.split(data):
                 if msg_seq == seq and msg_kind == NLMSG_DONE:
                     done = True
                 elif msg_seq == seq and msg_kind == NLMSG_ERROR:
@@ -325,7 +313,7 @@ class HostAddressWatch:
                 log.info("node address notifications overran, reading them all again")
                 self.open()
                 return self.version != before
-            for kind, _seq, msg in _split(data):
+            for kind, _flags, _seq, msg in wire.split(data):
                 self._state.apply(kind, msg)
         self._publish()
         return self.version != before
@@ -359,16 +347,3 @@ class HostAddressWatch:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
-
-
-def _split(data: bytes) -> list[tuple[int, int, bytes]]:
-    """The messages of one datagram: (type, seq, whole message)."""
-    out = []
-    i = 0
-    while i + 16 <= len(data):
-        length, kind, _flags, seq, _pid = _HEADER.unpack_from(data, i)
-        if length < 16 or i + length > len(data):
-            break
-        out.append((kind, seq, data[i : i + length]))
-        i += (length + 3) & ~3
-    return out

@@ -272,7 +272,7 @@ def split(data: bytes) -> list[tuple[int, int, int, bytes]]:
     i = 0
     while i + 16 <= len(data):
         length, kind, flags, seq, _pid = _HEADER.unpack_from(data, i)
-        if length < 16:
+        if length < 16 or i + length > len(data):
             break
         out.append((kind, flags, seq, data[i : i + length]))
         i += (length + 3) & ~3
@@ -304,6 +304,10 @@ def _attrs(data: bytes, start: int = 0, end: int | None = None) -> dict[int, byt
         out[kind & _NLA_TYPE_MASK] = data[i + 4 : i + length]
         i += (length + 3) & ~3
     return out
+
+
+# for the other netlink families' messages (address_watch.py, nftables.py)
+attributes, nla = _attrs, _nla
 
 
 def _address(af: int | None, raw: bytes) -> str | None:
