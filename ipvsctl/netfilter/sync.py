@@ -15,10 +15,10 @@
   wrote them; every `audit_interval` the rules (the whole table without elements) and then
   the elements are compared too. Missing or changed, the table is rewritten whole,
   elements included, in one transaction; changed elements are refilled.
-- With a `generation` reader (netfilter/generation.py), every `generation_interval` the
-  ruleset's generation is read (one small netlink message); when someone else's transaction
-  moved it, the table is looked up at once, and a deleted table is put back within a second
-  instead of at the next check.
+- With a `generation` reader (the daemon gives kernel/netlink/nftables.py's), every
+  `generation_interval` the ruleset's generation is read (one small netlink message); when
+  someone else's transaction moved it, the table is looked up at once, and a deleted table
+  is put back within a second instead of at the next check.
 """
 
 from __future__ import annotations

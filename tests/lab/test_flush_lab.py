@@ -22,9 +22,8 @@ import pytest
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.flushkit import Stream, StreamServer, UdpFlow, flush_like_kube_proxy
 from devkit.labkit import Node, Pod, sh, wait_for
-from ipvsctl.kernel.netns import run_in_netns
+from ipvsctl.kernel.netlink.nftables import NftGeneration
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
-from ipvsctl.netfilter.generation import NftGeneration, open_netfilter_socket
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict, replace_table_ruleset
 from tests.lab import netkit
 
@@ -287,7 +286,7 @@ def test_nfnetlink_says_the_generation_moved_and_whether_ipvsctls_table_is_there
     """The generation read the netfilter sync polls (one nfnetlink message) moves with any
     program's nftables transaction, and the table lookup it then makes tells a deleted
     `inet ipvsctl` from a present one, on the real kernel."""
-    watch = NftGeneration("inet ipvsctl", lambda: run_in_netns(node.name, open_netfilter_socket))
+    watch = NftGeneration("inet ipvsctl", node.name)
     sh("nft", "add", "table", "inet", "ipvsctl", netns=node.name)
     first = watch.generation()
     assert watch.generation() == first  # a read moves nothing
@@ -300,7 +299,7 @@ def test_nfnetlink_says_the_generation_moved_and_whether_ipvsctls_table_is_there
     assert watch.generation() != second
     assert not watch.table_exists()
     assert not NftGeneration(
-        "ip ipvsctl", lambda: run_in_netns(node.name, open_netfilter_socket)
+        "ip ipvsctl", node.name
     ).table_exists()  # a family is part of a table's name
     sh("nft", "delete", "table", "ip", "someone_else", netns=node.name)
     watch.close()

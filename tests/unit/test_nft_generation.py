@@ -1,23 +1,26 @@
 """nfnetlink's generation and table lookups, as the netfilter sync reads them: the messages
-packed and parsed, errors told apart (the lab runs them against the real kernel)."""
+packed and parsed, the kernel's answers told apart from a failed socket. A datagram socket
+pair plays the kernel here; the lab asks the real one."""
 
 from __future__ import annotations
 
 import errno
+import socket
 import struct
 
 import pytest
 
-from ipvsctl.netfilter.generation import (
-    NFT_MSG_GETGEN,
+from ipvsctl.kernel.netlink import wire
+from ipvsctl.kernel.netlink.nftables import (
     NFT_MSG_GETTABLE,
     NftGeneration,
-    attributes,
+    message_type,
     parse_generation,
     table_request,
 )
 
 HEADER = struct.Struct("=IHHII")
+NEWGEN = message_type(15)
 
 
 def answer(seq: int, kind: int, body: bytes) -> bytes:
@@ -25,87 +28,61 @@ def answer(seq: int, kind: int, body: bytes) -> bytes:
 
 
 def newgen(seq: int, gen: int) -> bytes:
-    nla = struct.pack("=HH", 8, 1) + gen.to_bytes(4, "big")
-    return answer(seq, (10 << 8) | 15, struct.pack("=BBH", 0, 0, 0) + nla)
+    return answer(seq, NEWGEN, struct.pack("=BBH", 0, 0, 0) + wire.nla(1, gen.to_bytes(4, "big")))
 
 
 def error(seq: int, code: int) -> bytes:
-    return answer(seq, 2, struct.pack("=i", -code) + b"\0" * 16)
-
-
-class FakeSocket:
-    """Answers each request with what the test queued for its kind: an errno, a generation,
-    "table" (a table's answer), or "broken" (the socket fails)."""
-
-    def __init__(self, answers: dict[int, list[int | str]]) -> None:
-        self.answers = answers
-        self.pending: list[bytes] = []
-        self.closed = False
-
-    def settimeout(self, t: float) -> None: ...
-
-    def bind(self, addr: object) -> None: ...
-
-    def close(self) -> None:
-        self.closed = True
-
-    def send(self, data: bytes) -> int:
-        _, kind, _, seq, _ = HEADER.unpack_from(data, 0)
-        queued = self.answers[kind & 0xFF].pop(0)
-        late = error(seq - 1, 0)  # an earlier request's ack, read first
-        if queued == "broken":
-            raise OSError(errno.ENOBUFS, "No buffer space available")
-        if queued == "table":
-            self.pending = [late, answer(seq, (10 << 8) | 0, b"\0" * 4)]
-        elif kind & 0xFF == NFT_MSG_GETGEN:
-            assert isinstance(queued, int)
-            self.pending = [late, newgen(seq, queued)]
-        else:
-            assert isinstance(queued, int)
-            self.pending = [late, error(seq, queued)]
-        return len(data)
-
-    def recv(self, n: int) -> bytes:
-        return self.pending.pop(0)
+    return answer(seq, wire.NLMSG_ERROR, struct.pack("=i", -code) + b"\0" * 16)
 
 
 def test_a_table_request_names_the_table_and_its_family():
-    msg = table_request(7, 1, "ipvsctl")
-    length, kind, flags, seq, _ = HEADER.unpack_from(msg, 0)
-    assert (length, kind, flags, seq) == (len(msg), (10 << 8) | NFT_MSG_GETTABLE, 1, 7)
+    flags, payload = table_request(1, "ipvsctl")
+    msg = wire.message(message_type(NFT_MSG_GETTABLE), (flags, payload), 7)
+    length, kind, got_flags, seq, _ = HEADER.unpack_from(msg, 0)
+    assert (length, kind, got_flags, seq) == (len(msg), (10 << 8) | 1, wire.FLAGS_REQ, 7)
     assert msg[16] == 1  # nfgenmsg family: inet
-    assert attributes(msg, 20) == {1: b"ipvsctl\0"}
+    assert wire.attributes(msg, 20) == {1: b"ipvsctl\0"}
     assert len(msg) % 4 == 0
 
 
 def test_the_generation_is_read_from_its_attribute_and_a_missing_one_is_an_error():
     assert parse_generation(newgen(1, 0x01020304)) == 0x01020304
     with pytest.raises(OSError):
-        parse_generation(answer(1, (10 << 8) | 15, struct.pack("=BBH", 0, 0, 0)))
+        parse_generation(answer(1, NEWGEN, struct.pack("=BBH", 0, 0, 0)))
 
 
 def test_a_missing_table_is_false_other_errors_raise_and_a_broken_socket_is_reopened():
-    sockets: list[FakeSocket] = []
+    # the kernel's answers to the four questions below, queued when the socket opens (a
+    # stray ack of another sequence number first: dropped, as RawSocket drops it)
+    script = [
+        error(0, 0),
+        newgen(1, 5),
+        error(1, 0),
+        error(2, errno.ENOENT),
+        answer(3, message_type(0), b"\0" * 4),
+        error(3, 0),
+        error(4, errno.EPERM),
+    ]
+    scripts = [script, [newgen(6, 7), error(6, 0)]]  # the second socket's: question 6
+    opened: list[tuple[socket.socket, socket.socket]] = []
 
-    def open_socket() -> FakeSocket:
-        s = FakeSocket(
-            {
-                NFT_MSG_GETGEN: [5, 6],
-                NFT_MSG_GETTABLE: [errno.ENOENT, "table", errno.EPERM, "broken"],
-            }
-        )
-        sockets.append(s)
-        return s
+    def open_socket() -> socket.socket:
+        mine, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        mine.setblocking(False)
+        for datagram in scripts[len(opened)]:
+            kernel.send(datagram)
+        opened.append((mine, kernel))
+        return mine
 
-    watch = NftGeneration("inet ipvsctl", open_socket)  # type: ignore[arg-type]
+    watch = NftGeneration("inet ipvsctl", open_socket=open_socket)
     assert watch.generation() == 5
     assert watch.table_exists() is False
     assert watch.table_exists() is True
     with pytest.raises(OSError) as exc:
-        watch.table_exists()  # EPERM: no CAP_NET_ADMIN
+        watch.table_exists()  # no CAP_NET_ADMIN: the kernel said so
     assert exc.value.errno == errno.EPERM
-    assert len(sockets) == 1 and not sockets[0].closed  # the kernel's answers: one socket
+    assert len(opened) == 1  # the kernel's answers: one socket throughout
+    opened[0][0].close()  # the socket fails
     with pytest.raises(OSError):
         watch.table_exists()
-    assert sockets[0].closed  # a failed socket is not used again
-    assert watch.generation() == 5 and len(sockets) == 2
+    assert watch.generation() == 7 and len(opened) == 2  # a fresh socket

@@ -9,8 +9,7 @@ from __future__ import annotations
 import logging
 
 from ipvsctl.daemon.feature import Feature, Parts
-from ipvsctl.kernel.netns import run_in_netns
-from ipvsctl.netfilter.generation import NftGeneration, open_netfilter_socket
+from ipvsctl.kernel.netlink.nftables import NftGeneration
 from ipvsctl.netfilter.nft import Nft, NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
@@ -27,12 +26,7 @@ def feature(p: Parts) -> Feature | None:
     ruleset = RulesetConfig(o.cluster_cidrs, o.masquerade_all)
     # The generation is read where nft runs (the lab's in-process daemons: a namespace);
     # only beside the real nft (a stand-in's table is in no kernel).
-    netns = p.nft.netns if isinstance(p.nft, Nft) else None
-    generation = (
-        NftGeneration(ruleset.target, lambda: run_in_netns(netns, open_netfilter_socket))
-        if isinstance(p.nft, Nft)
-        else None
-    )
+    generation = NftGeneration(ruleset.target, p.nft.netns) if isinstance(p.nft, Nft) else None
     sync = NetfilterSync(
         p.nft,
         SyncConfig(ruleset),
