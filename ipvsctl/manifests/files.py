@@ -18,14 +18,8 @@ from typing import IO, Any
 
 import yaml
 
-from ipvsctl.manifests.safeyaml import (
-    CHUNK,
-    MAX_BYTES,
-    Keep,
-    load_all_yaml,
-    load_json_stream,
-    parse_error,
-)
+from ipvsctl.manifests.safejson import CHUNK, load_json_stream
+from ipvsctl.manifests.safeyaml import MAX_BYTES, Keep, load_all_yaml, parse_error
 from ipvsctl.source.events import (
     ObjectKind,
     RawObject,

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from bench.plan_input import items
 from ipvsctl.kube.trim import trim_for_plan
-from ipvsctl.manifests import ManifestError, load_file, load_paths, safeyaml
-from ipvsctl.manifests.safeyaml import load_all_yaml, load_json_stream
+from ipvsctl.manifests import ManifestError, load_file, load_paths, safejson
+from ipvsctl.manifests.safejson import load_json_stream
+from ipvsctl.manifests.safeyaml import load_all_yaml
 
 
 def _same(x: Any) -> Any:
@@ -90,7 +91,7 @@ def test_yaml_beyond_plain_items_is_read_as_the_whole_document(text: str) -> Non
 def test_json_read_in_chunks_is_json_loads(doc: Any, chunk: int) -> None:
     text = json.dumps({"a": doc, "items": [doc, {"k": doc}], "z": [doc]}, indent=1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(safeyaml, "CHUNK", chunk)
+        mp.setattr(safejson, "CHUNK", chunk)
         assert load_json_stream(io.StringIO(text).read, _same) == json.loads(text)
         other = json.dumps(doc)  # any document, List or not
         assert load_json_stream(io.StringIO(other).read, _same) == json.loads(other)
@@ -112,7 +113,7 @@ def test_a_json_error_says_where_as_json_does(text: str) -> None:
     with pytest.raises(json.JSONDecodeError) as whole:
         json.loads(text)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(safeyaml, "CHUNK", 3)
+        mp.setattr(safejson, "CHUNK", 3)
         with pytest.raises(ValueError) as streamed:
             load_json_stream(io.StringIO(text).read, _same)
     # the same place: line, column and character
