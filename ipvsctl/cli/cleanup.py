@@ -20,7 +20,11 @@ must lose: ipvsctl's nftables table (its virtual-IP port filter, frozen once the
 gone, would reject a new port on an existing Service IP) and its drain state. The virtual
 servers, their connections and the interface stay: `kube-ipvs0` and the table are
 kube-proxy's too, and kube-proxy re-syncs them itself. Nothing of another program is
-touched (its nftables tables, its iptables rules, conntrack).
+touched (its nftables tables, its iptables rules, conntrack). While no other program has
+a NAT chain for IPv4 and IPv6 on the node (kube-proxy's iptables `nat` table, before
+kube-proxy's first sync), the table is emptied but for its NAT base chain, kept with no
+rules: the kernel stops translating the connections ipvsctl masqueraded once the last NAT
+chain of a family goes. Run `cleanup --rollback` again once kube-proxy runs.
 
 Refuses to run while a daemon answers on `--endpoint` (it would put everything back), unless
 `--force`. `--dry-run` prints what would go. Exit 0 when done (also when there was nothing
@@ -68,6 +72,9 @@ class Host(Protocol):
     def delete_address(self, address: str) -> None: ...  # one address off the interface
     def table_exists(self) -> bool: ...  # NotChecked: cannot tell
     def delete_table(self) -> None: ...
+    # the families (4, 6) another program's NAT chain covers; NotChecked: cannot tell
+    def nat_elsewhere(self) -> frozenset[int]: ...
+    def keep_nat_chain_only(self) -> None: ...  # the table emptied but for its NAT chain
 
 
 @dataclass
@@ -161,13 +168,29 @@ def rollback_node(host: Host, state_dir: Path | None, dry_run: bool = False) -> 
     nftables table and the drain state. Virtual servers, connections and the interface are
     left to the proxy that comes back."""
     r = Report()
-    _remove_table_and_state(host, state_dir, dry_run, r)
+    _remove_table_and_state(host, state_dir, dry_run, r, keep_nat=True)
     return r
 
 
-def _remove_table_and_state(host: Host, state_dir: Path | None, dry_run: bool, r: Report) -> None:
+def nat_families(
+    chains: Iterable[tuple[str, str]], legacy: Iterable[int], ours: tuple[str, str]
+) -> frozenset[int]:
+    """The IP families (4, 6) whose NAT some other program keeps hooked: its nftables NAT
+    base chains (family, table), or its legacy iptables `nat` table (`legacy`)."""
+    covers = {"ip": {4}, "ip6": {6}, "inet": {4, 6}}
+    out = set(legacy)
+    for family, table in chains:
+        if (family, table) != ours:
+            out |= covers.get(family, set())
+    return frozenset(out)
+
+
+def _remove_table_and_state(
+    host: Host, state_dir: Path | None, dry_run: bool, r: Report, keep_nat: bool = False
+) -> None:
     """The nftables table `inet ipvsctl`, then the drain state files (and their folder, if
-    then empty); every step tried, each failure one line in `r.errors`."""
+    then empty); every step tried, each failure one line in `r.errors`. `keep_nat`: the
+    table's NAT chain stays (empty) while no other program's covers both families."""
 
     def step(fn: Callable[[], None]) -> bool:
         if dry_run:
@@ -187,7 +210,27 @@ def _remove_table_and_state(host: Host, state_dir: Path | None, dry_run: bool, r
     except NotChecked as exc:
         r.unchecked.append(f"nftables table inet ipvsctl: {exc}")
         table = False
-    if table and step(host.delete_table):
+    missing: list[int] = []
+    if table and keep_nat:
+        try:
+            missing = sorted({4, 6} - host.nat_elsewhere())
+        except CleanupError as exc:  # cannot tell: keep it, the safe side
+            r.unchecked.append(f"other NAT chains: {exc}")
+            missing = [4, 6]
+        except NotChecked as exc:
+            r.unchecked.append(f"other NAT chains: {exc}")
+            missing = [4, 6]
+    if table and missing:
+        if step(host.keep_nat_chain_only):
+            families = " and ".join(f"IPv{f}" for f in missing)
+            r.lines.append(
+                f"{'would empty' if dry_run else 'emptied'} nftables table inet ipvsctl but "
+                f"for its NAT chain, kept with no rules: no other NAT chain on this node for "
+                f"{families}, and without one the kernel stops translating the connections "
+                "ipvsctl masqueraded; run cleanup --rollback again once kube-proxy runs"
+            )
+            r.summary.append("nftables table (its empty NAT chain kept)")
+    elif table and step(host.delete_table):
         r.lines.append(f"{'would delete' if dry_run else 'deleted'} nftables table inet ipvsctl")
         r.summary.append("nftables table")
 
@@ -281,6 +324,41 @@ class SystemHost:
             self._nft().apply(delete_table_ruleset(RulesetConfig()), "cleanup")
         except NftError as exc:
             raise CleanupError(str(exc)) from None
+
+    def nat_elsewhere(self) -> frozenset[int]:
+        from ipvsctl.netfilter.nft import NftError, NftUnavailable
+        from ipvsctl.netfilter.ruleset import RulesetConfig
+
+        try:
+            chains = self._nft().list_nat_chains("cleanup")
+        except NftUnavailable as exc:
+            raise NotChecked(str(exc).removeprefix("nft cleanup: ")) from None
+        except NftError as exc:
+            raise CleanupError(str(exc)) from None
+        legacy = [  # legacy iptables' tables, as loaded in this network namespace
+            family
+            for family, name in ((4, "ip_tables_names"), (6, "ip6_tables_names"))
+            if "nat" in _lines(Path("/proc/net") / name)
+        ]
+        family, name = RulesetConfig().target.split()
+        return nat_families(chains, legacy, (family, name))
+
+    def keep_nat_chain_only(self) -> None:
+        from ipvsctl.netfilter.nft import NftError
+        from ipvsctl.netfilter.ruleset import RulesetConfig, nat_chain_only_ruleset
+
+        try:
+            self._nft().apply(nat_chain_only_ruleset(RulesetConfig()), "cleanup")
+        except NftError as exc:
+            raise CleanupError(str(exc)) from None
+
+
+def _lines(path: Path) -> list[str]:
+    """A /proc file's lines; none when it is missing (its module never loaded)."""
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
 
 
 def daemon_answers(endpoint: str) -> bool:

@@ -206,6 +206,16 @@ class Nft:
                 NftError(f"nft {operation}: unexpected JSON ({exc})", operation)
             ) from None
 
+    def list_nat_chains(self, operation: str = "check") -> list[tuple[str, str]]:
+        """(family, table) of every NAT base chain in the ruleset, whoever made it."""
+        out = self._exec(["-j", "list", "chains"], operation) or "{}"
+        try:
+            return parse_nat_chains(json.loads(out))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self._failed(
+                NftError(f"nft {operation}: unexpected JSON ({exc})", operation)
+            ) from None
+
     def version(self) -> str:
         return (self._exec(["--version"], "version") or "").strip()
 
@@ -223,6 +233,16 @@ def parse_map_elements(doc: dict[str, Any]) -> list[tuple[str, str, int, str]]:
             verdict = value.get("goto") or value.get("jump") or {}
             out.append((str(address), str(protocol), int(port), str(verdict.get("target", ""))))
     return out
+
+
+def parse_nat_chains(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """`nft -j list chains` output -> [(family, table)] of its NAT base chains."""
+    return [
+        (str(c["family"]), str(c["table"]))
+        for item in doc.get("nftables", [])
+        if isinstance(item, dict) and isinstance(c := item.get("chain"), dict)
+        if c.get("type") == "nat" and "hook" in c
+    ]
 
 
 def parse_set_elements(doc: dict[str, Any]) -> list[tuple[str, ...]]:

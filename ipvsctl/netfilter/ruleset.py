@@ -551,5 +551,16 @@ def delete_table_ruleset(config: RulesetConfig) -> str:
     return _text([f"add table {t}", f"delete table {t}"])
 
 
+def nat_chain_only_ruleset(config: RulesetConfig) -> str:
+    """`cleanup --rollback` on a node where no other program has a NAT hook: the table
+    emptied but for its NAT base chain, with no rules. The kernel translates an established
+    connection's packets by its conntrack binding (ipvsctl's masquerade) only while some
+    NAT chain of the family is registered; one new chain is hooked before the old ones are
+    unhooked, in the same transaction, so the translation never stops."""
+    t = config.target
+    chain = f"add chain {t} {BASE_CHAIN} {BASE_CHAIN_SPEC}"
+    return _text([f"add table {t}", f"delete table {t}", f"add table {t}", chain])
+
+
 def _text(statements: list[str]) -> str:
     return "".join(s + "\n" for s in statements)

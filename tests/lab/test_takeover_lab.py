@@ -163,11 +163,6 @@ def refused(client: Pod, address: str, port: int) -> bool:
     return False
 
 
-@pytest.mark.xfail(
-    reason="open regression since the hold rules and expire_nodest_conn at 0 came in: "
-    "the connection held through the rollback no longer echoes after `cleanup --rollback`",
-    strict=False,
-)
 def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_filters(
     node: Node, client: Pod, tmp_path: Path
 ) -> None:
@@ -175,7 +170,13 @@ def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_fil
     kube-proxy back, which adds a new port to an existing Service IP. ipvsctl's frozen port
     filter rejects it until `ipvsctl cleanup --rollback`, which removes that filter and the
     drain state and nothing else: kube-proxy's virtual servers, kube-ipvs0, a connection
-    held throughout and kube-proxy's own nftables table stay."""
+    held throughout and kube-proxy's own nftables table stay.
+
+    The held connection comes from outside the cluster CIDR, so ipvsctl masqueraded it. Its
+    translation lives in its conntrack entry, which the kernel applies only while some NAT
+    chain of the family is hooked: with ipvsctl's the only one (kube-proxy not synced yet),
+    deleting the whole table stopped the connection. The first cleanup keeps that chain,
+    empty; the second, once kube-proxy's NAT chains exist, deletes the table."""
     pods = [node.make_pod("10.244.1.1", name="web-1"), node.make_pod("10.244.1.2", name="web-2")]
     kube_proxy_table(node, pods)
     # kube-proxy's nftables table (its nftables mode's; any other program's is the same)
@@ -186,6 +187,13 @@ def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_fil
         held = client.connect(VIP, 80)  # through the table ipvsctl took over
         proc.send_signal(signal.SIGTERM)  # the node labelled back: ipvsctl's pod goes
         assert proc.wait(120) == 0, proc.log.read_text()
+
+    def rollback() -> str:
+        return sh(
+            "ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "cleanup", "--rollback",
+            "--state-dir", str(state), timeout=600,
+        )  # fmt: skip
+
     try:
         assert (state / "drain-queue.json").exists()
         # kube-proxy returns and programs the Service's new port on the same address
@@ -196,19 +204,35 @@ def test_rollback_to_kube_proxy_leaves_its_table_and_nothing_of_ipvsctl_that_fil
         assert {VIP, OTHER} <= bound_before
         assert refused(client, VIP, 81)  # ipvsctl's frozen port filter: the bug left behind
 
-        out = sh(
-            "ip", "netns", "exec", node.name, str(BIN / "ipvsctl"), "cleanup", "--rollback",
-            "--state-dir", str(state), timeout=600,
-        )  # fmt: skip
-        assert "deleted nftables table inet ipvsctl" in out, out
-        assert out.splitlines()[-1] == "cleanup (rollback) done: nftables table, drain queue state"
-
-        tables = node.run("nft", "list", "tables").splitlines()
-        assert "table inet ipvsctl" not in tables and "table ip kube-proxy" in tables
+        out = rollback()  # no NAT chain of kube-proxy's yet: ipvsctl's stays, empty
+        assert "emptied nftables table inet ipvsctl but for its NAT chain" in out, out
+        assert out.splitlines()[-1] == (
+            "cleanup (rollback) done: nftables table (its empty NAT chain kept), drain queue state"
+        )
+        ours = node.run("nft", "list", "table", "inet", "ipvsctl")
+        assert "chain nat-postrouting" in ours and ours.count("chain ") == 1, ours
+        assert "set " not in ours and "map " not in ours and "ip daddr" not in ours, ours
         assert not (state / "drain-queue.json").exists()
         assert weights(node) == table_before  # kube-proxy's table, untouched
         assert node.interface_addresses() == bound_before  # kube-ipvs0 too
         assert client.request(VIP, 81, reset=True) == "web-1"  # the new port answers
         assert held.echo("the connection lives through the rollback")
+
+        # kube-proxy's first sync: its iptables nat tables (here as nftables NAT chains)
+        for family in ("ip", "ip6"):
+            node.run("nft", "add", "table", family, "kube-proxy")
+            node.run(
+                "nft", "add", "chain", family, "kube-proxy", "nat-postrouting",
+                "{ type nat hook postrouting priority srcnat ; }",
+            )  # fmt: skip
+        out = rollback()
+        assert out.splitlines() == [
+            "deleted nftables table inet ipvsctl",
+            "cleanup (rollback) done: nftables table",
+        ], out
+        tables = node.run("nft", "list", "tables").splitlines()
+        assert "table inet ipvsctl" not in tables and "table ip kube-proxy" in tables
+        assert weights(node) == table_before
+        assert held.echo("and through the table's deletion")
     finally:
         held.close()

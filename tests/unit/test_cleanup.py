@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from ipvsctl.cli import cleanup as cleanup_mod
 from ipvsctl.cli.app import app
-from ipvsctl.cli.cleanup import CleanupError, cleanup_node
+from ipvsctl.cli.cleanup import CleanupError, NotChecked, cleanup_node, nat_families
 from ipvsctl.model import Protocol, ServiceKey
 from ipvsctl.plan.ownership import owned_virtual_servers
 
@@ -32,7 +32,8 @@ class FakeHost:
             key("192.0.2.99", 30080),
         ]
         self.iface: tuple[str, list[str]] | None = ("dummy", [VIP, VIP6])
-        self.table = True
+        self.table: bool | str = True  # "nat only": emptied but for its NAT chain
+        self.nat: frozenset[int] | Exception = frozenset({4, 6})  # kube-proxy's, say
         self.fail: set[str] = set()
         self.calls: list[str] = []
 
@@ -66,6 +67,15 @@ class FakeHost:
     def delete_table(self):
         self._maybe_fail("del table")
         self.table = False
+
+    def nat_elsewhere(self):
+        if isinstance(self.nat, Exception):
+            raise self.nat
+        return self.nat
+
+    def keep_nat_chain_only(self):
+        self._maybe_fail("nat chain only")
+        self.table = "nat only"
 
 
 @pytest.fixture
@@ -274,6 +284,59 @@ def test_rollback_removes_the_table_and_state_and_leaves_the_ipvs_table_and_inte
     assert r.exit_code == 0 and r.output.strip() == "cleanup (rollback) done: nothing to remove"
 
 
+def test_rollback_keeps_the_nat_chain_while_nothing_else_keeps_nat_hooked(monkeypatch, state):
+    """Before kube-proxy's first sync no other NAT chain may exist on the node; deleting
+    ipvsctl's last one stops the kernel translating the connections ipvsctl masqueraded
+    (seen on a real kernel: tests/lab/test_takeover_lab.py). The table is emptied but for
+    it, until a later run finds another program's NAT for both families."""
+    host = FakeHost()
+    host.nat = frozenset({4})  # kube-proxy's iptables nat table, no ip6tables one yet
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    runner = CliRunner()
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state), "--dry-run"])
+    assert r.exit_code == 0 and host.calls == [], r.output
+    assert r.output.startswith("would empty nftables table inet ipvsctl but for its NAT chain")
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0, r.output
+    assert host.calls == ["nat chain only"] and host.table == "nat only"
+    lines = r.output.splitlines()
+    assert "no other NAT chain on this node for IPv6," in lines[0]
+    assert lines[-1] == (
+        "cleanup (rollback) done: nftables table (its empty NAT chain kept), drain queue state"
+    )
+    host.nat = frozenset({4, 6})  # kube-proxy synced: its NAT chains hold the bindings
+    r = runner.invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0 and host.table is False, r.output
+    assert r.output.splitlines() == [
+        "deleted nftables table inet ipvsctl",
+        "cleanup (rollback) done: nftables table",
+    ]
+
+
+def test_rollback_keeps_the_nat_chain_when_it_cannot_tell(monkeypatch, state):
+    host = FakeHost()
+    host.nat = NotChecked("nft not found")
+    monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: host)
+    monkeypatch.setattr(cleanup_mod, "daemon_answers", lambda endpoint: False)
+    r = CliRunner().invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0 and host.table == "nat only", r.output
+    assert "for IPv4 and IPv6," in r.output
+    assert "not checked: other NAT chains: nft not found" in r.output.splitlines()[-1]
+    host.nat = CleanupError("nft cleanup: Operation not permitted")
+    r = CliRunner().invoke(app, ["cleanup", "--rollback", "--state-dir", str(state)])
+    assert r.exit_code == 0 and host.calls == ["nat chain only", "nat chain only"], r.output
+
+
+def test_nat_families_count_other_programs_chains_and_legacy_tables():
+    ours = ("inet", "ipvsctl")
+    assert nat_families([ours], [], ours) == frozenset()
+    assert nat_families([("ip", "nat")], [], ours) == {4}
+    assert nat_families([("ip6", "nat"), ours], [], ours) == {6}
+    assert nat_families([("inet", "kube-proxy")], [], ours) == {4, 6}
+    assert nat_families([("arp", "x")], [6], ours) == {6}  # legacy ip6tables' nat table
+
+
 def test_rollback_reports_a_failed_step_and_refuses_beside_a_daemon(monkeypatch, state):
     host = FakeHost()
     host.fail = {"del table"}
@@ -286,3 +349,27 @@ def test_rollback_reports_a_failed_step_and_refuses_beside_a_daemon(monkeypatch,
     monkeypatch.setattr(cleanup_mod, "SystemHost", lambda interface: pytest.fail("touched"))
     r = CliRunner().invoke(app, ["cleanup", "--rollback"])
     assert r.exit_code == 1 and "stop it first" in r.output
+
+
+def test_the_nat_chain_only_ruleset_hooks_the_new_chain_in_the_same_transaction():
+    from ipvsctl.netfilter.nft import parse_nat_chains
+    from ipvsctl.netfilter.ruleset import RulesetConfig, nat_chain_only_ruleset
+
+    assert nat_chain_only_ruleset(RulesetConfig()).splitlines() == [
+        "add table inet ipvsctl",
+        "delete table inet ipvsctl",
+        "add table inet ipvsctl",
+        "add chain inet ipvsctl nat-postrouting "
+        "{ type nat hook postrouting priority srcnat ; policy accept ; }",
+    ]
+    doc = {
+        "nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"chain": {"family": "ip", "table": "nat", "name": "POSTROUTING", "type": "nat",
+                       "hook": "postrouting", "prio": 100}},
+            {"chain": {"family": "inet", "table": "x", "name": "f", "type": "filter",
+                       "hook": "input"}},
+            {"chain": {"family": "ip6", "table": "nat", "name": "KUBE-SVC", }},
+        ]
+    }  # fmt: skip
+    assert parse_nat_chains(doc) == [("ip", "nat")]
