@@ -73,9 +73,10 @@ endif
 # every scenario (rolling update, a held-back node, ipvsctl's own upgrade, node drain,
 # Service deleted, topology change, scale to zero, a UDP rollout) under load, with ipvsctl
 # as shipped and with draining off, every failed request, reset and cut stream counted.
-# 30 to 60 minutes under emulation, with the host's load. Results in out/cluster-lab/ (report.txt, results.json,
-# table.md; docs/demo.md says how to read them); a complete run also rewrites
-# docs/benchmarks.md's "Rollout under load" (bench/results/cluster-lab.json).
+# 17 minutes under emulation on a quiet host (2026-11-29), 70 at load 11-15. Results in
+# out/cluster-lab/ (report.txt, results.json, table.md; docs/demo.md says how to read
+# them); a complete run also rewrites docs/benchmarks.md's "Rollout under load"
+# (bench/results/cluster-lab.json).
 # CLUSTER_LAB_ARGS='--scenarios rollout,slow-node --modes ipvsctl' runs a part (published
 # nowhere).
 # make test runs a subset (tests/lab/test_cluster_lab.py: rollout and slow-node with ipvsctl,
@@ -83,7 +84,7 @@ endif
 # inside test-lab's boot (docs/demo.md, "In make test").
 CLUSTER_OUT := out/cluster-lab
 CLUSTER_LAB_ARGS ?=
-cluster-lab: venv lab-deps ## three nodes in the lab VM, every scenario under load, both modes (30-60 min)
+cluster-lab: venv lab-deps ## three nodes in the lab VM, every scenario under load, both modes (17-70 min)
 	@mkdir -p $(CLUSTER_OUT) && rm -f $(CLUSTER_OUT)/results.json $(CLUSTER_OUT)/cluster-lab.json
 	git describe --always --dirty > $(CLUSTER_OUT)/commit
 	@cat /proc/loadavg > $(CLUSTER_OUT)/host-load-before
