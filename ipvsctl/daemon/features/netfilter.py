@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 from ipvsctl.daemon.feature import Feature, Parts
-from ipvsctl.kernel.netlink.nftables import NftGeneration
 from ipvsctl.netfilter.nft import Nft, NftError, NftUnavailable
 from ipvsctl.netfilter.ruleset import RulesetConfig
 from ipvsctl.netfilter.sync import NetfilterSync, SyncConfig
@@ -26,7 +25,13 @@ def feature(p: Parts) -> Feature | None:
     ruleset = RulesetConfig(o.cluster_cidrs, o.masquerade_all)
     # The generation is read where nft runs (the lab's in-process daemons: a namespace);
     # only beside the real nft (a stand-in's table is in no kernel).
-    generation = NftGeneration(ruleset.target, p.nft.netns) if isinstance(p.nft, Nft) else None
+    generation = None
+    if isinstance(p.nft, Nft):
+        # imported here: pyroute2 is 12-22 MB of a process that has no other netlink (the
+        # in-memory kernel's daemon, as the memory benchmark and its guard run it)
+        from ipvsctl.kernel.netlink.nftables import NftGeneration
+
+        generation = NftGeneration(ruleset.target, p.nft.netns)
     sync = NetfilterSync(
         p.nft,
         SyncConfig(ruleset),
