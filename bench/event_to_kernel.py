@@ -571,6 +571,14 @@ def _draining_phases(
         if not w.wait_deleted(list(released), 120):
             raise AssertionError("released real servers not deleted in 120 s")
     reaction_profile = s.report()
+    reader = eng.drain_check.reader  # what the drain reader measured, and chose by
+    read_costs = {
+        "table_cost_s": reader._table_cost,
+        "dump_cost_ms": None if reader._dump_cost is None else reader._dump_cost * 1000,
+        "table_reads": reader._table_checks,
+        "dump_checks": reader._dump_checks,
+    }
+    log(f"{n} services: drain reads {read_costs}")
     reaction = [w.deleted[p] - r for p, r in released.items()]
     t_rel = time.monotonic()
     rest = set(w.held)
@@ -581,6 +589,7 @@ def _draining_phases(
         "check_interval_s": 1.0,
         "target_s": 1.5,
         "rest_deleted_s": round(max((w.deleted[p] for p in rest), default=t_rel) - t_rel, 3),
+        "reads": read_costs,
         "profile": reaction_profile,
     }
     log(
