@@ -196,25 +196,25 @@ class Nft:
         operation: str,
         parse: Callable[[dict[str, Any]], T],
     ) -> T | None:
-        out = self._exec(["-j", "list", kind, *target.split(), name], operation, missing_ok=True)
+        return self._json(["-j", "list", kind, *target.split(), name], operation, parse)
+
+    def _json(
+        self, args: list[str], operation: str, parse: Callable[[dict[str, Any]], T]
+    ) -> T | None:
+        """nft's JSON output, parsed; None when the object listed does not exist."""
+        out = self._exec(args, operation, missing_ok=True)
         if out is None:
             return None
         try:
             return parse(json.loads(out))
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise self._failed(
                 NftError(f"nft {operation}: unexpected JSON ({exc})", operation)
             ) from None
 
     def list_nat_chains(self, operation: str = "check") -> list[tuple[str, str]]:
         """(family, table) of every NAT base chain in the ruleset, whoever made it."""
-        out = self._exec(["-j", "list", "chains"], operation) or "{}"
-        try:
-            return parse_nat_chains(json.loads(out))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise self._failed(
-                NftError(f"nft {operation}: unexpected JSON ({exc})", operation)
-            ) from None
+        return self._json(["-j", "list", "chains"], operation, parse_nat_chains) or []
 
     def version(self) -> str:
         return (self._exec(["--version"], "version") or "").strip()
