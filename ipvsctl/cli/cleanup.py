@@ -214,10 +214,7 @@ def _remove_table_and_state(
     if table and keep_nat:
         try:
             missing = sorted({4, 6} - host.nat_elsewhere())
-        except CleanupError as exc:  # cannot tell: keep it, the safe side
-            r.unchecked.append(f"other NAT chains: {exc}")
-            missing = [4, 6]
-        except NotChecked as exc:
+        except (CleanupError, NotChecked) as exc:  # cannot tell: keep it, the safe side
             r.unchecked.append(f"other NAT chains: {exc}")
             missing = [4, 6]
     if table and missing:
