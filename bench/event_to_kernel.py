@@ -571,7 +571,9 @@ def _draining_phases(
         if not w.wait_deleted(list(released), 120):
             raise AssertionError("released real servers not deleted in 120 s")
     reaction_profile = s.report()
-    reader = eng.drain_check.reader  # what the drain reader measured, and chose by
+    # what the drain reader measured, and chose by; its two counters are checks since the
+    # other read's last measure, not totals
+    reader = eng.drain_check.reader
     read_costs = {
         "table_cost_s": reader._table_cost,
         "dump_cost_ms": None if reader._dump_cost is None else reader._dump_cost * 1000,

@@ -351,7 +351,8 @@ class SystemHost:
 
 
 def _lines(path: Path) -> list[str]:
-    """A /proc file's lines; none when it is missing (its module never loaded)."""
+    """A /proc file's lines (one table name each); none when it is missing (its module
+    never loaded)."""
     try:
         return path.read_text().split()
     except OSError:

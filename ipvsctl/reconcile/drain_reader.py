@@ -182,8 +182,8 @@ class DrainReader:
                     observed[key] = got
         if self._dumps_opened:
             # Without the waits: a probe's 8 dumps are one batch, and a wait of up to 50 ms
-            # for a busy loop counted as ~6 ms a dump made 1,000 dumps look dearer than one
-            # table read at 44,000 Services in the VM (~7 s): every check read the table.
+            # for a busy loop counted in is ~6 ms a dump, enough to make 1,000 dumps look
+            # dearer than a table read of a few seconds (a big table under emulation).
             cost = (self.clock.monotonic() - t0 - waited) / len(keys)
             # a probe replaces a measure taken long ago (or none); checks by dumps average
             self._dump_cost = cost if probe else _ewma(self._dump_cost, cost)
