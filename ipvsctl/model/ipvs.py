@@ -143,3 +143,16 @@ class ConnScan:
     def trustworthy(self) -> bool:
         """No line that might belong to a wanted real server went unread."""
         return self.unattributed == 0
+
+
+@dataclass(slots=True)
+class Restored:
+    """One restore of what another program removed from the node's table (the table
+    guard's, reconcile/table_guard.py): what came back (`ipvs`, `interface`), how many
+    virtual servers, real servers and addresses, and how many could not."""
+
+    what: list[str] = field(default_factory=list)
+    virtual_servers: int = 0
+    real_servers: int = 0
+    addresses: int = 0
+    failed: int = 0

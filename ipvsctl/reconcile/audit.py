@@ -7,7 +7,9 @@ the lock: what to read), `read` (kernel reads only), `apply` (under the lock). A
 taken while anything
 was applied is dropped whole (it could show a change in flight as drift); the same step is
 read again next time. Repairs are made by marking the Service dirty (its next sync diffs
-against the corrected applied state). An owned virtual server nobody wants drains as a
+against the corrected applied state); an applied virtual server gone from the kernel is put
+back first by the table guard's restore (`put_back`), as applied, draining real servers and
+all. An owned virtual server nobody wants drains as a
 deleted Service's when it has real servers (under its stand-in Service, as at start-up:
 `adopt.py`), and is deleted when it has none or with `--service-drain-timeout 0`.
 
@@ -93,6 +95,7 @@ class Auditor:
         give_way: Callable[[], None] = lambda: None,
         service_drain_timeout: Callable[[], float] = lambda: 0.0,
         node_ips: Callable[[], Collection[str]] = lambda: (),
+        put_back: Callable[[list[ServiceKey]], Collection[ServiceKey]] | None = None,
     ) -> None:
         self.kernel = kernel
         self.state = state
@@ -106,6 +109,9 @@ class Auditor:
         self.give_way = give_way  # called in the read's loops: events first
         self.service_drain_timeout = service_drain_timeout  # an orphan's bound; 0: deleted
         self.node_ips = node_ips  # an orphan's address on one of these stays bound
+        # Applied virtual servers gone from the kernel: the table guard's restore (another
+        # program flushed the table; the dump saw it first), returning those put back.
+        self.put_back = put_back
         self._cursor: list[ServiceKey] = []  # the round's keys still to read, last first
         # Applied virtual servers compared with a kernel dump, ever: the walk's work, which
         # belongs off the loop's lock (the cost tests read it around each part of a step).
@@ -221,8 +227,13 @@ class Auditor:
 
     def _repair(self, drift: VirtualServerDrift, out: Findings) -> None:
         """Under the lock, the state unchanged since the walk: O(the differences)."""
+        back: Collection[ServiceKey] = ()
+        if drift.missing and self.put_back is not None:
+            back = self.put_back([key for _, key in drift.missing])
         for ref, key in drift.missing:
             self._drift(out, "virtual_server_missing", ref, key)
+            if key in back:
+                continue  # as applied: real servers at their weights, drains kept
             if key in self.drains.draining_virtual_servers:
                 # A draining one gone: nothing is left to drain or to put back.
                 self.applier.forget_vs(ref, key, 0)

@@ -56,6 +56,7 @@ from ipvsctl.reconcile.drain_check import DrainCheck
 from ipvsctl.reconcile.drain_reader import DrainReader
 from ipvsctl.reconcile.feed import ChangeFeed
 from ipvsctl.reconcile.intake import Intake
+from ipvsctl.reconcile.table_guard import TableGuard, VirtualInterface
 from ipvsctl.reconcile.termination import Terminations
 from ipvsctl.source.events import SourceEvent
 
@@ -164,7 +165,17 @@ class Engine:
             on_retry=self._repaired_one,
             feed=self.feed,
         )
-        # The two background reads (`paced.py`), run by the loop's paced runners.
+        # The background reads (`paced.py`), run by the loop's paced runners (the guard's
+        # by its feature). The guard's restores are heard on the feed.
+        self.guard = TableGuard(
+            kernel,
+            self.state,
+            interface=kernel if isinstance(kernel, VirtualInterface) else None,
+            ready=lambda: self.started,
+            on_restore=self.feed.table_restored,
+            on_recurring=self.feed.restores_recurring,
+            clock=self.clock.monotonic,
+        )
         self.audit = Auditor(
             kernel,
             self.state,
@@ -178,6 +189,7 @@ class Engine:
             give_way=lambda: self.give_way(),
             service_drain_timeout=lambda: self.config.service_drain_timeout,
             node_ips=lambda: self.config.node.node_ips,
+            put_back=self.guard.put_back,
         )
         self.drain_check = DrainCheck(
             self.drains,

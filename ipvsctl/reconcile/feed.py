@@ -2,8 +2,9 @@
 
 The engine and its applier are given one `ChangeFeed` when they are built and publish on it;
 a feature (daemon/features/) says what it hears as a `Subscriptions` record, and the wiring
-subscribes it before the daemon starts. Five kinds of change, each called on the loop's
-thread under its lock, in the order of subscription, O(the change) for every listener:
+subscribes it before the daemon starts. Seven kinds of change, each called under the loop's
+lock (on its thread, or a background read's at its apply), in the order of subscription,
+O(the change) for every listener:
 
     service_changed(ref, old, new)   a Service's changes reached the kernel (its desired
                                      state before and after; None: it had none, or has none)
@@ -15,6 +16,9 @@ thread under its lock, in the order of subscription, O(the change) for every lis
     handed_over()                    the node is handed over to another proxy: every virtual
                                      server is gone (each Service heard with None first);
                                      remove what is yours and stay idle
+    table_restored(done)             the table guard put back what another program removed
+                                     (found by its own pass or by the audit)
+    restores_recurring(recurring)    restores keep happening (True), or are quiet again
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from ipvsctl.model import (
     ConnectionsCut,
     DesiredService,
+    Restored,
     ServiceKey,
     ServiceRef,
     VirtualServerDrainEvent,
@@ -36,6 +41,8 @@ VirtualServerDrainListener = Callable[[ServiceKey, VirtualServerDrainEvent], Non
 NodeListener = Callable[[NodeInfo | None, float], None]
 CutListener = Callable[[ConnectionsCut], object]  # never blocks: a writer queues it
 HandedOverListener = Callable[[], None]
+RestoredListener = Callable[[Restored], None]
+RecurringListener = Callable[[bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +54,20 @@ class Subscriptions:
     node: NodeListener | None = None
     cut: CutListener | None = None
     handed_over: HandedOverListener | None = None
+    table_restored: RestoredListener | None = None
+    restores_recurring: RecurringListener | None = None
 
 
 class ChangeFeed:
-    __slots__ = ("_cuts", "_handed_over", "_nodes", "_services", "_vs_drains")
+    __slots__ = (
+        "_cuts",
+        "_handed_over",
+        "_nodes",
+        "_recurring",
+        "_restored",
+        "_services",
+        "_vs_drains",
+    )
 
     def __init__(self, *subscriptions: Subscriptions) -> None:
         self._services: list[ServiceListener] = []
@@ -58,6 +75,8 @@ class ChangeFeed:
         self._nodes: list[NodeListener] = []
         self._cuts: list[CutListener] = []
         self._handed_over: list[HandedOverListener] = []
+        self._restored: list[RestoredListener] = []
+        self._recurring: list[RecurringListener] = []
         for s in subscriptions:
             self.subscribe(s)
 
@@ -72,6 +91,10 @@ class ChangeFeed:
             self._cuts.append(s.cut)
         if s.handed_over is not None:
             self._handed_over.append(s.handed_over)
+        if s.table_restored is not None:
+            self._restored.append(s.table_restored)
+        if s.restores_recurring is not None:
+            self._recurring.append(s.restores_recurring)
 
     def unsubscribe(self, s: Subscriptions) -> None:
         """A part that stopped (nftables found unusable at start-up) hears nothing more."""
@@ -85,6 +108,10 @@ class ChangeFeed:
             self._cuts.remove(s.cut)
         if s.handed_over is not None:
             self._handed_over.remove(s.handed_over)
+        if s.table_restored is not None:
+            self._restored.remove(s.table_restored)
+        if s.restores_recurring is not None:
+            self._recurring.remove(s.restores_recurring)
 
     # --- publishing (the engine and its applier) -------------------------------------------
     def service_changed(
@@ -108,3 +135,11 @@ class ChangeFeed:
     def handed_over(self) -> None:
         for listener in self._handed_over:
             listener()
+
+    def table_restored(self, done: Restored) -> None:
+        for listener in self._restored:
+            listener(done)
+
+    def restores_recurring(self, recurring: bool) -> None:
+        for listener in self._recurring:
+            listener(recurring)

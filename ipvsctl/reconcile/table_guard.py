@@ -22,9 +22,15 @@ restore, if nothing was applied meanwhile; a reading taken while the engine chan
 table is dropped, as the audit's). The restore runs under the loop's lock: the engine
 applies nothing to a table half put back.
 
-For `ipvsctl handover` (issue 42's state "adds nothing new but still restores"): the guard
+For `ipvsctl handover` (its state "adds nothing new but still restores"): the guard
 restores what the applied state holds, whatever the engine does next; `restore()` is one
 restore now, and `on_restore` hears each (what, how many).
+
+The drift audit's dump can see a flush before the guard's next pass does: it hands the
+missing virtual servers to `put_back`, the same restore (draining real servers at 0, the
+queue kept, counted and reported as the guard's), rather than forgetting them and letting
+the next sync add only the wanted real servers back. The engine owns the one guard for
+both.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ipvsctl.kernel.port import (
@@ -45,7 +51,7 @@ from ipvsctl.kernel.port import (
     RealServerBatch,
     add_each,
 )
-from ipvsctl.model import RealServerKey, ServiceKey
+from ipvsctl.model import RealServerKey, Restored, ServiceKey
 from ipvsctl.obs.logging import fields
 from ipvsctl.reconcile.applied import AppliedState
 
@@ -82,17 +88,6 @@ class GuardReading:
     plan: GuardPlan
     ipvs_gone: bool
     interface_gone: bool
-
-
-@dataclass(slots=True)
-class Restored:
-    """One restore: how many virtual servers, real servers and addresses went back."""
-
-    what: list[str] = field(default_factory=list)
-    virtual_servers: int = 0
-    real_servers: int = 0
-    addresses: int = 0
-    failed: int = 0
 
 
 class TableGuard:
@@ -182,10 +177,33 @@ class TableGuard:
         readded: set[ServiceKey] = set()
         if ipvs:
             readded = self._restore_ipvs(done)  # each re-added one binds its address too
+            readded = {k for k in readded if (a := self.state.get(None, k)) and a.bind_address}
         if interface and self.interface is not None:
             self._restore_addresses(done, readded)
             if done.addresses or readded:  # the re-added ones bound theirs
                 done.what.append(INTERFACE)
+        self._report(done)
+        return done
+
+    def put_back(self, missing: Collection[ServiceKey]) -> set[ServiceKey]:
+        """Under the loop's lock: the applied virtual servers another reader (the audit's
+        dump) found missing, put back as `restore` does, without a dump of its own. Returns
+        those now in the kernel; the rest are the caller's to repair."""
+        done = Restored()
+        interface_gone = False
+        if self.interface is not None:
+            with contextlib.suppress(KernelError):
+                interface_gone = not self.interface.interface_present()
+        back = self._restore_ipvs(done, only=set(missing))
+        if interface_gone:  # the re-added ones made it again: every other address back
+            assert self.interface is not None
+            binding = {k for k in back if (a := self.state.get(None, k)) and a.bind_address}
+            self._restore_addresses(done, binding)
+            done.what.append(INTERFACE)
+        self._report(done)
+        return back
+
+    def _report(self, done: Restored) -> None:
         if done.what:
             self.restores += 1
             log.warning(
@@ -200,7 +218,6 @@ class TableGuard:
             )
             self.on_restore(done)
             self._note_restore()
-        return done
 
     def _restore_addresses(self, done: Restored, readded: set[ServiceKey]) -> None:
         assert self.interface is not None
@@ -221,30 +238,37 @@ class TableGuard:
                 done.failed += 1
                 log.error("address not restored", extra=fields(address=address, error=exc))
 
-    def _restore_ipvs(self, done: Restored) -> set[ServiceKey]:
+    def _restore_ipvs(self, done: Restored, only: set[ServiceKey] | None = None) -> set[ServiceKey]:
+        """Every applied virtual server missing from a dump (or each of `only`, known
+        missing: O(them), no dump) back with its real servers. Returns those put back."""
         readded: set[ServiceKey] = set()
-        try:
-            present = {vs.key for vs in self.kernel.list_virtual_servers()}
-        except KernelError as exc:
-            log.error("IPVS table not readable, restore retried", extra=fields(error=exc))
-            done.failed += 1
-            return readded
-        for services in self.state.by_service.values():
-            for key, applied in services.items():
-                if key in present:
-                    continue
-                try:
-                    self.kernel.add_virtual_server(applied.vs, applied.bind_address)
-                except KernelExists:
-                    pass
-                except KernelError as exc:
-                    done.failed += 1
-                    log.error("virtual server not restored", extra=fields(vs=key, error=exc))
-                    continue
-                done.virtual_servers += 1
-                if applied.bind_address:
-                    readded.add(key)
-                done.real_servers += self._restore_real_servers(key, applied.weights, done)
+        if only is not None:
+            missing = [(key, a) for key in only if (a := self.state.get(None, key)) is not None]
+        else:
+            try:
+                present = {vs.key for vs in self.kernel.list_virtual_servers()}
+            except KernelError as exc:
+                log.error("IPVS table not readable, restore retried", extra=fields(error=exc))
+                done.failed += 1
+                return readded
+            missing = [
+                (key, applied)
+                for services in self.state.by_service.values()
+                for key, applied in services.items()
+                if key not in present
+            ]
+        for key, applied in missing:
+            try:
+                self.kernel.add_virtual_server(applied.vs, applied.bind_address)
+            except KernelExists:
+                pass
+            except KernelError as exc:
+                done.failed += 1
+                log.error("virtual server not restored", extra=fields(vs=key, error=exc))
+                continue
+            done.virtual_servers += 1
+            readded.add(key)
+            done.real_servers += self._restore_real_servers(key, applied.weights, done)
         if done.virtual_servers:
             done.what.append(IPVS)
         return readded

@@ -22,6 +22,7 @@ from ipvsctl.manifests import ManifestSource
 from ipvsctl.model import DrainEntry, NodeContext
 from ipvsctl.persist.drain_state import FILE_NAME
 from ipvsctl.reconcile.loop import LoopConfig
+from ipvsctl.reconcile.paced import run_once
 
 A, B = "10.244.1.5", "10.244.1.6"
 
@@ -195,6 +196,32 @@ def test_a_table_flushed_under_the_daemon_comes_back_and_is_counted(tmp_path, fo
         wait_for(lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1)
         assert kernel.list_virtual_servers() == before
         assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+    finally:
+        d.shutdown()
+
+
+def test_a_flush_the_audit_finds_first_is_restored_and_counted_as_the_guards(tmp_path, folder):
+    kernel = FakeKernel()
+    d = make(tmp_path, kernel)
+    try:
+        d.start()
+        wait_for(lambda: d.engine.started)
+        before = kernel.list_virtual_servers()
+        weights = {r.key: r.weight for r in kernel.list_real_servers(vs())}
+        with d.loop.lock:  # neither the guard's thread nor the audit's runs meanwhile
+            for v in before:  # ipvsadm -C
+                kernel.delete_virtual_server(v.key, False)
+            found = 0
+            for _ in range(10):  # to the audit's next round start (its dump)
+                findings = run_once(d.engine.audit)
+                found = findings.found if findings is not None else 0
+                if found:
+                    break
+            assert found == len(before)
+            assert d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1
+            assert kernel.list_virtual_servers() == before
+            assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+        assert run_once(d.engine.guard, d.loop.lock) is None  # nothing left to put back
     finally:
         d.shutdown()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from devkit.builders import endpoint, endpoint_slice, service
 from devkit.harness import Harness, rs, vs
 from ipvsctl.kernel.port import KernelError
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.paced import run_once
 from ipvsctl.reconcile.table_guard import TableGuard
 
@@ -135,3 +136,25 @@ def test_nothing_is_guarded_before_the_first_sync():
     h = Harness()
     guard = TableGuard(h.kernel, h.engine.state, ready=lambda: h.engine.started)
     assert guard.snapshot() is None
+
+
+def test_a_flush_the_audit_sees_first_comes_back_as_the_guards_restore():
+    """The audit's dump can see `ipvsadm -C` before the guard's next pass: the missing
+    virtual servers are put back as applied (the draining real server at 0, its drain
+    kept), heard on the feed as a restore, not forgotten and re-added with only the wanted
+    real servers."""
+    h, _guard, _iface, _restores, _ = started()
+    heard: list = []
+    h.engine.feed.subscribe(Subscriptions(table_restored=heard.append))
+    before = h.fake.list_virtual_servers()
+    entry = h.engine.drains.queue.get(vs(), rs(A))
+    flush(h)
+    assert h.audit() == 1  # one virtual server missing, counted as the audit's finding
+    assert h.fake.list_virtual_servers() == before
+    assert h.fake.weight(vs(), rs(A)) == 0 and h.fake.weight(vs(), rs(B)) == 1
+    assert h.engine.drains.queue.get(vs(), rs(A)) == entry
+    assert [(d.what, d.virtual_servers, d.real_servers) for d in heard] == [(["ipvs"], 1, 2)]
+    h.ops()  # the put-back's own adds
+    h.engine.sync()
+    assert h.ops() == []  # the Service's next sync finds it as applied
+    assert run_once(h.engine.guard) is None  # whole again: the guard has nothing to do

@@ -1,25 +1,27 @@
-"""The table guard (reconcile/table_guard.py): what ipvsctl programmed, put back within a
-second when another program removes it (kube-proxy's IPVS cleanup when it starts on the
-node, an operator's `ipvsadm -C`). A background read on its own thread, paced every
+"""The table guard (reconcile/table_guard.py, the engine's): what ipvsctl programmed, put
+back within a second when another program removes it (kube-proxy's IPVS cleanup when it
+starts on the node, an operator's `ipvsadm -C`). A background read on its own thread, paced every
 `INTERVAL`: one get of a virtual server and one interface lookup per pass, whatever the
 table's size. Each restore: one log line (the guard's), `ipvsctl_table_restores_total{what}`,
 a Warning Event on this node's Node (reason IPVSTableRestored, rate-limited by the event
 writer) when Events are written; `ipvsctl_degraded{condition="table_restores"}` while it
 keeps happening, naming kube-proxy when its nftables table is on the node.
 
-The nftables table's own restore is the netfilter feature's (its check puts the table back);
-the packets held meanwhile are its hold rules'."""
+A restore the drift audit asked for (its dump saw the flush first) is heard the same way,
+on the feed. The nftables table's own restore is the netfilter feature's (its check puts the
+table back); the packets held meanwhile are its hold rules'."""
 
 from __future__ import annotations
 
 import logging
 
 from ipvsctl.daemon.feature import Feature, Parts
+from ipvsctl.model import Restored
 from ipvsctl.netfilter.nft import NftError
 from ipvsctl.obs.logging import fields
 from ipvsctl.plan.events import table_restored
+from ipvsctl.reconcile.feed import Subscriptions
 from ipvsctl.reconcile.paced import Pace, PacedRunner
-from ipvsctl.reconcile.table_guard import Restored, TableGuard, VirtualInterface
 
 log = logging.getLogger("ipvsctl.guard")
 
@@ -28,7 +30,7 @@ KUBE_PROXY_TABLES = ("ip kube-proxy", "ip6 kube-proxy")  # its nftables mode's
 
 
 def feature(p: Parts) -> Feature:
-    interface = p.kernel if isinstance(p.kernel, VirtualInterface) else None
+    guard = p.loop.engine.guard
 
     def kube_proxy_here() -> bool:
         if p.nft is None:
@@ -69,14 +71,6 @@ def feature(p: Parts) -> Feature:
                 extra=fields(restores=guard.restores, kube_proxy=who is not None),
             )
 
-    guard = TableGuard(
-        p.kernel,
-        p.view.applied_state,
-        interface=interface,
-        ready=lambda: p.view.started,
-        on_restore=on_restore,
-        on_recurring=on_recurring,
-        clock=p.clock.monotonic,
-    )
     reader = PacedRunner("table-guard", guard, p.loop.lock, Pace(every=INTERVAL), clock=p.clock)
-    return Feature("table-guard", part=guard, readers=(reader,))
+    hears = Subscriptions(table_restored=on_restore, restores_recurring=on_recurring)
+    return Feature("table-guard", part=guard, hears=hears, readers=(reader,))
