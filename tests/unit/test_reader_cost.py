@@ -211,12 +211,12 @@ def test_drain_checks_are_paced_start_to_start():
     """A check whose read takes 0.8 s is followed by the next 0.2 s later (interval 1 s),
     not 1 s later: a drain is seen within the interval plus one read, not two reads."""
 
-    class SlowTable(FakeKernel):
-        def read_real_servers(self, keys, only=None):
+    class SlowRead(FakeKernel):
+        def dump_real_servers(self, keys, only=None):
             h.clock.advance(0.8)
-            return super().read_real_servers(keys, only)
+            return super().dump_real_servers(keys, only)
 
-    h = Harness(kernel=SlowTable(), drain_timeout=600)
+    h = Harness(kernel=SlowRead(), drain_timeout=600)
     loop = Loop(h.engine, queue.Queue(), LoopConfig(drain_check_interval=1.0), clock=h.clock)
     h.start([service("web")], [endpoint_slice("web", [endpoint(A), endpoint(B)])])
     h.fake.set_connections(vs(), rs(A), active=1)
