@@ -146,7 +146,7 @@ class DrainReader:
     def _table(
         self, keys: list[ServiceKey], only: Mapping[ServiceKey, Collection[RealServerKey]]
     ) -> dict[ServiceKey, list[RealServerStatus] | None] | None:
-        t0 = self.clock.monotonic()
+        t0 = self.clock.thread_time()
         try:
             observed = self.kernel.read_real_servers(keys, only)
         except KernelError as exc:
@@ -158,7 +158,7 @@ class DrainReader:
                 error=exc,
             )
             return None
-        self._table_cost = _ewma(self._table_cost, self.clock.monotonic() - t0)
+        self._table_cost = _ewma(self._table_cost, self.clock.thread_time() - t0)
         return observed
 
     def _dumps(
@@ -170,12 +170,12 @@ class DrainReader:
         if not keys:
             return {}
         observed: dict[ServiceKey, list[RealServerStatus] | None] = {}
-        t0 = self.clock.monotonic()
+        t0 = self.clock.thread_time()
         waited = 0.0  # in give_way: the loop's time, not the dumps'
         for start in range(0, len(keys), DUMP_BATCH):
-            w0 = self.clock.monotonic()
+            w0 = self.clock.thread_time()
             self.give_way()  # between batches: a waiting change goes first
-            waited += self.clock.monotonic() - w0
+            waited += self.clock.thread_time() - w0
             try:
                 found = self.kernel.dump_real_servers(keys[start : start + DUMP_BATCH], only)
             except KernelError as exc:  # no reading at all (the socket): asked again next check
@@ -190,7 +190,7 @@ class DrainReader:
             # Without the waits: a probe's 8 dumps are one batch, and a wait of up to 50 ms
             # for a busy loop counted in is ~6 ms a dump, enough to make 1,000 dumps look
             # dearer than a table read of a few seconds (a big table under emulation).
-            cost = (self.clock.monotonic() - t0 - waited) / len(keys)
+            cost = (self.clock.thread_time() - t0 - waited) / len(keys)
             # a probe replaces a measure taken long ago (or none); checks by dumps average
             self._dump_cost = cost if probe else _ewma(self._dump_cost, cost)
         else:  # the first on this thread opened its socket (in the namespace: seconds under
