@@ -571,8 +571,8 @@ def _draining_phases(
         if not w.wait_deleted(list(released), 120):
             raise AssertionError("released real servers not deleted in 120 s")
     reaction_profile = s.report()
-    # what the drain reader measured, and chose by; its two counters are checks since the
-    # other read's last measure, not totals
+    # what the drain reader measured (its thread's CPU time a read), and chose by; its two
+    # counters are checks since the other read's last measure, not totals
     reader = eng.drain_check.reader
     read_costs = {
         "table_cost_s": reader._table_cost,

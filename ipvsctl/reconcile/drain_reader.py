@@ -44,9 +44,13 @@ RETRY_TABLE = 60  # checks by dumps before the table read is measured again,
 RETRY_SHARE = 2.0  # if the dumps cost at least 1/RETRY_SHARE of its last measure
 # The table is first read (and its cost learnt) only once the dumps are estimated to take
 # this long: below it a check is quick either way, and beside a big table the one read
-# that learns its cost is slow (44,000 Services under emulation: 20 s, against 0.5 s of
-# dumps for 1,000 draining), delaying every drain that ends meanwhile.
+# that learns its cost is slow (44,000 Services under emulation: 20-54 s, against 0.5-2.4 s
+# of dumps for 1,000 draining), delaying every drain that ends meanwhile.
 TABLE_WORTH_TRYING = 1.0  # seconds
+# ... and only while at least 1/TABLE_SHARE of the node's virtual servers drain: reading
+# the table was measured at about as much as dumping a quarter of them (6-40% at 10,000
+# Services under emulation, 20-200% at 44,000: its cost grows with the square of the table).
+TABLE_SHARE = 4
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -78,8 +82,12 @@ class DrainReader:
         metrics: Metrics,
         clock: Clock,
         give_way: Callable[[], None] = lambda: None,
+        virtual_servers: Callable[[], int] = lambda: 0,
     ) -> None:
         self.kernel = kernel
+        # How many virtual servers the node's table holds (the applied state's count; 0:
+        # unknown): a table read's cost, before it is measured, is estimated from it.
+        self.virtual_servers = virtual_servers
         self.give_way = give_way  # between batches of dumps and while judging: events first
         self.metrics = metrics
         self.clock = clock
@@ -201,16 +209,19 @@ class DrainReader:
         """ "table", "dumps" or "probe" (dumps for the first few to learn their cost, then
         the cheaper for the rest) for n draining virtual servers. Dumps first, their cost
         learnt on the first few; the table is read (and its cost learnt) only when the
-        dumps are estimated at `TABLE_WORTH_TRYING` or more; then whichever is estimated
-        cheaper. Dumps are probed again every 60 checks by the table. The table is re-tried
-        every 60 checks by dumps, as its cost changes with the node's table, but only while
-        it could plausibly win (the dumps cost at least half its last measure): at 10,000
+        dumps are estimated at `TABLE_WORTH_TRYING` or more and at least a `TABLE_SHARE`th
+        of the node's virtual servers drain; then whichever is estimated cheaper. Dumps
+        are probed again every 60 checks by the table. The table is re-tried every 60
+        checks by dumps, as its cost changes with the node's table, but only while it
+        could plausibly win (the dumps cost at least half its last measure): at 10,000
         Services under emulation one table read costs ~2 s against ~0.5 s of dumps, and a
         needless re-read delays every drain that ends during it."""
         if self._table_cost is None:
             if self._dump_cost is None:
                 return "dumps" if n <= PROBE_DUMPS else "probe"
-            return "table" if n * self._dump_cost >= TABLE_WORTH_TRYING else "dumps"
+            worth = n * self._dump_cost >= TABLE_WORTH_TRYING
+            share = n * TABLE_SHARE >= self.virtual_servers()
+            return "table" if worth and share else "dumps"
         if self._dump_cost is None:
             return "dumps" if n <= PROBE_DUMPS or self._table_cost == float("inf") else "probe"
         dumps = n * self._dump_cost

@@ -193,7 +193,13 @@ class Engine:
         )
         self.drain_check = DrainCheck(
             self.drains,
-            DrainReader(kernel, self.metrics, self.clock, give_way=lambda: self.give_way()),
+            DrainReader(
+                kernel,
+                self.metrics,
+                self.clock,
+                give_way=lambda: self.give_way(),
+                virtual_servers=lambda: self.state.n_vs,
+            ),
             self.applier,
             self.state,
             self.clock,

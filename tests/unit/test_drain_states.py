@@ -383,6 +383,37 @@ def test_a_reads_cost_is_its_threads_cpu_time_not_its_wait_for_the_interpreter()
     assert kernel.table_reads == 0  # 1,000 x 0.5 ms: under a second, no table read
 
 
+def test_beside_a_big_table_a_few_draining_never_read_it_to_learn_its_cost():
+    """At 44,000 Services in the VM a dump cost 0.5-2.4 ms and one read of the table 20-54 s:
+    the read that learnt its cost held every drain that ended meanwhile (p50 30 s). The
+    table is tried only once a quarter of the node's virtual servers drain (reading it was
+    measured at about dumping a quarter of them, at 10,000 Services)."""
+    h = Harness()
+
+    class Kernel(FakeKernel):
+        def read_real_servers(self, keys, only=None):
+            h.clock.advance(50.0)
+            return super().read_real_servers(keys, only)
+
+        def dump_real_servers(self, keys, only=None):
+            h.clock.advance(0.0024 * len(keys))
+            return super().dump_real_servers(keys, only)
+
+    kernel = Kernel()
+    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(1000)]
+    for key in keys:
+        kernel.add_virtual_server(VirtualServer(key), False)
+    size = [44_000]
+    reader = DrainReader(kernel, h.metrics, h.clock, virtual_servers=lambda: size[0])
+    snap = DrainSnapshot({k: {} for k in keys})
+    for _ in range(3):
+        reader.read(snap)
+    assert kernel.table_reads == 0  # 2.4 s of dumps, but 1,000 of 44,000 drain
+    size[0] = 4_000
+    reader.read(snap)
+    assert kernel.table_reads == 1  # a quarter drains: its cost is worth learning
+
+
 def test_dumps_measured_costly_once_are_measured_again_later():
     """A dump measured slow (a loaded node) made the reader read the table for good: the
     dumps were never measured again. Every 60 checks by the table they are probed."""
