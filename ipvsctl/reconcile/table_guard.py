@@ -173,35 +173,30 @@ class TableGuard:
         """Under the loop's lock: every applied virtual server missing from the kernel back
         with its real servers at their applied weights; with `interface`, the interface and
         every address a virtual server binds. Idempotent: what is there stays."""
-        done = Restored()
-        readded: set[ServiceKey] = set()
-        if ipvs:
-            readded = self._restore_ipvs(done)  # each re-added one binds its address too
-            readded = {k for k in readded if (a := self.state.get(None, k)) and a.bind_address}
-        if interface and self.interface is not None:
-            self._restore_addresses(done, readded)
-            if done.addresses or readded:  # the re-added ones bound theirs
-                done.what.append(INTERFACE)
-        self._report(done)
-        return done
+        return self._restore(None, ipvs=ipvs, interface=interface)[0]
 
     def put_back(self, missing: Collection[ServiceKey]) -> set[ServiceKey]:
         """Under the loop's lock: the applied virtual servers another reader (the audit's
-        dump) found missing, put back as `restore` does, without a dump of its own. Returns
-        those now in the kernel; the rest are the caller's to repair."""
-        done = Restored()
+        dump) found missing, put back as `restore` does, without a dump of its own (and the
+        interface's addresses, when it went too). Returns those now in the kernel; the rest
+        are the caller's to repair."""
         interface_gone = False
         if self.interface is not None:
             with contextlib.suppress(KernelError):
                 interface_gone = not self.interface.interface_present()
-        back = self._restore_ipvs(done, only=set(missing))
-        if interface_gone:  # the re-added ones made it again: every other address back
-            assert self.interface is not None
-            binding = {k for k in back if (a := self.state.get(None, k)) and a.bind_address}
-            self._restore_addresses(done, binding)
+        return self._restore(set(missing), ipvs=True, interface=interface_gone)[1]
+
+    def _restore(
+        self, only: set[ServiceKey] | None, *, ipvs: bool, interface: bool
+    ) -> tuple[Restored, set[ServiceKey]]:
+        done = Restored()
+        readded: set[ServiceKey] = set()
+        if ipvs:
+            readded = self._restore_ipvs(done, only)  # each re-added one binds its address
+        if interface and self.interface is not None and self._restore_addresses(done, readded):
             done.what.append(INTERFACE)
         self._report(done)
-        return back
+        return done, readded
 
     def _report(self, done: Restored) -> None:
         if done.what:
@@ -219,9 +214,11 @@ class TableGuard:
             self.on_restore(done)
             self._note_restore()
 
-    def _restore_addresses(self, done: Restored, readded: set[ServiceKey]) -> None:
+    def _restore_addresses(self, done: Restored, readded: set[ServiceKey]) -> bool:
+        """Every address a virtual server binds, but those the re-added ones bound again;
+        True when any address is back (bound here or by a re-added virtual server)."""
         assert self.interface is not None
-        bound = {k.address for k in readded}
+        bound = {k.address for k in readded if (a := self.state.get(None, k)) and a.bind_address}
         addresses = sorted(
             {
                 key.address
@@ -237,8 +234,9 @@ class TableGuard:
             except KernelError as exc:
                 done.failed += 1
                 log.error("address not restored", extra=fields(address=address, error=exc))
+        return bool(done.addresses or bound)
 
-    def _restore_ipvs(self, done: Restored, only: set[ServiceKey] | None = None) -> set[ServiceKey]:
+    def _restore_ipvs(self, done: Restored, only: set[ServiceKey] | None) -> set[ServiceKey]:
         """Every applied virtual server missing from a dump (or each of `only`, known
         missing: O(them), no dump) back with its real servers. Returns those put back."""
         readded: set[ServiceKey] = set()
