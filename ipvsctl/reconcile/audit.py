@@ -92,10 +92,10 @@ class Auditor:
         batch: int,
         ready: Callable[[], bool],
         on_repair: Callable[[set[ServiceRef]], None],
+        put_back: Callable[[list[ServiceKey]], Collection[ServiceKey]],
         give_way: Callable[[], None] = lambda: None,
         service_drain_timeout: Callable[[], float] = lambda: 0.0,
         node_ips: Callable[[], Collection[str]] = lambda: (),
-        put_back: Callable[[list[ServiceKey]], Collection[ServiceKey]] | None = None,
     ) -> None:
         self.kernel = kernel
         self.state = state
@@ -227,9 +227,7 @@ class Auditor:
 
     def _repair(self, drift: VirtualServerDrift, out: Findings) -> None:
         """Under the lock, the state unchanged since the walk: O(the differences)."""
-        back: Collection[ServiceKey] = ()
-        if drift.missing and self.put_back is not None:
-            back = self.put_back([key for _, key in drift.missing])
+        back = self.put_back([key for _, key in drift.missing]) if drift.missing else ()
         for ref, key in drift.missing:
             self._drift(out, "virtual_server_missing", ref, key)
             if key in back:
