@@ -3,7 +3,8 @@
 A check is three steps (`drain_check.py`): a snapshot of the queue (under the lock, one
 shallow copy), the reads (here, no lock: the draining real servers' counts, by one read of
 /proc/net/ip_vs or one netlink dump per draining virtual server, whichever is measured cheaper
-(dumps first: the table is read only once dumps would take a second), and at most one
+(dumps first: the table is tried only once dumps would take a second and a quarter of the
+node's virtual servers drain), and at most one
 streamed pass over /proc/net/ip_vs_conn for the TCP
 ones whose connections are all inactive), then the check applies the reading under the lock,
 only to entries that are still the very ones snapshotted (`DrainCheck.apply`): a count read
