@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -183,34 +184,43 @@ def test_an_unreadable_state_entry_is_set_aside_alone_and_counted(tmp_path, fold
         d2.shutdown()
 
 
-def test_a_table_flushed_under_the_daemon_comes_back_and_is_counted(tmp_path, folder):
+@contextlib.contextmanager
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, FakeKernel]]:
+    """A daemon over the in-memory kernel, its first sync done; shut down after."""
     kernel = FakeKernel()
     d = make(tmp_path, kernel)
     try:
         d.start()
         wait_for(lambda: d.engine.started)
-        before = kernel.list_virtual_servers()
-        weights = {r.key: r.weight for r in kernel.list_real_servers(vs())}
-        for v in before:  # ipvsadm -C
-            kernel.delete_virtual_server(v.key, False)
-        wait_for(lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1)
-        assert kernel.list_virtual_servers() == before
-        assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+        yield d, kernel
     finally:
         d.shutdown()
 
 
+def weights(kernel: FakeKernel) -> dict:
+    return {r.key: r.weight for r in kernel.list_real_servers(vs())}
+
+
+def flush(kernel: FakeKernel) -> None:
+    """`ipvsadm -C`."""
+    for v in kernel.list_virtual_servers():
+        kernel.delete_virtual_server(v.key, False)
+
+
+def test_a_table_flushed_under_the_daemon_comes_back_and_is_counted(tmp_path, folder):
+    with running(tmp_path) as (d, kernel):
+        before, weighted = kernel.list_virtual_servers(), weights(kernel)
+        flush(kernel)
+        wait_for(lambda: d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1)
+        assert kernel.list_virtual_servers() == before
+        assert weights(kernel) == weighted
+
+
 def test_a_flush_the_audit_finds_first_is_restored_and_counted_as_the_guards(tmp_path, folder):
-    kernel = FakeKernel()
-    d = make(tmp_path, kernel)
-    try:
-        d.start()
-        wait_for(lambda: d.engine.started)
-        before = kernel.list_virtual_servers()
-        weights = {r.key: r.weight for r in kernel.list_real_servers(vs())}
+    with running(tmp_path) as (d, kernel):
+        before, weighted = kernel.list_virtual_servers(), weights(kernel)
         with d.loop.lock:  # neither the guard's thread nor the audit's runs meanwhile
-            for v in before:  # ipvsadm -C
-                kernel.delete_virtual_server(v.key, False)
+            flush(kernel)
             found = 0
             for _ in range(10):  # to the audit's next round start (its dump)
                 findings = run_once(d.engine.audit)
@@ -220,10 +230,8 @@ def test_a_flush_the_audit_finds_first_is_restored_and_counted_as_the_guards(tmp
             assert found == len(before)
             assert d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1
             assert kernel.list_virtual_servers() == before
-            assert {r.key: r.weight for r in kernel.list_real_servers(vs())} == weights
+            assert weights(kernel) == weighted
         assert run_once(d.engine.guard, d.loop.lock) is None  # nothing left to put back
-    finally:
-        d.shutdown()
 
 
 def test_readyz_waits_for_the_first_full_list(tmp_path):
