@@ -243,6 +243,14 @@ def test_a_restart_over_an_unchanged_table_reads_it_once_and_writes_nothing():
     assert (first.fake.table_reads, first.fake.dumps) == (1, 0)
 
 
+def added_virtual_servers(kernel: FakeKernel, n: int) -> list[ServiceKey]:
+    """n virtual servers added to the kernel, their keys."""
+    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(n)]
+    for key in keys:
+        kernel.add_virtual_server(VirtualServer(key), False)
+    return keys
+
+
 def test_counts_come_from_the_cheaper_read_by_measured_cost():
     h = Harness()
 
@@ -256,9 +264,7 @@ def test_counts_come_from_the_cheaper_read_by_measured_cost():
             return super().list_real_servers(key)
 
     reader = DrainReader(CostlyKernel(), h.metrics, h.clock)
-    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(1100)]
-    for key in keys:
-        h.fake.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(h.fake, 1_100)
     reader.kernel.services = h.fake.services  # type: ignore[attr-defined]
     assert reader.read_choice(1) == "dumps"  # a small check measures a dump
     one = DrainSnapshot({keys[0]: {}})
@@ -332,9 +338,7 @@ def test_a_dumps_cost_leaves_out_the_waits_for_the_loop():
             return super().dump_real_servers(keys, only)
 
     kernel = Kernel()
-    keys = [ServiceKey(Protocol.TCP, f"10.96.1.{i}", 80) for i in range(1, 200)]
-    for key in keys:
-        kernel.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(kernel, 199)
 
     def busy_loop() -> None:  # each give_way waits for a step of a busy loop
         h.clock.advance(0.05)
@@ -374,9 +378,7 @@ def test_a_reads_cost_is_its_threads_cpu_time_not_its_wait_for_the_interpreter()
             return super().dump_real_servers(keys, only)
 
     kernel = Kernel()
-    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(1000)]
-    for key in keys:
-        kernel.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(kernel, 1_000)
     reader = DrainReader(kernel, Harness().metrics, clock)
     reader.read(DrainSnapshot({k: {} for k in keys}))
     assert reader._dump_cost is not None and round(reader._dump_cost, 7) == 0.0005
@@ -400,9 +402,7 @@ def test_beside_a_big_table_a_few_draining_never_read_it_to_learn_its_cost():
             return super().dump_real_servers(keys, only)
 
     kernel = Kernel()
-    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(1000)]
-    for key in keys:
-        kernel.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(kernel, 1_000)
     size = [44_000]
     reader = DrainReader(kernel, h.metrics, h.clock, virtual_servers=lambda: size[0])
     snap = DrainSnapshot({k: {} for k in keys})
@@ -430,9 +430,7 @@ def test_dumps_measured_costly_once_are_measured_again_later():
             return super().dump_real_servers(keys, only)
 
     kernel = Kernel()
-    keys = [ServiceKey(Protocol.TCP, f"10.96.1.{i}", 80) for i in range(1, 101)]
-    for key in keys:
-        kernel.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(kernel, 100)
     reader = DrainReader(kernel, h.metrics, h.clock)
     snap = DrainSnapshot({k: {} for k in keys})
     reader.read(snap)
@@ -465,9 +463,7 @@ def test_the_table_is_read_again_only_while_it_could_win(dump_s, retried):
             return super().dump_real_servers(keys, only)
 
     kernel = CostlyKernel()
-    keys = [ServiceKey(Protocol.TCP, f"10.96.{i // 250}.{i % 250}", 80) for i in range(1100)]
-    for key in keys:
-        kernel.add_virtual_server(VirtualServer(key), False)
+    keys = added_virtual_servers(kernel, 1_100)
     reader = DrainReader(kernel, h.metrics, h.clock)
     snap = DrainSnapshot({k: {} for k in keys})
     reader.read(snap)  # probed, then the table (the dumps would take over a second): 3 s
