@@ -298,7 +298,10 @@ def test_relist_after_410_causes_no_kernel_churn(
     table = weights(node)
     ops = metric_sum(daemon_get(node, d, "/metrics")[1], "ipvsctl_kernel_ops_total")
     lists = {k: api.count("list", k) for k in ("Service", "EndpointSlice")}
-
+    # A 410 sent before a watch opens reaches nobody.
+    assert api.wait_for(
+        lambda: bool(api.open_watches("Service") and api.open_watches("EndpointSlice")), 60
+    )
     api.expire_watches()
     wait_for(
         lambda: all(api.count("list", k) > n for k, n in lists.items()),

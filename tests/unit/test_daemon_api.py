@@ -151,8 +151,11 @@ def test_relist_after_410_causes_no_kernel_changes(api, tmp_path):
         with d.loop.lock:
             kernel.set_connections(vs(), rs(A), active=1)
             kernel.take_ops()
+        # The engine starts after the list, so its watch may not be open yet: a 410 sent
+        # before it opens reaches nobody.
+        assert api.wait_for(lambda: api.open_watches("EndpointSlice") == 1)
         lists = api.count("list", "EndpointSlice")
-        api.expire_watches()
+        api.expire_watches("EndpointSlice")
         wait_for(lambda: api.count("list", "EndpointSlice") > lists)
         api.update(endpoint_slice("web", [endpoint(B, pod="web-2")]))  # a marker change
         wait_for(lambda: kernel.weight(vs(), rs(A)) in (0, None))
