@@ -7,7 +7,9 @@ drain queue), nothing else: deciding what to do was the planner's job. The one e
 an op at a time: real servers added to one virtual server one after another go to a kernel
 that can (`RealServerBatch`: netlink) as one batch, a Service's endpoints in one send. Every call is
 idempotent against a kernel that moved on its own (as Cilium's BPFOps Update/Delete): an
-add that finds the entry takes it over, a delete of what is gone is done. A function
+add that finds the entry takes it over, a delete of what is gone is done, and an op that
+finds its applied virtual server gone (another program's flush) has the table guard put the
+table back as applied first, then runs again (`put_back_if_flushed`). A function
 returns True when the kernel turned out to hold something the applied state did not know:
 then the Service is diffed once more to put it right (`Then.DIFF_AGAIN`).
 """
@@ -113,6 +115,11 @@ class Applier:
     # A draining virtual server whose last real server went could not be deleted: its
     # Service is synced again (the diff deletes a draining virtual server left empty).
     on_retry: Callable[[ServiceRef], None] = lambda ref: None
+    # Another program's flush (kube-proxy starting, `ipvsadm -C`) that an op meets before
+    # the table guard's next pass: the guard's restore puts the table back as applied
+    # (draining real servers at 0, their drains kept; True when this key is back) and the
+    # op is tried again on it, where forgetting would have left the drains out.
+    restore_table: Callable[[ServiceKey], bool] = lambda key: False
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -140,7 +147,7 @@ class Applier:
                 continue
             try:
                 self.state.mutations += 1
-                again |= _apply_op(self, ref, op)
+                again |= self._apply_one(ref, op)
             except ForeignVirtualServer as exc:
                 # Not a failure: the Service is built again without that key, at once (the
                 # ops for the key's real servers are never tried).
@@ -158,6 +165,42 @@ class Applier:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)
         return Applied(done, Then.DIFF_AGAIN if again else Then.DONE)
 
+    def _apply_one(self, ref: ServiceRef | None, op: Op) -> bool:
+        try:
+            return _apply_op(self, ref, op)
+        except KernelNotFound:
+            if not isinstance(op, AddRealServer | RestoreRealServer):
+                raise
+            if not self.put_back_if_flushed(op.vs):
+                raise
+            return _apply_op(self, ref, op)  # once more, on the virtual server put back
+
+    def put_back_if_flushed(self, key: ServiceKey) -> bool:
+        """After a not-found on `key` or one of its real servers: True when the virtual
+        server itself had gone (it was applied) and is back as applied."""
+        if self.state.get(None, key) is None:
+            return False
+        try:
+            self.kernel.list_real_servers(key)
+        except KernelNotFound:
+            return self.restore_table(key)
+        except KernelError:
+            pass
+        return False
+
+    def _add_batch(self, vs: ServiceKey, servers: list[RealServerKey]) -> list[KernelError | None]:
+        """The batch; once more when its virtual server had gone and is put back."""
+        assert self._batch is not None
+        try:
+            results = self._batch.add_real_servers(vs, servers, 1)
+        except KernelNotFound:
+            if not self.put_back_if_flushed(vs):
+                raise
+        else:
+            if not isinstance(results[0], KernelNotFound) or not self.put_back_if_flushed(vs):
+                return results
+        return self._batch.add_real_servers(vs, servers, 1)
+
     def _add_real_servers(
         self, ref: ServiceRef | None, run: list[AddRealServer]
     ) -> tuple[int, tuple[Op, KernelError] | None]:
@@ -167,7 +210,7 @@ class Applier:
         vs = run[0].vs
         self.state.mutations += len(run)
         try:
-            results = self._batch.add_real_servers(vs, [op.rs for op in run], 1)
+            results = self._add_batch(vs, [op.rs for op in run])
         except KernelError as exc:  # none known added: as a failure of the first
             return 0, (run[0], exc)
         state = self.state.get(ref, vs)
@@ -311,11 +354,14 @@ def _update_vs(a: Applier, ref: ServiceRef | None, op: UpdateVirtualServer) -> b
     try:
         a.kernel.update_virtual_server(op.vs)
     except KernelNotFound:
-        a.kernel.add_virtual_server(op.vs, state.bind_address if state else True)
-        if state:
-            for rs in list(state.weights):
-                a.state.set_weight(state, rs, None)
-        gone = True
+        if a.put_back_if_flushed(op.vs.key):  # its real servers with it, as applied
+            a.kernel.update_virtual_server(op.vs)
+        else:
+            a.kernel.add_virtual_server(op.vs, state.bind_address if state else True)
+            if state:
+                for rs in list(state.weights):
+                    a.state.set_weight(state, rs, None)
+            gone = True
     if state:
         state.vs = op.vs
     return gone
@@ -372,9 +418,11 @@ def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
         if state is None or state.weights.get(e.rs) != 0:
             a.kernel.set_real_server_weight(e.vs, e.rs, 0)
     except KernelNotFound:
-        a.state.set_weight(state, e.rs, None)  # nothing left to drain
-        a.finish_vs_drain(ref, e.vs)
-        return False
+        if not a.put_back_if_flushed(e.vs):
+            a.state.set_weight(state, e.rs, None)  # nothing left to drain
+            a.finish_vs_drain(ref, e.vs)
+            return False
+        a.kernel.set_real_server_weight(e.vs, e.rs, 0)  # put back at its applied weight
     a.state.set_weight(state, e.rs, 0)
     a.drains.add(e)
     log.info(

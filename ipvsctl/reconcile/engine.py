@@ -152,6 +152,17 @@ class Engine:
         # How much of the node's table each Service may have (rule: plan/capacity.py)
         self.capacity = Capacity(config.node.max_table_entries)
         self.intake = Intake(config.node, self.metrics, started=self.clock.wall())
+        # The background reads (`paced.py`), run by the loop's paced runners (the guard's
+        # by its feature). The guard's restores are heard on the feed.
+        self.guard = TableGuard(
+            kernel,
+            self.state,
+            interface=kernel if isinstance(kernel, VirtualInterface) else None,
+            ready=lambda: self.started,
+            on_restore=self.feed.table_restored,
+            on_recurring=self.feed.restores_recurring,
+            clock=self.clock.monotonic,
+        )
         self.applier = Applier(
             kernel,
             self.state,
@@ -164,17 +175,7 @@ class Engine:
             on_foreign=self._foreign,
             on_retry=self._repaired_one,
             feed=self.feed,
-        )
-        # The background reads (`paced.py`), run by the loop's paced runners (the guard's
-        # by its feature). The guard's restores are heard on the feed.
-        self.guard = TableGuard(
-            kernel,
-            self.state,
-            interface=kernel if isinstance(kernel, VirtualInterface) else None,
-            ready=lambda: self.started,
-            on_restore=self.feed.table_restored,
-            on_recurring=self.feed.restores_recurring,
-            clock=self.clock.monotonic,
+            restore_table=self.guard.met_gone,
         )
         self.audit = Auditor(
             kernel,

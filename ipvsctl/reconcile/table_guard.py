@@ -29,8 +29,9 @@ restore now, and `on_restore` hears each (what, how many).
 The drift audit's dump can see a flush before the guard's next pass does: it hands the
 missing virtual servers to `put_back`, the same restore (draining real servers at 0, the
 queue kept, counted and reported as the guard's), rather than forgetting them and letting
-the next sync add only the wanted real servers back. The engine owns the one guard for
-both.
+the next sync add only the wanted real servers back. So can an op of the engine's (an
+event for a flushed Service, in the half second before the pass): `met_gone` puts the
+whole table back before the op is tried again. The engine owns the one guard for all.
 """
 
 from __future__ import annotations
@@ -180,11 +181,21 @@ class TableGuard:
         dump) found missing, put back as `restore` does, without a dump of its own (and the
         interface's addresses, when it went too). Returns those now in the kernel; the rest
         are the caller's to repair."""
-        interface_gone = False
-        if self.interface is not None:
-            with contextlib.suppress(KernelError):
-                interface_gone = not self.interface.interface_present()
-        return self._restore(set(missing), ipvs=True, interface=interface_gone)[1]
+        return self._restore(set(missing), ipvs=True, interface=self._interface_gone())[1]
+
+    def met_gone(self, key: ServiceKey) -> bool:
+        """Under the loop's lock: the engine's op found the applied `key` gone before the
+        guard's pass did. A flush rarely takes one virtual server, and the guard would not
+        look further once its sentinel is back: the whole table is put back now, as
+        `restore` does. True when `key` is back."""
+        return key in self._restore(None, ipvs=True, interface=self._interface_gone())[1]
+
+    def _interface_gone(self) -> bool:
+        if self.interface is None:
+            return False
+        with contextlib.suppress(KernelError):
+            return not self.interface.interface_present()
+        return False  # not readable: the next pass looks again
 
     def _restore(
         self, only: set[ServiceKey] | None, *, ipvs: bool, interface: bool
