@@ -24,6 +24,7 @@ from ipvsctl.model import DrainEntry, NodeContext
 from ipvsctl.persist.drain_state import FILE_NAME
 from ipvsctl.reconcile.loop import LoopConfig
 from ipvsctl.reconcile.paced import run_once
+from ipvsctl.source.events import ObjectKind, Upsert
 
 A, B = "10.244.1.5", "10.244.1.6"
 
@@ -231,6 +232,25 @@ def test_a_flush_the_audit_finds_first_is_restored_and_counted_as_the_guards(tmp
             assert d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1
             assert kernel.list_virtual_servers() == before
             assert weights(kernel) == weighted
+        assert run_once(d.engine.guard, d.loop.lock) is None  # nothing left to put back
+
+
+def test_a_flush_a_change_meets_first_is_restored_and_counted_as_the_guards(tmp_path, folder):
+    with running(tmp_path) as (d, kernel):
+        with d.loop.lock:  # neither the guard's thread nor the audit's runs meanwhile
+            flush(kernel)
+            # B terminates: the drain meets the flushed virtual server first
+            d.engine.handle(
+                Upsert(
+                    ObjectKind.ENDPOINT_SLICE,
+                    endpoint_slice("web", [endpoint(A, pod="web-1")]),
+                    time.monotonic(),
+                )
+            )
+            d.engine.sync()
+            assert d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1
+            assert weights(kernel) == {rs(A): 1, rs(B): 0}
+            assert d.engine.drains.queue.get(vs(), rs(B)) is not None
         assert run_once(d.engine.guard, d.loop.lock) is None  # nothing left to put back
 
 
