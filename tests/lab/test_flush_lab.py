@@ -25,6 +25,7 @@ from devkit.labkit import Node, Pod, sh, wait_for
 from ipvsctl.kernel.netlink.nftables import NftGeneration
 from ipvsctl.model import Protocol, RealServerKey, ServiceKey, VirtualServer
 from ipvsctl.netfilter.ruleset import Element, RulesetConfig, Verdict, replace_table_ruleset
+from ipvsctl.source.events import ObjectKind, Upsert
 from tests.lab import netkit
 
 pytestmark = pytest.mark.lab
@@ -278,6 +279,64 @@ def test_the_daemon_puts_back_a_table_kube_proxy_flushed_and_every_stream_comple
             timing("nft_table_deleted_to_restored_s", time.monotonic() - t1)
     finally:
         server.close()
+
+
+def test_a_drain_that_meets_the_flush_before_the_guard_is_kept_and_the_table_put_back(
+    node: Node, tmp_path: Path
+) -> None:
+    """kube-proxy's cleanup, then an endpoint leaving before the table guard's pass (the
+    loop's lock held: the test is the loop): the change puts the whole table back as
+    applied (the other Service and kube-ipvs0 too) and drains on it, the leaving pod's real
+    server at weight 0 with its drain queued; every stream, through either pod, completes."""
+    _uplink(node)
+    pods = [node.make_pod(f"10.244.1.{i}", name=f"web-{i}", tcp=()) for i in (1, 2)]
+    kept, gone = pods
+    client = node.make_client()
+    servers = [StreamServer(p, 8080) for p in pods]
+    manifests, state = tmp_path / "m", tmp_path / "state"
+    manifests.mkdir()
+    api = (service("api", cluster_ip="10.96.0.11"), endpoint_slice("api", [endpoint(kept.ip)]))
+    both = endpoint_slice("web", [endpoint(p.ip, pod=p.name) for p in pods])
+    after = endpoint_slice("web", [endpoint(kept.ip, pod=kept.name)])
+    netkit.write_manifests(manifests, "web.yaml", service("web"), both, *api)
+    try:
+        with netkit.run_daemon(node, manifests, state, node_ips=("192.0.2.10",)) as d:
+            wait_for(lambda: d.engine.started, timeout=180, what="first sync")
+            wait_for(
+                lambda: "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl"),
+                timeout=120,
+                what="the hold rules",
+            )
+            streams = [Stream(client.netns, VIP4, PORT) for _ in range(4)]
+            wait_for(lambda: all(s.lines >= 20 for s in streams), what="streams flowing")
+            assert {s.pod for s in streams} == {kept.name, gone.name}  # round robin
+            with d.loop.lock:  # neither the guard's thread nor the audit's runs meanwhile
+                flush_like_kube_proxy(node)
+                netkit.write_manifests(manifests, "web.yaml", service("web"), after, *api)
+                d.engine.handle(Upsert(ObjectKind.ENDPOINT_SLICE, after, time.monotonic()))
+                d.engine.sync()
+            assert d.metrics.value("ipvsctl_table_restores_total", {"what": "ipvs"}) == 1
+            table = node.ipvsadm()
+            web = table[f"{VIP4}:{PORT}/TCP"].real_servers
+            assert {rs: w.weight for rs, w in web.items()} == {
+                f"{kept.ip}:8080": 1,
+                f"{gone.ip}:8080": 0,
+            }
+            assert "10.96.0.11:80/TCP" in table
+            assert {VIP4, "10.96.0.11"} <= node.interface_addresses()
+            key = ServiceKey(Protocol.TCP, VIP4, PORT)
+            assert d.engine.drains.queue.get(key, RealServerKey(gone.ip, 8080)) is not None
+            marks = [s.lines for s in streams]
+            wait_for(
+                lambda: all(s.lines > m + 20 for s, m in zip(streams, marks, strict=True)),
+                timeout=90,
+                what="every stream moving again",
+            )
+            results = [(s.pod, s.finish(), s.error) for s in streams]
+            assert all(ok for _, ok, _ in results), results
+    finally:
+        for server in servers:
+            server.close()
 
 
 def test_nfnetlink_says_the_generation_moved_and_whether_ipvsctls_table_is_there(
