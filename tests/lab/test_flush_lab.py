@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,19 @@ def _uplink(node: Node) -> None:
     )
 
 
+@contextlib.contextmanager
+def guarded_daemon(node: Node, manifests: Path, state: Path) -> Iterator[Any]:
+    """The daemon in-process, its first sync done and its hold rules in place."""
+    with netkit.run_daemon(node, manifests, state, node_ips=("192.0.2.10",)) as d:
+        wait_for(lambda: d.engine.started, timeout=180, what="first sync")
+        wait_for(
+            lambda: "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl"),
+            timeout=120,
+            what="the hold rules",
+        )
+        yield d
+
+
 def _new_connection_answered(client: Pod) -> bool:
     try:
         s = Stream(client.netns, VIP4, PORT)
@@ -208,13 +222,7 @@ def test_the_daemon_puts_back_a_table_kube_proxy_flushed_and_every_stream_comple
         manifests, "web.yaml", service("web"), endpoint_slice("web", [endpoint(pod.ip)])
     )
     try:
-        with netkit.run_daemon(node, manifests, state, node_ips=("192.0.2.10",)) as d:
-            wait_for(lambda: d.engine.started, timeout=180, what="first sync")
-            wait_for(
-                lambda: "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl"),
-                timeout=120,
-                what="the hold rules",
-            )
+        with guarded_daemon(node, manifests, state) as d:
             table = node.ipvsadm()
             streams: dict[str, Any] = {
                 "pod4": Stream(client.netns, VIP4, PORT),
@@ -300,13 +308,7 @@ def test_a_drain_that_meets_the_flush_before_the_guard_is_kept_and_the_table_put
     after = endpoint_slice("web", [endpoint(kept.ip, pod=kept.name)])
     netkit.write_manifests(manifests, "web.yaml", service("web"), both, *api)
     try:
-        with netkit.run_daemon(node, manifests, state, node_ips=("192.0.2.10",)) as d:
-            wait_for(lambda: d.engine.started, timeout=180, what="first sync")
-            wait_for(
-                lambda: "hold-input" in node.run("nft", "list", "table", "inet", "ipvsctl"),
-                timeout=120,
-                what="the hold rules",
-            )
+        with guarded_daemon(node, manifests, state) as d:
             streams = [Stream(client.netns, VIP4, PORT) for _ in range(4)]
             wait_for(lambda: all(s.lines >= 20 for s in streams), what="streams flowing")
             assert {s.pod for s in streams} == {kept.name, gone.name}  # round robin
