@@ -147,7 +147,7 @@ class Applier:
                 continue
             try:
                 self.state.mutations += 1
-                again |= self._apply_one(ref, op)
+                again |= _apply_op(self, ref, op)
             except ForeignVirtualServer as exc:
                 # Not a failure: the Service is built again without that key, at once (the
                 # ops for the key's real servers are never tried).
@@ -164,16 +164,6 @@ class Applier:
         if ref is not None:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)
         return Applied(done, Then.DIFF_AGAIN if again else Then.DONE)
-
-    def _apply_one(self, ref: ServiceRef | None, op: Op) -> bool:
-        try:
-            return _apply_op(self, ref, op)
-        except KernelNotFound:
-            if not isinstance(op, AddRealServer | RestoreRealServer):
-                raise
-            if not self.put_back_if_flushed(op.vs):
-                raise
-            return _apply_op(self, ref, op)  # once more, on the virtual server put back
 
     def put_back_if_flushed(self, key: ServiceKey) -> bool:
         """After a not-found on `key` or one of its real servers: True when the virtual
@@ -392,6 +382,10 @@ def _add_rs(a: Applier, ref: ServiceRef | None, op: AddRealServer) -> bool:
         a.kernel.add_real_server(op.vs, op.rs, 1)
     except KernelExists:
         a.kernel.set_real_server_weight(op.vs, op.rs, 1)
+    except KernelNotFound:
+        if not a.put_back_if_flushed(op.vs):
+            raise
+        a.kernel.add_real_server(op.vs, op.rs, 1)
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
     return False
 
@@ -404,7 +398,12 @@ def _restore_rs(a: Applier, ref: ServiceRef | None, op: RestoreRealServer) -> bo
     try:
         a.kernel.set_real_server_weight(op.vs, op.rs, 1)
     except KernelNotFound:
-        a.kernel.add_real_server(op.vs, op.rs, 1)
+        try:
+            a.kernel.add_real_server(op.vs, op.rs, 1)
+        except KernelNotFound:
+            if not a.put_back_if_flushed(op.vs):
+                raise
+            a.kernel.set_real_server_weight(op.vs, op.rs, 1)  # put back at its applied 0
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
     if cancelled:
         log.info("drain cancelled, endpoint back", extra=fields(service=ref, vs=op.vs, rs=op.rs))

@@ -203,6 +203,30 @@ def test_a_flush_an_added_endpoint_meets_first_keeps_the_drains():
     _the_engine_meets_the_flush_first(change)
 
 
+def test_a_flush_endpoints_added_together_meet_first_keeps_the_drains():
+    D = "10.244.1.8"
+
+    def change(h: Harness) -> None:  # one batch of adds
+        h.upsert(endpoint_slice("web", [endpoint(B), endpoint(C), endpoint(D)]))
+        assert [h.fake.weight(vs(), rs(x)) for x in (B, C, D)] == [1, 1, 1]
+
+    _the_engine_meets_the_flush_first(change)
+
+
+def test_a_flush_an_endpoint_back_meets_first_is_restored_at_weight_1():
+    h, _guard, _iface, _restores, _ = started()
+    heard: list = []
+    h.engine.feed.subscribe(Subscriptions(table_restored=heard.append))
+    flush(h)
+    h.upsert(endpoint_slice("web", [endpoint(A), endpoint(B)]))  # A back: its drain ends
+    assert h.fake.weight(vs(), rs(A)) == 1 and h.fake.weight(vs(), rs(B)) == 1
+    assert h.engine.drains.queue.get(vs(), rs(A)) is None
+    assert len(heard) == 1
+    h.ops()
+    h.engine.sync()
+    assert h.ops() == []
+
+
 def test_a_flush_a_service_change_meets_first_keeps_the_drains():
     def change(h: Harness) -> None:
         h.upsert(service("web", sessionAffinity="ClientIP"))
