@@ -9,7 +9,7 @@ that can (`RealServerBatch`: netlink) as one batch, a Service's endpoints in one
 idempotent against a kernel that moved on its own (as Cilium's BPFOps Update/Delete): an
 add that finds the entry takes it over, a delete of what is gone is done, and an op that
 finds its applied virtual server gone (another program's flush) has the table guard put the
-table back as applied first, then runs again (`put_back_if_flushed`). A function
+table back as applied first, then runs again (`put_back_if_gone`). A function
 returns True when the kernel turned out to hold something the applied state did not know:
 then the Service is diffed once more to put it right (`Then.DIFF_AGAIN`).
 """
@@ -116,10 +116,10 @@ class Applier:
     # Service is synced again (the diff deletes a draining virtual server left empty).
     on_retry: Callable[[ServiceRef], None] = lambda ref: None
     # Another program's flush (kube-proxy starting, `ipvsadm -C`) that an op meets before
-    # the table guard's next pass: the guard's restore puts the table back as applied
-    # (draining real servers at 0, their drains kept; True when this key is back) and the
-    # op is tried again on it, where forgetting would have left the drains out.
-    restore_table: Callable[[ServiceKey], bool] = lambda key: False
+    # the table guard's next pass: the guard puts the table back as applied (draining real
+    # servers at 0, their drains kept; True when this key was gone and is back) and the op
+    # is tried again on it, where forgetting would have left the drains out.
+    put_back_if_gone: Callable[[ServiceKey], bool] = lambda key: False
     _failing: FailureStreaks = field(default_factory=lambda: FailureStreaks(log))  # per Service
     _ok: dict[type, Any] = field(default_factory=dict)  # kernel_ops{result="ok"} per op type
 
@@ -165,29 +165,16 @@ class Applier:
             self._failing.recovered("kernel operations recovered", key=ref, service=ref)
         return Applied(done, Then.DIFF_AGAIN if again else Then.DONE)
 
-    def put_back_if_flushed(self, key: ServiceKey) -> bool:
-        """After a not-found on `key` or one of its real servers: True when the virtual
-        server itself had gone (it was applied) and is back as applied."""
-        if self.state.get(None, key) is None:
-            return False
-        try:
-            self.kernel.list_real_servers(key)
-        except KernelNotFound:
-            return self.restore_table(key)
-        except KernelError:
-            pass
-        return False
-
     def _add_batch(self, vs: ServiceKey, servers: list[RealServerKey]) -> list[KernelError | None]:
         """The batch; once more when its virtual server had gone and is put back."""
         assert self._batch is not None
         try:
             results = self._batch.add_real_servers(vs, servers, 1)
         except KernelNotFound:
-            if not self.put_back_if_flushed(vs):
+            if not self.put_back_if_gone(vs):
                 raise
         else:
-            if not isinstance(results[0], KernelNotFound) or not self.put_back_if_flushed(vs):
+            if not isinstance(results[0], KernelNotFound) or not self.put_back_if_gone(vs):
                 return results
         return self._batch.add_real_servers(vs, servers, 1)
 
@@ -344,7 +331,7 @@ def _update_vs(a: Applier, ref: ServiceRef | None, op: UpdateVirtualServer) -> b
     try:
         a.kernel.update_virtual_server(op.vs)
     except KernelNotFound:
-        if a.put_back_if_flushed(op.vs.key):  # its real servers with it, as applied
+        if a.put_back_if_gone(op.vs.key):  # its real servers with it, as applied
             a.kernel.update_virtual_server(op.vs)
         else:
             a.kernel.add_virtual_server(op.vs, state.bind_address if state else True)
@@ -383,7 +370,7 @@ def _add_rs(a: Applier, ref: ServiceRef | None, op: AddRealServer) -> bool:
     except KernelExists:
         a.kernel.set_real_server_weight(op.vs, op.rs, 1)
     except KernelNotFound:
-        if not a.put_back_if_flushed(op.vs):
+        if not a.put_back_if_gone(op.vs):
             raise
         a.kernel.add_real_server(op.vs, op.rs, 1)
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
@@ -398,12 +385,10 @@ def _restore_rs(a: Applier, ref: ServiceRef | None, op: RestoreRealServer) -> bo
     try:
         a.kernel.set_real_server_weight(op.vs, op.rs, 1)
     except KernelNotFound:
-        try:
+        if a.put_back_if_gone(op.vs):  # back as applied, this one at 0
+            a.kernel.set_real_server_weight(op.vs, op.rs, 1)
+        else:
             a.kernel.add_real_server(op.vs, op.rs, 1)
-        except KernelNotFound:
-            if not a.put_back_if_flushed(op.vs):
-                raise
-            a.kernel.set_real_server_weight(op.vs, op.rs, 1)  # put back at its applied 0
     a.state.set_weight(a.state.get(ref, op.vs), op.rs, 1)
     if cancelled:
         log.info("drain cancelled, endpoint back", extra=fields(service=ref, vs=op.vs, rs=op.rs))
@@ -417,7 +402,7 @@ def _drain_rs(a: Applier, ref: ServiceRef | None, op: DrainRealServer) -> bool:
         if state is None or state.weights.get(e.rs) != 0:
             a.kernel.set_real_server_weight(e.vs, e.rs, 0)
     except KernelNotFound:
-        if not a.put_back_if_flushed(e.vs):
+        if not a.put_back_if_gone(e.vs):
             a.state.set_weight(state, e.rs, None)  # nothing left to drain
             a.finish_vs_drain(ref, e.vs)
             return False

@@ -175,7 +175,7 @@ class Engine:
             on_foreign=self._foreign,
             on_retry=self._repaired_one,
             feed=self.feed,
-            restore_table=self.guard.met_gone,
+            put_back_if_gone=self.guard.put_back_if_gone,
         )
         self.audit = Auditor(
             kernel,

@@ -30,8 +30,8 @@ The drift audit's dump can see a flush before the guard's next pass does: it han
 missing virtual servers to `put_back`, the same restore (draining real servers at 0, the
 queue kept, counted and reported as the guard's), rather than forgetting them and letting
 the next sync add only the wanted real servers back. So can an op of the engine's (an
-event for a flushed Service, in the half second before the pass): `met_gone` puts the
-whole table back before the op is tried again. The engine owns the one guard for all.
+event for a flushed Service, in the half second before the pass): `put_back_if_gone`
+puts the whole table back before the op is tried again. The engine owns the one guard for all.
 """
 
 from __future__ import annotations
@@ -145,19 +145,8 @@ class TableGuard:
         return GuardPlan(self._sentinel, self.state.mutations, bound)
 
     def read(self, plan: GuardPlan) -> GuardReading:
-        ipvs_gone = False
-        if plan.sentinel is not None:
-            try:
-                self.kernel.list_real_servers(plan.sentinel)
-            except KernelNotFound:
-                ipvs_gone = True
-            except KernelError:
-                pass  # the kernel's trouble, counted by the adapter: next pass
-        interface_gone = False
-        if plan.interface and self.interface is not None:
-            with contextlib.suppress(KernelError):
-                interface_gone = not self.interface.interface_present()
-        return GuardReading(plan, ipvs_gone, interface_gone)
+        ipvs_gone = plan.sentinel is not None and self._gone(plan.sentinel)
+        return GuardReading(plan, ipvs_gone, plan.interface and self._interface_gone())
 
     def apply(self, reading: GuardReading) -> Restored | None:
         """Under the lock: put back what is gone, unless the engine applied something
@@ -183,12 +172,25 @@ class TableGuard:
         are the caller's to repair."""
         return self._restore(set(missing), ipvs=True, interface=self._interface_gone())[1]
 
-    def met_gone(self, key: ServiceKey) -> bool:
-        """Under the loop's lock: the engine's op found the applied `key` gone before the
-        guard's pass did. A flush rarely takes one virtual server, and the guard would not
-        look further once its sentinel is back: the whole table is put back now, as
-        `restore` does. True when `key` is back."""
+    def put_back_if_gone(self, key: ServiceKey) -> bool:
+        """Under the loop's lock: an op of the engine's got not-found on `key` or one of
+        its real servers. When the applied virtual server itself is gone (a flush the op met
+        before the guard's pass), the whole table is put back now, as `restore` does: a
+        flush rarely takes one, and the guard would not look further once its sentinel is
+        back. True when `key` was gone and is back."""
+        if self.state.get(None, key) is None or not self._gone(key):
+            return False
         return key in self._restore(None, ipvs=True, interface=self._interface_gone())[1]
+
+    def _gone(self, key: ServiceKey) -> bool:
+        """One get of the virtual server (its real servers read)."""
+        try:
+            self.kernel.list_real_servers(key)
+        except KernelNotFound:
+            return True
+        except KernelError:
+            pass  # the kernel's trouble, counted by the adapter: next pass
+        return False
 
     def _interface_gone(self) -> bool:
         if self.interface is None:
